@@ -1,0 +1,38 @@
+// Element types of Loom tensors and the bf16 <-> float32 conversions every
+// host component uses (round-to-nearest-even, as the GPU's cvt.rn.bf16.f32).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.pb.h"
+
+namespace loom::graph {
+
+using Bf16Bits = uint16_t;
+
+inline float Bf16ToFloat(Bf16Bits b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline Bf16Bits FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16Bits>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<Bf16Bits>(u >> 16);
+}
+
+// IEEE half -> float (safetensors "F16" weights are converted to bf16 on load).
+float HalfToFloat(uint16_t h);
+
+// Bytes per element of a dtype; 0 for DTYPE_UNSPECIFIED.
+int DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+
+}  // namespace loom::graph

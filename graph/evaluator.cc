@@ -1,0 +1,257 @@
+#include "graph/evaluator.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "graph/rope.h"
+
+namespace loom::graph {
+namespace {
+
+absl::Status OpError(const OpDef& op, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("op '", op.name(), "': ", why));
+}
+
+// sum_k x[k] * w[w_offset + k], widening w whatever its storage.
+float Dot(const float* x, const HostTensor& w, int64_t w_offset, int64_t k) {
+  float acc = 0.0f;
+  if (w.dtype == BF16) {
+    const uint16_t* row = w.bf16.data() + w_offset;
+    for (int64_t i = 0; i < k; ++i) acc += x[i] * Bf16ToFloat(row[i]);
+  } else {
+    const float* row = w.f32.data() + w_offset;
+    for (int64_t i = 0; i < k; ++i) acc += x[i] * row[i];
+  }
+  return acc;
+}
+
+}  // namespace
+
+Evaluator::Evaluator(const Graph& graph, const WeightStore& weights) : graph_(graph), weights_(weights) {
+  for (const TensorDef* t : graph.TensorsOfKind(STATE)) values_[t->name()] = HostTensor::Zeros(*t);
+}
+
+const HostTensor& Evaluator::In(const OpDef& op, int i) const {
+  const std::string& name = op.inputs(i);
+  if (graph_.tensor(name).kind() == WEIGHT) return weights_.at(name);
+  return values_.at(name);
+}
+
+absl::Status Evaluator::Run(const absl::flat_hash_map<std::string, HostTensor>& inputs) {
+  for (const TensorDef* t : graph_.TensorsOfKind(INPUT)) {
+    auto it = inputs.find(t->name());
+    if (it == inputs.end()) return absl::InvalidArgumentError(absl::StrCat("input '", t->name(), "' not given"));
+    if (it->second.dtype != t->dtype() || it->second.size() != NumElements(*t)) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t->name(), "' must be ", DTypeName(t->dtype()),
+                                                     ShapeString(*t)));
+    }
+    values_[t->name()] = it->second;
+  }
+  for (const TensorDef* t : graph_.TensorsOfKind(WEIGHT)) {
+    auto it = weights_.find(t->name());
+    if (it == weights_.end()) return absl::NotFoundError(absl::StrCat("weight '", t->name(), "' missing"));
+    if (it->second.size() != NumElements(*t)) {
+      return absl::InvalidArgumentError(absl::StrCat("weight '", t->name(), "' has ", it->second.size(),
+                                                     " elements, graph says ", ShapeString(*t)));
+    }
+  }
+  for (int index : graph_.topological_order()) {
+    const OpDef& op = graph_.def().ops(index);
+    for (const std::string& out : op.outputs()) values_[out] = HostTensor::Zeros(graph_.tensor(out));
+    if (absl::Status s = RunOp(op); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Evaluator::RunOp(const OpDef& op) {
+  HostTensor& out = values_.at(op.outputs(0));
+  switch (op.type()) {
+    case EMBEDDING: {
+      const HostTensor& table = In(op, 0);
+      const HostTensor& ids = In(op, 1);
+      const int64_t vocab = table.shape[0], d = table.shape[1];
+      for (int64_t t = 0; t < ids.size(); ++t) {
+        const int32_t id = ids.i32[t];
+        if (id < 0 || id >= vocab) return OpError(op, absl::StrCat("token id ", id, " outside vocab ", vocab));
+        for (int64_t j = 0; j < d; ++j) out.f32[t * d + j] = table.Get(id * d + j);
+      }
+      return absl::OkStatus();
+    }
+    case RMS_NORM:
+    case LAYER_NORM: {
+      const HostTensor& x = In(op, 0);
+      const HostTensor& w = In(op, 1);
+      const int64_t d = x.shape[1];
+      const float eps = op.norm().eps();
+      for (int64_t t = 0; t < x.shape[0]; ++t) {
+        const float* row = x.f32.data() + t * d;
+        float mean = 0.0f;
+        if (op.type() == LAYER_NORM) {
+          for (int64_t j = 0; j < d; ++j) mean += row[j];
+          mean /= static_cast<float>(d);
+        }
+        float sum_sq = 0.0f;
+        for (int64_t j = 0; j < d; ++j) sum_sq += (row[j] - mean) * (row[j] - mean);
+        const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(d) + eps);
+        for (int64_t j = 0; j < d; ++j) {
+          float v = (row[j] - mean) * scale * w.Get(j);
+          if (op.type() == LAYER_NORM) v += In(op, 2).Get(j);
+          out.f32[t * d + j] = v;
+        }
+      }
+      return absl::OkStatus();
+    }
+    case LINEAR: {
+      const HostTensor& x = In(op, 0);
+      const HostTensor& w = In(op, 1);
+      const int64_t tokens = x.shape[0], k = x.shape[1], n = w.shape[0];
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < n; ++r) {
+          float v = Dot(x.f32.data() + t * k, w, r * k, k);
+          if (op.inputs_size() == 3) v += In(op, 2).Get(r);
+          out.f32[t * n + r] = v;
+        }
+      }
+      return absl::OkStatus();
+    }
+    case ROPE: {
+      const HostTensor& x = In(op, 0);
+      const int32_t pos = In(op, 1).i32[0];
+      const std::vector<float> inv_freq = RopeInvFreq(op.rope());
+      const int head_dim = op.rope().head_dim();
+      out.f32 = x.f32;
+      const int64_t width = x.shape[1];
+      for (int64_t t = 0; t < x.shape[0]; ++t) {
+        for (int64_t h = 0; h < width / head_dim; ++h) {
+          ApplyRopeToHead(out.f32.data() + t * width + h * head_dim, head_dim, pos + static_cast<int>(t),
+                          inv_freq.data());
+        }
+      }
+      return absl::OkStatus();
+    }
+    case ATTENTION: {
+      const AttentionAttrs& a = op.attention();
+      const HostTensor& q = In(op, 0);
+      const HostTensor& k = In(op, 1);
+      const HostTensor& v = In(op, 2);
+      HostTensor& k_cache = values_.at(op.inputs(3));
+      HostTensor& v_cache = values_.at(op.inputs(4));
+      const int32_t pos = In(op, 5).i32[0];
+      const int64_t tokens = q.shape[0], h = a.num_heads(), kv = a.num_kv_heads(), dh = a.head_dim();
+      const int64_t capacity = k_cache.shape[1];
+      if (pos < 0 || pos + tokens > capacity) {
+        return OpError(op, absl::StrCat("positions ", pos, "..", pos + tokens - 1, " outside the KV cache of ",
+                                        capacity));
+      }
+      for (int64_t t = 0; t < tokens; ++t) {  // append
+        for (int64_t g = 0; g < kv; ++g) {
+          for (int64_t j = 0; j < dh; ++j) {
+            const int64_t dst = (g * capacity + pos + t) * dh + j;
+            k_cache.f32[dst] = k.f32[t * kv * dh + g * dh + j];
+            v_cache.f32[dst] = v.f32[t * kv * dh + g * dh + j];
+          }
+        }
+      }
+      const float scale = a.scale() > 0 ? a.scale() : 1.0f / std::sqrt(static_cast<float>(dh));
+      std::vector<float> scores;
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int64_t visible = a.causal() ? pos + t + 1 : pos + tokens;
+        scores.resize(visible);
+        for (int64_t head = 0; head < h; ++head) {
+          const int64_t g = head / (h / kv);
+          const float* qh = q.f32.data() + t * h * dh + head * dh;
+          float max_score = -std::numeric_limits<float>::infinity();
+          for (int64_t p = 0; p < visible; ++p) {
+            float s = 0.0f;
+            const float* kp = k_cache.f32.data() + (g * capacity + p) * dh;
+            for (int64_t j = 0; j < dh; ++j) s += qh[j] * kp[j];
+            scores[p] = s * scale;
+            max_score = std::max(max_score, scores[p]);
+          }
+          float denom = 0.0f;
+          for (int64_t p = 0; p < visible; ++p) denom += (scores[p] = std::exp(scores[p] - max_score));
+          float* oh = out.f32.data() + t * h * dh + head * dh;
+          for (int64_t p = 0; p < visible; ++p) {
+            const float* vp = v_cache.f32.data() + (g * capacity + p) * dh;
+            const float weight = scores[p] / denom;
+            for (int64_t j = 0; j < dh; ++j) oh[j] += weight * vp[j];
+          }
+        }
+      }
+      return absl::OkStatus();
+    }
+    case SILU_MUL: {
+      const HostTensor& g = In(op, 0);
+      const HostTensor& u = In(op, 1);
+      for (int64_t i = 0; i < g.size(); ++i) out.f32[i] = g.f32[i] / (1.0f + std::exp(-g.f32[i])) * u.f32[i];
+      return absl::OkStatus();
+    }
+    case ADD: {
+      const HostTensor& a = In(op, 0);
+      const HostTensor& b = In(op, 1);
+      for (int64_t i = 0; i < a.size(); ++i) out.f32[i] = a.f32[i] + b.f32[i];
+      return absl::OkStatus();
+    }
+    case CONV1D: {
+      const HostTensor& x = In(op, 0);
+      const HostTensor& w = In(op, 1);
+      const int64_t tokens = x.shape[0], channels = x.shape[1], ksize = w.shape[1];
+      HostTensor* state = ksize > 1 ? &values_.at(op.inputs(2)) : nullptr;
+      std::vector<float> window(ksize - 1 + tokens);
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t j = 0; j < ksize - 1; ++j) window[j] = state->f32[c * (ksize - 1) + j];
+        for (int64_t t = 0; t < tokens; ++t) window[ksize - 1 + t] = x.f32[t * channels + c];
+        for (int64_t t = 0; t < tokens; ++t) {
+          float acc = op.inputs_size() == 4 ? In(op, 3).Get(c) : 0.0f;
+          for (int64_t j = 0; j < ksize; ++j) acc += w.Get(c * ksize + j) * window[t + j];
+          out.f32[t * channels + c] = acc;
+        }
+        for (int64_t j = 0; j < ksize - 1; ++j) state->f32[c * (ksize - 1) + j] = window[tokens + j];
+      }
+      return absl::OkStatus();
+    }
+    case CONV2D: {
+      const Conv2dAttrs& a = op.conv2d();
+      const HostTensor& x = In(op, 0);
+      const HostTensor& w = In(op, 1);
+      const int64_t n = x.shape[0], ih = x.shape[1], iw = x.shape[2], c = x.shape[3];
+      const int64_t oc = w.shape[0], kh = w.shape[1], kw = w.shape[2];
+      const int64_t oh = out.shape[1], ow = out.shape[2];
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t y = 0; y < oh; ++y)
+          for (int64_t xo = 0; xo < ow; ++xo)
+            for (int64_t o = 0; o < oc; ++o) {
+              float acc = op.inputs_size() == 3 ? In(op, 2).Get(o) : 0.0f;
+              for (int64_t dy = 0; dy < kh; ++dy) {
+                const int64_t yi = y * a.stride_h() - a.pad_h() + dy;
+                if (yi < 0 || yi >= ih) continue;
+                for (int64_t dx = 0; dx < kw; ++dx) {
+                  const int64_t xi = xo * a.stride_w() - a.pad_w() + dx;
+                  if (xi < 0 || xi >= iw) continue;
+                  const float* px = x.f32.data() + ((b * ih + yi) * iw + xi) * c;
+                  for (int64_t ci = 0; ci < c; ++ci) acc += px[ci] * w.Get(((o * kh + dy) * kw + dx) * c + ci);
+                }
+              }
+              out.f32[((b * oh + y) * ow + xo) * oc + o] = acc;
+            }
+      return absl::OkStatus();
+    }
+    case ARGMAX: {
+      const HostTensor& x = In(op, 0);
+      const int64_t n = x.shape[1];
+      for (int64_t t = 0; t < x.shape[0]; ++t) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; ++i) {
+          if (x.f32[t * n + i] > x.f32[t * n + best]) best = i;
+        }
+        out.i32[t] = static_cast<int32_t>(best);
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return OpError(op, "unknown op type");
+  }
+}
+
+}  // namespace loom::graph

@@ -1,0 +1,52 @@
+#include "graph/host_tensor.h"
+
+namespace loom::graph {
+
+int64_t HostTensor::size() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+HostTensor HostTensor::Zeros(DType dtype, std::vector<int64_t> shape) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const int64_t n = t.size();
+  switch (dtype) {
+    case BF16: t.bf16.assign(n, 0); break;
+    case graph::I32: t.i32.assign(n, 0); break;
+    default: t.f32.assign(n, 0.0f); break;
+  }
+  return t;
+}
+
+HostTensor HostTensor::Zeros(const TensorDef& def) {
+  return Zeros(def.dtype(), std::vector<int64_t>(def.shape().begin(), def.shape().end()));
+}
+
+HostTensor HostTensor::FromI32(std::vector<int64_t> shape, std::vector<int32_t> values) {
+  HostTensor t;
+  t.dtype = graph::I32;
+  t.shape = std::move(shape);
+  t.i32 = std::move(values);
+  return t;
+}
+
+HostTensor HostTensor::FromF32(std::vector<int64_t> shape, std::vector<float> values) {
+  HostTensor t;
+  t.dtype = graph::F32;
+  t.shape = std::move(shape);
+  t.f32 = std::move(values);
+  return t;
+}
+
+const void* HostTensor::data() const {
+  switch (dtype) {
+    case BF16: return bf16.data();
+    case I32: return i32.data();
+    default: return f32.data();
+  }
+}
+
+}  // namespace loom::graph

@@ -1,0 +1,43 @@
+// HostTensor: a tensor's values on the host. Weights keep their bf16 bits (a 1B
+// model stays 2.5 GB); activations, state and f32 weights are float32; ids are i32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "graph/dtype.h"
+#include "graph/graph.pb.h"
+
+namespace loom::graph {
+
+struct HostTensor {
+  DType dtype = DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  std::vector<float> f32;      // dtype F32
+  std::vector<uint16_t> bf16;  // dtype BF16
+  std::vector<int32_t> i32;    // dtype I32
+
+  static HostTensor Zeros(DType dtype, std::vector<int64_t> shape);
+  static HostTensor Zeros(const TensorDef& def);
+  static HostTensor FromI32(std::vector<int64_t> shape, std::vector<int32_t> values);
+  static HostTensor FromF32(std::vector<int64_t> shape, std::vector<float> values);
+
+  int64_t size() const;
+  // Value of element `i` widened to float, whatever the storage.
+  float Get(int64_t i) const {
+    switch (dtype) {
+      case BF16: return Bf16ToFloat(bf16[i]);
+      case I32: return static_cast<float>(i32[i]);
+      default: return f32[i];
+    }
+  }
+  const void* data() const;
+  size_t bytes() const { return static_cast<size_t>(size()) * DTypeSize(dtype); }
+};
+
+// Weights of a model by tensor name.
+using WeightStore = absl::flat_hash_map<std::string, HostTensor>;
+
+}  // namespace loom::graph

@@ -1,0 +1,133 @@
+#include "graph/model.h"
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "graph/proto_file.h"
+#include "graph/safetensors.h"
+
+namespace loom::graph {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every weight the config implies must be in the files with exactly its shape.
+absl::Status LoadHfWeights(const std::string& dir, const LlamaConfig& config, bool load, WeightStore* weights) {
+  std::vector<std::string> files;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single_path = fs::path(dir) / "model.safetensors";
+  absl::flat_hash_map<std::string, std::string> file_of;  // tensor -> shard (sharded only)
+  if (fs::exists(index_path)) {
+    absl::StatusOr<std::string> text = ReadFileToString(index_path.string());
+    if (!text.ok()) return text.status();
+    nlohmann::json index = nlohmann::json::parse(*text, nullptr, false);
+    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+        !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": no 'weight_map' object"));
+    }
+    std::set<std::string> shards;
+    for (auto& [name, shard] : index["weight_map"].items()) {
+      if (!shard.is_string() || absl::StrContains(shard.get<std::string>(), "/")) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": bad shard for '", name, "'"));
+      }
+      file_of[name] = (fs::path(dir) / shard.get<std::string>()).string();
+      shards.insert(file_of[name]);
+    }
+    files.assign(shards.begin(), shards.end());
+  } else if (fs::exists(single_path)) {
+    files.push_back(single_path.string());
+  } else {
+    return absl::NotFoundError(absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
+  }
+
+  absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;
+  for (const std::string& f : files) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(f);
+    if (!file.ok()) return file.status();
+    opened[f] = std::move(*file);
+  }
+  for (const auto& [name, shape] : LlamaWeightShapes(config)) {
+    std::shared_ptr<SafetensorsFile> file;
+    if (!file_of.empty()) {
+      auto it = file_of.find(name);
+      if (it == file_of.end()) {
+        return absl::NotFoundError(absl::StrCat(index_path.string(), ": weight '", name, "' not in weight_map"));
+      }
+      file = opened.at(it->second);
+    } else {
+      file = opened.at(files[0]);
+    }
+    auto entry = file->header().tensors.find(name);
+    if (entry == file->header().tensors.end()) {
+      return absl::NotFoundError(absl::StrCat(file->path(), ": weight '", name, "' is missing"));
+    }
+    if (entry->second.shape != shape) {
+      std::string want, got;
+      for (int64_t d : shape) absl::StrAppend(&want, want.empty() ? "" : ",", d);
+      for (int64_t d : entry->second.shape) absl::StrAppend(&got, got.empty() ? "" : ",", d);
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": weight '", name, "' has shape [", got,
+                                                     "], config.json implies [", want, "]"));
+    }
+    const std::string& dtype = entry->second.dtype;
+    if (dtype != "BF16" && dtype != "F16" && dtype != "F32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file->path(), ": weight '", name, "' has dtype ", dtype, "; need BF16, F16 or F32"));
+    }
+    if (load) {
+      absl::StatusOr<HostTensor> t = file->ReadBf16(name);
+      if (!t.ok()) return t.status();
+      weights->emplace(name, *std::move(t));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options) {
+  Model model;
+  model.spec = spec;
+  if (absl::StartsWith(spec, "random:")) {
+    absl::StatusOr<LlamaConfig> config = LlamaPreset(spec.substr(7));
+    if (!config.ok()) return config.status();
+    model.config = *config;
+  } else {
+    const std::string config_path = (fs::path(spec) / "config.json").string();
+    if (!fs::is_directory(spec)) {
+      return absl::NotFoundError(absl::StrCat(spec, ": not a model folder and not random:<preset>"));
+    }
+    absl::StatusOr<std::string> text = ReadFileToString(config_path);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<LlamaConfig> config = ParseLlamaConfig(*text, config_path);
+    if (!config.ok()) return config.status();
+    model.config = *config;
+  }
+  const int max_seq = options.max_seq > 0 ? options.max_seq : std::min(model.config.max_position_embeddings, 4096);
+  absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(model.config, max_seq);
+  if (!graph.ok()) return graph.status();
+  model.graph = *std::move(graph);
+  if (absl::StartsWith(spec, "random:")) {
+    if (options.load_weights) model.weights = RandomLlamaWeights(model.config, options.seed);
+  } else if (absl::Status s = LoadHfWeights(spec, model.config, options.load_weights, &model.weights); !s.ok()) {
+    return s;
+  }
+  return model;
+}
+
+absl::Status ExportModel(const Model& model, const std::string& dir) {
+  if (model.weights.empty()) return absl::FailedPreconditionError("export needs a model loaded with its weights");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  std::vector<std::pair<std::string, const HostTensor*>> tensors;
+  for (const auto& [name, shape] : LlamaWeightShapes(model.config)) {
+    tensors.emplace_back(name, &model.weights.at(name));
+  }
+  if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;
+  return WriteFileAtomically((fs::path(dir) / "config.json").string(),
+                             LlamaConfigToJson(model.config).dump(2) + "\n");
+}
+
+}  // namespace loom::graph

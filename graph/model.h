@@ -1,0 +1,33 @@
+// Loading a model by spec: "random:<preset>" (deterministic random weights) or a
+// Hugging Face folder (config.json + model.safetensors or a sharded index).
+// Exporting writes a random model as such a folder.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "graph/host_tensor.h"
+#include "graph/llama.h"
+
+namespace loom::graph {
+
+struct ModelOptions {
+  int max_seq = 0;           // KV-cache capacity; 0: min(max_position_embeddings, 4096)
+  bool load_weights = true;  // false: config and graph only (compiling needs no weights)
+  uint64_t seed = 0x10057u;  // for random: models
+};
+
+struct Model {
+  std::string spec;
+  LlamaConfig config;
+  Graph graph;
+  WeightStore weights;  // empty unless ModelOptions::load_weights
+};
+
+absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});
+
+// Writes config.json and model.safetensors into `dir` (created if missing).
+absl::Status ExportModel(const Model& model, const std::string& dir);
+
+}  // namespace loom::graph
