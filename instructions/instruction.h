@@ -1,0 +1,303 @@
+// The 128-byte Loom instruction, shared verbatim by the host encoder, the CPU
+// reference VM and the device interpreter (this header compiles under nvcc).
+//
+//   word  0      opcode (8) | flags (8) | num_waits (8) | reserved (8)
+//   word  1      signal barrier id (kNoBarrier: none); +1 when the instruction is done
+//   words 2..9   kMaxWaits waits: {barrier | previous_step << 31, count | stride << 16}
+//   words 10..31 opcode arguments (an *Args struct below): tensor ids and tile coordinates
+//
+// A wait in decode step e is satisfied when counter[barrier] reaches
+//   (e - previous_step) * stride + count        (stride = the barrier's signals per step)
+// so counters never reset between steps or launches (compared wrap-safe).
+#pragma once
+
+#include <cstdint>
+
+#include "instructions/opcodes.h"
+
+#if defined(__CUDACC__)
+#define LOOM_HD __host__ __device__ __forceinline__
+#else
+#define LOOM_HD inline
+#endif
+
+namespace loom::isa {
+
+inline constexpr int kInstructionBytes = 128;
+inline constexpr int kInstructionWords = kInstructionBytes / 4;
+inline constexpr int kMaxWaits = 4;
+inline constexpr int kHeaderWords = 2 + 2 * kMaxWaits;
+inline constexpr int kArgWords = kInstructionWords - kHeaderWords;
+inline constexpr uint32_t kNoBarrier = 0xffffffffu;
+inline constexpr uint32_t kBarrierIdMask = 0x7fffffffu;
+inline constexpr uint32_t kWaitPreviousStep = 0x80000000u;
+inline constexpr uint32_t kMaxSignalsPerStep = 0xffffu;
+
+enum class Opcode : uint8_t {
+#define LOOM_OPCODE_ENUM(name, args) name,
+  LOOM_OPCODE_LIST(LOOM_OPCODE_ENUM)
+#undef LOOM_OPCODE_ENUM
+      kCount
+};
+inline constexpr int kNumOpcodes = static_cast<int>(Opcode::kCount);
+
+// Step state (an i32 tensor): where the decode loop is.
+enum StepStateWord : uint32_t {
+  kStatePosition = 0,     // position of the token being processed this step
+  kStatePromptLength = 1, // tokens[0, prompt_length) are forced, not generated
+  kStateOverflow = 2,     // set by ARGMAX_REDUCE when the KV cache is full
+  kStepStateWords = 4,
+};
+
+// Tensors live in one of two regions: packed weights (read-only) or the arena.
+enum Region : uint32_t { kWeightRegion = 0, kArenaRegion = 1, kNumRegions = 2 };
+
+// One entry of the schedule's tensor table as the VM and device see it.
+struct TensorDesc {
+  uint64_t offset;  // bytes from the region's base
+  uint64_t bytes;
+  uint32_t region;
+  uint32_t dtype;  // graph::DType
+};
+static_assert(sizeof(TensorDesc) == 24);
+
+// Resolves tensor ids to addresses: the only way opcode code reaches memory.
+struct MachineView {
+  uint8_t* regions[kNumRegions];
+  const TensorDesc* tensors;
+  uint32_t num_tensors;
+
+  template <typename T>
+  LOOM_HD T* ptr(uint32_t tensor) const {
+    return reinterpret_cast<T*>(regions[tensors[tensor].region] + tensors[tensor].offset);
+  }
+};
+
+struct Wait {
+  uint32_t barrier_and_flags;
+  uint32_t count_and_stride;
+
+  LOOM_HD uint32_t barrier() const { return barrier_and_flags & kBarrierIdMask; }
+  LOOM_HD bool previous_step() const { return (barrier_and_flags & kWaitPreviousStep) != 0; }
+  LOOM_HD uint32_t count() const { return count_and_stride & 0xffffu; }
+  LOOM_HD uint32_t stride() const { return count_and_stride >> 16; }
+  // Counter value that satisfies this wait in decode step `step`.
+  LOOM_HD uint32_t target(uint32_t step) const {
+    return (step - (previous_step() ? 1u : 0u)) * stride() + count();
+  }
+};
+static_assert(sizeof(Wait) == 8);
+
+// Wrap-safe "counter has reached target".
+LOOM_HD bool Reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+struct Instruction {
+  uint8_t opcode;
+  uint8_t flags;
+  uint8_t num_waits;
+  uint8_t reserved;
+  uint32_t signal;
+  Wait waits[kMaxWaits];
+  uint32_t args[kArgWords];
+
+  LOOM_HD Opcode op() const { return static_cast<Opcode>(opcode); }
+  template <typename Args>
+  LOOM_HD const Args& as() const {
+    static_assert(sizeof(Args) <= sizeof(args));
+    return *reinterpret_cast<const Args*>(args);
+  }
+  template <typename Args>
+  LOOM_HD Args& as() {
+    return *reinterpret_cast<Args*>(args);
+  }
+};
+static_assert(sizeof(Instruction) == kInstructionBytes);
+
+// ---------------------------------------------------------------------------
+// Opcode arguments. All fields are 32-bit words; tensors are ids into the
+// schedule's tensor table. kFields names them (for loom inspect and errors).
+// ---------------------------------------------------------------------------
+
+// out[0:hidden] = table[tokens[state[position]], :]        (bf16 -> f32)
+struct EmbedArgs {
+  uint32_t table;  // bf16 [vocab, hidden] (a packed weight)
+  uint32_t tokens; // i32 [max_seq + 1]: token at each position
+  uint32_t step_state;
+  uint32_t out;  // f32 [hidden]
+  uint32_t hidden;
+  uint32_t vocab;
+  static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab"};
+};
+
+// out = x * rsqrt(mean(x^2) + eps) * weight
+struct RmsNormArgs {
+  uint32_t input;   // f32 [n]
+  uint32_t weight;  // bf16 [n]
+  uint32_t out;     // f32 [n]
+  uint32_t n;
+  float eps;
+  static constexpr const char* kFields[] = {"input", "weight", "out", "n", "eps"};
+};
+
+enum MatvecPrologue : uint32_t { kPrologueNone = 0, kPrologueRmsNorm = 1 };
+enum MatvecEpilogue : uint32_t {
+  kEpilogueStore = 0,          // out[row_begin + r] = y[r]
+  kEpilogueResidualAdd = 1,    // out[row_begin + r] = residual[row_begin + r] + y[r]
+  kEpilogueRopeKvAppend = 2,   // rows are RoPE-paired q|k|v (see RopeKvLayout); q -> out, k/v -> caches
+  kEpilogueSiluMul = 3,        // rows are (gate, up) pairs: out[(row_begin + r) / 2] = silu(y[r]) * y[r + 1]
+  kEpilogueArgmaxPartial = 4,  // out[row_begin + r] = y[r]; partials[tile] = (max y, its global row)
+  kNumEpilogues = 5,
+};
+
+// y[r] = dot(W[row_begin + r, 0:k], x) for r in [0, rows): one tile of a
+// packed bf16 weight [total_rows, k], row-major, so the tile is one contiguous
+// byte range. x = input, or RMSNorm(input) * norm_weight with the prologue.
+struct MatvecArgs {
+  uint32_t weight;
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t k;
+  uint32_t input;        // f32 [k]
+  uint32_t prologue;     // MatvecPrologue
+  uint32_t norm_weight;  // bf16 [k]
+  float norm_eps;
+  uint32_t epilogue;     // MatvecEpilogue
+  uint32_t out;          // f32: output vector (q for RoPE, logits for argmax)
+  uint32_t residual;     // f32 (kEpilogueResidualAdd)
+  uint32_t k_cache;      // f32 [kv_heads, max_seq, head_dim] (kEpilogueRopeKvAppend)
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t rope_inv_freq;  // f32 [head_dim / 2]
+  uint32_t q_rows;         // heads * head_dim
+  uint32_t kv_rows;        // kv_heads * head_dim
+  uint32_t head_dim;
+  uint32_t max_seq;
+  uint32_t partials;    // f32 [tiles, 2] (kEpilogueArgmaxPartial)
+  uint32_t tile_index;
+  static constexpr const char* kFields[] = {
+      "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
+      "residual", "k_cache", "v_cache", "step_state", "rope_inv_freq", "q_rows", "kv_rows", "head_dim", "max_seq",
+      "partials", "tile_index"};
+};
+
+// RoPE-paired QKV layout of a fused QKV weight: q heads, then k heads, then v
+// heads; inside each q/k head, packed row 2j is original row j and packed row
+// 2j+1 is original row j + head_dim/2, so every pair a rotation mixes is adjacent.
+LOOM_HD uint32_t RopePairedToOriginalRow(uint32_t packed_row, uint32_t rope_rows, uint32_t head_dim) {
+  if (packed_row >= rope_rows) return packed_row;
+  const uint32_t head = packed_row / head_dim, r = packed_row % head_dim;
+  return head * head_dim + (r % 2 == 0 ? r / 2 : r / 2 + head_dim / 2);
+}
+
+// Unfused RoPE + KV append: q_out = rope(q_in); caches[pos] = rope(k_in), v_in.
+struct RopeAppendArgs {
+  uint32_t q_in;
+  uint32_t k_in;
+  uint32_t v_in;
+  uint32_t q_out;
+  uint32_t k_cache;
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t rope_inv_freq;
+  uint32_t num_heads;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
+  static constexpr const char* kFields[] = {"q_in", "k_in", "v_in", "q_out", "k_cache", "v_cache", "step_state",
+                                            "rope_inv_freq", "num_heads", "num_kv_heads", "head_dim", "max_seq"};
+};
+
+// Split-KV decode attention for one KV head and one split of the context
+// [0, position]: for each of the group's query heads, unnormalised
+// o = sum_p exp(s_p - m) v_p, with m = max s_p and l = sum exp(s_p - m).
+struct AttnPartialArgs {
+  uint32_t q;  // f32 [heads * head_dim] (rotated)
+  uint32_t k_cache;
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t partial_o;   // f32 [splits, heads, head_dim]
+  uint32_t partial_ml;  // f32 [splits, heads, 2]
+  uint32_t kv_head;
+  uint32_t split;
+  uint32_t num_splits;
+  uint32_t num_heads;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
+  float scale;
+  static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "partial_o", "partial_ml",
+                                            "kv_head", "split", "num_splits", "num_heads", "num_kv_heads",
+                                            "head_dim", "max_seq", "scale"};
+};
+
+// Split s of a context of `length` positions covers [begin, end) (maybe empty).
+LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, uint32_t* begin, uint32_t* end) {
+  const uint32_t chunk = (length + num_splits - 1) / num_splits;
+  const uint32_t b = split * chunk;
+  *begin = b < length ? b : length;
+  *end = b + chunk < length ? b + chunk : length;
+}
+
+// out[head] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s for heads [head_begin, +head_count)
+struct AttnReduceArgs {
+  uint32_t partial_o;
+  uint32_t partial_ml;
+  uint32_t out;  // f32 [heads * head_dim]
+  uint32_t head_begin;
+  uint32_t head_count;
+  uint32_t num_splits;
+  uint32_t num_heads;
+  uint32_t head_dim;
+  static constexpr const char* kFields[] = {"partial_o", "partial_ml", "out",     "head_begin",
+                                            "head_count", "num_splits", "num_heads", "head_dim"};
+};
+
+// out[i] = silu(gate[i]) * up[i] for i in [begin, begin + count)
+struct SiluMulArgs {
+  uint32_t gate;
+  uint32_t up;
+  uint32_t out;
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"gate", "up", "out", "begin", "count"};
+};
+
+// out[i] = a[i] + b[i] for i in [begin, begin + count)
+struct AddArgs {
+  uint32_t a;
+  uint32_t b;
+  uint32_t out;
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"a", "b", "out", "begin", "count"};
+};
+
+// partials[tile_index] = (max logits[begin:begin+count], its index); lowest index wins ties.
+struct ArgmaxPartialArgs {
+  uint32_t logits;
+  uint32_t begin;
+  uint32_t count;
+  uint32_t partials;  // f32 [tiles, 2]: value, index (exact in f32 below 2^24)
+  uint32_t tile_index;
+  static constexpr const char* kFields[] = {"logits", "begin", "count", "partials", "tile_index"};
+};
+
+// Picks the best partial, writes it as the token at position+1 (unless that
+// position is still inside the prompt) and advances the position: the end of
+// a decode step.
+struct ArgmaxReduceArgs {
+  uint32_t partials;
+  uint32_t num_partials;
+  uint32_t step_state;
+  uint32_t tokens;  // i32 [max_seq + 1]
+  uint32_t max_seq;
+  static constexpr const char* kFields[] = {"partials", "num_partials", "step_state", "tokens", "max_seq"};
+};
+
+#define LOOM_CHECK_ARGS(name, args)                                                    \
+  static_assert(sizeof(args) <= kArgWords * 4, #args " does not fit an instruction"); \
+  static_assert(sizeof(args) == sizeof(args::kFields) / sizeof(char*) * 4, #args " kFields out of date");
+LOOM_OPCODE_LIST(LOOM_CHECK_ARGS)
+#undef LOOM_CHECK_ARGS
+
+}  // namespace loom::isa

@@ -1,0 +1,494 @@
+#include "instructions/isa.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "graph/dtype.h"
+
+namespace loom::isa {
+namespace {
+
+using graph::BF16;
+using graph::F32;
+using graph::I32;
+
+// Validation helper: collects the first problem with the field that caused it.
+class Checker {
+ public:
+  Checker(const Instruction& inst, const std::vector<TensorInfo>& tensors) : inst_(inst), tensors_(tensors) {}
+
+  // Tensor `id` (argument `field`) must be `dtype` with at least `elements`.
+  void Tensor(const char* field, uint32_t id, graph::DType dtype, uint64_t elements) {
+    if (!status_.ok()) return;
+    if (id >= tensors_.size()) {
+      Fail(absl::StrCat(field, " names tensor ", id, ", the table has ", tensors_.size()));
+      return;
+    }
+    const TensorInfo& t = tensors_[id];
+    if (t.dtype != dtype) {
+      Fail(absl::StrCat(field, " tensor '", t.name, "' is ", graph::DType_Name(t.dtype), ", needs ",
+                        graph::DType_Name(dtype)));
+    } else if (t.elements < elements) {
+      Fail(absl::StrCat(field, " tensor '", t.name, "' has ", t.elements, " elements, instruction reaches ",
+                        elements));
+    }
+  }
+  void Require(bool ok, const std::string& why) {
+    if (status_.ok() && !ok) Fail(why);
+  }
+  absl::Status status() const { return status_; }
+
+ private:
+  void Fail(const std::string& why) {
+    status_ = absl::InvalidArgumentError(absl::StrCat(OpcodeName(inst_.op()), ": ", why));
+  }
+  const Instruction& inst_;
+  const std::vector<TensorInfo>& tensors_;
+  absl::Status status_;
+};
+
+uint64_t U(uint32_t v) { return v; }
+
+void Validate(const EmbedArgs& a, Checker& c) {
+  c.Require(a.hidden > 0 && a.vocab > 0, "hidden and vocab must be positive");
+  c.Tensor("table", a.table, BF16, U(a.vocab) * a.hidden);
+  c.Tensor("tokens", a.tokens, I32, 1);
+  c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+  c.Tensor("out", a.out, F32, a.hidden);
+}
+void Validate(const RmsNormArgs& a, Checker& c) {
+  c.Require(a.n > 0 && a.eps > 0, "n and eps must be positive");
+  c.Tensor("input", a.input, F32, a.n);
+  c.Tensor("weight", a.weight, BF16, a.n);
+  c.Tensor("out", a.out, F32, a.n);
+}
+void Validate(const MatvecArgs& a, Checker& c) {
+  c.Require(a.rows > 0 && a.k > 0, "rows and k must be positive");
+  c.Require(a.prologue <= kPrologueRmsNorm, absl::StrCat("unknown prologue ", a.prologue));
+  c.Require(a.epilogue < kNumEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
+  c.Tensor("weight", a.weight, BF16, (U(a.row_begin) + a.rows) * a.k);
+  c.Tensor("input", a.input, F32, a.k);
+  if (a.prologue == kPrologueRmsNorm) {
+    c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
+    c.Require(a.norm_eps > 0, "norm_eps must be positive");
+  }
+  const uint64_t end = U(a.row_begin) + a.rows;
+  switch (a.epilogue) {
+    case kEpilogueStore:
+    case kEpilogueArgmaxPartial:
+      c.Tensor("out", a.out, F32, end);
+      if (a.epilogue == kEpilogueArgmaxPartial) c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
+      break;
+    case kEpilogueResidualAdd:
+      c.Tensor("out", a.out, F32, end);
+      c.Tensor("residual", a.residual, F32, end);
+      break;
+    case kEpilogueSiluMul:
+      c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "SiLU-mul tiles must hold whole (gate, up) pairs");
+      c.Tensor("out", a.out, F32, end / 2);
+      break;
+    case kEpilogueRopeKvAppend:
+      c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.q_rows % a.head_dim == 0 && a.kv_rows % a.head_dim == 0,
+                "RoPE layout needs an even head_dim dividing q_rows and kv_rows");
+      c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "RoPE tiles must hold whole rotation pairs");
+      c.Require(end <= U(a.q_rows) + 2 * U(a.kv_rows), "tile runs past the q|k|v rows");
+      c.Tensor("out", a.out, F32, a.q_rows);
+      c.Tensor("k_cache", a.k_cache, F32, U(a.kv_rows) * a.max_seq);
+      c.Tensor("v_cache", a.v_cache, F32, U(a.kv_rows) * a.max_seq);
+      c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+      c.Tensor("rope_inv_freq", a.rope_inv_freq, F32, a.head_dim / 2);
+      break;
+  }
+}
+void Validate(const RopeAppendArgs& a, Checker& c) {
+  c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0,
+            "bad head layout");
+  const uint64_t q = U(a.num_heads) * a.head_dim, kv = U(a.num_kv_heads) * a.head_dim;
+  c.Tensor("q_in", a.q_in, F32, q);
+  c.Tensor("k_in", a.k_in, F32, kv);
+  c.Tensor("v_in", a.v_in, F32, kv);
+  c.Tensor("q_out", a.q_out, F32, q);
+  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
+  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+  c.Tensor("rope_inv_freq", a.rope_inv_freq, F32, a.head_dim / 2);
+}
+void Validate(const AttnPartialArgs& a, Checker& c) {
+  c.Require(a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0 && a.kv_head < a.num_kv_heads,
+            "bad kv_head / head counts");
+  c.Require(a.num_splits > 0 && a.split < a.num_splits, "split outside num_splits");
+  c.Require(a.head_dim > 0 && a.scale > 0, "head_dim and scale must be positive");
+  const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
+  c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
+  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
+  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+  c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
+  c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
+}
+void Validate(const AttnReduceArgs& a, Checker& c) {
+  c.Require(a.num_splits > 0 && a.head_dim > 0 && a.head_count > 0, "sizes must be positive");
+  c.Require(U(a.head_begin) + a.head_count <= a.num_heads, "heads outside num_heads");
+  c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
+  c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
+  c.Tensor("out", a.out, F32, U(a.num_heads) * a.head_dim);
+}
+void Validate(const SiluMulArgs& a, Checker& c) {
+  const uint64_t end = U(a.begin) + a.count;
+  c.Tensor("gate", a.gate, F32, end);
+  c.Tensor("up", a.up, F32, end);
+  c.Tensor("out", a.out, F32, end);
+}
+void Validate(const AddArgs& a, Checker& c) {
+  const uint64_t end = U(a.begin) + a.count;
+  c.Tensor("a", a.a, F32, end);
+  c.Tensor("b", a.b, F32, end);
+  c.Tensor("out", a.out, F32, end);
+}
+void Validate(const ArgmaxPartialArgs& a, Checker& c) {
+  c.Require(a.count > 0, "count must be positive");
+  c.Tensor("logits", a.logits, F32, U(a.begin) + a.count);
+  c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
+}
+void Validate(const ArgmaxReduceArgs& a, Checker& c) {
+  c.Require(a.num_partials > 0, "num_partials must be positive");
+  c.Tensor("partials", a.partials, F32, 2 * U(a.num_partials));
+  c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+  c.Tensor("tokens", a.tokens, I32, U(a.max_seq) + 1);
+}
+
+// ---- footprints -----------------------------------------------------------
+
+Footprint Cost(const EmbedArgs& a, uint32_t) { return {2ull * a.hidden, 4ull * a.hidden + 16, 0, 0}; }
+Footprint Cost(const RmsNormArgs& a, uint32_t) { return {2ull * a.n, 8ull * a.n, 0, 4ull * a.n}; }
+Footprint Cost(const MatvecArgs& a, uint32_t) {
+  Footprint f;
+  f.weight_bytes = 2ull * a.rows * a.k;
+  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
+  // input vector (+ norm weight), and one partial sum per 256-column segment of the tile
+  f.smem_bytes = 4ull * a.k + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0) + 4ull * a.rows * ((a.k + 255) / 256);
+  f.flops = 2ull * a.rows * a.k;
+  return f;
+}
+Footprint Cost(const RopeAppendArgs& a, uint32_t) {
+  const uint64_t n = (U(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim;
+  return {0, 8 * n, 0, 6 * n};
+}
+Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
+  const uint64_t positions = (U(context) + a.num_splits - 1) / a.num_splits;
+  const uint64_t group = a.num_heads / a.num_kv_heads;
+  Footprint f;
+  f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
+  f.smem_bytes = group * a.head_dim * 4 + group * positions * 4;
+  f.flops = 4 * group * positions * a.head_dim;
+  return f;
+}
+Footprint Cost(const AttnReduceArgs& a, uint32_t) {
+  const uint64_t n = U(a.num_splits) * a.head_count * (a.head_dim + 2);
+  return {0, 4 * n + 4ull * a.head_count * a.head_dim, 0, 2 * n};
+}
+Footprint Cost(const SiluMulArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 4ull * a.count}; }
+Footprint Cost(const AddArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 1ull * a.count}; }
+Footprint Cost(const ArgmaxPartialArgs& a, uint32_t) { return {0, 4ull * a.count + 8, 0, a.count}; }
+Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) { return {0, 8ull * a.num_partials + 16, 0, a.num_partials}; }
+
+// ---- float32 references ---------------------------------------------------
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+void Reference(const EmbedArgs& a, const MachineView& m) {
+  const int32_t* state = m.ptr<int32_t>(a.step_state);
+  int32_t token = m.ptr<int32_t>(a.tokens)[state[kStatePosition]];
+  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
+  const uint16_t* row = m.ptr<uint16_t>(a.table) + static_cast<uint64_t>(token) * a.hidden;
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t i = 0; i < a.hidden; ++i) out[i] = graph::Bf16ToFloat(row[i]);
+}
+
+// x * rsqrt(mean(x^2) + eps) * w, the same operation order as the graph evaluator.
+void RmsNormInto(const float* x, const uint16_t* w, uint32_t n, float eps, float* out) {
+  float sum_sq = 0.0f;
+  for (uint32_t j = 0; j < n; ++j) sum_sq += x[j] * x[j];
+  const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  for (uint32_t j = 0; j < n; ++j) out[j] = x[j] * scale * graph::Bf16ToFloat(w[j]);
+}
+
+void Reference(const RmsNormArgs& a, const MachineView& m) {
+  RmsNormInto(m.ptr<float>(a.input), m.ptr<uint16_t>(a.weight), a.n, a.eps, m.ptr<float>(a.out));
+}
+
+void RotatePair(float* x, float* y, uint32_t j, int32_t position, const float* inv_freq) {
+  const float angle = static_cast<float>(position) * inv_freq[j];
+  const float c = std::cos(angle), s = std::sin(angle);
+  const float a = *x, b = *y;
+  *x = a * c - b * s;
+  *y = b * c + a * s;
+}
+
+void Reference(const MatvecArgs& a, const MachineView& m) {
+  std::vector<float> x(m.ptr<float>(a.input), m.ptr<float>(a.input) + a.k);
+  if (a.prologue == kPrologueRmsNorm) RmsNormInto(x.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, x.data());
+  std::vector<float> y(a.rows);
+  const uint16_t* w = m.ptr<uint16_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k;
+  for (uint32_t r = 0; r < a.rows; ++r) {
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[static_cast<uint64_t>(r) * a.k + j]);
+    y[r] = acc;
+  }
+  float* out = m.ptr<float>(a.out);
+  switch (a.epilogue) {
+    case kEpilogueStore:
+      for (uint32_t r = 0; r < a.rows; ++r) out[a.row_begin + r] = y[r];
+      break;
+    case kEpilogueResidualAdd: {
+      const float* residual = m.ptr<float>(a.residual);
+      for (uint32_t r = 0; r < a.rows; ++r) out[a.row_begin + r] = residual[a.row_begin + r] + y[r];
+      break;
+    }
+    case kEpilogueSiluMul:
+      for (uint32_t r = 0; r < a.rows; r += 2) out[(a.row_begin + r) / 2] = Silu(y[r]) * y[r + 1];
+      break;
+    case kEpilogueArgmaxPartial: {
+      float best = -INFINITY;
+      uint32_t best_row = a.row_begin;
+      for (uint32_t r = 0; r < a.rows; ++r) {
+        out[a.row_begin + r] = y[r];
+        if (y[r] > best) best = y[r], best_row = a.row_begin + r;
+      }
+      m.ptr<float>(a.partials)[2 * a.tile_index] = best;
+      m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
+      break;
+    }
+    case kEpilogueRopeKvAppend: {
+      const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
+      const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+      const uint32_t rope_rows = a.q_rows + a.kv_rows, half = a.head_dim / 2;
+      for (uint32_t r = 0; r < a.rows; r += 2) {
+        const uint32_t p = a.row_begin + r;
+        if (p < rope_rows) {
+          const uint32_t orig = RopePairedToOriginalRow(p, rope_rows, a.head_dim);  // j of the pair (j, j+half)
+          RotatePair(&y[r], &y[r + 1], orig % a.head_dim, pos, inv_freq);
+          float* dst;
+          uint32_t base;
+          if (p < a.q_rows) {
+            dst = out;
+            base = orig - orig % a.head_dim;
+          } else {
+            dst = m.ptr<float>(a.k_cache);
+            const uint32_t kv_head = (p - a.q_rows) / a.head_dim;
+            base = (kv_head * a.max_seq + pos) * a.head_dim;
+          }
+          dst[base + orig % a.head_dim] = y[r];
+          dst[base + orig % a.head_dim + half] = y[r + 1];
+        } else {
+          for (uint32_t i = 0; i < 2; ++i) {
+            const uint32_t v = p + i - rope_rows, kv_head = v / a.head_dim;
+            m.ptr<float>(a.v_cache)[(kv_head * a.max_seq + pos) * a.head_dim + v % a.head_dim] = y[r + i];
+          }
+        }
+      }
+      break;
+    }
+  }
+}
+
+void Reference(const RopeAppendArgs& a, const MachineView& m) {
+  const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
+  const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+  const uint32_t half = a.head_dim / 2;
+  const float* q_in = m.ptr<float>(a.q_in);
+  float* q_out = m.ptr<float>(a.q_out);
+  for (uint32_t i = 0; i < a.num_heads * a.head_dim; ++i) q_out[i] = q_in[i];
+  for (uint32_t h = 0; h < a.num_heads; ++h) {
+    for (uint32_t j = 0; j < half; ++j) RotatePair(&q_out[h * a.head_dim + j], &q_out[h * a.head_dim + j + half], j, pos, inv_freq);
+  }
+  for (uint32_t g = 0; g < a.num_kv_heads; ++g) {
+    float* k = m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(g) * a.max_seq + pos) * a.head_dim;
+    float* v = m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(g) * a.max_seq + pos) * a.head_dim;
+    for (uint32_t d = 0; d < a.head_dim; ++d) {
+      k[d] = m.ptr<float>(a.k_in)[g * a.head_dim + d];
+      v[d] = m.ptr<float>(a.v_in)[g * a.head_dim + d];
+    }
+    for (uint32_t j = 0; j < half; ++j) RotatePair(&k[j], &k[j + half], j, pos, inv_freq);
+  }
+}
+
+void Reference(const AttnPartialArgs& a, const MachineView& m) {
+  const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[kStatePosition]) + 1;
+  uint32_t begin, end;
+  SplitRange(length, a.split, a.num_splits, &begin, &end);
+  const uint32_t group = a.num_heads / a.num_kv_heads;
+  const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  std::vector<float> scores(end - begin);
+  for (uint32_t h = a.kv_head * group; h < (a.kv_head + 1) * group; ++h) {
+    const float* q = m.ptr<float>(a.q) + h * a.head_dim;
+    float max_score = -INFINITY;
+    for (uint32_t p = begin; p < end; ++p) {
+      float s = 0.0f;
+      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * kc[p * a.head_dim + d];
+      scores[p - begin] = s * a.scale;
+      max_score = std::max(max_score, scores[p - begin]);
+    }
+    float* o = m.ptr<float>(a.partial_o) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * a.head_dim;
+    for (uint32_t d = 0; d < a.head_dim; ++d) o[d] = 0.0f;
+    float l = 0.0f;
+    for (uint32_t p = begin; p < end; ++p) {
+      const float e = std::exp(scores[p - begin] - max_score);
+      l += e;
+      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * vc[p * a.head_dim + d];
+    }
+    float* ml = m.ptr<float>(a.partial_ml) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * 2;
+    ml[0] = max_score;
+    ml[1] = l;
+  }
+}
+
+void Reference(const AttnReduceArgs& a, const MachineView& m) {
+  const float* po = m.ptr<float>(a.partial_o);
+  const float* pml = m.ptr<float>(a.partial_ml);
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t h = a.head_begin; h < a.head_begin + a.head_count; ++h) {
+    float global_max = -INFINITY;
+    for (uint32_t s = 0; s < a.num_splits; ++s) global_max = std::max(global_max, pml[(s * a.num_heads + h) * 2]);
+    float denom = 0.0f;
+    std::vector<float> acc(a.head_dim, 0.0f);
+    for (uint32_t s = 0; s < a.num_splits; ++s) {
+      const float m_s = pml[(s * a.num_heads + h) * 2];
+      if (m_s == -INFINITY) continue;  // empty split
+      const float w = std::exp(m_s - global_max);
+      denom += w * pml[(s * a.num_heads + h) * 2 + 1];
+      for (uint32_t d = 0; d < a.head_dim; ++d) acc[d] += w * po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
+    }
+    for (uint32_t d = 0; d < a.head_dim; ++d) out[h * a.head_dim + d] = denom > 0 ? acc[d] / denom : 0.0f;
+  }
+}
+
+void Reference(const SiluMulArgs& a, const MachineView& m) {
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
+    m.ptr<float>(a.out)[i] = Silu(m.ptr<float>(a.gate)[i]) * m.ptr<float>(a.up)[i];
+  }
+}
+
+void Reference(const AddArgs& a, const MachineView& m) {
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
+    m.ptr<float>(a.out)[i] = m.ptr<float>(a.a)[i] + m.ptr<float>(a.b)[i];
+  }
+}
+
+void Reference(const ArgmaxPartialArgs& a, const MachineView& m) {
+  const float* logits = m.ptr<float>(a.logits);
+  float best = -INFINITY;
+  uint32_t best_index = a.begin;
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
+    if (logits[i] > best) best = logits[i], best_index = i;
+  }
+  m.ptr<float>(a.partials)[2 * a.tile_index] = best;
+  m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_index);
+}
+
+void Reference(const ArgmaxReduceArgs& a, const MachineView& m) {
+  const float* partials = m.ptr<float>(a.partials);
+  float best = partials[0], best_index = partials[1];
+  for (uint32_t t = 1; t < a.num_partials; ++t) {
+    const float v = partials[2 * t], index = partials[2 * t + 1];
+    if (v > best || (v == best && index < best_index)) best = v, best_index = index;
+  }
+  int32_t* state = m.ptr<int32_t>(a.step_state);
+  const int32_t next = state[kStatePosition] + 1;
+  if (next >= static_cast<int32_t>(a.max_seq)) {
+    state[kStateOverflow] = 1;
+    return;
+  }
+  if (next >= state[kStatePromptLength]) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
+  state[kStatePosition] = next;
+}
+
+}  // namespace
+
+const char* OpcodeName(Opcode op) {
+  switch (op) {
+#define LOOM_NAME(name, args) \
+  case Opcode::name:          \
+    return #name;
+    LOOM_OPCODE_LIST(LOOM_NAME)
+#undef LOOM_NAME
+    default:
+      return "UNKNOWN";
+  }
+}
+
+absl::StatusOr<Opcode> OpcodeFromName(const std::string& name) {
+#define LOOM_FROM_NAME(op, args) \
+  if (name == #op) return Opcode::op;
+  LOOM_OPCODE_LIST(LOOM_FROM_NAME)
+#undef LOOM_FROM_NAME
+  return absl::InvalidArgumentError(absl::StrCat("unknown opcode '", name, "'"));
+}
+
+int ArgCount(Opcode op) {
+  switch (op) {
+#define LOOM_COUNT(name, args) \
+  case Opcode::name:           \
+    return static_cast<int>(sizeof(args) / 4);
+    LOOM_OPCODE_LIST(LOOM_COUNT)
+#undef LOOM_COUNT
+    default:
+      return 0;
+  }
+}
+
+const char* const* ArgNames(Opcode op) {
+  switch (op) {
+#define LOOM_ARG_NAMES(name, args) \
+  case Opcode::name:               \
+    return args::kFields;
+    LOOM_OPCODE_LIST(LOOM_ARG_NAMES)
+#undef LOOM_ARG_NAMES
+    default:
+      return nullptr;
+  }
+}
+
+absl::Status ValidateInstruction(const Instruction& inst, const std::vector<TensorInfo>& tensors) {
+  Checker checker(inst, tensors);
+  switch (inst.op()) {
+#define LOOM_VALIDATE(name, args)          \
+  case Opcode::name:                       \
+    Validate(inst.as<args>(), checker);    \
+    break;
+    LOOM_OPCODE_LIST(LOOM_VALIDATE)
+#undef LOOM_VALIDATE
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown opcode ", static_cast<int>(inst.opcode)));
+  }
+  return checker.status();
+}
+
+Footprint InstructionFootprint(const Instruction& inst, uint32_t context) {
+  switch (inst.op()) {
+#define LOOM_FOOTPRINT(name, args) \
+  case Opcode::name:               \
+    return Cost(inst.as<args>(), context);
+    LOOM_OPCODE_LIST(LOOM_FOOTPRINT)
+#undef LOOM_FOOTPRINT
+    default:
+      return {};
+  }
+}
+
+void ExecuteReference(const Instruction& inst, const MachineView& machine) {
+  switch (inst.op()) {
+#define LOOM_REFERENCE(name, args)          \
+  case Opcode::name:                        \
+    Reference(inst.as<args>(), machine);    \
+    break;
+    LOOM_OPCODE_LIST(LOOM_REFERENCE)
+#undef LOOM_REFERENCE
+    default:
+      break;
+  }
+}
+
+}  // namespace loom::isa

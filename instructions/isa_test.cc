@@ -1,0 +1,166 @@
+// Instruction set: names, wait arithmetic, validation, and references that can
+// be checked by hand.
+#include "instructions/isa.h"
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "graph/dtype.h"
+#include "gtest/gtest.h"
+
+namespace loom::isa {
+namespace {
+
+TEST(Isa, EveryOpcodeHasANameThatRoundTrips) {
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    const Opcode op = static_cast<Opcode>(i);
+    absl::StatusOr<Opcode> back = OpcodeFromName(OpcodeName(op));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, op);
+    EXPECT_GT(ArgCount(op), 0);
+    EXPECT_LE(ArgCount(op), kArgWords);
+  }
+  EXPECT_FALSE(OpcodeFromName("FLY").ok());
+}
+
+TEST(Isa, WaitTargetsAreEpochBasedAndWrapSafe) {
+  Wait w{7, 3u | (5u << 16)};
+  EXPECT_EQ(w.barrier(), 7u);
+  EXPECT_EQ(w.target(0), 3u);
+  EXPECT_EQ(w.target(4), 23u);
+  Wait prev{7 | kWaitPreviousStep, 5u | (5u << 16)};
+  EXPECT_TRUE(Reached(0, prev.target(0)));  // step 0 needs nothing of step -1
+  EXPECT_EQ(prev.target(3), 15u);
+  EXPECT_TRUE(Reached(5u, 0xfffffff0u));     // counter wrapped past the target
+  EXPECT_FALSE(Reached(0xfffffff0u, 5u));
+}
+
+TEST(Isa, RopePairingIsAPermutationThatKeepsVRowsInPlace) {
+  std::set<uint32_t> seen;
+  for (uint32_t p = 0; p < 3 * 64 + 64; ++p) seen.insert(RopePairedToOriginalRow(p, 3 * 64, 64));
+  EXPECT_EQ(seen.size(), 4u * 64);
+  EXPECT_EQ(RopePairedToOriginalRow(1, 192, 64), 32u);
+  EXPECT_EQ(RopePairedToOriginalRow(66, 192, 64), 65u);
+  EXPECT_EQ(RopePairedToOriginalRow(200, 192, 64), 200u);
+}
+
+TEST(Isa, ValidationNamesTheFieldAndTensor) {
+  std::vector<TensorInfo> tensors = {{"w", graph::BF16, 64 * 32}, {"x", graph::F32, 32}, {"y", graph::F32, 64}};
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::MATVEC);
+  MatvecArgs& a = inst.as<MatvecArgs>();
+  a = MatvecArgs{};
+  a.weight = 0;
+  a.row_begin = 32;
+  a.rows = 32;
+  a.k = 32;
+  a.input = 1;
+  a.out = 2;
+  EXPECT_TRUE(ValidateInstruction(inst, tensors).ok()) << ValidateInstruction(inst, tensors);
+  a.rows = 33;
+  absl::Status s = ValidateInstruction(inst, tensors);
+  EXPECT_EQ(s.message(), "MATVEC: weight tensor 'w' has 2048 elements, instruction reaches 2080");
+  a.rows = 32;
+  a.out = 9;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(), "MATVEC: out names tensor 9, the table has 3");
+  a.out = 0;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(), "MATVEC: out tensor 'w' is BF16, needs F32");
+  a.out = 2;
+  a.epilogue = 17;
+  EXPECT_FALSE(ValidateInstruction(inst, tensors).ok());
+  inst.opcode = 200;
+  EXPECT_FALSE(ValidateInstruction(inst, tensors).ok());
+}
+
+// A tiny machine: one arena of floats/ints, one weight region of bf16.
+struct TestMachine {
+  std::vector<uint8_t> weights, arena;
+  std::vector<TensorDesc> table;
+  uint32_t Add(Region region, uint64_t bytes, graph::DType dtype) {
+    std::vector<uint8_t>& r = region == kWeightRegion ? weights : arena;
+    table.push_back({r.size(), bytes, region, static_cast<uint32_t>(dtype)});
+    r.resize(r.size() + (bytes + 15) / 16 * 16);
+    return static_cast<uint32_t>(table.size() - 1);
+  }
+  MachineView view() { return {{weights.data(), arena.data()}, table.data(), static_cast<uint32_t>(table.size())}; }
+};
+
+TEST(IsaReference, AttentionSplitsRecombineToTheFullSoftmax) {
+  constexpr uint32_t kHeads = 4, kKv = 2, kDim = 8, kSeq = 16, kSplits = 3, kPos = 10;
+  TestMachine tm;
+  const uint32_t q = tm.Add(kArenaRegion, 4 * kHeads * kDim, graph::F32);
+  const uint32_t kc = tm.Add(kArenaRegion, 4 * kKv * kSeq * kDim, graph::F32);
+  const uint32_t vc = tm.Add(kArenaRegion, 4 * kKv * kSeq * kDim, graph::F32);
+  const uint32_t state = tm.Add(kArenaRegion, 16, graph::I32);
+  const uint32_t po = tm.Add(kArenaRegion, 4 * kSplits * kHeads * kDim, graph::F32);
+  const uint32_t pml = tm.Add(kArenaRegion, 4 * kSplits * kHeads * 2, graph::F32);
+  const uint32_t out = tm.Add(kArenaRegion, 4 * kHeads * kDim, graph::F32);
+  MachineView m = tm.view();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (uint32_t i = 0; i < kHeads * kDim; ++i) m.ptr<float>(q)[i] = d(rng);
+  for (uint32_t i = 0; i < kKv * kSeq * kDim; ++i) m.ptr<float>(kc)[i] = d(rng), m.ptr<float>(vc)[i] = d(rng);
+  m.ptr<int32_t>(state)[kStatePosition] = kPos;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  for (uint32_t g = 0; g < kKv; ++g) {
+    for (uint32_t s = 0; s < kSplits; ++s) {
+      Instruction inst{};
+      inst.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
+      inst.as<AttnPartialArgs>() = {q, kc, vc, state, po, pml, g, s, kSplits, kHeads, kKv, kDim, kSeq, scale};
+      ExecuteReference(inst, m);
+    }
+  }
+  Instruction reduce{};
+  reduce.opcode = static_cast<uint8_t>(Opcode::ATTN_REDUCE);
+  reduce.as<AttnReduceArgs>() = {po, pml, out, 0, kHeads, kSplits, kHeads, kDim};
+  ExecuteReference(reduce, m);
+  for (uint32_t h = 0; h < kHeads; ++h) {
+    const uint32_t g = h / (kHeads / kKv);
+    std::vector<double> p(kPos + 1);
+    double mx = -1e30, sum = 0;
+    for (uint32_t t = 0; t <= kPos; ++t) {
+      double s = 0;
+      for (uint32_t j = 0; j < kDim; ++j) s += m.ptr<float>(q)[h * kDim + j] * m.ptr<float>(kc)[(g * kSeq + t) * kDim + j];
+      p[t] = s * scale;
+      mx = std::max(mx, p[t]);
+    }
+    for (double& v : p) sum += (v = std::exp(v - mx));
+    for (uint32_t j = 0; j < kDim; ++j) {
+      double o = 0;
+      for (uint32_t t = 0; t <= kPos; ++t) o += p[t] / sum * m.ptr<float>(vc)[(g * kSeq + t) * kDim + j];
+      EXPECT_NEAR(m.ptr<float>(out)[h * kDim + j], o, 1e-5);
+    }
+  }
+}
+
+TEST(IsaReference, ArgmaxReduceForcesPromptThenGeneratesAndStopsAtCapacity) {
+  TestMachine tm;
+  const uint32_t partials = tm.Add(kArenaRegion, 4 * 6, graph::F32);
+  const uint32_t state = tm.Add(kArenaRegion, 16, graph::I32);
+  const uint32_t tokens = tm.Add(kArenaRegion, 4 * 5, graph::I32);
+  MachineView m = tm.view();
+  const float p[6] = {1.0f, 7.0f, 3.0f, 2.0f, 3.0f, 1.0f};  // tie at 3.0: index 1 beats 2
+  std::copy(p, p + 6, m.ptr<float>(partials));
+  int32_t* st = m.ptr<int32_t>(state);
+  int32_t* tok = m.ptr<int32_t>(tokens);
+  st[kStatePosition] = 0;
+  st[kStatePromptLength] = 2;
+  tok[0] = 5;
+  tok[1] = 6;
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::ARGMAX_REDUCE);
+  inst.as<ArgmaxReduceArgs>() = {partials, 3, state, tokens, 4};
+  ExecuteReference(inst, m);
+  EXPECT_EQ(st[kStatePosition], 1);
+  EXPECT_EQ(tok[1], 6);  // still the prompt
+  ExecuteReference(inst, m);
+  EXPECT_EQ(tok[2], 1);
+  ExecuteReference(inst, m);
+  ExecuteReference(inst, m);
+  EXPECT_EQ(st[kStatePosition], 3);
+  EXPECT_EQ(st[kStateOverflow], 1);
+}
+
+}  // namespace
+}  // namespace loom::isa

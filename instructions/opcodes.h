@@ -1,0 +1,17 @@
+// THE opcode table. Every consumer (enum, names, host encoder, validator, cost,
+// CPU reference, device dispatcher) expands this one list, so they cannot drift.
+//
+//   V(Name, ArgsStruct)   ArgsStruct is defined in instructions/instruction.h.
+#pragma once
+
+#define LOOM_OPCODE_LIST(V)      \
+  V(EMBED, EmbedArgs)            \
+  V(RMS_NORM, RmsNormArgs)       \
+  V(MATVEC, MatvecArgs)          \
+  V(ROPE_KV_APPEND, RopeAppendArgs) \
+  V(ATTN_PARTIAL, AttnPartialArgs) \
+  V(ATTN_REDUCE, AttnReduceArgs) \
+  V(SILU_MUL, SiluMulArgs)       \
+  V(ADD, AddArgs)                \
+  V(ARGMAX_PARTIAL, ArgmaxPartialArgs) \
+  V(ARGMAX_REDUCE, ArgmaxReduceArgs)
