@@ -143,7 +143,7 @@ enum MatvecPrologue : uint32_t { kPrologueNone = 0, kPrologueRmsNorm = 1 };
 enum MatvecEpilogue : uint32_t {
   kEpilogueStore = 0,          // out[row_begin + r] = y[r]
   kEpilogueResidualAdd = 1,    // out[row_begin + r] = residual[row_begin + r] + y[r]
-  kEpilogueRopeKvAppend = 2,   // rows are RoPE-paired q|k|v (see RopeKvLayout); q -> out, k/v -> caches
+  kEpilogueRopeKvAppend = 2,   // rows in the grouped QKV layout (QkvGroupedRow): q -> out, k/v -> caches
   kEpilogueSiluMul = 3,        // rows are (gate, up) pairs: out[(row_begin + r) / 2] = silu(y[r]) * y[r + 1]
   kEpilogueArgmaxPartial = 4,  // out[row_begin + r] = y[r]; partials[tile] = (max y, its global row)
   kNumEpilogues = 5,
@@ -168,25 +168,37 @@ struct MatvecArgs {
   uint32_t v_cache;
   uint32_t step_state;
   uint32_t rope_inv_freq;  // f32 [head_dim / 2]
-  uint32_t q_rows;         // heads * head_dim
-  uint32_t kv_rows;        // kv_heads * head_dim
+  uint32_t heads_per_group;  // query heads per KV head
+  uint32_t num_kv_heads;
   uint32_t head_dim;
   uint32_t max_seq;
   uint32_t partials;    // f32 [tiles, 2] (kEpilogueArgmaxPartial)
   uint32_t tile_index;
   static constexpr const char* kFields[] = {
       "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
-      "residual", "k_cache", "v_cache", "step_state", "rope_inv_freq", "q_rows", "kv_rows", "head_dim", "max_seq",
+      "residual", "k_cache", "v_cache", "step_state", "rope_inv_freq", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
       "partials", "tile_index"};
 };
 
-// RoPE-paired QKV layout of a fused QKV weight: q heads, then k heads, then v
-// heads; inside each q/k head, packed row 2j is original row j and packed row
-// 2j+1 is original row j + head_dim/2, so every pair a rotation mixes is adjacent.
-LOOM_HD uint32_t RopePairedToOriginalRow(uint32_t packed_row, uint32_t rope_rows, uint32_t head_dim) {
-  if (packed_row >= rope_rows) return packed_row;
-  const uint32_t head = packed_row / head_dim, r = packed_row % head_dim;
-  return head * head_dim + (r % 2 == 0 ? r / 2 : r / 2 + head_dim / 2);
+// The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of
+// its query heads, then its k head, then its v head ((heads_per_group + 2) *
+// head_dim rows per group). Inside q and k heads, packed row 2j is original
+// dimension j and 2j+1 is j + head_dim/2, so the pairs a rotation mixes are
+// adjacent and a tile holding whole pairs can apply RoPE on its own.
+enum QkvKind : uint32_t { kQkvQ = 0, kQkvK = 1, kQkvV = 2 };
+struct QkvRow {
+  uint32_t kind;  // QkvKind
+  uint32_t head;  // q head index (kind q) or kv head index (k, v)
+  uint32_t dim;   // dimension inside the head, in the original order
+};
+LOOM_HD QkvRow QkvGroupedRow(uint32_t packed_row, uint32_t heads_per_group, uint32_t head_dim) {
+  const uint32_t group_rows = (heads_per_group + 2) * head_dim;
+  const uint32_t g = packed_row / group_rows, r = packed_row % group_rows;
+  const uint32_t block = r / head_dim, local = r % head_dim;
+  const uint32_t paired = local % 2 == 0 ? local / 2 : local / 2 + head_dim / 2;
+  if (block < heads_per_group) return {kQkvQ, g * heads_per_group + block, paired};
+  if (block == heads_per_group) return {kQkvK, g, paired};
+  return {kQkvV, g, local};
 }
 
 // Unfused RoPE + KV append: q_out = rope(q_in); caches[pos] = rope(k_in), v_in.

@@ -88,17 +88,19 @@ void Validate(const MatvecArgs& a, Checker& c) {
       c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "SiLU-mul tiles must hold whole (gate, up) pairs");
       c.Tensor("out", a.out, F32, end / 2);
       break;
-    case kEpilogueRopeKvAppend:
-      c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.q_rows % a.head_dim == 0 && a.kv_rows % a.head_dim == 0,
-                "RoPE layout needs an even head_dim dividing q_rows and kv_rows");
+    case kEpilogueRopeKvAppend: {
+      const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
+      c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
+                "RoPE layout needs an even head_dim and positive head counts");
       c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "RoPE tiles must hold whole rotation pairs");
-      c.Require(end <= U(a.q_rows) + 2 * U(a.kv_rows), "tile runs past the q|k|v rows");
-      c.Tensor("out", a.out, F32, a.q_rows);
-      c.Tensor("k_cache", a.k_cache, F32, U(a.kv_rows) * a.max_seq);
-      c.Tensor("v_cache", a.v_cache, F32, U(a.kv_rows) * a.max_seq);
+      c.Require(end <= (U(a.heads_per_group) + 2) * kv_rows, "tile runs past the q|k|v rows");
+      c.Tensor("out", a.out, F32, U(a.heads_per_group) * kv_rows);
+      c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+      c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
       c.Tensor("step_state", a.step_state, I32, kStepStateWords);
       c.Tensor("rope_inv_freq", a.rope_inv_freq, F32, a.head_dim / 2);
       break;
+    }
   }
 }
 void Validate(const RopeAppendArgs& a, Checker& c) {
@@ -263,29 +265,20 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
     case kEpilogueRopeKvAppend: {
       const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
       const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
-      const uint32_t rope_rows = a.q_rows + a.kv_rows, half = a.head_dim / 2;
+      const uint32_t half = a.head_dim / 2;
       for (uint32_t r = 0; r < a.rows; r += 2) {
-        const uint32_t p = a.row_begin + r;
-        if (p < rope_rows) {
-          const uint32_t orig = RopePairedToOriginalRow(p, rope_rows, a.head_dim);  // j of the pair (j, j+half)
-          RotatePair(&y[r], &y[r + 1], orig % a.head_dim, pos, inv_freq);
-          float* dst;
-          uint32_t base;
-          if (p < a.q_rows) {
-            dst = out;
-            base = orig - orig % a.head_dim;
-          } else {
-            dst = m.ptr<float>(a.k_cache);
-            const uint32_t kv_head = (p - a.q_rows) / a.head_dim;
-            base = (kv_head * a.max_seq + pos) * a.head_dim;
-          }
-          dst[base + orig % a.head_dim] = y[r];
-          dst[base + orig % a.head_dim + half] = y[r + 1];
-        } else {
-          for (uint32_t i = 0; i < 2; ++i) {
-            const uint32_t v = p + i - rope_rows, kv_head = v / a.head_dim;
-            m.ptr<float>(a.v_cache)[(kv_head * a.max_seq + pos) * a.head_dim + v % a.head_dim] = y[r + i];
-          }
+        const QkvRow row = QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
+        if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, inv_freq);
+        float* dst = row.kind == kQkvQ ? out
+                     : row.kind == kQkvK ? m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim
+                                         : m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+        const uint32_t base = row.kind == kQkvQ ? row.head * a.head_dim : 0;
+        if (row.kind == kQkvV) {  // v rows keep their order: r, r+1 are dims d, d+1
+          dst[row.dim] = y[r];
+          dst[row.dim + 1] = y[r + 1];
+        } else {  // the pair (j, j + half)
+          dst[base + row.dim] = y[r];
+          dst[base + row.dim + half] = y[r + 1];
         }
       }
       break;

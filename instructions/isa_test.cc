@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "graph/dtype.h"
 #include "gtest/gtest.h"
@@ -36,13 +37,23 @@ TEST(Isa, WaitTargetsAreEpochBasedAndWrapSafe) {
   EXPECT_FALSE(Reached(0xfffffff0u, 5u));
 }
 
-TEST(Isa, RopePairingIsAPermutationThatKeepsVRowsInPlace) {
-  std::set<uint32_t> seen;
-  for (uint32_t p = 0; p < 3 * 64 + 64; ++p) seen.insert(RopePairedToOriginalRow(p, 3 * 64, 64));
-  EXPECT_EQ(seen.size(), 4u * 64);
-  EXPECT_EQ(RopePairedToOriginalRow(1, 192, 64), 32u);
-  EXPECT_EQ(RopePairedToOriginalRow(66, 192, 64), 65u);
-  EXPECT_EQ(RopePairedToOriginalRow(200, 192, 64), 200u);
+TEST(Isa, GroupedQkvLayoutIsAPermutationWithAdjacentRopePairs) {
+  constexpr uint32_t kGroup = 3, kKv = 2, kDim = 8;
+  std::set<std::tuple<uint32_t, uint32_t, uint32_t>> seen;
+  for (uint32_t p = 0; p < (kGroup + 2) * kKv * kDim; ++p) {
+    const QkvRow r = QkvGroupedRow(p, kGroup, kDim);
+    seen.insert({r.kind, r.head, r.dim});
+    if (r.kind != kQkvV && p % 2 == 1) {  // odd rows pair with the row before, half a head away
+      const QkvRow prev = QkvGroupedRow(p - 1, kGroup, kDim);
+      EXPECT_EQ(prev.head, r.head);
+      EXPECT_EQ(prev.dim + kDim / 2, r.dim);
+    }
+  }
+  EXPECT_EQ(seen.size(), (kGroup + 2u) * kKv * kDim);
+  const QkvRow k1 = QkvGroupedRow((kGroup + 2) * kDim + kGroup * kDim + 1, kGroup, kDim);
+  EXPECT_EQ(k1.kind, kQkvK);
+  EXPECT_EQ(k1.head, 1u);
+  EXPECT_EQ(k1.dim, kDim / 2);
 }
 
 TEST(Isa, ValidationNamesTheFieldAndTensor) {

@@ -1,0 +1,106 @@
+#include "megakernel/reference_vm.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "instructions/isa.h"
+#include "scheduler/packing.h"
+
+namespace loom::megakernel {
+
+absl::StatusOr<std::unique_ptr<ReferenceVm>> ReferenceVm::Create(const scheduler::Schedule& schedule,
+                                                                 const graph::WeightStore& weights) {
+  std::unique_ptr<ReferenceVm> vm(new ReferenceVm);
+  vm->schedule_ = schedule;
+  absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(schedule);
+  if (!decoded.ok()) return decoded.status();
+  vm->decoded_ = *std::move(decoded);
+  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(schedule, weights);
+  if (!packed.ok()) return packed.status();
+  vm->weights_ = *std::move(packed);
+  vm->arena_.assign((schedule.arena_bytes() + 7) / 8, 0);
+  for (const scheduler::Tensor& t : schedule.tensors()) {
+    vm->table_.push_back({t.offset(), t.bytes(),
+                          t.region() == scheduler::WEIGHTS ? uint32_t{isa::kWeightRegion} : uint32_t{isa::kArenaRegion},
+                          static_cast<uint32_t>(t.dtype())});
+  }
+  vm->counters_ = std::make_unique<std::atomic<uint32_t>[]>(schedule.barriers_size());
+  for (int b = 0; b < schedule.barriers_size(); ++b) vm->counters_[b].store(0);
+  return vm;
+}
+
+absl::Status ReferenceVm::Reset(const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
+  if (prompt.size() > schedule_.max_seq()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the KV cache of ", schedule_.max_seq()));
+  }
+  for (int32_t t : prompt) {
+    if (t < 0 || static_cast<uint32_t>(t) >= schedule_.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocabulary of ",
+                                                     schedule_.vocab_size()));
+    }
+  }
+  std::fill(arena_.begin(), arena_.end(), 0);
+  int32_t* tokens = Arena<int32_t>(schedule_.io().tokens());
+  std::copy(prompt.begin(), prompt.end(), tokens);
+  int32_t* state = Arena<int32_t>(schedule_.io().step_state());
+  state[isa::kStatePosition] = 0;
+  state[isa::kStatePromptLength] = static_cast<int32_t>(prompt.size());
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceVm::Run(int steps) {
+  if (steps < 0) return absl::InvalidArgumentError("steps must be >= 0");
+  if (position() + steps >= static_cast<int32_t>(schedule_.max_seq())) {
+    return absl::OutOfRangeError(absl::StrCat("position ", position(), " + ", steps, " steps exceeds the KV cache of ",
+                                              schedule_.max_seq()));
+  }
+  const isa::MachineView machine{{weights_.data(), arena_bytes()}, table_.data(),
+                                 static_cast<uint32_t>(table_.size())};
+  const uint32_t first = next_step_;
+  std::vector<std::thread> sms;
+  for (size_t sm = 0; sm < decoded_.queues.size(); ++sm) {
+    sms.emplace_back([this, sm, first, steps, &machine] {
+      const std::vector<isa::Instruction>& queue = decoded_.queues[sm];
+      for (uint32_t step = first; step < first + static_cast<uint32_t>(steps); ++step) {
+        for (const isa::Instruction& inst : queue) {
+          for (int w = 0; w < inst.num_waits; ++w) {
+            std::atomic<uint32_t>& counter = counters_[inst.waits[w].barrier()];
+            const uint32_t target = inst.waits[w].target(step);
+            for (uint32_t v = counter.load(std::memory_order_acquire); !isa::Reached(v, target);
+                 v = counter.load(std::memory_order_acquire)) {
+              counter.wait(v, std::memory_order_acquire);
+            }
+          }
+          isa::ExecuteReference(inst, machine);
+          if (inst.signal != isa::kNoBarrier) {
+            counters_[inst.signal].fetch_add(1, std::memory_order_release);
+            counters_[inst.signal].notify_all();
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : sms) t.join();
+  next_step_ += static_cast<uint32_t>(steps);
+  return absl::OkStatus();
+}
+
+int32_t ReferenceVm::position() const { return Arena<int32_t>(schedule_.io().step_state())[isa::kStatePosition]; }
+
+bool ReferenceVm::overflowed() const {
+  return Arena<int32_t>(schedule_.io().step_state())[isa::kStateOverflow] != 0;
+}
+
+std::vector<int32_t> ReferenceVm::tokens() const {
+  const int32_t* t = Arena<int32_t>(schedule_.io().tokens());
+  return std::vector<int32_t>(t, t + position() + 1);
+}
+
+std::vector<float> ReferenceVm::logits() const {
+  const float* l = Arena<float>(schedule_.io().logits());
+  return std::vector<float>(l, l + schedule_.vocab_size());
+}
+
+}  // namespace loom::megakernel

@@ -1,0 +1,70 @@
+#include "scheduler/compiler.h"
+
+#include "absl/strings/str_cat.h"
+#include "graph/proto_file.h"
+#include "instructions/isa.h"
+#include "scheduler/assign.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/decoded_schedule.h"
+#include "scheduler/lowering.h"
+#include "scheduler/options.h"
+#include "scheduler/schedule_verifier.h"
+
+namespace loom::scheduler {
+
+absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options) {
+  const CompileOptions resolved = ResolveOptions(options);
+  if (absl::Status s = ValidateOptions(resolved); !s.ok()) return s;
+  absl::StatusOr<Program> program = LowerDecodeGraph(graph, resolved);
+  if (!program.ok()) return program.status();
+  for (Node& node : program->nodes) node.cost_ns = CostOf(node.inst, resolved.cost()).total_ns();
+  const std::vector<std::vector<int>> queues = AssignToSms(*program, resolved);
+
+  Schedule s;
+  s.set_format_version(kScheduleFormatVersion);
+  s.set_model(model);
+  *s.mutable_options() = resolved;
+  s.set_num_sms(resolved.num_sms());
+  for (const std::vector<int>& queue : queues) {
+    SmQueue* q = s.add_queues();
+    q->mutable_instructions()->Reserve(static_cast<int>(queue.size()));
+    for (int index : queue) {
+      const Node& node = program->nodes[index];
+      Instruction* inst = q->add_instructions();
+      *inst = EncodeInstruction(node.inst);
+      inst->set_op(node.op);
+      inst->set_cost_ns(node.cost_ns);
+    }
+  }
+  for (Barrier& b : program->barriers) *s.add_barriers() = std::move(b);
+  for (Tensor& t : program->tensors) *s.add_tensors() = std::move(t);
+  for (PackedWeight& p : program->packing) *s.add_packing() = std::move(p);
+  for (Constant& c : program->constants) *s.add_constants() = std::move(c);
+  *s.mutable_io() = program->io;
+  s.set_weight_bytes(program->weight_bytes);
+  s.set_arena_bytes(program->arena_bytes);
+  s.set_max_seq(program->max_seq);
+  s.set_vocab_size(program->vocab_size);
+  uint64_t streamed = 0;
+  for (const Node& node : program->nodes) streamed += isa::InstructionFootprint(node.inst, 0).weight_bytes;
+  s.set_weight_bytes_per_step(streamed);
+  if (absl::Status st = VerifySchedule(s); !st.ok()) {
+    return absl::InternalError(absl::StrCat("compiled schedule failed verification: ", st.message()));
+  }
+  return s;
+}
+
+absl::StatusOr<Schedule> LoadSchedule(const std::string& path) {
+  Schedule s;
+  if (absl::Status st = ReadProtoFile(path, &s); !st.ok()) return st;
+  if (s.format_version() != kScheduleFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": schedule format version ", s.format_version(),
+                                                   ", this loom reads ", kScheduleFormatVersion));
+  }
+  if (absl::Status st = VerifySchedule(s); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
+  }
+  return s;
+}
+
+}  // namespace loom::scheduler

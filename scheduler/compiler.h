@@ -1,0 +1,22 @@
+// The compiler: decode graph + options -> a verified Schedule.
+//   lower (lowering.h) -> cost each instruction (cost_model.h) -> assign to SMs
+//   (assign.h) -> assemble the Schedule -> VerifySchedule.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::scheduler {
+
+inline constexpr uint32_t kScheduleFormatVersion = 1;
+
+// `model` names what was compiled (recorded in the schedule). Options are resolved here.
+absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options);
+
+// Reads a .pb / .pbtxt schedule and verifies it; errors name the file.
+absl::StatusOr<Schedule> LoadSchedule(const std::string& path);
+
+}  // namespace loom::scheduler

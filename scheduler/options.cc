@@ -1,0 +1,78 @@
+#include "scheduler/options.h"
+
+#include "absl/strings/str_cat.h"
+#include "graph/proto_file.h"
+
+namespace loom::scheduler {
+namespace {
+
+constexpr uint32_t kDefaultSms = 132;            // H100 SXM
+constexpr uint32_t kDefaultPageBytes = 16384;
+constexpr uint32_t kDefaultPages = 10;
+constexpr uint32_t kDefaultActivationBytes = 49152;
+constexpr uint32_t kDefaultElementwiseChunk = 2048;
+constexpr double kDefaultHbmGbps = 3100;
+constexpr double kDefaultSmGflops = 256;         // 128 FMA/clk at ~1 GHz effective
+constexpr double kDefaultOverheadNs = 300;
+constexpr double kDefaultBarrierLatencyNs = 570;  // measured on H100, DESIGN.md section 4
+constexpr uint32_t kDefaultContext = 1024;
+
+}  // namespace
+
+CompileOptions ResolveOptions(const CompileOptions& in) {
+  CompileOptions o = in;
+  if (o.num_sms() == 0) o.set_num_sms(kDefaultSms);
+  if (o.policy() == POLICY_UNSPECIFIED) o.set_policy(CRITICAL_PATH);
+  if (o.barrier_granularity() == GRANULARITY_UNSPECIFIED) o.set_barrier_granularity(PER_CHUNK);
+  FusionOptions* f = o.mutable_fusion();
+  if (!f->has_norm_into_matvec()) f->set_norm_into_matvec(true);
+  if (!f->has_qkv_rope_kv_append()) f->set_qkv_rope_kv_append(true);
+  if (!f->has_residual_add()) f->set_residual_add(true);
+  if (!f->has_silu_mul()) f->set_silu_mul(true);
+  if (!f->has_lm_head_argmax()) f->set_lm_head_argmax(true);
+  if (o.matvec_tiles_per_sm() == 0) o.set_matvec_tiles_per_sm(1);
+  if (o.elementwise_chunk() == 0) o.set_elementwise_chunk(kDefaultElementwiseChunk);
+  SmemConfig* s = o.mutable_smem();
+  if (s->page_bytes() == 0) s->set_page_bytes(kDefaultPageBytes);
+  if (s->num_pages() == 0) s->set_num_pages(kDefaultPages);
+  if (s->activation_bytes() == 0) s->set_activation_bytes(kDefaultActivationBytes);
+  CostModel* c = o.mutable_cost();
+  if (c->hbm_gbps() <= 0) c->set_hbm_gbps(kDefaultHbmGbps);
+  if (c->sm_gbps() <= 0) c->set_sm_gbps(c->hbm_gbps() / o.num_sms());
+  if (c->sm_gflops() <= 0) c->set_sm_gflops(kDefaultSmGflops);
+  if (c->instruction_overhead_ns() <= 0) c->set_instruction_overhead_ns(kDefaultOverheadNs);
+  if (c->barrier_latency_ns() <= 0) c->set_barrier_latency_ns(kDefaultBarrierLatencyNs);
+  if (c->context_length() == 0) c->set_context_length(kDefaultContext);
+  return o;
+}
+
+absl::Status ValidateOptions(const CompileOptions& o) {
+  auto bad = [](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("options: ", why)); };
+  if (o.num_sms() > 4096) return bad(absl::StrCat("num_sms ", o.num_sms(), " is more than any GPU has"));
+  if (o.smem().page_bytes() % 256 != 0 || o.smem().page_bytes() < 1024) {
+    return bad("smem.page_bytes must be a multiple of 256, at least 1024");
+  }
+  if (o.smem().activation_bytes() % 16 != 0) return bad("smem.activation_bytes must be a multiple of 16");
+  const uint64_t total = uint64_t{o.smem().page_bytes()} * o.smem().num_pages() + o.smem().activation_bytes() +
+                         kSmemReserveBytes;
+  if (total > kMaxSmemBytes) {
+    return bad(absl::StrCat("pages (", o.smem().num_pages(), " x ", o.smem().page_bytes(), ") + activations (",
+                            o.smem().activation_bytes(), ") need ", total, " bytes of shared memory; an SM has ",
+                            kMaxSmemBytes));
+  }
+  if (o.smem().num_pages() < 2) return bad("smem.num_pages must be at least 2");
+  if (o.matvec_tiles_per_sm() > 64) return bad("matvec_tiles_per_sm above 64 makes no sense");
+  if (o.max_seq() > (1u << 20)) return bad("max_seq above 2^20");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompileOptions> LoadOptions(const std::string& path) {
+  CompileOptions options;
+  if (absl::Status s = ReadProtoFile(path, &options); !s.ok()) return s;
+  if (absl::Status s = ValidateOptions(ResolveOptions(options)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return options;
+}
+
+}  // namespace loom::scheduler

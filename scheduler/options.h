@@ -1,0 +1,23 @@
+// Compiler options: defaults, validation, and reading an options file.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::scheduler {
+
+// Shared memory one block may use on an H100 (the 227 KB opt-in limit).
+inline constexpr uint32_t kMaxSmemBytes = 227 * 1024;
+// What the device interpreter keeps beside pages and activations (instruction ring, mbarriers, scratch).
+inline constexpr uint32_t kSmemReserveBytes = 4096;
+
+// Every unset (zero) option replaced by its default; fusion flags made explicit.
+CompileOptions ResolveOptions(const CompileOptions& options);
+// Rejects options no schedule can be built from, naming the option.
+absl::Status ValidateOptions(const CompileOptions& resolved);
+// Reads a text-format (.pbtxt) or binary CompileOptions file.
+absl::StatusOr<CompileOptions> LoadOptions(const std::string& path);
+
+}  // namespace loom::scheduler

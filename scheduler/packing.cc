@@ -1,0 +1,89 @@
+#include "scheduler/packing.h"
+
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "instructions/instruction.h"
+
+namespace loom::scheduler {
+
+absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph::WeightStore& weights) {
+  std::vector<uint8_t> region(s.weight_bytes(), 0);
+  absl::flat_hash_map<std::string, const Tensor*> by_name;
+  for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
+
+  for (const PackedWeight& p : s.packing()) {
+    auto it = by_name.find(p.tensor());
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("packing: no tensor '", p.tensor(), "'"));
+    const Tensor& dst = *it->second;
+    const uint64_t cols = p.cols(), row_bytes = cols * 2;
+    std::vector<const graph::HostTensor*> src;
+    uint64_t rows = 0;
+    for (const std::string& name : p.sources()) {
+      auto w = weights.find(name);
+      if (w == weights.end()) {
+        return absl::NotFoundError(absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is missing"));
+      }
+      if (w->second.dtype != graph::BF16 || w->second.shape.empty() || w->second.shape.back() != static_cast<int64_t>(cols)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is not bf16 with ", cols, " columns"));
+      }
+      src.push_back(&w->second);
+      rows += static_cast<uint64_t>(w->second.size()) / cols;
+    }
+    if (rows * row_bytes != dst.bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
+                                                     " rows, the tensor has room for ", dst.bytes() / row_bytes));
+    }
+    uint8_t* out = region.data() + dst.offset();
+    auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
+      std::memcpy(out + packed_row * row_bytes, t->bf16.data() + row * cols, row_bytes);
+    };
+    switch (p.order()) {
+      case ROWS_IDENTITY: {
+        uint64_t r = 0;
+        for (const graph::HostTensor* t : src) {
+          for (uint64_t i = 0; i < static_cast<uint64_t>(t->size()) / cols; ++i) copy_row(r++, t, i);
+        }
+        break;
+      }
+      case ROWS_INTERLEAVE_PAIRS: {
+        if (src.size() != 2 || src[0]->size() != src[1]->size()) {
+          return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': interleaving needs two equal sources"));
+        }
+        for (uint64_t i = 0; i < rows / 2; ++i) {
+          copy_row(2 * i, src[0], i);
+          copy_row(2 * i + 1, src[1], i);
+        }
+        break;
+      }
+      case ROWS_QKV_GROUPED: {
+        const uint64_t hd = p.head_dim(), kv = p.num_kv_heads();
+        if (src.size() != 3 || hd == 0 || kv == 0 || src[1]->size() != static_cast<int64_t>(kv * hd * cols) ||
+            src[2]->size() != src[1]->size() || (src[0]->size() / cols) % (kv * hd) != 0) {
+          return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': q, k, v do not fit ", kv,
+                                                         " KV heads of dimension ", hd));
+        }
+        const uint32_t group = static_cast<uint32_t>(src[0]->size() / cols / (kv * hd));
+        for (uint64_t r = 0; r < rows; ++r) {
+          const isa::QkvRow row = isa::QkvGroupedRow(static_cast<uint32_t>(r), group, static_cast<uint32_t>(hd));
+          copy_row(r, src[row.kind], uint64_t{row.head} * hd + row.dim);
+        }
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
+    }
+  }
+  for (const Constant& c : s.constants()) {
+    auto it = by_name.find(c.tensor());
+    if (it == by_name.end() || it->second->bytes() != 4u * c.values_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("constant '", c.tensor(), "' has no matching tensor"));
+    }
+    std::memcpy(region.data() + it->second->offset(), c.values().data(), it->second->bytes());
+  }
+  return region;
+}
+
+}  // namespace loom::scheduler

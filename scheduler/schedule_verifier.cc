@@ -1,0 +1,276 @@
+#include "scheduler/schedule_verifier.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "graph/dtype.h"
+#include "instructions/isa.h"
+#include "scheduler/decoded_schedule.h"
+#include "scheduler/options.h"
+
+namespace loom::scheduler {
+namespace {
+
+constexpr int kStepsToSimulate = 2;  // a step, and the cross-step hand-off into the next
+constexpr uint64_t kTensorAlignment = 16;  // what bulk copies need
+
+absl::Status Fail(const std::string& why) { return absl::InvalidArgumentError(why); }
+
+std::string Where(const Schedule& s, uint32_t sm, size_t index) {
+  const Instruction& inst = s.queues(sm).instructions(index);
+  return absl::StrCat("SM ", sm, " instruction ", index, " (", inst.opcode(), inst.op().empty() ? "" : " of ",
+                      inst.op(), ")");
+}
+
+absl::Status CheckTensors(const Schedule& s, std::vector<isa::TensorInfo>* infos) {
+  const uint64_t region_size[2] = {s.weight_bytes(), s.arena_bytes()};
+  std::vector<std::pair<uint64_t, uint64_t>> arena;
+  for (int i = 0; i < s.tensors_size(); ++i) {
+    const Tensor& t = s.tensors(i);
+    const std::string where = absl::StrCat("tensor ", i, " '", t.name(), "'");
+    const int size = graph::DTypeSize(t.dtype());
+    if (size == 0) return Fail(absl::StrCat(where, " has no dtype"));
+    uint64_t elements = 1;
+    for (int64_t d : t.shape()) {
+      if (d <= 0 || d > (int64_t{1} << 40)) return Fail(absl::StrCat(where, " has dimension ", d));
+      elements *= static_cast<uint64_t>(d);
+      if (elements > (uint64_t{1} << 40)) return Fail(absl::StrCat(where, " is implausibly large"));
+    }
+    if (t.bytes() != elements * size) {
+      return Fail(absl::StrCat(where, " declares ", t.bytes(), " bytes for ", elements, " elements"));
+    }
+    if (t.region() != WEIGHTS && t.region() != ARENA) return Fail(absl::StrCat(where, " has no valid region"));
+    if (t.offset() % kTensorAlignment != 0) return Fail(absl::StrCat(where, " is not 16-byte aligned"));
+    const uint64_t limit = region_size[t.region()];
+    if (t.offset() > limit || t.bytes() > limit - t.offset()) {
+      return Fail(absl::StrCat(where, " [", t.offset(), ", +", t.bytes(), ") overflows the ", Region_Name(t.region()),
+                               " region of ", limit, " bytes"));
+    }
+    if (t.region() == ARENA) arena.emplace_back(t.offset(), t.offset() + t.bytes());
+    infos->push_back({t.name(), t.dtype(), elements});
+  }
+  std::sort(arena.begin(), arena.end());
+  for (size_t i = 1; i < arena.size(); ++i) {
+    if (arena[i].first < arena[i - 1].second) return Fail("two arena tensors overlap");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIo(const Schedule& s, const std::vector<isa::TensorInfo>& t) {
+  auto check = [&](const char* what, uint32_t id, graph::DType dtype, uint64_t elements) -> absl::Status {
+    if (id >= t.size()) return Fail(absl::StrCat("io.", what, " names tensor ", id, " of ", t.size()));
+    if (t[id].dtype != dtype || t[id].elements < elements) {
+      return Fail(absl::StrCat("io.", what, " tensor '", t[id].name, "' must be ", graph::DTypeName(dtype), " with ",
+                               elements, " elements"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = check("tokens", s.io().tokens(), graph::I32, uint64_t{s.max_seq()} + 1); !st.ok()) return st;
+  if (absl::Status st = check("step_state", s.io().step_state(), graph::I32, isa::kStepStateWords); !st.ok()) return st;
+  return check("logits", s.io().logits(), graph::F32, s.vocab_size());
+}
+
+absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::TensorInfo>& infos) {
+  auto find = [&](const std::string& name) -> int {
+    for (int i = 0; i < s.tensors_size(); ++i) {
+      if (s.tensors(i).name() == name) return i;
+    }
+    return -1;
+  };
+  for (const PackedWeight& p : s.packing()) {
+    const int id = find(p.tensor());
+    if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != graph::BF16) {
+      return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a bf16 tensor in WEIGHTS"));
+    }
+    if (p.cols() == 0 || infos[id].elements % p.cols() != 0 || p.sources_size() == 0) {
+      return Fail(absl::StrCat("packing of '", p.tensor(), "' has no sources or a bad column count"));
+    }
+  }
+  for (const Constant& c : s.constants()) {
+    const int id = find(c.tensor());
+    if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != graph::F32 ||
+        infos[id].elements != static_cast<uint64_t>(c.values_size())) {
+      return Fail(absl::StrCat("constant '", c.tensor(), "' does not match an f32 WEIGHTS tensor of its size"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs the queues on counters for kStepsToSimulate steps; any state where no
+// SM can move and some have work left is a deadlock.
+absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
+  const uint32_t sms = s.num_sms();
+  std::vector<uint32_t> counters(d.signals_per_step.size(), 0);
+  std::vector<size_t> done(sms, 0);
+  const size_t per_step_total = [&] {
+    size_t n = 0;
+    for (const auto& q : d.queues) n += q.size();
+    return n;
+  }();
+  size_t executed = 0;
+  const size_t goal = per_step_total * kStepsToSimulate;
+  while (executed < goal) {
+    bool progress = false;
+    for (uint32_t sm = 0; sm < sms; ++sm) {
+      const auto& q = d.queues[sm];
+      while (!q.empty() && done[sm] < q.size() * kStepsToSimulate) {
+        const uint32_t step = static_cast<uint32_t>(done[sm] / q.size());
+        const isa::Instruction& inst = q[done[sm] % q.size()];
+        bool ready = true;
+        for (int w = 0; w < inst.num_waits && ready; ++w) {
+          ready = isa::Reached(counters[inst.waits[w].barrier()], inst.waits[w].target(step));
+        }
+        if (!ready) break;
+        if (inst.signal != isa::kNoBarrier) ++counters[inst.signal];
+        ++done[sm];
+        ++executed;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      for (uint32_t sm = 0; sm < sms; ++sm) {
+        const auto& q = d.queues[sm];
+        if (q.empty() || done[sm] >= q.size() * kStepsToSimulate) continue;
+        const uint32_t step = static_cast<uint32_t>(done[sm] / q.size());
+        const size_t index = done[sm] % q.size();
+        const isa::Instruction& inst = q[index];
+        for (int w = 0; w < inst.num_waits; ++w) {
+          const uint32_t b = inst.waits[w].barrier();
+          if (!isa::Reached(counters[b], inst.waits[w].target(step))) {
+            return Fail(absl::StrCat("deadlock: ", Where(s, sm, index), " in step ", step, " waits on barrier ", b,
+                                     " '", s.barriers(b).name(), "' (value ", counters[b], ", target ",
+                                     inst.waits[w].target(step), ") that can never be reached"));
+          }
+        }
+      }
+      return Fail("deadlock");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every instruction lies between the step's first and last instruction in the
+// dependency order: what makes reusing activation buffers across steps safe.
+absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
+  std::vector<std::pair<uint32_t, size_t>> where;
+  std::vector<const isa::Instruction*> nodes;
+  for (uint32_t sm = 0; sm < d.queues.size(); ++sm) {
+    for (size_t i = 0; i < d.queues[sm].size(); ++i) {
+      where.emplace_back(sm, i);
+      nodes.push_back(&d.queues[sm][i]);
+    }
+  }
+  const size_t n = nodes.size();
+  if (n == 0) return Fail("schedule has no instructions");
+  std::vector<std::vector<int>> signalers(d.signals_per_step.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (nodes[i]->signal != isa::kNoBarrier) signalers[nodes[i]->signal].push_back(static_cast<int>(i));
+  }
+  // Edges producer -> consumer through full same-step waits (partial waits prove no order).
+  std::vector<std::vector<int>> succ(n), pred(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int w = 0; w < nodes[i]->num_waits; ++w) {
+      const isa::Wait& wait = nodes[i]->waits[w];
+      if (wait.previous_step() || wait.count() != wait.stride()) continue;
+      for (int p : signalers[wait.barrier()]) {
+        succ[p].push_back(static_cast<int>(i));
+        pred[i].push_back(p);
+      }
+    }
+  }
+  std::vector<int> sources, sinks;
+  for (size_t i = 0; i < n; ++i) {
+    if (pred[i].empty()) sources.push_back(static_cast<int>(i));
+    if (succ[i].empty()) sinks.push_back(static_cast<int>(i));
+  }
+  auto name = [&](int i) { return Where(s, where[i].first, where[i].second); };
+  if (sources.size() != 1) {
+    return Fail(absl::StrCat("step order: ", name(sources.size() > 1 ? sources[1] : 0),
+                             " does not depend on the step's first instruction (", sources.size(),
+                             " instructions start a step)"));
+  }
+  if (sinks.size() != 1) {
+    return Fail(absl::StrCat("step order: nothing in the step depends on ", name(sinks.size() > 1 ? sinks[1] : 0),
+                             " (", sinks.size(), " instructions end a step)"));
+  }
+  // A single source and a single sink in a DAG: every node reaches the sink and is reached from the source.
+  // Check the DAG is acyclic and the last instruction is what the next step waits on.
+  std::vector<int> indegree(n);
+  for (size_t i = 0; i < n; ++i) indegree[i] = static_cast<int>(pred[i].size());
+  std::deque<int> ready = {sources[0]};
+  size_t seen = 0;
+  while (!ready.empty()) {
+    const int i = ready.front();
+    ready.pop_front();
+    ++seen;
+    for (int j : succ[i]) {
+      if (--indegree[j] == 0) ready.push_back(j);
+    }
+  }
+  if (seen != n) return Fail("step order: the dependencies inside a step form a cycle");
+  const isa::Instruction& first = *nodes[sources[0]];
+  bool first_waits_on_last = false;
+  for (int w = 0; w < first.num_waits; ++w) {
+    first_waits_on_last |= first.waits[w].previous_step() && first.waits[w].barrier() == nodes[sinks[0]]->signal &&
+                           first.waits[w].count() == first.waits[w].stride();
+  }
+  if (!first_waits_on_last) {
+    return Fail(absl::StrCat("step order: the step's first instruction, ", name(sources[0]),
+                             ", does not wait for the previous step's last, ", name(sinks[0])));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VerifySchedule(const Schedule& s) {
+  absl::StatusOr<DecodedSchedule> decoded = DecodeSchedule(s);
+  if (!decoded.ok()) return decoded.status();
+  const DecodedSchedule& d = *decoded;
+
+  // Barriers: declared signals match the instructions; every barrier fires.
+  std::vector<uint32_t> signals(s.barriers_size(), 0);
+  for (const auto& q : d.queues) {
+    for (const isa::Instruction& inst : q) {
+      if (inst.signal != isa::kNoBarrier) ++signals[inst.signal];
+    }
+  }
+  for (int b = 0; b < s.barriers_size(); ++b) {
+    if (signals[b] == 0) return Fail(absl::StrCat("barrier ", b, " '", s.barriers(b).name(), "' never fires"));
+    if (signals[b] != s.barriers(b).signals_per_step()) {
+      return Fail(absl::StrCat("barrier ", b, " '", s.barriers(b).name(), "' declares ",
+                               s.barriers(b).signals_per_step(), " signals per step, instructions give ", signals[b]));
+    }
+  }
+
+  std::vector<isa::TensorInfo> infos;
+  if (absl::Status st = CheckTensors(s, &infos); !st.ok()) return st;
+  if (absl::Status st = CheckIo(s, infos); !st.ok()) return st;
+  if (absl::Status st = CheckPackingAndConstants(s, infos); !st.ok()) return st;
+
+  const SmemConfig& smem = s.options().smem();
+  const uint64_t smem_total =
+      uint64_t{smem.page_bytes()} * smem.num_pages() + smem.activation_bytes() + kSmemReserveBytes;
+  if (smem.page_bytes() == 0 || smem.num_pages() < 2 || smem_total > kMaxSmemBytes) {
+    return Fail(absl::StrCat("shared memory: ", smem.num_pages(), " pages of ", smem.page_bytes(), " bytes + ",
+                             smem.activation_bytes(), " activation bytes do not fit an SM's ", kMaxSmemBytes));
+  }
+  for (uint32_t sm = 0; sm < d.queues.size(); ++sm) {
+    for (size_t i = 0; i < d.queues[sm].size(); ++i) {
+      const isa::Instruction& inst = d.queues[sm][i];
+      if (absl::Status st = isa::ValidateInstruction(inst, infos); !st.ok()) {
+        return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
+      }
+      const isa::Footprint f = isa::InstructionFootprint(inst, s.max_seq());
+      if (f.smem_bytes > smem.activation_bytes()) {
+        return Fail(absl::StrCat(Where(s, sm, i), " needs ", f.smem_bytes, " bytes of activation buffer; the SM has ",
+                                 smem.activation_bytes()));
+      }
+    }
+  }
+  if (absl::Status st = CheckProgress(s, d); !st.ok()) return st;
+  return CheckStepOrder(s, d);
+}
+
+}  // namespace loom::scheduler
