@@ -1,0 +1,104 @@
+// Lowering: what a decode graph becomes, with and without each fusion, and
+// clear refusals for what has no lowering yet.
+#include "scheduler/lowering.h"
+
+#include <map>
+
+#include "graph/graph_builder.h"
+#include "instructions/isa.h"
+#include "scheduler/options.h"
+#include "scheduler/test_util.h"
+
+namespace loom::scheduler {
+namespace {
+
+std::map<std::string, int> OpcodeCounts(const Schedule& s) {
+  std::map<std::string, int> counts;
+  for (const SmQueue& q : s.queues()) {
+    for (const Instruction& inst : q.instructions()) ++counts[inst.opcode()];
+  }
+  return counts;
+}
+
+TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
+  CompileOptions o;
+  o.set_num_sms(8);
+  o.set_attention_splits(2);
+  const Schedule s = CompileTiny(o);
+  const std::map<std::string, int> c = OpcodeCounts(s);
+  EXPECT_EQ(c.at("EMBED"), 1);
+  EXPECT_EQ(c.at("ARGMAX_REDUCE"), 1);
+  EXPECT_EQ(c.at("ATTN_PARTIAL"), 2 * 2 * 2);  // layers x kv heads x splits
+  EXPECT_EQ(c.at("ATTN_REDUCE"), 2 * 2);
+  EXPECT_EQ(c.count("RMS_NORM"), 0u);  // all fused into matvecs
+  EXPECT_EQ(c.count("ADD"), 0u);
+  EXPECT_EQ(c.count("SILU_MUL"), 0u);
+  // Every matvec weight byte is streamed exactly once per step, plus one embedding row;
+  // the norm weights ride along with the activations.
+  absl::StatusOr<graph::LlamaConfig> tiny = graph::LlamaPreset("tiny");
+  const uint64_t norm_bytes = 2 * (2 * 2 * 256 + 256);
+  EXPECT_EQ(s.weight_bytes_per_step(), static_cast<uint64_t>(tiny->DecodeWeightBytes()) - norm_bytes);
+}
+
+TEST(Lowering, EachFusionOffUsesTheUnfusedOpcodes) {
+  CompileOptions o;
+  o.set_num_sms(4);
+  o.mutable_fusion()->set_norm_into_matvec(false);
+  o.mutable_fusion()->set_qkv_rope_kv_append(false);
+  o.mutable_fusion()->set_residual_add(false);
+  o.mutable_fusion()->set_silu_mul(false);
+  o.mutable_fusion()->set_lm_head_argmax(false);
+  const std::map<std::string, int> c = OpcodeCounts(CompileTiny(o));
+  EXPECT_EQ(c.at("RMS_NORM"), 2 * 2 + 1);
+  EXPECT_EQ(c.at("ROPE_KV_APPEND"), 2);
+  EXPECT_EQ(c.at("ADD"), 2 * 2);
+  EXPECT_EQ(c.at("SILU_MUL"), 2);
+  EXPECT_GT(c.at("ARGMAX_PARTIAL"), 0);
+}
+
+TEST(Lowering, TilesBalanceAcrossSmsAndRespectKvGroups) {
+  CompileOptions o;
+  o.set_num_sms(132);
+  const Schedule s = CompileTiny(o);
+  for (const SmQueue& q : s.queues()) {
+    for (const Instruction& inst : q.instructions()) {
+      if (inst.opcode() != "MATVEC") continue;
+      isa::Instruction decoded{};
+      for (int i = 0; i < inst.args_size(); ++i) decoded.args[i] = inst.args(i);
+      const isa::MatvecArgs& a = decoded.as<isa::MatvecArgs>();
+      if (a.epilogue == isa::kEpilogueRopeKvAppend) {
+        const uint32_t group_rows = (a.heads_per_group + 2) * a.head_dim;
+        EXPECT_EQ(a.row_begin / group_rows, (a.row_begin + a.rows - 1) / group_rows) << "tile crosses a KV group";
+      }
+    }
+  }
+}
+
+TEST(Lowering, RefusesOpsWithoutADecodeLowering) {
+  graph::GraphBuilder b("conv_net");
+  b.Input("img", {1, 8, 8, 4}, graph::F32);
+  b.Weight("w", {4, 3, 3, 4});
+  graph::Conv2dAttrs a;
+  a.set_stride_h(1);
+  a.set_stride_w(1);
+  b.Conv2d("y", "img", "w", "", a);
+  absl::StatusOr<graph::Graph> g = std::move(b).Build();
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<Program> p = LowerDecodeGraph(*g, ResolveOptions({}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("input 'img'"), std::string::npos) << p.status();
+}
+
+TEST(Options, BadOptionsAreRejectedByName) {
+  CompileOptions o = ResolveOptions({});
+  o.mutable_smem()->set_num_pages(40);
+  absl::Status s = ValidateOptions(o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("shared memory"), std::string::npos);
+  o = ResolveOptions({});
+  o.mutable_smem()->set_page_bytes(1000);
+  EXPECT_FALSE(ValidateOptions(o).ok());
+}
+
+}  // namespace
+}  // namespace loom::scheduler

@@ -1,0 +1,152 @@
+// The verifier accepts what the compiler makes and rejects each way a schedule
+// can be broken, saying which instruction, barrier or tensor and why.
+#include "scheduler/schedule_verifier.h"
+
+#include "graph/proto_file.h"
+#include "scheduler/test_util.h"
+
+namespace loom::scheduler {
+namespace {
+
+void ExpectRejected(const Schedule& s, const std::string& why) {
+  absl::Status st = VerifySchedule(s);
+  EXPECT_FALSE(st.ok()) << why;
+  EXPECT_NE(st.message().find(why), std::string::npos) << "wanted '" << why << "', got: " << st.message();
+}
+
+int FindBarrier(const Schedule& s, const std::string& prefix) {
+  for (int b = 0; b < s.barriers_size(); ++b) {
+    if (s.barriers(b).name().rfind(prefix, 0) == 0) return b;
+  }
+  return -1;
+}
+
+TEST(ScheduleVerifier, AcceptsCompiledSchedules) {
+  for (uint32_t sms : {1u, 7u, 132u}) {
+    CompileOptions o;
+    o.set_num_sms(sms);
+    EXPECT_TRUE(VerifySchedule(CompileTiny(o)).ok());
+  }
+}
+
+TEST(ScheduleVerifier, RejectsUnknownOpcodesAndBadArguments) {
+  Schedule s = CompileTiny();
+  Schedule bad = s;
+  bad.mutable_queues(0)->mutable_instructions(0)->set_opcode("TELEPORT");
+  ExpectRejected(bad, "unknown opcode 'TELEPORT'");
+  bad = s;
+  bad.mutable_queues(0)->mutable_instructions(0)->add_args(7);
+  ExpectRejected(bad, "argument words");
+  bad = s;  // an out-of-range tensor id
+  bad.mutable_queues(0)->mutable_instructions(0)->set_args(0, 9999);
+  ExpectRejected(bad, "names tensor 9999");
+}
+
+TEST(ScheduleVerifier, RejectsBarriersThatNeverFireOrCannotBeMet) {
+  Schedule s = CompileTiny();
+  Schedule bad = s;
+  bad.add_barriers()->set_name("orphan");
+  ExpectRejected(bad, "barrier 19 'orphan' never fires");
+  bad = s;
+  bad.mutable_barriers(1)->set_signals_per_step(bad.barriers(1).signals_per_step() + 1);
+  ExpectRejected(bad, "signals per step, instructions give");
+  bad = s;
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (inst.waits_size() > 0 && !inst.waits(0).previous_step()) {
+        inst.mutable_waits(0)->set_count(inst.waits(0).count() + 1);
+        ExpectRejected(bad, "can never be met");
+        return;
+      }
+    }
+  }
+  FAIL() << "no instruction with a wait";
+}
+
+TEST(ScheduleVerifier, RejectsArenaOverflowOverlapAndShortTensors) {
+  Schedule s = CompileTiny();
+  Schedule bad = s;
+  bad.set_arena_bytes(bad.arena_bytes() / 2);
+  ExpectRejected(bad, "overflows the ARENA region");
+  bad = s;
+  for (auto& t : *bad.mutable_tensors()) {
+    if (t.region() == ARENA && t.offset() > 0) {
+      t.set_offset(0);
+      break;
+    }
+  }
+  ExpectRejected(bad, "overlap");
+  bad = s;  // shrink the MLP activation: the gate/up tiles write past it
+  for (auto& t : *bad.mutable_tensors()) {
+    if (t.name() == "layers.1.silu_mul") {
+      t.set_shape(1, 10);
+      t.set_bytes(40);
+    }
+  }
+  ExpectRejected(bad, "tensor 'layers.1.silu_mul' has 10 elements, instruction reaches");
+}
+
+TEST(ScheduleVerifier, RejectsSharedMemoryThatDoesNotFit) {
+  Schedule bad = CompileTiny();
+  bad.mutable_options()->mutable_smem()->set_num_pages(20);
+  ExpectRejected(bad, "do not fit an SM");
+  bad = CompileTiny();
+  bad.mutable_options()->mutable_smem()->set_activation_bytes(512);
+  ExpectRejected(bad, "bytes of activation buffer");
+}
+
+TEST(ScheduleVerifier, FindsDeadlocksInQueueOrder) {
+  CompileOptions o;
+  o.set_num_sms(1);
+  Schedule bad = CompileTiny(o);
+  auto* q = bad.mutable_queues(0)->mutable_instructions();
+  // Move the step's last instruction (argmax reduce) to the front of the only queue.
+  std::rotate(q->rbegin(), q->rbegin() + 1, q->rend());
+  ExpectRejected(bad, "deadlock: SM 0 instruction 0 (ARGMAX_REDUCE");
+}
+
+TEST(ScheduleVerifier, RejectsInstructionsOutsideTheStepOrder) {
+  Schedule bad = CompileTiny();
+  // Drop every wait of some matvec: it no longer depends on the step's first instruction.
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (inst.opcode() == "MATVEC") {
+        inst.clear_waits();
+        ExpectRejected(bad, "does not depend on the step's first instruction");
+        return;
+      }
+    }
+  }
+}
+
+TEST(ScheduleVerifier, RejectsABarrierIdOutOfRange) {
+  Schedule bad = CompileTiny();
+  bad.mutable_queues(0)->mutable_instructions(0)->set_signal(4000);
+  ExpectRejected(bad, "signals barrier 4000");
+  const int step = FindBarrier(bad, "step");
+  EXPECT_EQ(step, 0);
+}
+
+TEST(ScheduleFiles, RoundTripAndCorruptFiles) {
+  Schedule s = CompileTiny();
+  for (const char* name : {"/s.pb", "/s.pbtxt"}) {
+    const std::string path = testing::TempDir() + name;
+    ASSERT_TRUE(WriteProtoFile(path, s).ok());
+    absl::StatusOr<Schedule> back = LoadSchedule(path);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->SerializeAsString(), s.SerializeAsString());
+  }
+  const std::string path = testing::TempDir() + "/hostile.pbtxt";
+  ASSERT_TRUE(WriteFileAtomically(path, "format_version: 1 num_sms: 1 queues { instructions { opcode: \"EMBED\" "
+                                        "waits { barrier: 99 count: 1 } } }")
+                  .ok());
+  absl::StatusOr<Schedule> bad = LoadSchedule(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(path), std::string::npos);
+  const std::string corrupt = testing::TempDir() + "/corrupt.pb";
+  ASSERT_TRUE(WriteFileAtomically(corrupt, s.SerializeAsString().substr(0, 100)).ok());
+  EXPECT_FALSE(LoadSchedule(corrupt).ok());
+}
+
+}  // namespace
+}  // namespace loom::scheduler

@@ -1,0 +1,383 @@
+// loom: compile a model into a schedule, inspect it, run it, export models.
+//   loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] --out=schedule.pb
+//   loom inspect schedule.pb [--instructions]
+//   loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]
+//   loom export --model=random:PRESET --out=DIR
+// Every error is one line on stderr naming the file and the reason, exit code 1.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "graph/decode_oracle.h"
+#include "graph/model.h"
+#include "graph/proto_file.h"
+#include "instructions/isa.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/reference_vm.h"
+#include "scheduler/compiler.h"
+#include "scheduler/decoded_schedule.h"
+#include "scheduler/options.h"
+#include "scheduler/simulator.h"
+
+ABSL_FLAG(std::string, model, "", "model to load: random:<preset> (llama-3.2-1b, tiny) or a Hugging Face folder");
+ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt text format or binary .pb); flags override it");
+ABSL_FLAG(std::string, out, "", "output file (compile: schedule .pb/.pbtxt) or folder (export)");
+ABSL_FLAG(int32_t, num_sms, 0, "SMs to schedule for (0: options file or 132)");
+ABSL_FLAG(std::string, policy, "", "SM assignment policy: round-robin, lpt or critical-path");
+ABSL_FLAG(std::string, granularity, "", "barrier granularity: op or chunk");
+ABSL_FLAG(std::string, unfuse, "",
+          "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax");
+ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
+ABSL_FLAG(int32_t, repeat, 1, "compile: compile this many times and print the median time");
+ABSL_FLAG(bool, instructions, false, "inspect: also list every instruction with its named arguments");
+ABSL_FLAG(int32_t, tokens, 16, "run: tokens to generate after the prompt");
+ABSL_FLAG(std::string, prompt, "1", "run: comma-separated prompt token ids");
+ABSL_FLAG(std::string, backend, "cpu", "run: cpu (reference VM) or gpu (the persistent megakernel)");
+ABSL_FLAG(bool, check, false, "run: also decode with the op-by-op oracle and compare tokens");
+ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
+ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
+ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
+
+namespace loom {
+namespace {
+
+struct Command {
+  const char* name;
+  const char* usage;
+  std::vector<const char*> flags;
+};
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command> commands = {
+      {"compile", "loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] --out=schedule.pb",
+       {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed"}},
+      {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
+      {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
+       {"model", "tokens", "prompt", "backend", "check", "trace", "steps_per_launch", "options", "num_sms", "policy",
+        "granularity", "unfuse", "max_seq", "seed"}},
+      {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
+  };
+  return commands;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "loom: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+void PrintHelp(const Command* command) {
+  if (command == nullptr) {
+    std::printf("loom: a persistent megakernel runtime\n\ncommands:\n");
+    for (const Command& c : Commands()) std::printf("  %s\n", c.usage);
+    std::printf("\n`loom <command> --help` explains the command's flags.\n");
+    return;
+  }
+  std::printf("usage: %s\n\nflags:\n", command->usage);
+  for (const char* name : command->flags) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::printf("  --%s (default: \"%s\")\n      %s\n", name, flag->DefaultValue().c_str(), flag->Help().c_str());
+  }
+}
+
+absl::StatusOr<scheduler::CompileOptions> OptionsFromFlags() {
+  scheduler::CompileOptions o;
+  if (!absl::GetFlag(FLAGS_options).empty()) {
+    absl::StatusOr<scheduler::CompileOptions> loaded = scheduler::LoadOptions(absl::GetFlag(FLAGS_options));
+    if (!loaded.ok()) return loaded.status();
+    o = *loaded;
+  }
+  if (absl::GetFlag(FLAGS_num_sms) < 0) return absl::InvalidArgumentError("--num_sms must be >= 0");
+  if (absl::GetFlag(FLAGS_num_sms) > 0) o.set_num_sms(absl::GetFlag(FLAGS_num_sms));
+  if (absl::GetFlag(FLAGS_max_seq) < 0) return absl::InvalidArgumentError("--max_seq must be >= 0");
+  if (absl::GetFlag(FLAGS_max_seq) > 0) o.set_max_seq(absl::GetFlag(FLAGS_max_seq));
+  const std::string policy = absl::GetFlag(FLAGS_policy);
+  if (policy == "round-robin") o.set_policy(scheduler::ROUND_ROBIN);
+  else if (policy == "lpt") o.set_policy(scheduler::LPT);
+  else if (policy == "critical-path") o.set_policy(scheduler::CRITICAL_PATH);
+  else if (!policy.empty()) return absl::InvalidArgumentError(absl::StrCat("--policy: unknown policy '", policy, "'"));
+  const std::string granularity = absl::GetFlag(FLAGS_granularity);
+  if (granularity == "op") o.set_barrier_granularity(scheduler::PER_OP);
+  else if (granularity == "chunk") o.set_barrier_granularity(scheduler::PER_CHUNK);
+  else if (!granularity.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--granularity: unknown granularity '", granularity, "'"));
+  }
+  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_unfuse), ',', absl::SkipEmpty())) {
+    scheduler::FusionOptions* fusion = o.mutable_fusion();
+    if (f == "norm") fusion->set_norm_into_matvec(false);
+    else if (f == "qkv") fusion->set_qkv_rope_kv_append(false);
+    else if (f == "residual") fusion->set_residual_add(false);
+    else if (f == "silu") fusion->set_silu_mul(false);
+    else if (f == "argmax") fusion->set_lm_head_argmax(false);
+    else return absl::InvalidArgumentError(absl::StrCat("--unfuse: unknown fusion '", std::string(f), "'"));
+  }
+  if (absl::Status s = scheduler::ValidateOptions(scheduler::ResolveOptions(o)); !s.ok()) return s;
+  return o;
+}
+
+absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options) {
+  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
+  graph::ModelOptions mo;
+  mo.load_weights = weights;
+  mo.max_seq = static_cast<int>(options.max_seq());
+  mo.seed = absl::GetFlag(FLAGS_seed);
+  return graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+}
+
+int CompileCommand() {
+  if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
+  absl::StatusOr<scheduler::CompileOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<graph::Model> model = ModelFromFlags(false, *options);
+  if (!model.ok()) return Fail(model.status());
+  std::vector<double> ms;
+  absl::StatusOr<scheduler::Schedule> schedule;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    schedule = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    if (!schedule.ok()) return Fail(schedule.status());
+  }
+  std::sort(ms.begin(), ms.end());
+  if (absl::Status s = WriteProtoFile(absl::GetFlag(FLAGS_out), *schedule); !s.ok()) return Fail(s);
+  int instructions = 0;
+  for (const scheduler::SmQueue& q : schedule->queues()) instructions += q.instructions_size();
+  std::printf("compiled %s: %d instructions on %u SMs, %d barriers -> %s\n", absl::GetFlag(FLAGS_model).c_str(),
+              instructions, schedule->num_sms(), schedule->barriers_size(), absl::GetFlag(FLAGS_out).c_str());
+  std::printf("compile + verify: median %.1f ms over %zu runs (min %.1f, max %.1f)\n", ms[ms.size() / 2], ms.size(),
+              ms.front(), ms.back());
+  return 0;
+}
+
+std::string ArgString(const isa::Instruction& inst) {
+  std::string out;
+  const char* const* names = isa::ArgNames(inst.op());
+  for (int i = 0; i < isa::ArgCount(inst.op()); ++i) absl::StrAppend(&out, i ? " " : "", names[i], "=", inst.args[i]);
+  return out;
+}
+
+int InspectCommand(const std::string& path) {
+  absl::StatusOr<scheduler::Schedule> s = scheduler::LoadSchedule(path);
+  if (!s.ok()) return Fail(s.status());
+  absl::StatusOr<scheduler::DecodedSchedule> d = scheduler::DecodeSchedule(*s);
+  absl::StatusOr<scheduler::SimulationResult> sim = scheduler::Simulate(*s);
+  if (!d.ok() || !sim.ok()) return Fail(d.ok() ? sim.status() : d.status());
+  std::printf("schedule %s\n  model %s, %u SMs, policy %s, barriers %s, max_seq %u\n", path.c_str(),
+              s->model().c_str(), s->num_sms(), scheduler::SmPolicy_Name(s->options().policy()).c_str(),
+              scheduler::BarrierGranularity_Name(s->options().barrier_granularity()).c_str(), s->max_seq());
+  std::printf("  weights %.1f MB (streamed per step %.1f MB), arena %.1f MB, %d tensors, %d barriers\n",
+              s->weight_bytes() / 1e6, s->weight_bytes_per_step() / 1e6, s->arena_bytes() / 1e6, s->tensors_size(),
+              s->barriers_size());
+  struct PerOpcode {
+    int count = 0;
+    double weight_mb = 0, cost_us = 0;
+  };
+  std::map<std::string, PerOpcode> per_opcode;
+  std::vector<int> counts;
+  std::vector<double> loads;
+  int total = 0;
+  for (uint32_t sm = 0; sm < s->num_sms(); ++sm) {
+    double load = 0;
+    for (size_t i = 0; i < d->queues[sm].size(); ++i) {
+      const isa::Instruction& inst = d->queues[sm][i];
+      PerOpcode& p = per_opcode[isa::OpcodeName(inst.op())];
+      ++p.count;
+      p.weight_mb += isa::InstructionFootprint(inst, s->options().cost().context_length()).weight_bytes / 1e6;
+      p.cost_us += d->cost_ns[sm][i] / 1e3;
+      load += d->cost_ns[sm][i];
+    }
+    counts.push_back(static_cast<int>(d->queues[sm].size()));
+    loads.push_back(load / 1e3);
+    total += static_cast<int>(d->queues[sm].size());
+  }
+  std::printf("\n  instructions per step: %d\n  %-16s %7s %12s %14s\n", total, "opcode", "count", "weights MB",
+              "predicted us");
+  for (const auto& [name, p] : per_opcode) {
+    std::printf("  %-16s %7d %12.2f %14.1f\n", name.c_str(), p.count, p.weight_mb, p.cost_us);
+  }
+  std::sort(counts.begin(), counts.end());
+  std::sort(loads.begin(), loads.end());
+  std::printf("\n  per-SM load: instructions min %d / median %d / max %d; predicted busy us min %.1f / median %.1f / "
+              "max %.1f\n",
+              counts.front(), counts[counts.size() / 2], counts.back(), loads.front(), loads[loads.size() / 2],
+              loads.back());
+  double busy = 0, wait = 0, tail = 0;
+  for (const scheduler::SmTimes& t : sim->sms) busy += t.busy_ns, wait += t.wait_ns, tail += t.tail_ns;
+  const double n = static_cast<double>(sim->sms.size());
+  std::printf("\n  simulated (cost model: %.0f GB/s HBM, %.0f ns barrier latency, context %u):\n",
+              s->options().cost().hbm_gbps(), s->options().cost().barrier_latency_ns(),
+              s->options().cost().context_length());
+  std::printf("    first step %.1f us, steady step %.1f us (%.0f GB/s of weights)\n", sim->first_step_ns / 1e3,
+              sim->steady_step_ns / 1e3, sim->predicted_gbps());
+  std::printf("    per SM, mean over the steady step: busy %.1f us, waiting on barriers %.1f us, tail %.1f us\n",
+              busy / n / 1e3, wait / n / 1e3, tail / n / 1e3);
+  if (absl::GetFlag(FLAGS_instructions)) {
+    for (uint32_t sm = 0; sm < s->num_sms(); ++sm) {
+      std::printf("\n  SM %u:\n", sm);
+      for (size_t i = 0; i < d->queues[sm].size(); ++i) {
+        const isa::Instruction& inst = d->queues[sm][i];
+        std::string waits;
+        for (int w = 0; w < inst.num_waits; ++w) {
+          absl::StrAppend(&waits, w ? "," : "", inst.waits[w].barrier(), inst.waits[w].previous_step() ? "@prev" : "",
+                          ":", inst.waits[w].count());
+        }
+        std::printf("    %4zu %-15s wait[%s] signal %u  %s\n", i, isa::OpcodeName(inst.op()), waits.c_str(),
+                    inst.signal, ArgString(inst).c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParsePrompt() {
+  std::vector<int32_t> prompt;
+  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(t, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt: '", std::string(t), "' is not a token id"));
+    }
+    prompt.push_back(id);
+  }
+  if (prompt.empty()) return absl::InvalidArgumentError("--prompt needs at least one token id");
+  return prompt;
+}
+
+std::string Join(const std::vector<int32_t>& v, size_t from) {
+  std::string out;
+  for (size_t i = from; i < v.size(); ++i) absl::StrAppend(&out, i > from ? " " : "", v[i]);
+  return out;
+}
+
+int RunCommand() {
+  absl::StatusOr<scheduler::CompileOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::vector<int32_t>> prompt = ParsePrompt();
+  if (!prompt.ok()) return Fail(prompt.status());
+  const int new_tokens = absl::GetFlag(FLAGS_tokens);
+  if (new_tokens < 1) return Fail(absl::InvalidArgumentError("--tokens must be >= 1"));
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cpu" && backend != "gpu") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--backend: unknown backend '", backend, "'")));
+  }
+  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
+  absl::StatusOr<graph::Model> model = ModelFromFlags(true, *options);
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<scheduler::Schedule> schedule =
+      scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
+  if (!schedule.ok()) return Fail(schedule.status());
+  const int steps = static_cast<int>(prompt->size()) - 1 + new_tokens;
+  if (steps >= static_cast<int>(schedule->max_seq())) {
+    return Fail(absl::OutOfRangeError(absl::StrCat("prompt + tokens (", steps + 1, ") exceed the KV cache of ",
+                                                   schedule->max_seq(), "; raise --max_seq")));
+  }
+
+  std::vector<int32_t> tokens;
+  double ms_per_token = 0;
+  if (backend == "cpu") {
+    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm =
+        megakernel::ReferenceVm::Create(*schedule, model->weights);
+    if (!vm.ok()) return Fail(vm.status());
+    if (absl::Status s = (*vm)->Reset(*prompt); !s.ok()) return Fail(s);
+    const auto start = std::chrono::steady_clock::now();
+    for (int step = 0; step < steps; ++step) {
+      if (absl::Status s = (*vm)->Run(1); !s.ok()) return Fail(s);
+      if ((step + 1) % 8 == 0 || step + 1 == steps) std::fprintf(stderr, "\r  step %d/%d", step + 1, steps);
+    }
+    std::fprintf(stderr, "\n");
+    ms_per_token = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+    tokens = (*vm)->tokens();
+  } else {
+    megakernel::GpuRunOptions gpu;
+    gpu.trace_path = absl::GetFlag(FLAGS_trace);
+    gpu.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+    absl::StatusOr<megakernel::GpuRunResult> r = megakernel::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
+    if (!r.ok()) return Fail(r.status());
+    tokens = r->tokens;
+    ms_per_token = r->ms_per_token;
+    if (!r->summary.empty()) std::printf("%s", r->summary.c_str());
+  }
+  std::printf("tokens: %s\n", Join(tokens, prompt->size()).c_str());
+  std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), ms_per_token, steps);
+  if (absl::GetFlag(FLAGS_check)) {
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*model, *prompt, new_tokens);
+    if (!oracle.ok()) return Fail(oracle.status());
+    if (oracle->tokens != tokens) {
+      std::printf("oracle: %s\nMISMATCH against the op-by-op oracle\n", Join(oracle->tokens, prompt->size()).c_str());
+      return 1;
+    }
+    std::printf("identical to the op-by-op oracle\n");
+  }
+  return 0;
+}
+
+int ExportCommand() {
+  if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
+  if (absl::GetFlag(FLAGS_model).rfind("random:", 0) != 0) {
+    return Fail(absl::InvalidArgumentError("export writes random:<preset> models; --model must start with random:"));
+  }
+  graph::ModelOptions mo;
+  mo.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  if (!model.ok()) return Fail(model.status());
+  if (absl::Status s = graph::ExportModel(*model, absl::GetFlag(FLAGS_out)); !s.ok()) return Fail(s);
+  std::printf("exported %s to %s (config.json, model.safetensors)\n", absl::GetFlag(FLAGS_model).c_str(),
+              absl::GetFlag(FLAGS_out).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  using loom::Commands;
+  const loom::Command* command = nullptr;
+  if (argc >= 2) {
+    for (const loom::Command& c : Commands()) {
+      if (argv[1] == std::string(c.name)) command = &c;
+    }
+  }
+  std::vector<char*> args = {argv[0]};
+  bool help = argc < 2;
+  for (int i = command ? 2 : 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h" || a == "--helpfull") help = true;
+    else args.push_back(argv[i]);
+  }
+  if (help) {
+    loom::PrintHelp(command);
+    return 0;
+  }
+  if (command == nullptr) {
+    std::fprintf(stderr, "loom: unknown command '%s'; try loom --help\n", argv[1]);
+    return 1;
+  }
+  std::vector<char*> positional;
+  for (char* p : absl::ParseCommandLine(static_cast<int>(args.size()), args.data())) positional.push_back(p);
+  positional.erase(positional.begin());
+  for (char* p : positional) {
+    if (command->name != std::string("inspect")) {
+      std::fprintf(stderr, "loom: unexpected argument '%s'\n", p);
+      return 1;
+    }
+  }
+  const std::string name = command->name;
+  if (name == "compile") return loom::CompileCommand();
+  if (name == "inspect") {
+    if (positional.size() != 1) {
+      std::fprintf(stderr, "loom: inspect takes one schedule file\n");
+      return 1;
+    }
+    return loom::InspectCommand(positional[0]);
+  }
+  if (name == "run") return loom::RunCommand();
+  return loom::ExportCommand();
+}
