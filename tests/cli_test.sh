@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The loom command on good and bad input: bad input gives ONE line on stderr
+# naming the file and the reason, a non-zero exit, and no output file.
+set -u
+LOOM="$1"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+# expect_error NAME EXPECTED_SUBSTRING OUTPUT_THAT_MUST_NOT_EXIST -- command...
+expect_error() {
+  local name="$1" want="$2" out="$3"
+  shift 4
+  local err rc
+  err=$("$@" 2>&1 >/dev/null)
+  rc=$?
+  if [ $rc -eq 0 ]; then fail "$name: exit code 0"; return; fi
+  # Progress lines ("loading ...") may precede it; the error is exactly one "loom:" line.
+  if [ "$(printf '%s\n' "$err" | grep -c '^loom: ')" -ne 1 ]; then fail "$name: not one error line: $err"; return; fi
+  if [[ "$err" != *"$want"* ]]; then fail "$name: '$err' lacks '$want'"; return; fi
+  if [ -n "$out" ] && [ -e "$out" ]; then fail "$name: left $out behind"; return; fi
+  if ls "$WORK" | grep -q '\.tmp\.'; then fail "$name: left a temporary file"; return; fi
+  pass "$name"
+}
+
+# --- good paths -------------------------------------------------------------
+"$LOOM" compile --model=random:tiny --num_sms=8 --out="$WORK/tiny.pb" >/dev/null && pass "compile tiny" || fail "compile tiny"
+"$LOOM" inspect "$WORK/tiny.pb" | grep -q "instructions per step" && pass "inspect" || fail "inspect"
+"$LOOM" compile --model=random:tiny --out="$WORK/tiny.pbtxt" --policy=lpt --granularity=op >/dev/null &&
+  "$LOOM" inspect "$WORK/tiny.pbtxt" >/dev/null && pass "text-format schedule" || fail "text-format schedule"
+"$LOOM" run --model=random:tiny --tokens=8 --prompt=5,6,7 --check 2>/dev/null | grep -q "identical to the op-by-op oracle" &&
+  pass "run --check" || fail "run --check"
+"$LOOM" export --model=random:tiny --out="$WORK/tiny_hf" >/dev/null &&
+  "$LOOM" run --model="$WORK/tiny_hf" --tokens=4 2>/dev/null | grep -q "^tokens:" && pass "export + run folder" ||
+  fail "export + run folder"
+for c in compile inspect run export; do
+  "$LOOM" $c --help | grep -q "usage: loom $c" && pass "$c --help" || fail "$c --help"
+done
+
+# --- bad input --------------------------------------------------------------
+expect_error "unknown preset" "unknown preset 'random:gpt9'" "$WORK/x.pb" -- \
+  "$LOOM" compile --model=random:gpt9 --out="$WORK/x.pb"
+expect_error "missing folder" "not a model folder" "$WORK/x.pb" -- \
+  "$LOOM" compile --model="$WORK/nope" --out="$WORK/x.pb"
+mkdir -p "$WORK/cfg_missing" && echo '{"model_type": "llama", "hidden_size": 8}' >"$WORK/cfg_missing/config.json"
+expect_error "config missing field" "config.json: missing field 'num_hidden_layers'" "$WORK/x.pb" -- \
+  "$LOOM" compile --model="$WORK/cfg_missing" --out="$WORK/x.pb"
+cp -r "$WORK/tiny_hf" "$WORK/trunc" && truncate -s 1000 "$WORK/trunc/model.safetensors"
+expect_error "truncated safetensors" "trunc/model.safetensors" "" -- \
+  "$LOOM" run --model="$WORK/trunc" --tokens=2
+cp -r "$WORK/tiny_hf" "$WORK/lying" && printf '\xff\xff\xff\xff\x00\x00\x00\x00' | dd of="$WORK/lying/model.safetensors" conv=notrunc 2>/dev/null
+expect_error "lying header length" "lying/model.safetensors" "" -- "$LOOM" run --model="$WORK/lying" --tokens=2
+cp -r "$WORK/tiny_hf" "$WORK/shape" && sed -i 's/"intermediate_size": 512/"intermediate_size": 640/' "$WORK/shape/config.json"
+expect_error "shape vs config" "config.json implies [640,256]" "" -- "$LOOM" run --model="$WORK/shape" --tokens=2
+echo 'garbage' >"$WORK/bad.pb"
+expect_error "corrupt schedule" "$WORK/bad.pb" "" -- "$LOOM" inspect "$WORK/bad.pb"
+printf 'format_version: 1\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n' >"$WORK/op.pbtxt"
+expect_error "unknown opcode" "unknown opcode 'WARP_DRIVE'" "" -- "$LOOM" inspect "$WORK/op.pbtxt"
+sed 's/io.tokens/io.tokens/' "$WORK/tiny.pbtxt" | awk '/arena_bytes/{print "arena_bytes: 64"; next} {print}' >"$WORK/overflow.pbtxt"
+expect_error "arena overflow" "overflows the ARENA region" "" -- "$LOOM" inspect "$WORK/overflow.pbtxt"
+expect_error "bad options flag" "--policy: unknown policy 'fastest'" "$WORK/y.pb" -- \
+  "$LOOM" compile --model=random:tiny --policy=fastest --out="$WORK/y.pb"
+echo 'num_sms: "many"' >"$WORK/opts.pbtxt"
+expect_error "bad options file" "opts.pbtxt" "$WORK/y.pb" -- \
+  "$LOOM" compile --model=random:tiny --options="$WORK/opts.pbtxt" --out="$WORK/y.pb"
+expect_error "unwritable output" "cannot write" "" -- \
+  "$LOOM" compile --model=random:tiny --out="$WORK/no/such/dir/s.pb"
+expect_error "bad prompt" "--prompt: 'x' is not a token id" "" -- "$LOOM" run --model=random:tiny --prompt=1,x
+expect_error "prompt outside vocab" "outside the vocabulary" "" -- "$LOOM" run --model=random:tiny --prompt=5000
+expect_error "too many tokens" "exceed the KV cache" "" -- "$LOOM" run --model=random:tiny --max_seq=16 --tokens=40
+expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
