@@ -1,0 +1,48 @@
+// What a stuck kernel leaves behind in debug builds (LOOM_DEVICE_DEBUG): the
+// first bounded wait that ran out records where it was and traps; the record
+// lives in mapped host memory so the host can print it after the trap.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::megakernel {
+
+#ifdef LOOM_DEVICE_DEBUG
+inline constexpr bool kDeviceDebug = true;
+#else
+inline constexpr bool kDeviceDebug = false;
+#endif
+// Polls of one wait before a debug build declares it stuck (~seconds with backoff).
+inline constexpr uint64_t kDebugSpinLimit = 20'000'000;
+
+enum DeviceErrorKind : uint32_t { kNoError = 0, kStuckGlobalWait = 1, kStuckPageWait = 2 };
+
+struct DeviceError {
+  uint32_t kind;
+  uint32_t sm;
+  uint32_t queue_index;
+  uint32_t opcode;
+  uint32_t barrier;  // global barrier id, or page index for page waits
+  uint32_t value;
+  uint32_t target;
+  uint32_t step;
+};
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ void ReportStuck(DeviceError* error, uint32_t sm, uint32_t index, uint32_t opcode,
+                                            uint32_t barrier, uint32_t value, uint32_t target,
+                                            uint32_t kind = kStuckGlobalWait) {
+  if (error != nullptr && atomicCAS(&error->kind, kNoError, kind) == kNoError) {
+    error->sm = sm;
+    error->queue_index = index;
+    error->opcode = opcode;
+    error->barrier = barrier;
+    error->value = value;
+    error->target = target;
+    __threadfence_system();
+  }
+  __trap();
+}
+#endif
+
+}  // namespace loom::megakernel

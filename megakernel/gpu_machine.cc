@@ -1,0 +1,211 @@
+#include "megakernel/gpu_machine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "instructions/isa.h"
+#include "megakernel/megakernel_launch.h"
+
+namespace loom::megakernel {
+namespace {
+
+absl::Status CudaError(cudaError_t e, const std::string& what) {
+  return absl::InternalError(absl::StrCat("CUDA: ", what, ": ", cudaGetErrorString(e)));
+}
+
+#define LOOM_CUDA(expr, what)                         \
+  do {                                                \
+    if (cudaError_t _e = (expr); _e != cudaSuccess) { \
+      return CudaError(_e, what);                     \
+    }                                                 \
+  } while (0)
+
+// Shared memory an instruction needs in the activation buffer, as the device lays it out.
+uint64_t DeviceActivationBytes(const isa::Instruction& inst) {
+  switch (inst.op()) {
+    case isa::Opcode::MATVEC: {
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      const uint64_t slots = a.k / MatvecSlotElems(a.k);
+      return 4ull * a.k + 4ull * a.rows * slots + 4ull * a.rows;
+    }
+    case isa::Opcode::ATTN_PARTIAL: {
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
+      const uint64_t group = a.num_heads / a.num_kv_heads;
+      return 4 * group * a.head_dim + 4 * group * ((uint64_t{a.max_seq} + a.num_splits - 1) / a.num_splits);
+    }
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+absl::Status CheckProgramForDevice(const GpuProgram& p) {
+  if (p.page_bytes % 4096 != 0 || p.page_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page size ", p.page_bytes, " must be a multiple of 4096 bytes"));
+  }
+  if (p.num_pages < 2 || p.num_pages > kMaxPages) {
+    return absl::InvalidArgumentError(absl::StrCat("pages per SM must be 2..", kMaxPages, ", not ", p.num_pages));
+  }
+  for (size_t sm = 0; sm < p.queues.size(); ++sm) {
+    for (size_t i = 0; i < p.queues[sm].size(); ++i) {
+      const isa::Instruction& inst = p.queues[sm][i];
+      const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
+      if (inst.op() == isa::Opcode::MATVEC && inst.as<isa::MatvecArgs>().k % kSegmentElems != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": k = ", inst.as<isa::MatvecArgs>().k,
+                                                       " is not a multiple of ", kSegmentElems));
+      }
+      if (DeviceActivationBytes(inst) > p.activation_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " needs ", DeviceActivationBytes(inst),
+                                                       " bytes of activation buffer, the SM has ",
+                                                       p.activation_bytes));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram& program,
+                                                               const std::vector<uint8_t>& weights) {
+  int device_count = 0;
+  if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+    return absl::UnavailableError("no CUDA device");
+  }
+  cudaDeviceProp prop;
+  LOOM_CUDA(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (prop.major != 9) {
+    return absl::FailedPreconditionError(absl::StrCat("the megakernel is built for sm_90a (Hopper); device 0 is ",
+                                                      prop.name, " (sm_", prop.major, prop.minor, ")"));
+  }
+  if (program.queues.size() > static_cast<size_t>(prop.multiProcessorCount)) {
+    return absl::FailedPreconditionError(absl::StrCat("the schedule needs ", program.queues.size(), " SMs; ",
+                                                      prop.name, " has ", prop.multiProcessorCount,
+                                                      " (recompile with --num_sms=", prop.multiProcessorCount, ")"));
+  }
+  if (absl::Status s = CheckProgramForDevice(program); !s.ok()) return s;
+  std::unique_ptr<GpuMachine> m(new GpuMachine);
+  m->program_ = program;
+  m->smem_bytes_ = SmemBytes(program.page_bytes, program.num_pages, program.activation_bytes);
+  if (m->smem_bytes_ > prop.sharedMemPerBlockOptin) {
+    return absl::FailedPreconditionError(absl::StrCat("the schedule's shared memory (", program.num_pages, " pages of ",
+                                                      program.page_bytes, " + ", program.activation_bytes,
+                                                      " activation bytes = ", m->smem_bytes_, ") exceeds the ",
+                                                      prop.sharedMemPerBlockOptin, " a block may use"));
+  }
+  std::vector<isa::Instruction> all;
+  for (const auto& q : program.queues) {
+    m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
+    all.insert(all.end(), q.begin(), q.end());
+  }
+  m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
+
+  LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weights.size(), 16)), "allocating weights");
+  LOOM_CUDA(cudaMemcpy(m->weights_, weights.data(), weights.size(), cudaMemcpyHostToDevice), "uploading weights");
+  LOOM_CUDA(cudaMalloc(&m->arena_, std::max<uint64_t>(program.arena_bytes, 16)), "allocating the arena");
+  LOOM_CUDA(cudaMalloc(&m->tensors_, std::max<size_t>(program.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
+  LOOM_CUDA(cudaMemcpy(m->tensors_, program.tensors.data(), program.tensors.size() * sizeof(isa::TensorDesc),
+                       cudaMemcpyHostToDevice),
+            "uploading tensors");
+  LOOM_CUDA(cudaMalloc(&m->instructions_, std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
+  LOOM_CUDA(cudaMemcpy(m->instructions_, all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice),
+            "uploading queues");
+  LOOM_CUDA(cudaMalloc(&m->queue_begin_device_, m->queue_begin_.size() * 4), "queue offsets");
+  LOOM_CUDA(cudaMemcpy(m->queue_begin_device_, m->queue_begin_.data(), m->queue_begin_.size() * 4,
+                       cudaMemcpyHostToDevice),
+            "uploading queue offsets");
+  LOOM_CUDA(cudaMalloc(&m->counters_, std::max<uint32_t>(program.num_barriers, 1) * 4), "barrier counters");
+  LOOM_CUDA(cudaMemset(m->counters_, 0, std::max<uint32_t>(program.num_barriers, 1) * 4), "barrier counters");
+  LOOM_CUDA(cudaHostAlloc(&m->error_, sizeof(DeviceError), cudaHostAllocMapped), "error record");
+  *m->error_ = DeviceError{};
+  if (absl::Status s = m->ZeroArena(); !s.ok()) return s;
+  return m;
+}
+
+GpuMachine::~GpuMachine() {
+  cudaFree(weights_);
+  cudaFree(arena_);
+  cudaFree(tensors_);
+  cudaFree(instructions_);
+  cudaFree(queue_begin_device_);
+  cudaFree(counters_);
+  cudaFree(trace_device_);
+  cudaFreeHost(error_);
+}
+
+absl::Status GpuMachine::WriteArena(uint64_t offset, const void* data, uint64_t bytes) {
+  if (offset + bytes > program_.arena_bytes) return absl::OutOfRangeError("write past the arena");
+  LOOM_CUDA(cudaMemcpy(arena_ + offset, data, bytes, cudaMemcpyHostToDevice), "writing the arena");
+  return absl::OkStatus();
+}
+
+absl::Status GpuMachine::ReadArena(uint64_t offset, void* data, uint64_t bytes) const {
+  if (offset + bytes > program_.arena_bytes) return absl::OutOfRangeError("read past the arena");
+  LOOM_CUDA(cudaMemcpy(data, arena_ + offset, bytes, cudaMemcpyDeviceToHost), "reading the arena");
+  return absl::OkStatus();
+}
+
+absl::Status GpuMachine::ZeroArena() {
+  LOOM_CUDA(cudaMemset(arena_, 0, std::max<uint64_t>(program_.arena_bytes, 16)), "clearing the arena");
+  return absl::OkStatus();
+}
+
+absl::Status GpuMachine::CheckError(const char* what) const {
+  if (error_->kind != kNoError) {
+    const DeviceError& e = *error_;
+    return absl::InternalError(absl::StrCat(
+        "megakernel stuck: SM ", e.sm, " queue index ", e.queue_index, " opcode ",
+        isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)), e.kind == kStuckPageWait ? " page " : " barrier ",
+        e.barrier, " value ", e.value, " target ", e.target, " (", what, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
+  const uint64_t total = queue_begin_.back();
+  if (trace && trace_capacity_ < total * steps) {
+    cudaFree(trace_device_);
+    trace_device_ = nullptr;
+    LOOM_CUDA(cudaMalloc(&trace_device_, total * steps * sizeof(TraceEvent)), "allocating the trace");
+    trace_capacity_ = total * steps;
+  }
+  KernelParams params{};
+  params.instructions = instructions_;
+  params.queue_begin = queue_begin_device_;
+  params.machine = {{weights_, arena_}, tensors_, static_cast<uint32_t>(program_.tensors.size())};
+  params.counters = counters_;
+  params.first_step = next_step_;
+  params.num_steps = steps;
+  params.page_bytes = program_.page_bytes;
+  params.num_pages = program_.num_pages;
+  params.activation_bytes = program_.activation_bytes;
+  params.trace = trace ? trace_device_ : nullptr;
+  DeviceError* error_device = nullptr;
+  LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
+  params.error = error_device;
+
+  cudaEvent_t start, stop;
+  LOOM_CUDA(cudaEventCreate(&start), "event");
+  LOOM_CUDA(cudaEventCreate(&stop), "event");
+  cudaEventRecord(start);
+  cudaError_t launch = LaunchMegakernel(params, num_sms(), smem_bytes_, nullptr);
+  cudaEventRecord(stop);
+  cudaError_t sync = cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (absl::Status s = CheckError("debug bound reached"); !s.ok()) return s;
+  if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
+  if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
+  next_step_ += steps;
+  if (trace) {
+    trace_.resize(total * steps);
+    LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
+              "reading the trace");
+  }
+  return ms;
+}
+
+}  // namespace loom::megakernel

@@ -1,0 +1,70 @@
+// GpuMachine: a program (per-SM queues + tensor table) resident on the GPU with
+// its weights and arena, run by the persistent megakernel. It knows nothing of
+// models or protobufs; the decode backend and the opcode tests both build on it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "instructions/instruction.h"
+#include "megakernel/kernel_params.h"
+
+namespace loom::megakernel {
+
+struct GpuProgram {
+  std::vector<std::vector<isa::Instruction>> queues;  // one per SM
+  std::vector<isa::TensorDesc> tensors;
+  uint64_t arena_bytes = 0;
+  uint32_t num_barriers = 0;
+  uint32_t page_bytes = 16384;
+  uint32_t num_pages = 10;
+  uint32_t activation_bytes = 49152;
+};
+
+class GpuMachine {
+ public:
+  // Checks the program against the device (SMs, shared memory, opcode limits)
+  // and uploads it with `weights` (the WEIGHTS region). The arena starts zeroed.
+  static absl::StatusOr<std::unique_ptr<GpuMachine>> Create(const GpuProgram& program,
+                                                           const std::vector<uint8_t>& weights);
+  ~GpuMachine();
+
+  absl::Status WriteArena(uint64_t offset, const void* data, uint64_t bytes);
+  absl::Status ReadArena(uint64_t offset, void* data, uint64_t bytes) const;
+  absl::Status ZeroArena();
+
+  // Runs `steps` decode steps in one launch; returns the kernel's time in ms
+  // (CUDA events). Barrier counters carry on from the previous run.
+  absl::StatusOr<float> Run(uint32_t steps, bool trace);
+  // Per instruction of the last traced run: [step][concatenated queue index].
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const std::vector<uint32_t>& queue_begin() const { return queue_begin_; }
+  uint32_t num_sms() const { return static_cast<uint32_t>(program_.queues.size()); }
+
+ private:
+  GpuMachine() = default;
+  absl::Status CheckError(const char* what) const;
+
+  GpuProgram program_;
+  std::vector<uint32_t> queue_begin_;
+  uint32_t smem_bytes_ = 0;
+  uint32_t next_step_ = 0;
+  uint8_t* weights_ = nullptr;
+  uint8_t* arena_ = nullptr;
+  isa::TensorDesc* tensors_ = nullptr;
+  isa::Instruction* instructions_ = nullptr;
+  uint32_t* queue_begin_device_ = nullptr;
+  uint32_t* counters_ = nullptr;
+  TraceEvent* trace_device_ = nullptr;
+  uint64_t trace_capacity_ = 0;
+  DeviceError* error_ = nullptr;  // mapped host memory
+  std::vector<TraceEvent> trace_;
+};
+
+// Why a program cannot run on the megakernel as built (k not a multiple of 256, ...), or OK.
+absl::Status CheckProgramForDevice(const GpuProgram& program);
+
+}  // namespace loom::megakernel

@@ -1,0 +1,60 @@
+// What the host hands the persistent kernel (by value, __grid_constant__), and
+// the thread layout both sides agree on.
+#pragma once
+
+#include <cstdint>
+
+#include "instructions/instruction.h"
+#include "megakernel/device_debug.h"
+
+namespace loom::megakernel {
+
+// Thread layout of a block: two consumer warpgroups, then one producer
+// warpgroup whose first warp is the loader.
+inline constexpr uint32_t kConsumerWarps = 8;
+inline constexpr uint32_t kConsumerThreads = kConsumerWarps * 32;
+inline constexpr uint32_t kLoaderWarp = kConsumerWarps;
+inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
+static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
+
+// Named barrier ids (0 is __syncthreads).
+inline constexpr uint32_t kConsumerBarrier = 1;
+
+// Matvec: one 16-byte vector (8 bf16) per lane, so a warp covers a 256-column segment.
+inline constexpr uint32_t kSegmentElems = 256;
+// Per-lane reduction granularity when k is a multiple of it: one partial per 1024 columns.
+inline constexpr uint32_t kWideSlotElems = 1024;
+// Shared memory the kernel keeps beside the activation buffer and the pages.
+inline constexpr uint32_t kMaxPages = 32;
+inline constexpr uint32_t kScratchFloats = 64;
+
+// Start and end of one instruction, in %globaltimer nanoseconds.
+struct TraceEvent {
+  uint64_t start;
+  uint64_t end;
+};
+
+struct KernelParams {
+  const isa::Instruction* instructions;  // every SM's queue, concatenated
+  const uint32_t* queue_begin;           // [num_sms + 1]: where each SM's queue starts
+  isa::MachineView machine;
+  uint32_t* counters;  // one per barrier, never reset
+  uint32_t first_step;
+  uint32_t num_steps;
+  uint32_t page_bytes;
+  uint32_t num_pages;
+  uint32_t activation_bytes;
+  TraceEvent* trace;  // [num_steps][total instructions], or null
+  DeviceError* error; // mapped host memory, or null
+};
+
+// Shared memory one block needs for a page ring and activation buffer.
+inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
+  return 2 * kMaxPages * 8 + kScratchFloats * 8 + activation_bytes + 128 /* page alignment */ +
+         page_bytes * num_pages;
+}
+
+// Slot width of the matvec partial sums for a given k (see ops/matvec.cuh).
+LOOM_HD uint32_t MatvecSlotElems(uint32_t k) { return k % kWideSlotElems == 0 ? kWideSlotElems : kSegmentElems; }
+
+}  // namespace loom::megakernel

@@ -1,0 +1,171 @@
+// The persistent megakernel: one block per SM, each an interpreter of its SM's
+// queue of 128-byte instructions, replayed once per decode step.
+//
+// Warp roles (one if/else, so setmaxnreg can move registers to the consumers):
+//   warps 0-7  (2 warpgroups) consumers: wait on global barriers, load
+//              activations, compute from the page ring, store, signal.
+//   warp 8     loader: streams every MATVEC's packed weight tile into the page
+//              ring, page by page, never waiting on dependencies — so it runs
+//              ahead into the next instructions while consumers compute or wait.
+//   warps 9-11 give their registers back and exit.
+#include <cstdint>
+
+#include "instructions/instruction.h"
+#include "megakernel/global_barrier.cuh"
+#include "megakernel/kernel_params.h"
+#include "megakernel/mbarrier.cuh"
+#include "megakernel/megakernel_launch.h"
+#include "megakernel/ops/attention.cuh"
+#include "megakernel/ops/matvec.cuh"
+#include "megakernel/ops/vector_ops.cuh"
+#include "megakernel/pipeline_state.cuh"
+
+namespace loom::megakernel {
+namespace {
+
+constexpr uint32_t kConsumerRegisters = 232;
+constexpr uint32_t kProducerRegisters = 40;
+static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "register file overflow");
+
+struct SharedLayout {
+  uint64_t* full;
+  uint64_t* empty;
+  float* scratch;
+  float* act;
+  uint8_t* pages;
+};
+
+__device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams& p) {
+  SharedLayout s;
+  s.full = reinterpret_cast<uint64_t*>(smem);
+  s.empty = s.full + kMaxPages;
+  s.scratch = reinterpret_cast<float*>(s.empty + kMaxPages);
+  s.act = s.scratch + 2 * kScratchFloats;
+  const uintptr_t pages = reinterpret_cast<uintptr_t>(reinterpret_cast<uint8_t*>(s.act) + p.activation_bytes);
+  s.pages = reinterpret_cast<uint8_t*>((pages + 127) & ~uintptr_t{127});
+  return s;
+}
+
+__device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  PipelineState ring{0, 0, p.num_pages};
+  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
+  for (uint32_t step = 0; step < p.num_steps; ++step) {
+    for (uint32_t i = begin; i < end; ++i) {
+      const isa::Instruction& inst = p.instructions[i];
+      if (inst.op() != isa::Opcode::MATVEC) continue;
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      const uint8_t* tile = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2;
+      const uint64_t bytes = static_cast<uint64_t>(a.rows) * a.k * 2;
+      for (uint64_t offset = 0; offset < bytes; offset += p.page_bytes) {
+        const uint32_t n = static_cast<uint32_t>(bytes - offset < p.page_bytes ? bytes - offset : p.page_bytes);
+        uint64_t spins = 0;
+        while (!MbarrierTryWait(&s.empty[ring.index], ring.phase ^ 1u)) {
+          if (kDeviceDebug && ++spins > kDebugSpinLimit) {
+            ReportStuck(p.error, sm, i - begin, inst.opcode, ring.index, ring.phase, 0, kStuckPageWait);
+          }
+        }
+        MbarrierArriveExpectTx(&s.full[ring.index], n);
+        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, n,
+                         &s.full[ring.index]);
+        ++ring;
+      }
+    }
+  }
+}
+
+__device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
+  PipelineState ring{0, 0, p.num_pages};
+  ConsumerContext ctx;
+  ctx.tid = tid;
+  ctx.warp = tid / 32;
+  ctx.lane = tid % 32;
+  ctx.machine = p.machine;
+  ctx.act = s.act;
+  ctx.scratch = s.scratch;
+  ctx.pages = s.pages;
+  ctx.full = s.full;
+  ctx.empty = s.empty;
+  ctx.ring = &ring;
+  ctx.page_bytes = p.page_bytes;
+  ctx.error = p.error;
+  ctx.sm = sm;
+  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
+  const uint32_t total = p.queue_begin[gridDim.x];
+  for (uint32_t local = 0; local < p.num_steps; ++local) {
+    const uint32_t step = p.first_step + local;
+    ctx.step = step;
+    for (uint32_t i = begin; i < end; ++i) {
+      const isa::Instruction& inst = p.instructions[i];
+      ctx.index = i - begin;
+      uint64_t start = 0;
+      if (tid == 0) {
+        if (p.trace != nullptr) start = GlobalTimer();
+        for (uint32_t w = 0; w < inst.num_waits; ++w) {
+          WaitGlobal(p.counters, inst.waits[w], step, p.error, sm, i - begin, inst.opcode);
+        }
+      }
+      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+      switch (inst.op()) {
+        case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
+        case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
+        case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
+        case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
+        case isa::Opcode::ATTN_PARTIAL: RunAttnPartial(inst.as<isa::AttnPartialArgs>(), ctx); break;
+        case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
+        case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
+        case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
+        case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
+        case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
+        default: break;
+      }
+      // Every consumer's stores are done; one thread publishes them and signals.
+      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+      if (tid == 0) {
+        if (inst.signal != isa::kNoBarrier) {
+          __threadfence();
+          AddRelease(p.counters + inst.signal, 1);
+        }
+        if (p.trace != nullptr) p.trace[static_cast<uint64_t>(local) * total + i] = {start, GlobalTimer()};
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_constant__ KernelParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const SharedLayout s = Carve(smem, p);
+  const uint32_t warp = threadIdx.x / 32;
+  const uint32_t sm = blockIdx.x;
+  if (threadIdx.x == 0) {
+    for (uint32_t i = 0; i < p.num_pages; ++i) {
+      MbarrierInit(&s.full[i], 1);
+      MbarrierInit(&s.empty[i], kConsumerWarps);
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+  if (warp < kConsumerWarps) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+    Consumers(p, s, sm, threadIdx.x);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    if (warp == kLoaderWarp && threadIdx.x % 32 == 0) Loader(p, s, sm);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
+  static uint32_t configured_smem = 0;
+  if (configured_smem < smem_bytes) {
+    cudaError_t e = cudaFuncSetAttribute(Megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return e;
+    configured_smem = smem_bytes;
+  }
+  // Cooperative launch: fails, instead of hanging, if the blocks cannot all be resident.
+  void* args[] = {const_cast<KernelParams*>(&params)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(Megakernel), dim3(num_sms), dim3(kBlockThreads), args,
+                                     smem_bytes, stream);
+}
+
+}  // namespace loom::megakernel

@@ -1,0 +1,53 @@
+// What an opcode's consumer code may use: its thread index among the
+// consumers, the machine (tensor ids -> addresses), shared memory, and the page
+// ring it consumes in order. Reusable code never reads threadIdx itself.
+#pragma once
+
+#include <cstdint>
+
+#include "instructions/instruction.h"
+#include "megakernel/device_debug.h"
+#include "megakernel/kernel_params.h"
+#include "megakernel/mbarrier.cuh"
+#include "megakernel/pipeline_state.cuh"
+
+namespace loom::megakernel {
+
+struct ConsumerContext {
+  uint32_t tid;   // 0 .. kConsumerThreads-1
+  uint32_t warp;  // tid / 32
+  uint32_t lane;  // tid % 32
+  isa::MachineView machine;
+  float* act;      // activation buffer
+  float* scratch;  // kScratchFloats floats for reductions
+  uint8_t* pages;
+  uint64_t* full;
+  uint64_t* empty;
+  PipelineState* ring;  // this thread's ring position; every consumer advances its own copy in lockstep
+  uint32_t page_bytes;
+  // Where we are, for debug records.
+  DeviceError* error;
+  uint32_t sm;
+  uint32_t index;
+  uint32_t step;
+
+  // Waits until the next page of the ring is full; returns it.
+  __device__ __forceinline__ const uint8_t* AcquirePage() const {
+    uint64_t spins = 0;
+    while (!MbarrierTryWait(&full[ring->index], ring->phase)) {
+      if (kDeviceDebug && ++spins > kDebugSpinLimit) {
+        ReportStuck(error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring->index, ring->phase, 0,
+                    kStuckPageWait);
+      }
+    }
+    return pages + static_cast<size_t>(ring->index) * page_bytes;
+  }
+  // This warp is done with the current page (lane 0 arrives for the warp); the ring moves on.
+  __device__ __forceinline__ void ReleasePage() const {
+    __syncwarp();
+    if (lane == 0) MbarrierArrive(&empty[ring->index]);
+    ++*ring;
+  }
+};
+
+}  // namespace loom::megakernel

@@ -1,0 +1,107 @@
+// The small opcodes: EMBED, RMS_NORM, ROPE_KV_APPEND, SILU_MUL, ADD,
+// ARGMAX_PARTIAL and ARGMAX_REDUCE. Plain loads and stores by the consumers.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "megakernel/block_reduce.cuh"
+#include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/matvec.cuh"
+
+namespace loom::megakernel {
+
+__device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  int32_t token = m.ptr<int32_t>(a.tokens)[m.ptr<int32_t>(a.step_state)[isa::kStatePosition]];
+  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
+  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.hidden;
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
+}
+
+__device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  const float* x = m.ptr<float>(a.input);
+  float sum_sq = 0.0f;
+  for (uint32_t j = ctx.tid; j < a.n; j += kConsumerThreads) sum_sq += x[j] * x[j];
+  const float scale = 1.0f / sqrtf(ConsumerSum(sum_sq, ctx.tid, ctx.scratch) / static_cast<float>(a.n) + a.eps);
+  const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(a.weight);
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t j = ctx.tid; j < a.n; j += kConsumerThreads) out[j] = x[j] * scale * __bfloat162float(w[j]);
+}
+
+__device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
+  const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+  const uint32_t half = a.head_dim / 2;
+  const uint32_t q_pairs = a.num_heads * half, kv_pairs = a.num_kv_heads * half;
+  for (uint32_t i = ctx.tid; i < q_pairs + kv_pairs; i += kConsumerThreads) {
+    const bool is_q = i < q_pairs;
+    const uint32_t pair = is_q ? i : i - q_pairs, head = pair / half, j = pair % half;
+    const float* src = m.ptr<float>(is_q ? a.q_in : a.k_in) + head * a.head_dim;
+    float v0 = src[j], v1 = src[j + half];
+    RotatePairDevice(&v0, &v1, j, pos, inv_freq);
+    float* dst = is_q ? m.ptr<float>(a.q_out) + head * a.head_dim
+                      : m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim;
+    dst[j] = v0;
+    dst[j + half] = v1;
+  }
+  for (uint32_t i = ctx.tid; i < a.num_kv_heads * a.head_dim; i += kConsumerThreads) {
+    const uint32_t head = i / a.head_dim, d = i % a.head_dim;
+    m.ptr<float>(a.v_cache)[(static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim + d] = m.ptr<float>(a.v_in)[i];
+  }
+}
+
+__device__ __forceinline__ void RunSiluMul(const isa::SiluMulArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
+    m.ptr<float>(a.out)[i] = Silu(m.ptr<float>(a.gate)[i]) * m.ptr<float>(a.up)[i];
+  }
+}
+
+__device__ __forceinline__ void RunAdd(const isa::AddArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
+    m.ptr<float>(a.out)[i] = m.ptr<float>(a.a)[i] + m.ptr<float>(a.b)[i];
+  }
+}
+
+__device__ __forceinline__ void RunArgmaxPartial(const isa::ArgmaxPartialArgs& a, const ConsumerContext& ctx) {
+  const float* logits = ctx.machine.ptr<float>(a.logits);
+  float best = -INFINITY;
+  uint32_t best_index = a.begin;
+  for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
+    if (Better(logits[i], i, best, best_index)) best = logits[i], best_index = i;
+  }
+  ConsumerArgmax(&best, &best_index, ctx.tid, ctx.scratch);
+  if (ctx.tid == 0) {
+    ctx.machine.ptr<float>(a.partials)[2 * a.tile_index] = best;
+    ctx.machine.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_index);
+  }
+}
+
+__device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  const float* partials = m.ptr<float>(a.partials);
+  float best = -INFINITY;
+  uint32_t best_index = 0xffffffffu;
+  for (uint32_t t = ctx.tid; t < a.num_partials; t += kConsumerThreads) {
+    const float v = partials[2 * t];
+    const uint32_t index = static_cast<uint32_t>(partials[2 * t + 1]);
+    if (best_index == 0xffffffffu || Better(v, index, best, best_index)) best = v, best_index = index;
+  }
+  ConsumerArgmax(&best, &best_index, ctx.tid, ctx.scratch);
+  if (ctx.tid == 0) {
+    int32_t* state = m.ptr<int32_t>(a.step_state);
+    const int32_t next = state[isa::kStatePosition] + 1;
+    if (next >= static_cast<int32_t>(a.max_seq)) {
+      state[isa::kStateOverflow] = 1;
+    } else {
+      if (next >= state[isa::kStatePromptLength]) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
+      state[isa::kStatePosition] = next;
+    }
+  }
+}
+
+}  // namespace loom::megakernel

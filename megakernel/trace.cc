@@ -1,0 +1,91 @@
+#include "megakernel/trace.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "graph/proto_file.h"
+#include "instructions/isa.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::megakernel {
+namespace {
+
+uint64_t Origin(const TraceInput& in) {
+  uint64_t origin = UINT64_MAX;
+  for (const TraceEvent& e : *in.events) {
+    if (e.start != 0) origin = std::min(origin, e.start);
+  }
+  return origin == UINT64_MAX ? 0 : origin;
+}
+
+}  // namespace
+
+absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
+  const uint64_t origin = Origin(in);
+  const uint64_t total = in.queue_begin->back();
+  nlohmann::json events = nlohmann::json::array();
+  for (uint32_t sm = 0; sm < in.program->queues.size(); ++sm) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", sm},
+                      {"args", {{"name", absl::StrFormat("SM %u", sm)}}}});
+  }
+  for (uint32_t step = 0; step < in.steps; ++step) {
+    for (uint32_t sm = 0; sm < in.program->queues.size(); ++sm) {
+      for (uint32_t i = (*in.queue_begin)[sm]; i < (*in.queue_begin)[sm + 1]; ++i) {
+        const TraceEvent& e = (*in.events)[step * total + i];
+        const isa::Instruction& inst = in.program->queues[sm][i - (*in.queue_begin)[sm]];
+        events.push_back({{"name", isa::OpcodeName(inst.op())},
+                          {"ph", "X"},
+                          {"pid", 0},
+                          {"tid", sm},
+                          {"ts", (e.start - origin) / 1e3},
+                          {"dur", (e.end - e.start) / 1e3},
+                          {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]}}}});
+      }
+    }
+  }
+  return WriteFileAtomically(path, nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ns"}}).dump());
+}
+
+std::string TraceSummary(const TraceInput& in) {
+  const uint64_t total = in.queue_begin->back();
+  const uint32_t sms = static_cast<uint32_t>(in.program->queues.size());
+  std::map<std::string, std::pair<double, int>> per_opcode;  // ns, count
+  double busy = 0, gaps = 0, largest_gap = 0;
+  uint64_t first = UINT64_MAX, last = 0;
+  for (uint32_t step = 0; step < in.steps; ++step) {
+    for (uint32_t sm = 0; sm < sms; ++sm) {
+      uint64_t previous_end = 0;
+      for (uint32_t i = (*in.queue_begin)[sm]; i < (*in.queue_begin)[sm + 1]; ++i) {
+        const TraceEvent& e = (*in.events)[step * total + i];
+        const isa::Instruction& inst = in.program->queues[sm][i - (*in.queue_begin)[sm]];
+        auto& slot = per_opcode[isa::OpcodeName(inst.op())];
+        slot.first += static_cast<double>(e.end - e.start);
+        slot.second += 1;
+        busy += static_cast<double>(e.end - e.start);
+        if (previous_end != 0 && e.start > previous_end) {
+          gaps += static_cast<double>(e.start - previous_end);
+          largest_gap = std::max(largest_gap, static_cast<double>(e.start - previous_end));
+        }
+        previous_end = e.end;
+        first = std::min(first, e.start);
+        last = std::max(last, e.end);
+      }
+    }
+  }
+  const double span = last > first ? static_cast<double>(last - first) : 0;
+  std::string out = absl::StrFormat("trace: %u steps in %.1f us (%.1f us/step), %.0f GB/s of weights\n", in.steps,
+                                    span / 1e3, span / 1e3 / std::max(1u, in.steps),
+                                    span > 0 ? in.weight_bytes_per_step * in.steps / span : 0.0);
+  absl::StrAppendFormat(&out, "  %-16s %8s %12s %10s\n", "opcode", "count", "SM-us/step", "us each");
+  for (const auto& [name, v] : per_opcode) {
+    absl::StrAppendFormat(&out, "  %-16s %8d %12.1f %10.2f\n", name, v.second / std::max(1u, in.steps),
+                          v.first / 1e3 / std::max(1u, in.steps), v.first / 1e3 / v.second);
+  }
+  absl::StrAppendFormat(&out, "  per SM per step: busy %.1f us, gaps between instructions %.1f us (largest %.1f us)\n",
+                        busy / 1e3 / sms / std::max(1u, in.steps), gaps / 1e3 / sms / std::max(1u, in.steps),
+                        largest_gap / 1e3);
+  return out;
+}
+
+}  // namespace loom::megakernel

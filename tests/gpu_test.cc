@@ -1,0 +1,330 @@
+// GPU tests (ctest label gpu). Each opcode on the megakernel against its
+// float32 CPU reference: fresh random inputs every run, outputs poisoned (NaN)
+// first, relative error <= kTolerance, sizes beyond the presets'. Then whole
+// random:tiny schedules on the GPU against the CPU reference VM. Without a
+// Hopper GPU every test skips, saying why.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "graph/decode_oracle.h"
+#include "graph/dtype.h"
+#include "graph/model.h"
+#include "gtest/gtest.h"
+#include "instructions/isa.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
+#include "megakernel/reference_vm.h"
+#include "scheduler/compiler.h"
+
+namespace loom::megakernel {
+namespace {
+
+// bf16 operands, float32 arithmetic in a different order than the reference.
+constexpr double kTolerance = 1e-4;
+
+#define SKIP_WITHOUT_GPU()                            \
+  do {                                                \
+    std::string why;                                  \
+    if (!GpuAvailable(&why)) GTEST_SKIP() << why;     \
+  } while (0)
+
+// Builds the tensors of a one-SM program in host memory: what the GPU gets and
+// what the CPU reference runs on.
+class OpBench {
+ public:
+  explicit OpBench(uint32_t seed) : rng_(seed) {}
+
+  uint32_t Weight(uint64_t elements, graph::DType dtype = graph::BF16) { return Add(isa::kWeightRegion, elements, dtype); }
+  uint32_t Arena(uint64_t elements, graph::DType dtype = graph::F32) { return Add(isa::kArenaRegion, elements, dtype); }
+  // Output tensors are poisoned with NaN and compared after the run.
+  uint32_t Output(uint64_t elements) {
+    const uint32_t id = Arena(elements);
+    std::memset(Bytes(id), 0xff, table_[id].bytes);
+    outputs_.push_back(id);
+    return id;
+  }
+  template <typename T>
+  T* Data(uint32_t id) { return reinterpret_cast<T*>(Bytes(id)); }
+  void SetState(uint32_t state, int32_t position, int32_t prompt_length) {
+    Data<int32_t>(state)[isa::kStatePosition] = position;
+    Data<int32_t>(state)[isa::kStatePromptLength] = prompt_length;
+    Data<int32_t>(state)[isa::kStateOverflow] = 0;
+  }
+
+  // Runs `queue` once on the GPU and on the CPU; every output must agree.
+  void RunAndCompare(const std::vector<isa::Instruction>& queue, const std::string& what) {
+    GpuProgram program;
+    program.queues = {queue};
+    program.tensors = table_;
+    program.arena_bytes = arena_.size();
+    std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
+    isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
+                          static_cast<uint32_t>(table_.size())};
+    for (const isa::Instruction& inst : queue) isa::ExecuteReference(inst, host);
+
+    absl::StatusOr<std::unique_ptr<GpuMachine>> m = GpuMachine::Create(program, weights_);
+    ASSERT_TRUE(m.ok()) << what << ": " << m.status();
+    ASSERT_TRUE((*m)->WriteArena(0, arena_.data(), arena_.size()).ok());
+    absl::StatusOr<float> ms = (*m)->Run(1, false);
+    ASSERT_TRUE(ms.ok()) << what << ": " << ms.status();
+    std::vector<uint8_t> got(arena_.size());
+    ASSERT_TRUE((*m)->ReadArena(0, got.data(), got.size()).ok());
+    for (uint32_t id : outputs_) {
+      const float* g = reinterpret_cast<const float*>(got.data() + table_[id].offset);
+      const float* e = reinterpret_cast<const float*>(expected_arena.data() + table_[id].offset);
+      double num = 0, den = 0;
+      size_t nan = 0;
+      for (uint64_t i = 0; i < table_[id].bytes / 4; ++i) {
+        if (std::isnan(g[i]) != std::isnan(e[i])) ++nan;
+        if (std::isnan(e[i])) continue;  // left poisoned by both: not written by the instruction
+        num += (g[i] - double(e[i])) * (g[i] - double(e[i]));
+        den += double(e[i]) * e[i];
+      }
+      EXPECT_EQ(nan, 0u) << what << ": output tensor " << id << " has elements one side wrote and the other did not";
+      const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      EXPECT_LE(err, kTolerance) << what << ": output tensor " << id;
+    }
+  }
+
+  void FillRandom(uint32_t id, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    if (table_[id].dtype == graph::BF16) {
+      for (uint64_t i = 0; i < table_[id].bytes / 2; ++i) Data<uint16_t>(id)[i] = graph::FloatToBf16(d(rng_));
+    } else {
+      for (uint64_t i = 0; i < table_[id].bytes / 4; ++i) Data<float>(id)[i] = d(rng_);
+    }
+  }
+  std::mt19937& rng() { return rng_; }
+
+ private:
+  uint8_t* Bytes(uint32_t id) {
+    return (table_[id].region == isa::kWeightRegion ? weights_.data() : arena_.data()) + table_[id].offset;
+  }
+  uint32_t Add(uint32_t region, uint64_t elements, graph::DType dtype) {
+    std::vector<uint8_t>& r = region == isa::kWeightRegion ? weights_ : arena_;
+    const uint64_t bytes = elements * graph::DTypeSize(dtype);
+    table_.push_back({r.size(), bytes, region, static_cast<uint32_t>(dtype)});
+    r.resize(r.size() + (bytes + 255) / 256 * 256);
+    return static_cast<uint32_t>(table_.size() - 1);
+  }
+
+  std::mt19937 rng_;
+  std::vector<uint8_t> weights_, arena_;
+  std::vector<isa::TensorDesc> table_;
+  std::vector<uint32_t> outputs_;
+};
+
+template <typename Args>
+isa::Instruction Make(isa::Opcode op, const Args& args) {
+  isa::Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(op);
+  inst.signal = isa::kNoBarrier;
+  inst.as<Args>() = args;
+  return inst;
+}
+
+uint32_t Seed() { return std::random_device{}(); }
+
+TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t rows, k, total_rows; };
+  const std::vector<Case> cases = {{1, 256, 4}, {7, 768, 20}, {64, 2048, 200}, {30, 8192, 64}, {334, 1024, 1000}};
+  for (const Case& c : cases) {
+    for (uint32_t epilogue = 0; epilogue < isa::kNumEpilogues; ++epilogue) {
+      for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
+        const uint32_t seed = Seed();
+        OpBench b(seed);
+        isa::MatvecArgs a{};
+        a.rows = c.rows + (c.rows % 2);  // pairs for the RoPE and SiLU epilogues
+        a.k = c.k;
+        a.row_begin = 2;
+        const uint32_t total = c.total_rows + a.rows + 2;
+        a.weight = b.Weight(uint64_t{total} * c.k);
+        b.FillRandom(a.weight);
+        a.input = b.Arena(c.k);
+        b.FillRandom(a.input);
+        a.prologue = prologue;
+        a.norm_weight = b.Weight(c.k);
+        b.FillRandom(a.norm_weight, 0.5f, 1.5f);
+        a.norm_eps = 1e-5f;
+        a.epilogue = epilogue;
+        std::string what = absl::StrCat("MATVEC rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
+                                        epilogue, " seed ", seed);
+        if (epilogue == isa::kEpilogueRopeKvAppend) {
+          // A grouped q|k|v layout: 2 KV heads of dim 16 with 3 query heads each -> 160 rows.
+          a.head_dim = 16;
+          a.heads_per_group = 3;
+          a.num_kv_heads = 2;
+          a.max_seq = 8;
+          a.row_begin = 0;
+          a.rows = 160;
+          a.weight = b.Weight(160ull * c.k);
+          b.FillRandom(a.weight);
+          a.out = b.Output(3 * 2 * 16);
+          a.k_cache = b.Output(2 * 8 * 16);
+          a.v_cache = b.Output(2 * 8 * 16);
+          a.step_state = b.Arena(4, graph::I32);
+          b.SetState(a.step_state, 5, 1);
+          a.rope_inv_freq = b.Weight(8, graph::F32);
+          b.FillRandom(a.rope_inv_freq, 0.001f, 1.0f);
+          what += " (rope)";
+        } else if (epilogue == isa::kEpilogueSiluMul) {
+          a.out = b.Output(total / 2 + 1);
+        } else {
+          a.out = b.Output(total);
+          a.residual = b.Arena(total);
+          b.FillRandom(a.residual);
+          a.partials = b.Output(2 * 4);
+          a.tile_index = 3;
+        }
+        b.RunAndCompare({Make(isa::Opcode::MATVEC, a)}, what);
+      }
+    }
+  }
+}
+
+TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t position : {0u, 5u, 63u, 200u}) {
+    for (uint32_t splits : {1u, 3u, 16u}) {
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      constexpr uint32_t kHeads = 8, kKv = 2, kDim = 64, kSeq = 256;
+      const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
+      b.FillRandom(q);
+      b.FillRandom(kc);
+      b.FillRandom(vc);
+      const uint32_t state = b.Arena(4, graph::I32);
+      b.SetState(state, static_cast<int32_t>(position), 1);
+      const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
+      const uint32_t out = b.Output(kHeads * kDim);
+      std::vector<isa::Instruction> queue;
+      for (uint32_t g = 0; g < kKv; ++g) {
+        for (uint32_t s = 0; s < splits; ++s) {
+          queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
+                               isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim, kSeq,
+                                                    0.125f}));
+        }
+      }
+      for (uint32_t g = 0; g < kKv; ++g) {
+        queue.push_back(Make(isa::Opcode::ATTN_REDUCE,
+                             isa::AttnReduceArgs{po, pml, out, g * 4, 4, splits, kHeads, kDim}));
+      }
+      b.RunAndCompare(queue, absl::StrCat("attention position ", position, " splits ", splits, " seed ", seed));
+    }
+  }
+}
+
+TEST(GpuOpcodes, VectorOpcodes) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = Seed();
+  OpBench b(seed);
+  constexpr uint32_t kN = 1000, kVocab = 50, kHidden = 384, kSeq = 16;
+  std::vector<isa::Instruction> queue;
+  // EMBED
+  const uint32_t table = b.Weight(kVocab * kHidden);
+  b.FillRandom(table);
+  const uint32_t tokens = b.Arena(kSeq + 1, graph::I32);
+  for (uint32_t i = 0; i <= kSeq; ++i) b.Data<int32_t>(tokens)[i] = static_cast<int32_t>(b.rng()() % kVocab);
+  const uint32_t state = b.Arena(4, graph::I32);
+  b.SetState(state, 3, 2);
+  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(kHidden), kHidden, kVocab}));
+  // RMS_NORM
+  const uint32_t x = b.Arena(kN), w = b.Weight(kN);
+  b.FillRandom(x);
+  b.FillRandom(w);
+  queue.push_back(Make(isa::Opcode::RMS_NORM, isa::RmsNormArgs{x, w, b.Output(kN), kN, 1e-5f}));
+  // SILU_MUL, ADD over part of the vectors
+  const uint32_t y = b.Arena(kN);
+  b.FillRandom(y, -4.0f, 4.0f);
+  queue.push_back(Make(isa::Opcode::SILU_MUL, isa::SiluMulArgs{x, y, b.Output(kN), 100, 777}));
+  queue.push_back(Make(isa::Opcode::ADD, isa::AddArgs{x, y, b.Output(kN), 0, kN}));
+  // ROPE_KV_APPEND: 4 heads, 2 KV heads, dim 32
+  const uint32_t qi = b.Arena(4 * 32), ki = b.Arena(2 * 32), vi = b.Arena(2 * 32), freq = b.Weight(16, graph::F32);
+  b.FillRandom(qi);
+  b.FillRandom(ki);
+  b.FillRandom(vi);
+  b.FillRandom(freq, 0.01f, 1.0f);
+  queue.push_back(Make(isa::Opcode::ROPE_KV_APPEND,
+                       isa::RopeAppendArgs{qi, ki, vi, b.Output(4 * 32), b.Output(2 * kSeq * 32), b.Output(2 * kSeq * 32),
+                                           state, freq, 4, 2, 32, kSeq}));
+  // ARGMAX_PARTIAL x 3, then ARGMAX_REDUCE (writes tokens and the state: compared as outputs too)
+  const uint32_t partials = b.Output(2 * 3);
+  for (uint32_t t = 0; t < 3; ++t) {
+    queue.push_back(Make(isa::Opcode::ARGMAX_PARTIAL, isa::ArgmaxPartialArgs{y, t * 333, 333, partials, t}));
+  }
+  queue.push_back(Make(isa::Opcode::ARGMAX_REDUCE, isa::ArgmaxReduceArgs{partials, 3, state, tokens, kSeq}));
+  b.RunAndCompare(queue, absl::StrCat("vector opcodes, seed ", seed));
+}
+
+// ---- whole schedules --------------------------------------------------------
+
+class GpuSchedules : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!GpuAvailable(&why)) GTEST_SKIP() << why;
+    graph::ModelOptions mo;
+    mo.max_seq = 64;
+    absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
+    ASSERT_TRUE(m.ok());
+    model_ = std::make_unique<graph::Model>(*std::move(m));
+  }
+
+  void Check(const scheduler::CompileOptions& options, int steps_per_launch, const std::string& what) {
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, "random:tiny", options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const std::vector<int32_t> prompt = {17, 923, 4, 512};
+    const int steps = static_cast<int>(prompt.size()) - 1 + 32;
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Run(steps).ok());
+    GpuRunOptions gpu;
+    gpu.steps_per_launch = steps_per_launch;
+    absl::StatusOr<GpuRunResult> r = RunOnGpu(*s, model_->weights, prompt, steps, gpu);
+    ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+    EXPECT_EQ(r->tokens, (*vm)->tokens()) << what;
+    const std::vector<float> expected = (*vm)->logits();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      num += (r->logits[i] - double(expected[i])) * (r->logits[i] - double(expected[i]));
+      den += double(expected[i]) * expected[i];
+    }
+    EXPECT_LE(std::sqrt(num / den), kTolerance) << what << ": last step's logits";
+  }
+
+  std::unique_ptr<graph::Model> model_;
+};
+
+TEST_F(GpuSchedules, EveryPolicyMatchesTheVmInOneLaunchAndStepByStep) {
+  for (scheduler::SmPolicy policy : {scheduler::ROUND_ROBIN, scheduler::LPT, scheduler::CRITICAL_PATH}) {
+    for (uint32_t sms : {132u, 8u}) {
+      scheduler::CompileOptions o;
+      o.set_policy(policy);
+      o.set_num_sms(sms);
+      const std::string what = absl::StrCat(scheduler::SmPolicy_Name(policy), " on ", sms, " SMs");
+      Check(o, 0, what + ", one launch");
+      Check(o, 1, what + ", one step per launch");
+    }
+  }
+}
+
+TEST_F(GpuSchedules, UnfusedAndPerOpSchedulesMatchTheVm) {
+  scheduler::CompileOptions o;
+  o.set_num_sms(16);
+  o.set_barrier_granularity(scheduler::PER_OP);
+  o.set_elementwise_chunk(100);
+  scheduler::FusionOptions* f = o.mutable_fusion();
+  f->set_norm_into_matvec(false);
+  f->set_qkv_rope_kv_append(false);
+  f->set_residual_add(false);
+  f->set_silu_mul(false);
+  f->set_lm_head_argmax(false);
+  Check(o, 0, "unfused, per-op barriers");
+}
+
+}  // namespace
+}  // namespace loom::megakernel
