@@ -180,6 +180,14 @@ struct MatvecArgs {
       "partials", "tile_index"};
 };
 
+// A matvec's partial sums: one per `MatvecSlotElems(k)` columns of each row
+// (1024 when k allows, else 256). The device keeps x[k] and rows * k / slot
+// partials in its activation buffer; MatvecActivationBytes is that size.
+LOOM_HD uint32_t MatvecSlotElems(uint32_t k) { return k % 1024 == 0 ? 1024 : 256; }
+LOOM_HD uint64_t MatvecActivationBytes(uint32_t rows, uint32_t k) {
+  return 4ull * k + 4ull * rows * ((k + MatvecSlotElems(k) - 1) / MatvecSlotElems(k));
+}
+
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of
 // its query heads, then its k head, then its v head ((heads_per_group + 2) *
 // head_dim rows per group). Inside q and k heads, packed row 2j is original

@@ -168,8 +168,7 @@ Footprint Cost(const MatvecArgs& a, uint32_t) {
   Footprint f;
   f.weight_bytes = 2ull * a.rows * a.k;
   f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
-  // input vector (+ norm weight), and one partial sum per 256-column segment of the tile
-  f.smem_bytes = 4ull * a.k + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0) + 4ull * a.rows * ((a.k + 255) / 256);
+  f.smem_bytes = MatvecActivationBytes(a.rows, a.k);
   f.flops = 2ull * a.rows * a.k;
   return f;
 }

@@ -27,8 +27,7 @@ uint64_t DeviceActivationBytes(const isa::Instruction& inst) {
   switch (inst.op()) {
     case isa::Opcode::MATVEC: {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      const uint64_t slots = a.k / MatvecSlotElems(a.k);
-      return 4ull * a.k + 4ull * a.rows * slots + 4ull * a.rows;
+      return isa::MatvecActivationBytes(a.rows, a.k);
     }
     case isa::Opcode::ATTN_PARTIAL: {
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
@@ -53,9 +52,15 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
     for (size_t i = 0; i < p.queues[sm].size(); ++i) {
       const isa::Instruction& inst = p.queues[sm][i];
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
-      if (inst.op() == isa::Opcode::MATVEC && inst.as<isa::MatvecArgs>().k % kSegmentElems != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": k = ", inst.as<isa::MatvecArgs>().k,
-                                                       " is not a multiple of ", kSegmentElems));
+      if (inst.op() == isa::Opcode::MATVEC) {
+        const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+        if (a.k % kSegmentElems != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": k = ", a.k, " is not a multiple of ", kSegmentElems));
+        }
+        if (uint64_t{a.rows} * a.k >= (uint64_t{1} << 32)) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": a tile of ", a.rows, " x ", a.k, " is too large"));
+        }
       }
       if (DeviceActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", DeviceActivationBytes(inst),

@@ -10,10 +10,13 @@
 namespace loom::megakernel {
 
 // Thread layout of a block: two consumer warpgroups, then one producer
-// warpgroup whose first warp is the loader.
+// warpgroup whose first warp is the loader and second the storer.
 inline constexpr uint32_t kConsumerWarps = 8;
 inline constexpr uint32_t kConsumerThreads = kConsumerWarps * 32;
 inline constexpr uint32_t kLoaderWarp = kConsumerWarps;
+inline constexpr uint32_t kStorerWarp = kConsumerWarps + 1;
+// Instructions the consumers may finish before the storer has signalled them.
+inline constexpr uint32_t kSignalSlots = 4;
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
 static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
 
@@ -28,9 +31,11 @@ inline constexpr uint32_t kWideSlotElems = 1024;
 inline constexpr uint32_t kMaxPages = 32;
 inline constexpr uint32_t kScratchFloats = 64;
 
-// Start and end of one instruction, in %globaltimer nanoseconds.
+// One instruction, in %globaltimer nanoseconds: when the consumers reached it,
+// when its global waits were met, when it was done (after its signal).
 struct TraceEvent {
   uint64_t start;
+  uint64_t ready;
   uint64_t end;
 };
 
@@ -50,11 +55,11 @@ struct KernelParams {
 
 // Shared memory one block needs for a page ring and activation buffer.
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
-  return 2 * kMaxPages * 8 + kScratchFloats * 8 + activation_bytes + 128 /* page alignment */ +
+  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + kScratchFloats * 8 + activation_bytes + 128 /* page alignment */ +
          page_bytes * num_pages;
 }
 
-// Slot width of the matvec partial sums for a given k (see ops/matvec.cuh).
-LOOM_HD uint32_t MatvecSlotElems(uint32_t k) { return k % kWideSlotElems == 0 ? kWideSlotElems : kSegmentElems; }
+using isa::MatvecSlotElems;
+static_assert(kWideSlotElems == 1024 && kSegmentElems == 256, "isa::MatvecSlotElems assumes these widths");
 
 }  // namespace loom::megakernel

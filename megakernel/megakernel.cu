@@ -7,7 +7,10 @@
 //   warp 8     loader: streams every MATVEC's packed weight tile into the page
 //              ring, page by page, never waiting on dependencies — so it runs
 //              ahead into the next instructions while consumers compute or wait.
-//   warps 9-11 give their registers back and exit.
+//   warp 9     storer: once the consumers finish an instruction, makes its
+//              stores visible GPU-wide and signals its barrier, so the
+//              consumers move on without waiting for the fence.
+//   warps 10-11 give their registers back and exit.
 #include <cstdint>
 
 #include "instructions/instruction.h"
@@ -30,6 +33,8 @@ static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, 
 struct SharedLayout {
   uint64_t* full;
   uint64_t* empty;
+  uint64_t* done;    // [kSignalSlots] consumers -> storer: an instruction's stores are issued
+  uint64_t* freed;   // [kSignalSlots] storer -> consumers: its signal is out, the slot is free
   float* scratch;
   float* act;
   uint8_t* pages;
@@ -39,7 +44,9 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   SharedLayout s;
   s.full = reinterpret_cast<uint64_t*>(smem);
   s.empty = s.full + kMaxPages;
-  s.scratch = reinterpret_cast<float*>(s.empty + kMaxPages);
+  s.done = s.empty + kMaxPages;
+  s.freed = s.done + kSignalSlots;
+  s.scratch = reinterpret_cast<float*>(s.freed + kSignalSlots);
   s.act = s.scratch + 2 * kScratchFloats;
   const uintptr_t pages = reinterpret_cast<uintptr_t>(reinterpret_cast<uint8_t*>(s.act) + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + 127) & ~uintptr_t{127});
@@ -73,8 +80,27 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
+__device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  PipelineState slot{0, 0, kSignalSlots};
+  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
+  for (uint32_t step = 0; step < p.num_steps; ++step) {
+    for (uint32_t i = begin; i < end; ++i) {
+      while (!MbarrierTryWait(&s.done[slot.index], slot.phase)) {
+      }
+      const uint32_t signal = p.instructions[i].signal;
+      if (signal != isa::kNoBarrier) {
+        __threadfence();
+        AddRelease(p.counters + signal, 1);
+      }
+      MbarrierArrive(&s.freed[slot.index]);
+      ++slot;
+    }
+  }
+}
+
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   PipelineState ring{0, 0, p.num_pages};
+  PipelineState slot{0, 0, kSignalSlots};
   ConsumerContext ctx;
   ctx.tid = tid;
   ctx.warp = tid / 32;
@@ -97,12 +123,13 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
     for (uint32_t i = begin; i < end; ++i) {
       const isa::Instruction& inst = p.instructions[i];
       ctx.index = i - begin;
-      uint64_t start = 0;
+      uint64_t start = 0, ready = 0;
       if (tid == 0) {
         if (p.trace != nullptr) start = GlobalTimer();
         for (uint32_t w = 0; w < inst.num_waits; ++w) {
           WaitGlobal(p.counters, inst.waits[w], step, p.error, sm, i - begin, inst.opcode);
         }
+        if (p.trace != nullptr) ready = GlobalTimer();
       }
       NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
       switch (inst.op()) {
@@ -118,15 +145,15 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
         case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
         default: break;
       }
-      // Every consumer's stores are done; one thread publishes them and signals.
+      // Every consumer's stores are issued: hand the instruction to the storer.
       NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
       if (tid == 0) {
-        if (inst.signal != isa::kNoBarrier) {
-          __threadfence();
-          AddRelease(p.counters + inst.signal, 1);
+        if (p.trace != nullptr) p.trace[static_cast<uint64_t>(local) * total + i] = {start, ready, GlobalTimer()};
+        while (!MbarrierTryWait(&s.freed[slot.index], slot.phase ^ 1u)) {
         }
-        if (p.trace != nullptr) p.trace[static_cast<uint64_t>(local) * total + i] = {start, GlobalTimer()};
+        MbarrierArrive(&s.done[slot.index]);
       }
+      ++slot;
     }
   }
 }
@@ -141,6 +168,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       MbarrierInit(&s.full[i], 1);
       MbarrierInit(&s.empty[i], kConsumerWarps);
     }
+    for (uint32_t i = 0; i < kSignalSlots; ++i) {
+      MbarrierInit(&s.done[i], 1);
+      MbarrierInit(&s.freed[i], 1);
+    }
     FenceBarrierInit();
   }
   __syncthreads();
@@ -150,6 +181,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
     if (warp == kLoaderWarp && threadIdx.x % 32 == 0) Loader(p, s, sm);
+    if (warp == kStorerWarp && threadIdx.x % 32 == 0) Storer(p, s, sm);
   }
 }
 

@@ -40,7 +40,8 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
                           {"tid", sm},
                           {"ts", (e.start - origin) / 1e3},
                           {"dur", (e.end - e.start) / 1e3},
-                          {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]}}}});
+                          {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]},
+                                    {"wait_us", (e.ready - e.start) / 1e3}}}});
       }
     }
   }
@@ -50,7 +51,11 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
 std::string TraceSummary(const TraceInput& in) {
   const uint64_t total = in.queue_begin->back();
   const uint32_t sms = static_cast<uint32_t>(in.program->queues.size());
-  std::map<std::string, std::pair<double, int>> per_opcode;  // ns, count
+  struct PerOpcode {
+    double total_ns = 0, wait_ns = 0;
+    int count = 0;
+  };
+  std::map<std::string, PerOpcode> per_opcode;
   double busy = 0, gaps = 0, largest_gap = 0;
   uint64_t first = UINT64_MAX, last = 0;
   for (uint32_t step = 0; step < in.steps; ++step) {
@@ -59,9 +64,10 @@ std::string TraceSummary(const TraceInput& in) {
       for (uint32_t i = (*in.queue_begin)[sm]; i < (*in.queue_begin)[sm + 1]; ++i) {
         const TraceEvent& e = (*in.events)[step * total + i];
         const isa::Instruction& inst = in.program->queues[sm][i - (*in.queue_begin)[sm]];
-        auto& slot = per_opcode[isa::OpcodeName(inst.op())];
-        slot.first += static_cast<double>(e.end - e.start);
-        slot.second += 1;
+        PerOpcode& slot = per_opcode[isa::OpcodeName(inst.op())];
+        slot.total_ns += static_cast<double>(e.end - e.start);
+        slot.wait_ns += static_cast<double>(e.ready - e.start);
+        slot.count += 1;
         busy += static_cast<double>(e.end - e.start);
         if (previous_end != 0 && e.start > previous_end) {
           gaps += static_cast<double>(e.start - previous_end);
@@ -77,10 +83,12 @@ std::string TraceSummary(const TraceInput& in) {
   std::string out = absl::StrFormat("trace: %u steps in %.1f us (%.1f us/step), %.0f GB/s of weights\n", in.steps,
                                     span / 1e3, span / 1e3 / std::max(1u, in.steps),
                                     span > 0 ? in.weight_bytes_per_step * in.steps / span : 0.0);
-  absl::StrAppendFormat(&out, "  %-16s %8s %12s %10s\n", "opcode", "count", "SM-us/step", "us each");
+  absl::StrAppendFormat(&out, "  %-16s %8s %12s %14s %10s\n", "opcode", "count", "SM-us/step", "of it waiting",
+                        "us each");
   for (const auto& [name, v] : per_opcode) {
-    absl::StrAppendFormat(&out, "  %-16s %8d %12.1f %10.2f\n", name, v.second / std::max(1u, in.steps),
-                          v.first / 1e3 / std::max(1u, in.steps), v.first / 1e3 / v.second);
+    absl::StrAppendFormat(&out, "  %-16s %8d %12.1f %14.1f %10.2f\n", name, v.count / std::max(1u, in.steps),
+                          v.total_ns / 1e3 / std::max(1u, in.steps), v.wait_ns / 1e3 / std::max(1u, in.steps),
+                          v.total_ns / 1e3 / v.count);
   }
   absl::StrAppendFormat(&out, "  per SM per step: busy %.1f us, gaps between instructions %.1f us (largest %.1f us)\n",
                         busy / 1e3 / sms / std::max(1u, in.steps), gaps / 1e3 / sms / std::max(1u, in.steps),

@@ -283,6 +283,12 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
     rows_per_tile = (g.rows + tiles - 1) / tiles;
   }
   rows_per_tile = std::max<uint64_t>(g.granule, (rows_per_tile + g.granule - 1) / g.granule * g.granule);
+  // A tile's input vector and partial sums must fit an SM's activation buffer.
+  const uint64_t per_row = isa::MatvecActivationBytes(1, g.k) - isa::MatvecActivationBytes(0, g.k);
+  const uint64_t fit = o_.smem().activation_bytes() > isa::MatvecActivationBytes(0, g.k)
+                           ? (o_.smem().activation_bytes() - isa::MatvecActivationBytes(0, g.k)) / per_row
+                           : 0;
+  rows_per_tile = std::min(rows_per_tile, std::max<uint64_t>(g.granule, fit / g.granule * g.granule));
 
   std::vector<uint32_t> barriers;
   uint32_t tile_index = 0;
@@ -565,7 +571,14 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   }
 
   uint32_t splits = o_.attention_splits();
-  if (splits == 0) splits = std::clamp<uint32_t>(o_.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
+  if (splits == 0) {
+    splits = std::clamp<uint32_t>(o_.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
+    // Each split keeps its group's q and one score per position and head in the activation buffer.
+    const uint64_t group = heads / kv, room = o_.smem().activation_bytes() - std::min<uint64_t>(
+                                                                             o_.smem().activation_bytes(), 4 * group * hd);
+    const uint64_t fits = room / (4 * group);
+    if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
+  }
   const uint32_t po = AddTensor(absl::StrCat(op.name(), ".partial_o"), graph::F32, {splits, heads, hd}, ARENA);
   const uint32_t pml = AddTensor(absl::StrCat(op.name(), ".partial_ml"), graph::F32, {splits, heads, 2}, ARENA);
   const float scale = at.scale() > 0 ? at.scale() : 1.0f / std::sqrt(static_cast<float>(hd));

@@ -8,8 +8,8 @@ namespace {
 
 constexpr uint32_t kDefaultSms = 132;            // H100 SXM
 constexpr uint32_t kDefaultPageBytes = 16384;
-constexpr uint32_t kDefaultPages = 10;
-constexpr uint32_t kDefaultActivationBytes = 49152;
+constexpr uint32_t kDefaultPages = 11;
+constexpr uint32_t kDefaultActivationBytes = 36864;
 constexpr uint32_t kDefaultElementwiseChunk = 2048;
 constexpr double kDefaultHbmGbps = 3100;
 constexpr double kDefaultSmGflops = 256;         // 128 FMA/clk at ~1 GHz effective

@@ -8,7 +8,7 @@
 // they stay inside one partial-sum slot (1024 columns when k allows, else 256),
 // then writes slot's sum once: deterministic, no atomics.
 //
-// Activation buffer: x[k] | partial[rows * k / slot] | y[rows]   (floats)
+// Activation buffer: x[k] | partial[rows * k / slot]   (floats)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +48,59 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
   *b = y * c + x * s;
 }
 
+// x <- input (f32[k]), or RMSNorm(input) * norm_weight. Loads are 16-byte
+// vectors, all issued before any is used (they come from L2: latency-bound).
+__device__ __forceinline__ void LoadMatvecInput(const isa::MatvecArgs& a, const ConsumerContext& ctx, float* x) {
+  constexpr uint32_t kBatch = 8;  // float4 loads in flight per thread
+  const float4* input = ctx.machine.ptr<float4>(a.input);
+  float4* x4 = reinterpret_cast<float4*>(x);
+  const uint32_t n4 = a.k / 4;
+  float sum_sq = 0.0f;
+  for (uint32_t base = 0; base < n4; base += kBatch * kConsumerThreads) {
+    float4 v[kBatch];
+#pragma unroll
+    for (uint32_t u = 0; u < kBatch; ++u) {
+      const uint32_t j = base + u * kConsumerThreads + ctx.tid;
+      if (j < n4) v[u] = input[j];
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kBatch; ++u) {
+      const uint32_t j = base + u * kConsumerThreads + ctx.tid;
+      if (j < n4) {
+        x4[j] = v[u];
+        sum_sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+      }
+    }
+  }
+  if (a.prologue == isa::kPrologueRmsNorm) {
+    const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
+    const float scale = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.norm_eps);
+    const uint2* w4 = ctx.machine.ptr<uint2>(a.norm_weight);  // 4 bf16 per x float4
+    for (uint32_t base = 0; base < n4; base += kBatch * kConsumerThreads) {
+      uint2 w[kBatch];
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        const uint32_t j = base + u * kConsumerThreads + ctx.tid;
+        if (j < n4) w[u] = __ldg(w4 + j);  // a weight: constant for the kernel's lifetime
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        const uint32_t j = base + u * kConsumerThreads + ctx.tid;
+        if (j < n4) {
+          const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].x));
+          const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].y));
+          float4 v = x4[j];
+          v.x = v.x * scale * w01.x;
+          v.y = v.y * scale * w01.y;
+          v.z = v.z * scale * w23.x;
+          v.w = v.w * scale * w23.y;
+          x4[j] = v;
+        }
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const uint32_t k = a.k, rows = a.rows;
@@ -55,71 +108,65 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const Consum
   const uint32_t slot_elems = MatvecSlotElems(k);
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
-  float* y = partial + rows * slots_per_row;
 
-  // x (and the RMSNorm prologue), loaded after the instruction's waits.
-  const float* input = m.ptr<float>(a.input);
-  float sum_sq = 0.0f;
-  for (uint32_t j = ctx.tid; j < k; j += kConsumerThreads) {
-    const float v = input[j];
-    x[j] = v;
-    sum_sq += v * v;
-  }
-  if (a.prologue == isa::kPrologueRmsNorm) {
-    const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
-    const float scale = 1.0f / sqrtf(total / static_cast<float>(k) + a.norm_eps);
-    const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(a.norm_weight);
-    for (uint32_t j = ctx.tid; j < k; j += kConsumerThreads) x[j] = x[j] * scale * __bfloat162float(w[j]);
-  }
+  LoadMatvecInput(a, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
-  // Stream the tile's pages.
-  const uint64_t tile_elems = static_cast<uint64_t>(rows) * k;
+  // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
+  // no division in the loop: a column that advances and wraps, slots by shift.
+  const uint32_t tile_elems = rows * k;
   const uint32_t page_elems = ctx.page_bytes / 2;
-  const uint32_t segments_per_page = page_elems / kSegmentElems;
-  const uint32_t segments_per_warp = segments_per_page / kConsumerWarps;
-  for (uint64_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
+  const uint32_t segments_per_warp = page_elems / kSegmentElems / kConsumerWarps;
+  const uint32_t slot_shift = slot_elems == kWideSlotElems ? 10 : 8;
+  static_assert(kWideSlotElems == 1u << 10 && kSegmentElems == 1u << 8, "slot shifts");
+  for (uint32_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
     const uint8_t* page = ctx.AcquirePage();
-    const uint64_t page_end = min(tile_elems, page_start + page_elems);
+    const uint32_t page_end = min(tile_elems, page_start + page_elems);
+    const uint32_t warp_first = ctx.warp * segments_per_warp;
+    const uint32_t warp_start = page_start + warp_first * kSegmentElems;
+    uint32_t col = warp_start % k;
     float acc = 0.0f;
+#pragma unroll 4
     for (uint32_t s = 0; s < segments_per_warp; ++s) {
-      const uint32_t seg = ctx.warp * segments_per_warp + s;
-      const uint64_t e0 = page_start + static_cast<uint64_t>(seg) * kSegmentElems;
+      const uint32_t e0 = warp_start + s * kSegmentElems;
       if (e0 >= page_end) break;
-      const uint32_t col = static_cast<uint32_t>(e0 % k) + ctx.lane * 8;
-      const uint4 w = *reinterpret_cast<const uint4*>(page + (static_cast<size_t>(seg) * kSegmentElems + ctx.lane * 8) * 2);
-      acc += Dot8(w, x + col);
-      const uint64_t next = e0 + kSegmentElems;
-      const bool flush = s + 1 == segments_per_warp || next >= page_end || next / slot_elems != e0 / slot_elems;
-      if (flush) {
+      const uint4 w = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+      acc += Dot8(w, x + col + ctx.lane * 8);
+      const uint32_t next = e0 + kSegmentElems;
+      if (s + 1 == segments_per_warp || next >= page_end || (next >> slot_shift) != (e0 >> slot_shift)) {
         acc = WarpSum(acc);
-        if (ctx.lane == 0) partial[e0 / slot_elems] = acc;
+        if (ctx.lane == 0) partial[e0 >> slot_shift] = acc;
         acc = 0.0f;
       }
+      col += kSegmentElems;
+      if (col >= k) col -= k;
     }
     ctx.ReleasePage();
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
+
+  // Epilogue: each thread sums the slots of its row (or row pair) and finishes it.
+  auto row_sum = [&](uint32_t r) {
     float sum = 0.0f;
     for (uint32_t s = 0; s < slots_per_row; ++s) sum += partial[r * slots_per_row + s];
-    y[r] = sum;
-  }
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-
-  // Epilogue.
+    return sum;
+  };
   float* out = m.ptr<float>(a.out);
   switch (a.epilogue) {
     case isa::kEpilogueStore:
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = y[r];
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = row_sum(r);
       break;
     case isa::kEpilogueResidualAdd: {
       const float* residual = m.ptr<float>(a.residual);
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = residual[a.row_begin + r] + y[r];
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
+        out[a.row_begin + r] = residual[a.row_begin + r] + row_sum(r);
+      }
       break;
     }
     case isa::kEpilogueSiluMul:
-      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) out[(a.row_begin + r) / 2] = Silu(y[r]) * y[r + 1];
+      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
+        out[(a.row_begin + r) / 2] = Silu(row_sum(r)) * row_sum(r + 1);
+      }
       break;
     case isa::kEpilogueRopeKvAppend: {
       const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
@@ -127,7 +174,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const Consum
       const uint32_t half = a.head_dim / 2;
       for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
         const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
-        float v0 = y[r], v1 = y[r + 1];
+        float v0 = row_sum(r), v1 = row_sum(r + 1);
         if (row.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, row.dim, pos, inv_freq);
         if (row.kind == isa::kQkvQ) {
           out[row.head * a.head_dim + row.dim] = v0;
@@ -145,8 +192,9 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const Consum
       float best = -INFINITY;
       uint32_t best_row = a.row_begin;
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        out[a.row_begin + r] = y[r];
-        if (Better(y[r], a.row_begin + r, best, best_row)) best = y[r], best_row = a.row_begin + r;
+        const float y = row_sum(r);
+        out[a.row_begin + r] = y;
+        if (Better(y, a.row_begin + r, best, best_row)) best = y, best_row = a.row_begin + r;
       }
       ConsumerArgmax(&best, &best_row, ctx.tid, ctx.scratch);
       if (ctx.tid == 0) {
