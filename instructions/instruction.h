@@ -69,7 +69,12 @@ struct MachineView {
 
   template <typename T>
   LOOM_HD T* ptr(uint32_t tensor) const {
-    return reinterpret_cast<T*>(regions[tensors[tensor].region] + tensors[tensor].offset);
+    const TensorDesc& t = tensors[tensor];
+    // A select, not regions[t.region]: a run-time index would push the whole
+    // view (and whatever holds it) into local memory on the GPU.
+    static_assert(kNumRegions == 2, "MachineView::ptr selects between two regions");
+    uint8_t* base = t.region == kArenaRegion ? regions[kArenaRegion] : regions[kWeightRegion];
+    return reinterpret_cast<T*>(base + t.offset);
   }
 };
 
@@ -256,6 +261,14 @@ LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, ui
   const uint32_t b = split * chunk;
   *begin = b < length ? b : length;
   *end = b + chunk < length ? b + chunk : length;
+}
+
+// ATTN_PARTIAL's activation buffer on the device: q[group * head_dim], a score
+// per (head, position), and the partial outputs of kAttnThreads / head_dim
+// position groups, each [group * head_dim].
+inline constexpr uint32_t kAttnThreads = 256;
+LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, uint32_t positions) {
+  return 4ull * group * (head_dim + positions + kAttnThreads);
 }
 
 // out[head] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s for heads [head_begin, +head_count)

@@ -181,7 +181,7 @@ Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
   const uint64_t group = a.num_heads / a.num_kv_heads;
   Footprint f;
   f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
-  f.smem_bytes = group * a.head_dim * 4 + group * positions * 4;
+  f.smem_bytes = AttnPartialActivationBytes(static_cast<uint32_t>(group), a.head_dim, static_cast<uint32_t>(positions));
   f.flops = 4 * group * positions * a.head_dim;
   return f;
 }

@@ -44,58 +44,115 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
   return p;
 }
 
-absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const graph::WeightStore& weights,
-                                      const std::vector<int32_t>& prompt, int steps, const GpuRunOptions& options) {
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
-  for (int32_t t : prompt) {
-    if (t < 0 || static_cast<uint32_t>(t) >= schedule.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocabulary of ",
-                                                     schedule.vocab_size()));
-    }
-  }
-  if (steps < 1 || static_cast<uint64_t>(steps) >= schedule.max_seq() || prompt.size() > schedule.max_seq()) {
-    return absl::OutOfRangeError(absl::StrCat(steps, " steps do not fit the KV cache of ", schedule.max_seq()));
-  }
+absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::Schedule& schedule,
+                                                               const graph::WeightStore& weights) {
   absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
   if (!program.ok()) return program.status();
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(schedule, weights);
   if (!packed.ok()) return packed.status();
   absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);
   if (!machine.ok()) return machine.status();
-  GpuMachine& m = **machine;
+  std::unique_ptr<GpuDecoder> d(new GpuDecoder);
+  d->schedule_ = schedule;
+  d->machine_ = *std::move(machine);
+  return d;
+}
 
-  const scheduler::Tensor& tokens = schedule.tensors(schedule.io().tokens());
-  const scheduler::Tensor& state = schedule.tensors(schedule.io().step_state());
-  int32_t state_words[isa::kStepStateWords] = {};
-  state_words[isa::kStatePromptLength] = static_cast<int32_t>(prompt.size());
-  if (absl::Status s = m.WriteArena(tokens.offset(), prompt.data(), prompt.size() * 4); !s.ok()) return s;
-  if (absl::Status s = m.WriteArena(state.offset(), state_words, sizeof(state_words)); !s.ok()) return s;
+GpuDecoder::~GpuDecoder() = default;
 
+absl::Status GpuDecoder::Reset(const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
+  if (prompt.size() > schedule_.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the KV cache of ",
+                                              schedule_.max_seq()));
+  }
+  for (int32_t t : prompt) {
+    if (t < 0 || static_cast<uint32_t>(t) >= schedule_.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", t, " outside the vocabulary of ",
+                                                     schedule_.vocab_size()));
+    }
+  }
+  if (absl::Status s = machine_->ZeroArena(); !s.ok()) return s;
+  const scheduler::Tensor& tokens = schedule_.tensors(schedule_.io().tokens());
+  if (absl::Status s = machine_->WriteArena(tokens.offset(), prompt.data(), prompt.size() * 4); !s.ok()) return s;
+  prompt_length_ = static_cast<int32_t>(prompt.size());
+  return SetPosition(0);
+}
+
+absl::Status GpuDecoder::SetPosition(int32_t position) {
+  int32_t state[isa::kStepStateWords] = {};
+  state[isa::kStatePosition] = position;
+  state[isa::kStatePromptLength] = prompt_length_;
+  return machine_->WriteArena(schedule_.tensors(schedule_.io().step_state()).offset(), state, sizeof(state));
+}
+
+absl::StatusOr<float> GpuDecoder::Run(int steps, bool trace) {
+  absl::StatusOr<int32_t> pos = position();
+  if (!pos.ok()) return pos.status();
+  if (steps < 0 || *pos + steps >= static_cast<int64_t>(schedule_.max_seq())) {
+    return absl::OutOfRangeError(absl::StrCat("position ", *pos, " + ", steps, " steps exceeds the KV cache of ",
+                                              schedule_.max_seq()));
+  }
+  return machine_->Run(static_cast<uint32_t>(steps), trace);
+}
+
+absl::StatusOr<int32_t> GpuDecoder::position() const {
+  int32_t position = 0;
+  const uint64_t offset = schedule_.tensors(schedule_.io().step_state()).offset() + 4 * isa::kStatePosition;
+  if (absl::Status s = machine_->ReadArena(offset, &position, 4); !s.ok()) return s;
+  return position;
+}
+
+absl::StatusOr<std::vector<int32_t>> GpuDecoder::tokens() const {
+  absl::StatusOr<int32_t> pos = position();
+  if (!pos.ok()) return pos.status();
+  std::vector<int32_t> tokens(*pos + 1);
+  if (absl::Status s = machine_->ReadArena(schedule_.tensors(schedule_.io().tokens()).offset(), tokens.data(),
+                                           tokens.size() * 4);
+      !s.ok()) {
+    return s;
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::vector<float>> GpuDecoder::logits() const {
+  std::vector<float> logits(schedule_.vocab_size());
+  if (absl::Status s = machine_->ReadArena(schedule_.tensors(schedule_.io().logits()).offset(), logits.data(),
+                                           logits.size() * 4);
+      !s.ok()) {
+    return s;
+  }
+  return logits;
+}
+
+absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const graph::WeightStore& weights,
+                                      const std::vector<int32_t>& prompt, int steps, const GpuRunOptions& options) {
+  absl::StatusOr<std::unique_ptr<GpuDecoder>> decoder = GpuDecoder::Create(schedule, weights);
+  if (!decoder.ok()) return decoder.status();
+  GpuDecoder& d = **decoder;
+  if (absl::Status s = d.Reset(prompt); !s.ok()) return s;
   const int per_launch = options.steps_per_launch > 0 ? options.steps_per_launch : steps;
   const bool trace = !options.trace_path.empty();
   GpuRunResult result;
   double total_ms = 0;
   std::vector<TraceEvent> all_events;
   for (int done = 0; done < steps; done += per_launch) {
-    const uint32_t n = static_cast<uint32_t>(std::min(per_launch, steps - done));
-    absl::StatusOr<float> ms = m.Run(n, trace);
+    absl::StatusOr<float> ms = d.Run(std::min(per_launch, steps - done), trace);
     if (!ms.ok()) return ms.status();
     total_ms += *ms;
-    if (trace) all_events.insert(all_events.end(), m.trace().begin(), m.trace().end());
+    if (trace) all_events.insert(all_events.end(), d.machine().trace().begin(), d.machine().trace().end());
   }
   result.ms_per_token = total_ms / steps;
-  int32_t position = 0;
-  if (absl::Status s = m.ReadArena(state.offset() + 4 * isa::kStatePosition, &position, 4); !s.ok()) return s;
-  result.tokens.resize(position + 1);
-  if (absl::Status s = m.ReadArena(tokens.offset(), result.tokens.data(), result.tokens.size() * 4); !s.ok()) return s;
-  result.logits.resize(schedule.vocab_size());
-  if (absl::Status s = m.ReadArena(schedule.tensors(schedule.io().logits()).offset(), result.logits.data(),
-                                   result.logits.size() * 4);
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
+  absl::StatusOr<std::vector<float>> logits = d.logits();
+  if (!tokens.ok()) return tokens.status();
+  if (!logits.ok()) return logits.status();
+  result.tokens = *std::move(tokens);
+  result.logits = *std::move(logits);
   if (trace) {
-    TraceInput in{&*program, &m.queue_begin(), &all_events, static_cast<uint32_t>(steps),
+    absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
+    if (!program.ok()) return program.status();
+    TraceInput in{&*program, &d.machine().queue_begin(), &all_events, static_cast<uint32_t>(steps),
                   schedule.weight_bytes_per_step()};
     if (absl::Status s = WriteChromeTrace(options.trace_path, in); !s.ok()) return s;
     result.summary = TraceSummary(in);

@@ -2,6 +2,7 @@
 // weights, run decode steps inside the persistent megakernel, read back tokens.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,36 @@ struct GpuRunResult {
   double ms_per_token = 0;
   std::string summary;          // trace summary, when tracing
 };
+
+class GpuMachine;
+
+// A decode schedule resident on the GPU: weights uploaded once, then any number
+// of generations. Reset() loads a prompt at position 0; Run() decodes steps.
+class GpuDecoder {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuDecoder>> Create(const scheduler::Schedule& schedule,
+                                                           const graph::WeightStore& weights);
+  ~GpuDecoder();
+  absl::Status Reset(const std::vector<int32_t>& prompt);
+  // Moves the position back (or forward, over tokens already in the cache) without touching the KV cache.
+  absl::Status SetPosition(int32_t position);
+  // Decodes `steps` steps in one launch; returns the kernel time in ms.
+  absl::StatusOr<float> Run(int steps, bool trace = false);
+  absl::StatusOr<int32_t> position() const;
+  absl::StatusOr<std::vector<int32_t>> tokens() const;
+  absl::StatusOr<std::vector<float>> logits() const;
+  GpuMachine& machine() { return *machine_; }
+
+ private:
+  GpuDecoder() = default;
+  scheduler::Schedule schedule_;
+  std::unique_ptr<GpuMachine> machine_;
+  int32_t prompt_length_ = 0;
+};
+
+struct GpuProgram;
+// The device program of a decode schedule.
+absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedule);
 
 // True when a CUDA device is present; `why` says why not otherwise.
 bool GpuAvailable(std::string* why);

@@ -31,8 +31,8 @@ uint64_t DeviceActivationBytes(const isa::Instruction& inst) {
     }
     case isa::Opcode::ATTN_PARTIAL: {
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-      const uint64_t group = a.num_heads / a.num_kv_heads;
-      return 4 * group * a.head_dim + 4 * group * ((uint64_t{a.max_seq} + a.num_splits - 1) / a.num_splits);
+      return isa::AttnPartialActivationBytes(a.num_heads / a.num_kv_heads, a.head_dim,
+                                             (a.max_seq + a.num_splits - 1) / a.num_splits);
     }
     default:
       return 0;
@@ -60,6 +60,15 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
         }
         if (uint64_t{a.rows} * a.k >= (uint64_t{1} << 32)) {
           return absl::InvalidArgumentError(absl::StrCat(where, ": a tile of ", a.rows, " x ", a.k, " is too large"));
+        }
+      }
+      if (inst.op() == isa::Opcode::ATTN_PARTIAL) {
+        const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
+        if (a.head_dim % 4 != 0 || isa::kAttnThreads % a.head_dim != 0 ||
+            a.num_heads / a.num_kv_heads > kMaxGroupHeads) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": head_dim ", a.head_dim,
+                                                         " must divide 256 (and be a multiple of 4), and at most ",
+                                                         kMaxGroupHeads, " query heads may share a KV head"));
         }
       }
       if (DeviceActivationBytes(inst) > p.activation_bytes) {
@@ -107,6 +116,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
 
   LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weights.size(), 16)), "allocating weights");
+  m->weights_size_ = weights.size();
   LOOM_CUDA(cudaMemcpy(m->weights_, weights.data(), weights.size(), cudaMemcpyHostToDevice), "uploading weights");
   LOOM_CUDA(cudaMalloc(&m->arena_, std::max<uint64_t>(program.arena_bytes, 16)), "allocating the arena");
   LOOM_CUDA(cudaMalloc(&m->tensors_, std::max<size_t>(program.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");

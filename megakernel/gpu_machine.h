@@ -43,6 +43,9 @@ class GpuMachine {
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const std::vector<uint32_t>& queue_begin() const { return queue_begin_; }
   uint32_t num_sms() const { return static_cast<uint32_t>(program_.queues.size()); }
+  // The WEIGHTS region on the device (for bandwidth probes over the same bytes).
+  const uint8_t* weights_device() const { return weights_; }
+  uint64_t weights_bytes() const { return weights_size_; }
 
  private:
   GpuMachine() = default;
@@ -53,6 +56,7 @@ class GpuMachine {
   uint32_t smem_bytes_ = 0;
   uint32_t next_step_ = 0;
   uint8_t* weights_ = nullptr;
+  uint64_t weights_size_ = 0;
   uint8_t* arena_ = nullptr;
   isa::TensorDesc* tensors_ = nullptr;
   isa::Instruction* instructions_ = nullptr;

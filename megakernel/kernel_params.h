@@ -27,6 +27,9 @@ inline constexpr uint32_t kConsumerBarrier = 1;
 inline constexpr uint32_t kSegmentElems = 256;
 // Per-lane reduction granularity when k is a multiple of it: one partial per 1024 columns.
 inline constexpr uint32_t kWideSlotElems = 1024;
+// Query heads per KV head that ATTN_PARTIAL keeps accumulators for.
+inline constexpr uint32_t kMaxGroupHeads = 8;
+static_assert(isa::kAttnThreads == kConsumerThreads, "ATTN_PARTIAL's layout assumes every consumer thread");
 // Shared memory the kernel keeps beside the activation buffer and the pages.
 inline constexpr uint32_t kMaxPages = 32;
 inline constexpr uint32_t kScratchFloats = 64;

@@ -99,9 +99,9 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 }
 
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
-  PipelineState ring{0, 0, p.num_pages};
   PipelineState slot{0, 0, kSignalSlots};
   ConsumerContext ctx;
+  ctx.ring = PipelineState{0, 0, p.num_pages};
   ctx.tid = tid;
   ctx.warp = tid / 32;
   ctx.lane = tid % 32;
@@ -111,7 +111,6 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
   ctx.pages = s.pages;
   ctx.full = s.full;
   ctx.empty = s.empty;
-  ctx.ring = &ring;
   ctx.page_bytes = p.page_bytes;
   ctx.error = p.error;
   ctx.sm = sm;

@@ -9,27 +9,48 @@
 
 namespace loom::megakernel {
 
-__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
   uint32_t begin, end;
   isa::SplitRange(length, a.split, a.num_splits, &begin, &end);
-  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin;
+  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
   const uint32_t first_head = a.kv_head * group;
   float* q = ctx.act;
-  float* scores = q + group * hd;
-  for (uint32_t i = ctx.tid; i < group * hd; i += kConsumerThreads) q[i] = m.ptr<float>(a.q)[first_head * hd + i];
+  float* scores = q + group * hd;  // [group][n]
+  float* red = scores + group * n;  // [position groups][group][hd]
+  const float4* q_src = reinterpret_cast<const float4*>(m.ptr<float>(a.q) + first_head * hd);
+  for (uint32_t i = ctx.tid; i < group * hd4; i += kConsumerThreads) reinterpret_cast<float4*>(q)[i] = q_src[i];
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
   const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;
   const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;
-  for (uint32_t p = ctx.warp; p < n; p += kConsumerWarps) {  // a warp per position
-    const float* krow = kc + static_cast<uint64_t>(begin + p) * hd;
-    for (uint32_t h = 0; h < group; ++h) {
-      float s = 0.0f;
-      for (uint32_t d = ctx.lane; d < hd; d += 32) s += q[h * hd + d] * krow[d];
-      s = WarpSum(s);
-      if (ctx.lane == 0) scores[h * n + p] = s * a.scale;
+  // Scores: a thread per position, every head of the group (each K row read once).
+  const float4* q4 = reinterpret_cast<const float4*>(q);
+  for (uint32_t p = ctx.tid; p < n; p += kConsumerThreads) {
+    const float4* krow = reinterpret_cast<const float4*>(kc + static_cast<uint64_t>(begin + p) * hd);
+    float acc[kMaxGroupHeads] = {};
+    for (uint32_t d = 0; d < hd4; d += 4) {
+      float4 kv[4];
+#pragma unroll
+      for (uint32_t u = 0; u < 4; ++u) {
+        if (d + u < hd4) kv[u] = krow[d + u];
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < 4; ++u) {
+        if (d + u >= hd4) break;
+#pragma unroll
+        for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+          if (h < group) {
+            const float4 qv = q4[h * hd4 + d + u];
+            acc[h] += qv.x * kv[u].x + qv.y * kv[u].y + qv.z * kv[u].z + qv.w * kv[u].w;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+      if (h < group) scores[h * n + p] = acc[h] * a.scale;
     }
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
@@ -51,16 +72,38 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, co
     }
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  // Output: a thread per (position group, dim), every head of the group (each V element read once).
+  const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
+  float acc[kMaxGroupHeads] = {};
+  for (uint32_t p = pg; p < n; p += 4 * groups) {
+    float v[4];
+#pragma unroll
+    for (uint32_t u = 0; u < 4; ++u) {
+      if (p + u * groups < n) v[u] = vc[static_cast<uint64_t>(begin + p + u * groups) * hd + d];
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < 4; ++u) {
+      if (p + u * groups >= n) break;
+#pragma unroll
+      for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+        if (h < group) acc[h] += scores[h * n + p + u * groups] * v[u];
+      }
+    }
+  }
+#pragma unroll
+  for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+    if (h < group) red[(pg * group + h) * hd + d] = acc[h];
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   float* po = m.ptr<float>(a.partial_o);
-  for (uint32_t i = ctx.tid; i < group * hd; i += kConsumerThreads) {  // a thread per (head, dim)
-    const uint32_t h = i / hd, d = i % hd;
-    float acc = 0.0f;
-    for (uint32_t p = 0; p < n; ++p) acc += scores[h * n + p] * vc[static_cast<uint64_t>(begin + p) * hd + d];
-    po[(static_cast<uint64_t>(a.split) * a.num_heads + first_head + h) * hd + d] = acc;
+  for (uint32_t i = ctx.tid; i < group * hd; i += kConsumerThreads) {
+    float sum = 0.0f;
+    for (uint32_t g = 0; g < groups; ++g) sum += red[g * group * hd + i];
+    po[(static_cast<uint64_t>(a.split) * a.num_heads + first_head) * hd + i] = sum;
   }
 }
 
-__device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* po = m.ptr<float>(a.partial_o);
   const float* pml = m.ptr<float>(a.partial_ml);

@@ -23,7 +23,7 @@ struct ConsumerContext {
   uint8_t* pages;
   uint64_t* full;
   uint64_t* empty;
-  PipelineState* ring;  // this thread's ring position; every consumer advances its own copy in lockstep
+  PipelineState ring;  // this thread's ring position; every consumer advances its own copy in lockstep
   uint32_t page_bytes;
   // Where we are, for debug records.
   DeviceError* error;
@@ -34,19 +34,19 @@ struct ConsumerContext {
   // Waits until the next page of the ring is full; returns it.
   __device__ __forceinline__ const uint8_t* AcquirePage() const {
     uint64_t spins = 0;
-    while (!MbarrierTryWait(&full[ring->index], ring->phase)) {
+    while (!MbarrierTryWait(&full[ring.index], ring.phase)) {
       if (kDeviceDebug && ++spins > kDebugSpinLimit) {
-        ReportStuck(error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring->index, ring->phase, 0,
+        ReportStuck(error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, ring.phase, 0,
                     kStuckPageWait);
       }
     }
-    return pages + static_cast<size_t>(ring->index) * page_bytes;
+    return pages + static_cast<size_t>(ring.index) * page_bytes;
   }
   // This warp is done with the current page (lane 0 arrives for the warp); the ring moves on.
-  __device__ __forceinline__ void ReleasePage() const {
+  __device__ __forceinline__ void ReleasePage() {
     __syncwarp();
-    if (lane == 0) MbarrierArrive(&empty[ring->index]);
-    ++*ring;
+    if (lane == 0) MbarrierArrive(&empty[ring.index]);
+    ++ring;
   }
 };
 

@@ -38,6 +38,65 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float* x) {
   return acc;
 }
 
+// dot of 8 bf16 weights with 8 floats held in registers.
+__device__ __forceinline__ float Dot8Reg(const uint4& w, const float (&x)[8], float acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(w2[i]);
+    acc = fmaf(f.x, x[2 * i], acc);
+    acc = fmaf(f.y, x[2 * i + 1], acc);
+  }
+  return acc;
+}
+
+// Streams a tile whose rows tile the pages exactly (page_elems % k == 0): every
+// page then starts at column 0, so a warp covers the same columns in every page
+// and keeps its x values in registers for the whole tile. kSegs = segments per
+// warp per page (page_bytes / 4096).
+template <uint32_t kSegs>
+__device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a, ConsumerContext& ctx, const float* x,
+                                                       float* partial, uint32_t slot_shift) {
+  const uint32_t k = a.k, tile_elems = a.rows * k;
+  constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
+  const uint32_t warp_first = ctx.warp * kSegs;
+  float xr[kSegs][8];
+#pragma unroll
+  for (uint32_t s = 0; s < kSegs; ++s) {
+    const uint32_t col = ((warp_first + s) * kSegmentElems) % k + ctx.lane * 8;
+    const float4 lo = *reinterpret_cast<const float4*>(x + col);
+    const float4 hi = *reinterpret_cast<const float4*>(x + col + 4);
+    xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
+    xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
+  }
+  for (uint32_t page_start = 0; page_start < tile_elems; page_start += kPageElems) {
+    const uint8_t* page = ctx.AcquirePage();
+    const uint32_t page_end = min(tile_elems, page_start + kPageElems);
+    uint4 w[kSegs];
+#pragma unroll
+    for (uint32_t s = 0; s < kSegs; ++s) {
+      if (page_start + (warp_first + s) * kSegmentElems < page_end) {
+        w[s] = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+      }
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (uint32_t s = 0; s < kSegs; ++s) {
+      const uint32_t e0 = page_start + (warp_first + s) * kSegmentElems;
+      if (e0 < page_end) {
+        acc = Dot8Reg(w[s], xr[s], acc);
+        const uint32_t next = e0 + kSegmentElems;
+        if (s + 1 == kSegs || next >= page_end || (next >> slot_shift) != (e0 >> slot_shift)) {
+          acc = WarpSum(acc);
+          if (ctx.lane == 0) partial[e0 >> slot_shift] = acc;
+          acc = 0.0f;
+        }
+      }
+    }
+    ctx.ReleasePage();
+  }
+}
+
 __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position,
                                                  const float* inv_freq) {
   const float angle = static_cast<float>(position) * inv_freq[j];
@@ -50,7 +109,7 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
 
 // x <- input (f32[k]), or RMSNorm(input) * norm_weight. Loads are 16-byte
 // vectors, all issued before any is used (they come from L2: latency-bound).
-__device__ __forceinline__ void LoadMatvecInput(const isa::MatvecArgs& a, const ConsumerContext& ctx, float* x) {
+__device__ __forceinline__ void LoadMatvecInput(const isa::MatvecArgs& a, ConsumerContext& ctx, float* x) {
   constexpr uint32_t kBatch = 8;  // float4 loads in flight per thread
   const float4* input = ctx.machine.ptr<float4>(a.input);
   float4* x4 = reinterpret_cast<float4*>(x);
@@ -101,7 +160,7 @@ __device__ __forceinline__ void LoadMatvecInput(const isa::MatvecArgs& a, const 
   }
 }
 
-__device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const uint32_t k = a.k, rows = a.rows;
   float* x = ctx.act;
@@ -119,6 +178,14 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const Consum
   const uint32_t segments_per_warp = page_elems / kSegmentElems / kConsumerWarps;
   const uint32_t slot_shift = slot_elems == kWideSlotElems ? 10 : 8;
   static_assert(kWideSlotElems == 1u << 10 && kSegmentElems == 1u << 8, "slot shifts");
+  const bool x_in_registers = page_elems % k == 0;
+  if (x_in_registers && segments_per_warp == 4) {
+    StreamTileXInRegisters<4>(a, ctx, x, partial, slot_shift);
+  } else if (x_in_registers && segments_per_warp == 8) {
+    StreamTileXInRegisters<8>(a, ctx, x, partial, slot_shift);
+  } else if (x_in_registers && segments_per_warp == 2) {
+    StreamTileXInRegisters<2>(a, ctx, x, partial, slot_shift);
+  } else {
   for (uint32_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
     const uint8_t* page = ctx.AcquirePage();
     const uint32_t page_end = min(tile_elems, page_start + page_elems);
@@ -142,6 +209,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, const Consum
       if (col >= k) col -= k;
     }
     ctx.ReleasePage();
+  }
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 

@@ -10,7 +10,7 @@
 
 namespace loom::megakernel {
 
-__device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   int32_t token = m.ptr<int32_t>(a.tokens)[m.ptr<int32_t>(a.step_state)[isa::kStatePosition]];
   if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
@@ -19,7 +19,7 @@ __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, const Consumer
   for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
 }
 
-__device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* x = m.ptr<float>(a.input);
   float sum_sq = 0.0f;
@@ -30,7 +30,7 @@ __device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, const Cons
   for (uint32_t j = ctx.tid; j < a.n; j += kConsumerThreads) out[j] = x[j] * scale * __bfloat162float(w[j]);
 }
 
-__device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
   const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
@@ -53,21 +53,21 @@ __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, cons
   }
 }
 
-__device__ __forceinline__ void RunSiluMul(const isa::SiluMulArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunSiluMul(const isa::SiluMulArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
     m.ptr<float>(a.out)[i] = Silu(m.ptr<float>(a.gate)[i]) * m.ptr<float>(a.up)[i];
   }
 }
 
-__device__ __forceinline__ void RunAdd(const isa::AddArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunAdd(const isa::AddArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
     m.ptr<float>(a.out)[i] = m.ptr<float>(a.a)[i] + m.ptr<float>(a.b)[i];
   }
 }
 
-__device__ __forceinline__ void RunArgmaxPartial(const isa::ArgmaxPartialArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunArgmaxPartial(const isa::ArgmaxPartialArgs& a, ConsumerContext& ctx) {
   const float* logits = ctx.machine.ptr<float>(a.logits);
   float best = -INFINITY;
   uint32_t best_index = a.begin;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void RunArgmaxPartial(const isa::ArgmaxPartialArgs& a
   }
 }
 
-__device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* partials = m.ptr<float>(a.partials);
   float best = -INFINITY;

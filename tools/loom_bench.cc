@@ -1,0 +1,178 @@
+// loom_bench: decode speed of the megakernel next to the memory-bandwidth floor,
+// all measured in one process on one GPU:
+//   1. read bandwidth: a plain read kernel over the packed weights (median of 20)
+//   2. page-ring streaming: the same bytes through the megakernel's MATVEC with
+//      no dependencies (what the interpreter costs before any barrier)
+//   3. decode: random prompt of C tokens (KV cache filled by decode steps), then
+//      --tokens generated tokens in one launch, median of --repeats, per context C.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "graph/model.h"
+#include "megakernel/bandwidth_probe.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
+#include "megakernel/trace.h"
+#include "scheduler/compiler.h"
+#include "scheduler/options.h"
+#include "scheduler/packing.h"
+
+ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or a Hugging Face folder");
+ABSL_FLAG(std::string, contexts, "128,1024", "comma-separated context lengths to decode at");
+ABSL_FLAG(int32_t, tokens, 128, "tokens generated per timed run");
+ABSL_FLAG(int32_t, repeats, 5, "timed runs per context (median reported)");
+ABSL_FLAG(int32_t, max_seq, 2048, "KV-cache capacity");
+ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
+ABSL_FLAG(std::string, trace, "", "write a Chrome trace of one run at the last context here");
+
+namespace loom {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom_bench: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+// Every SM streams its share of the packed weights through MATVEC tiles (k = 2048)
+// with no waits: the interpreter's streaming rate with no dependencies in the way.
+absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s) {
+  constexpr uint32_t kK = 2048, kTileRows = 1024;
+  const uint64_t rows_total = packed.size() / (2 * kK);
+  megakernel::GpuProgram p;
+  p.tensors.push_back({0, rows_total * kK * 2, isa::kWeightRegion, graph::BF16});
+  p.tensors.push_back({0, kK * 4, isa::kArenaRegion, graph::F32});
+  p.tensors.push_back({kK * 4, rows_total * 4, isa::kArenaRegion, graph::F32});
+  p.arena_bytes = kK * 4 + rows_total * 4;
+  p.page_bytes = s.options().smem().page_bytes();
+  p.num_pages = s.options().smem().num_pages();
+  p.activation_bytes = s.options().smem().activation_bytes();
+  p.queues.resize(s.num_sms());
+  const uint64_t per_sm = (rows_total + s.num_sms() - 1) / s.num_sms();
+  for (uint32_t sm = 0; sm < s.num_sms(); ++sm) {
+    for (uint64_t r = sm * per_sm; r < std::min(rows_total, (sm + 1) * per_sm); r += kTileRows) {
+      isa::Instruction inst{};
+      inst.opcode = static_cast<uint8_t>(isa::Opcode::MATVEC);
+      inst.signal = isa::kNoBarrier;
+      isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      a.weight = 0;
+      a.row_begin = static_cast<uint32_t>(r);
+      a.rows = static_cast<uint32_t>(std::min<uint64_t>(kTileRows, std::min(rows_total, (sm + 1) * per_sm) - r));
+      a.k = kK;
+      a.input = 1;
+      a.out = 2;
+      p.queues[sm].push_back(inst);
+    }
+  }
+  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = megakernel::GpuMachine::Create(p, packed);
+  if (!m.ok()) return m.status();
+  std::vector<float> x(kK);
+  std::mt19937 rng(1);
+  for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  if (absl::Status st = (*m)->WriteArena(0, x.data(), kK * 4); !st.ok()) return st;
+  std::vector<float> ms;
+  for (int r = 0; r < 7; ++r) {
+    absl::StatusOr<float> t = (*m)->Run(1, false);
+    if (!t.ok()) return t.status();
+    if (r >= 2) ms.push_back(*t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int Main() {
+  std::string why;
+  if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
+  scheduler::CompileOptions options;
+  if (!absl::GetFlag(FLAGS_options).empty()) {
+    absl::StatusOr<scheduler::CompileOptions> o = scheduler::LoadOptions(absl::GetFlag(FLAGS_options));
+    if (!o.ok()) return Fail(o.status());
+    options = *o;
+  }
+  options.set_max_seq(absl::GetFlag(FLAGS_max_seq));
+  std::vector<int> contexts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail(absl::InvalidArgumentError("--contexts: bad context"));
+    contexts.push_back(v);
+  }
+  graph::ModelOptions mo;
+  mo.max_seq = absl::GetFlag(FLAGS_max_seq);
+  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), options);
+  if (!s.ok()) return Fail(s.status());
+  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
+  if (!decoder.ok()) return Fail(decoder.status());
+  megakernel::GpuDecoder& d = **decoder;
+
+  absl::StatusOr<double> gbps = megakernel::MeasureReadBandwidth(d.machine().weights_device(),
+                                                                 d.machine().weights_bytes(), 20);
+  if (!gbps.ok()) return Fail(gbps.status());
+  const double bytes = static_cast<double>(s->weight_bytes_per_step());
+  const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
+  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
+  if (!packed.ok()) return Fail(packed.status());
+  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s);
+  if (!stream_ms.ok()) return Fail(stream_ms.status());
+  packed->clear();
+  packed->shrink_to_fit();
+
+  std::printf("model %s: %.3f GB of weights read per token, %u SMs\n", absl::GetFlag(FLAGS_model).c_str(), bytes / 1e9,
+              s->num_sms());
+  std::printf("read bandwidth (plain read kernel over the packed weights, median of 20): %.0f GB/s -> floor %.3f ms/token\n",
+              *gbps, floor_ms);
+  std::printf("page-ring streaming (MATVEC tiles, no dependencies): %.3f ms for %.3f GB = %.0f GB/s\n", *stream_ms,
+              static_cast<double>(d.machine().weights_bytes()) / 1e9,
+              static_cast<double>(d.machine().weights_bytes()) / (*stream_ms * 1e-3) / 1e9);
+  std::printf("\n%8s %8s %12s %12s %10s %10s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor");
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  std::mt19937 rng(7);
+  for (int c : contexts) {
+    if (c + tokens >= absl::GetFlag(FLAGS_max_seq)) return Fail(absl::OutOfRangeError("context + tokens > --max_seq"));
+    std::vector<int32_t> prompt(c);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % s->vocab_size());
+    if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
+    if (c > 1) {
+      absl::StatusOr<float> fill = d.Run(c - 1);  // the prompt, one decode step per token
+      if (!fill.ok()) return Fail(fill.status());
+    }
+    std::vector<float> ms;
+    for (int r = 0; r < absl::GetFlag(FLAGS_repeats) + 1; ++r) {
+      if (absl::Status st = d.SetPosition(c - 1); !st.ok()) return Fail(st);
+      absl::StatusOr<float> t = d.Run(tokens);
+      if (!t.ok()) return Fail(t.status());
+      if (r > 0) ms.push_back(*t / tokens);  // the first is a warm-up
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx\n", c, tokens, ms[ms.size() / 2], ms.front(), ms.back(),
+                floor_ms, ms[ms.size() / 2] / floor_ms);
+  }
+  if (!absl::GetFlag(FLAGS_trace).empty()) {
+    if (absl::Status st = d.SetPosition(contexts.back() - 1); !st.ok()) return Fail(st);
+    constexpr int kTraceSteps = 8;
+    absl::StatusOr<float> t = d.Run(kTraceSteps, true);
+    if (!t.ok()) return Fail(t.status());
+    absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*s);
+    if (!program.ok()) return Fail(program.status());
+    megakernel::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
+                              s->weight_bytes_per_step()};
+    if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
+    std::printf("\ncontext %d, traced:\n%s", contexts.back(), megakernel::TraceSummary(in).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return loom::Main();
+}
