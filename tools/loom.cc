@@ -47,6 +47,8 @@ ABSL_FLAG(bool, check, false, "run: also decode with the op-by-op oracle and com
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
+ABSL_FLAG(std::string, logits_out, "",
+          "run: write every step's logits here (float32, steps x vocab, little-endian); runs one step per launch");
 
 namespace loom {
 namespace {
@@ -63,8 +65,8 @@ const std::vector<Command>& Commands() {
        {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed"}},
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
-       {"model", "tokens", "prompt", "backend", "check", "trace", "steps_per_launch", "options", "num_sms", "policy",
-        "granularity", "unfuse", "max_seq", "seed"}},
+       {"model", "tokens", "prompt", "backend", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
+        "policy", "granularity", "unfuse", "max_seq", "seed"}},
       {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
   };
   return commands;
@@ -230,8 +232,8 @@ int InspectCommand(const std::string& path) {
           absl::StrAppend(&waits, w ? "," : "", inst.waits[w].barrier(), inst.waits[w].previous_step() ? "@prev" : "",
                           ":", inst.waits[w].count());
         }
-        std::printf("    %4zu %-15s wait[%s] signal %u  %s\n", i, isa::OpcodeName(inst.op()), waits.c_str(),
-                    inst.signal, ArgString(inst).c_str());
+        std::printf("    %4zu %-15s wait[%s] signal %u  %s  op=%s\n", i, isa::OpcodeName(inst.op()), waits.c_str(),
+                    inst.signal, ArgString(inst).c_str(), s->queues(sm).instructions(i).op().c_str());
       }
     }
   }
@@ -282,7 +284,29 @@ int RunCommand() {
 
   std::vector<int32_t> tokens;
   double ms_per_token = 0;
-  if (backend == "cpu") {
+  const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
+  std::string all_logits;  // steps x vocab float32
+  auto keep_logits = [&](const std::vector<float>& l) {
+    all_logits.append(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
+  };
+  if (backend == "gpu" && !logits_out.empty()) {
+    absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> d = megakernel::GpuDecoder::Create(*schedule, model->weights);
+    if (!d.ok()) return Fail(d.status());
+    if (absl::Status s = (*d)->Reset(*prompt); !s.ok()) return Fail(s);
+    double total = 0;
+    for (int step = 0; step < steps; ++step) {
+      absl::StatusOr<float> ms = (*d)->Run(1);
+      if (!ms.ok()) return Fail(ms.status());
+      total += *ms;
+      absl::StatusOr<std::vector<float>> l = (*d)->logits();
+      if (!l.ok()) return Fail(l.status());
+      keep_logits(*l);
+    }
+    absl::StatusOr<std::vector<int32_t>> t = (*d)->tokens();
+    if (!t.ok()) return Fail(t.status());
+    tokens = *t;
+    ms_per_token = total / steps;
+  } else if (backend == "cpu") {
     absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm =
         megakernel::ReferenceVm::Create(*schedule, model->weights);
     if (!vm.ok()) return Fail(vm.status());
@@ -290,6 +314,7 @@ int RunCommand() {
     const auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < steps; ++step) {
       if (absl::Status s = (*vm)->Run(1); !s.ok()) return Fail(s);
+      if (!logits_out.empty()) keep_logits((*vm)->logits());
       if ((step + 1) % 8 == 0 || step + 1 == steps) std::fprintf(stderr, "\r  step %d/%d", step + 1, steps);
     }
     std::fprintf(stderr, "\n");
@@ -304,6 +329,9 @@ int RunCommand() {
     tokens = r->tokens;
     ms_per_token = r->ms_per_token;
     if (!r->summary.empty()) std::printf("%s", r->summary.c_str());
+  }
+  if (!logits_out.empty()) {
+    if (absl::Status s = WriteFileAtomically(logits_out, all_logits); !s.ok()) return Fail(s);
   }
   std::printf("tokens: %s\n", Join(tokens, prompt->size()).c_str());
   std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), ms_per_token, steps);

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Loom against Hugging Face transformers on the same exported model.
+
+  loom export --model=random:llama-3.2-1b --out=DIR
+  python3 tools/hf_compare.py --model DIR --loom build/tools/loom --backend gpu
+
+1. Loom decodes the prompt + --tokens greedy tokens and dumps every step's logits.
+2. transformers (LlamaForCausalLM, float32 weights widened from the same bf16,
+   eager attention) runs the same token sequence in one forward pass: per step,
+   the relative error ||loom - hf|| / ||hf|| of the logits and whether both
+   pick the same top-1 token.
+3. transformers' own greedy generate() from the prompt, token by token against
+   Loom's tokens.
+Exit status 0 only if every step agrees on top-1 and the tokens are identical.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from transformers import AutoConfig, LlamaForCausalLM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="exported Hugging Face folder")
+    ap.add_argument("--loom", required=True, help="path to the loom binary")
+    ap.add_argument("--backend", default="gpu")
+    ap.add_argument("--prompt", default="128000,9906,11,1917,0,358,1097")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--max-rel-error", type=float, default=1e-3)
+    args = ap.parse_args()
+    prompt = [int(t) for t in args.prompt.split(",")]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        logits_path = os.path.join(tmp, "logits.bin")
+        out = subprocess.run([args.loom, "run", f"--model={args.model}", f"--backend={args.backend}",
+                              f"--tokens={args.tokens}", f"--prompt={args.prompt}", f"--logits_out={logits_path}"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        line = [l for l in out.stdout.splitlines() if l.startswith("tokens:")][0]
+        loom_new = [int(t) for t in line.split()[1:]]
+        config = AutoConfig.from_pretrained(args.model)
+        steps = len(prompt) - 1 + args.tokens
+        loom_logits = np.fromfile(logits_path, dtype=np.float32).reshape(steps, config.vocab_size)
+
+    sequence = prompt + loom_new
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = LlamaForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32,
+                                             attn_implementation="eager").to(device).eval()
+    with torch.no_grad():
+        ids = torch.tensor([sequence[:steps]], device=device)
+        hf_logits = model(ids).logits[0].float().cpu().numpy()  # [steps, vocab]
+        hf_gen = model.generate(torch.tensor([prompt], device=device), max_new_tokens=args.tokens,
+                                min_new_tokens=args.tokens, do_sample=False, num_beams=1)[0].tolist()[len(prompt):]
+
+    print(f"{'step':>4} {'position':>8} {'rel error':>10} {'loom top1':>10} {'hf top1':>8}  agree")
+    worst, agree = 0.0, 0
+    for step in range(steps):
+        l, h = loom_logits[step], hf_logits[step]
+        rel = float(np.linalg.norm(l - h) / np.linalg.norm(h))
+        worst = max(worst, rel)
+        same = int(np.argmax(l)) == int(np.argmax(h))
+        agree += same
+        print(f"{step:>4} {step:>8} {rel:>10.2e} {int(np.argmax(l)):>10} {int(np.argmax(h)):>8}  {'yes' if same else 'NO'}")
+    matching = sum(a == b for a, b in zip(loom_new, hf_gen))
+    print(f"\ntop-1 agreement {agree}/{steps} steps; worst logits relative error {worst:.2e}")
+    print(f"greedy tokens: loom {loom_new}")
+    print(f"               hf   {hf_gen}")
+    print(f"identical greedy tokens: {matching}/{args.tokens}")
+    ok = agree == steps and matching == args.tokens and worst <= args.max_rel_error
+    print("AGREE" if ok else "DISAGREE")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
