@@ -41,6 +41,7 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
   p.page_bytes = schedule.options().smem().page_bytes();
   p.num_pages = schedule.options().smem().num_pages();
   p.activation_bytes = schedule.options().smem().activation_bytes();
+  p.l2_prefetch_bytes = schedule.options().l2_prefetch_bytes();
   return p;
 }
 

@@ -195,6 +195,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.page_bytes = program_.page_bytes;
   params.num_pages = program_.num_pages;
   params.activation_bytes = program_.activation_bytes;
+  params.l2_prefetch_bytes = program_.l2_prefetch_bytes;
   params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");

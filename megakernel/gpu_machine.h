@@ -21,7 +21,8 @@ struct GpuProgram {
   uint32_t num_barriers = 0;
   uint32_t page_bytes = 16384;
   uint32_t num_pages = 10;
-  uint32_t activation_bytes = 49152;
+  uint32_t activation_bytes = 36864;
+  uint32_t l2_prefetch_bytes = 0;
 };
 
 class GpuMachine {

@@ -52,6 +52,7 @@ struct KernelParams {
   uint32_t page_bytes;
   uint32_t num_pages;
   uint32_t activation_bytes;
+  uint32_t l2_prefetch_bytes;  // per SM, beyond the page ring; 0: off
   TraceEvent* trace;  // [num_steps][total instructions], or null
   DeviceError* error; // mapped host memory, or null
 };

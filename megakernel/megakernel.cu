@@ -53,29 +53,68 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   return s;
 }
 
+// A position in this SM's stream of weight bytes: every MATVEC tile of the
+// queue, step after step. Next() yields the next chunk of at most `max_bytes`.
+struct WeightCursor {
+  uint32_t step;
+  uint32_t index;   // instruction, absolute in p.instructions
+  uint64_t offset;  // bytes into that instruction's tile
+
+  __device__ __forceinline__ bool Next(const KernelParams& p, uint32_t begin, uint32_t end, uint32_t max_bytes,
+                                       const uint8_t** src, uint32_t* bytes) {
+    while (step < p.num_steps) {
+      if (index >= end) {
+        index = begin;
+        ++step;
+        continue;
+      }
+      const isa::Instruction& inst = p.instructions[index];
+      if (inst.op() == isa::Opcode::MATVEC) {
+        const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+        const uint64_t total = static_cast<uint64_t>(a.rows) * a.k * 2;
+        if (offset < total) {
+          *src = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2 + offset;
+          *bytes = static_cast<uint32_t>(total - offset < max_bytes ? total - offset : max_bytes);
+          offset += *bytes;
+          return true;
+        }
+      }
+      ++index;
+      offset = 0;
+    }
+    return false;
+  }
+};
+
+// L2 prefetches are issued in chunks of this size.
+constexpr uint32_t kPrefetchChunkBytes = 32768;
+
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   PipelineState ring{0, 0, p.num_pages};
   const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
-  for (uint32_t step = 0; step < p.num_steps; ++step) {
-    for (uint32_t i = begin; i < end; ++i) {
-      const isa::Instruction& inst = p.instructions[i];
-      if (inst.op() != isa::Opcode::MATVEC) continue;
-      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      const uint8_t* tile = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2;
-      const uint64_t bytes = static_cast<uint64_t>(a.rows) * a.k * 2;
-      for (uint64_t offset = 0; offset < bytes; offset += p.page_bytes) {
-        const uint32_t n = static_cast<uint32_t>(bytes - offset < p.page_bytes ? bytes - offset : p.page_bytes);
-        uint64_t spins = 0;
-        while (!MbarrierTryWait(&s.empty[ring.index], ring.phase ^ 1u)) {
-          if (kDeviceDebug && ++spins > kDebugSpinLimit) {
-            ReportStuck(p.error, sm, i - begin, inst.opcode, ring.index, ring.phase, 0, kStuckPageWait);
-          }
-        }
-        MbarrierArriveExpectTx(&s.full[ring.index], n);
-        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, n,
-                         &s.full[ring.index]);
-        ++ring;
+  WeightCursor load{0, begin, 0}, prefetch{0, begin, 0};
+  uint64_t loaded = 0, prefetched = 0;
+  const uint8_t* src;
+  uint32_t bytes;
+  while (load.Next(p, begin, end, p.page_bytes, &src, &bytes)) {
+    uint64_t spins = 0;
+    while (!MbarrierTryWait(&s.empty[ring.index], ring.phase ^ 1u)) {
+      if (kDeviceDebug && ++spins > kDebugSpinLimit) {
+        ReportStuck(p.error, sm, load.index - begin, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index,
+                    ring.phase, 0, kStuckPageWait);
       }
+    }
+    MbarrierArriveExpectTx(&s.full[ring.index], bytes);
+    BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, src, bytes, &s.full[ring.index]);
+    ++ring;
+    loaded += bytes;
+    // Keep L2 filled ahead of the ring, whatever the consumers are waiting for.
+    const uint8_t* ahead;
+    uint32_t ahead_bytes;
+    while (prefetched < loaded + p.l2_prefetch_bytes &&
+           prefetch.Next(p, begin, end, kPrefetchChunkBytes, &ahead, &ahead_bytes)) {
+      if (prefetched >= loaded) BulkPrefetchL2(ahead, ahead_bytes);  // not yet in (or on its way to) the ring
+      prefetched += ahead_bytes;
     }
   }
 }

@@ -23,6 +23,8 @@ namespace {
 
 // bf16 operands, float32 arithmetic in a different order than the reference.
 constexpr double kTolerance = 1e-4;
+// Large enough for the biggest tiles below (160 rows at k = 8192), still fitting beside 10 pages.
+constexpr uint32_t kActivationBytes = 48 * 1024;
 
 #define SKIP_WITHOUT_GPU()                            \
   do {                                                \
@@ -59,6 +61,7 @@ class OpBench {
     program.queues = {queue};
     program.tensors = table_;
     program.arena_bytes = arena_.size();
+    program.activation_bytes = kActivationBytes;
     std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
     isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
                           static_cast<uint32_t>(table_.size())};

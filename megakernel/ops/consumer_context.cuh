@@ -45,7 +45,10 @@ struct ConsumerContext {
   // This warp is done with the current page (lane 0 arrives for the warp); the ring moves on.
   __device__ __forceinline__ void ReleasePage() {
     __syncwarp();
-    if (lane == 0) MbarrierArrive(&empty[ring.index]);
+    if (lane == 0) {
+      FenceProxyAsyncShared();  // the warp's reads of the page before the bulk copy that refills it
+      MbarrierArrive(&empty[ring.index]);
+    }
     ++ring;
   }
 };
