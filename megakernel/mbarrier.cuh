@@ -62,9 +62,6 @@ __device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
-// Orders this thread's generic-proxy shared-memory accesses before later async-proxy ones.
-__device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
 // Named barrier among `threads` threads (a multiple of 32) that excludes the rest of the block.
 __device__ __forceinline__ void NamedBarrierSync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

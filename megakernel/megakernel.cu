@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   if (threadIdx.x == 0) {
     for (uint32_t i = 0; i < p.num_pages; ++i) {
       MbarrierInit(&s.full[i], 1);
-      MbarrierInit(&s.empty[i], kConsumerWarps);
+      MbarrierInit(&s.empty[i], kConsumerThreads);
     }
     for (uint32_t i = 0; i < kSignalSlots; ++i) {
       MbarrierInit(&s.done[i], 1);

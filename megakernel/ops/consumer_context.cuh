@@ -42,13 +42,11 @@ struct ConsumerContext {
     }
     return pages + static_cast<size_t>(ring.index) * page_bytes;
   }
-  // This warp is done with the current page (lane 0 arrives for the warp); the ring moves on.
+  // This thread is done with the current page: every consumer thread arrives
+  // itself (release), so each read is ordered before the bulk copy that refills
+  // the page without relying on a warp-level hand-off; the ring moves on.
   __device__ __forceinline__ void ReleasePage() {
-    __syncwarp();
-    if (lane == 0) {
-      FenceProxyAsyncShared();  // the warp's reads of the page before the bulk copy that refills it
-      MbarrierArrive(&empty[ring.index]);
-    }
+    MbarrierArrive(&empty[ring.index]);
     ++ring;
   }
 };
