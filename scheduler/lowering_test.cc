@@ -43,11 +43,7 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
 TEST(Lowering, EachFusionOffUsesTheUnfusedOpcodes) {
   CompileOptions o;
   o.set_num_sms(4);
-  o.mutable_fusion()->set_norm_into_matvec(false);
-  o.mutable_fusion()->set_qkv_rope_kv_append(false);
-  o.mutable_fusion()->set_residual_add(false);
-  o.mutable_fusion()->set_silu_mul(false);
-  o.mutable_fusion()->set_lm_head_argmax(false);
+  *o.mutable_fusion() = AllFusionsOff();
   const std::map<std::string, int> c = OpcodeCounts(CompileTiny(o));
   EXPECT_EQ(c.at("RMS_NORM"), 2 * 2 + 1);
   EXPECT_EQ(c.at("ROPE_KV_APPEND"), 2);

@@ -19,6 +19,16 @@ constexpr uint32_t kDefaultContext = 1024;
 
 }  // namespace
 
+FusionOptions AllFusionsOff() {
+  FusionOptions f;
+  f.set_norm_into_matvec(false);
+  f.set_qkv_rope_kv_append(false);
+  f.set_residual_add(false);
+  f.set_silu_mul(false);
+  f.set_lm_head_argmax(false);
+  return f;
+}
+
 CompileOptions ResolveOptions(const CompileOptions& in) {
   CompileOptions o = in;
   if (o.num_sms() == 0) o.set_num_sms(kDefaultSms);

@@ -13,6 +13,9 @@ inline constexpr uint32_t kMaxSmemBytes = 227 * 1024;
 // What the device interpreter keeps beside pages and activations (instruction ring, mbarriers, scratch).
 inline constexpr uint32_t kSmemReserveBytes = 4096;
 
+// Every fusion switched off: the unfused opcodes run instead.
+FusionOptions AllFusionsOff();
+
 // Every unset (zero) option replaced by its default; fusion flags made explicit.
 CompileOptions ResolveOptions(const CompileOptions& options);
 // Rejects options no schedule can be built from, naming the option.

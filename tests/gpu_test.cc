@@ -17,6 +17,8 @@
 #include "megakernel/gpu_machine.h"
 #include "megakernel/reference_vm.h"
 #include "scheduler/compiler.h"
+#include "tests/relative_error.h"
+#include "scheduler/options.h"
 
 namespace loom::megakernel {
 namespace {
@@ -296,13 +298,7 @@ class GpuSchedules : public testing::Test {
     absl::StatusOr<GpuRunResult> r = RunOnGpu(*s, model_->weights, prompt, steps, gpu);
     ASSERT_TRUE(r.ok()) << what << ": " << r.status();
     EXPECT_EQ(r->tokens, (*vm)->tokens()) << what;
-    const std::vector<float> expected = (*vm)->logits();
-    double num = 0, den = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      num += (r->logits[i] - double(expected[i])) * (r->logits[i] - double(expected[i]));
-      den += double(expected[i]) * expected[i];
-    }
-    EXPECT_LE(std::sqrt(num / den), kTolerance) << what << ": last step's logits";
+    EXPECT_LE(RelativeError(r->logits, (*vm)->logits()), kTolerance) << what << ": last step's logits";
   }
 
   std::unique_ptr<graph::Model> model_;
@@ -326,12 +322,7 @@ TEST_F(GpuSchedules, UnfusedAndPerOpSchedulesMatchTheVm) {
   o.set_num_sms(16);
   o.set_barrier_granularity(scheduler::PER_OP);
   o.set_elementwise_chunk(100);
-  scheduler::FusionOptions* f = o.mutable_fusion();
-  f->set_norm_into_matvec(false);
-  f->set_qkv_rope_kv_append(false);
-  f->set_residual_add(false);
-  f->set_silu_mul(false);
-  f->set_lm_head_argmax(false);
+  *o.mutable_fusion() = scheduler::AllFusionsOff();
   Check(o, 0, "unfused, per-op barriers");
 }
 

@@ -9,22 +9,15 @@
 #include "graph/model.h"
 #include "gtest/gtest.h"
 #include "megakernel/reference_vm.h"
+#include "tests/relative_error.h"
 #include "scheduler/compiler.h"
+#include "scheduler/options.h"
 
 namespace loom {
 namespace {
 
 constexpr int kNewTokens = 32;
 constexpr double kLogitTolerance = 1e-5;
-
-double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * double(got[i] - want[i]);
-    den += want[i] * double(want[i]);
-  }
-  return std::sqrt(num / den);
-}
 
 class VmOracle : public testing::Test {
  protected:
@@ -83,12 +76,7 @@ TEST_F(VmOracle, EveryFusionOffMatchesTheOracle) {
   scheduler::CompileOptions o;
   o.set_num_sms(6);
   o.set_elementwise_chunk(100);
-  scheduler::FusionOptions* f = o.mutable_fusion();
-  f->set_norm_into_matvec(false);
-  f->set_qkv_rope_kv_append(false);
-  f->set_residual_add(false);
-  f->set_silu_mul(false);
-  f->set_lm_head_argmax(false);
+  *o.mutable_fusion() = scheduler::AllFusionsOff();
   CheckSchedule(o, "all fusions off");
 }
 
