@@ -327,6 +327,23 @@ struct ArgmaxReduceArgs {
   static constexpr const char* kFields[] = {"partials", "num_partials", "step_state", "tokens", "max_seq"};
 };
 
+// Bytes of an SM's activation ring one instruction takes on the device (0: the
+// opcode reads its inputs from global memory), a multiple of 16.
+LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
+  uint64_t bytes = 0;
+  if (inst.op() == Opcode::MATVEC) {
+    const MatvecArgs& a = inst.as<MatvecArgs>();
+    bytes = MatvecActivationBytes(a.rows, a.k);
+  } else if (inst.op() == Opcode::ATTN_PARTIAL) {
+    const AttnPartialArgs& a = inst.as<AttnPartialArgs>();
+    const uint32_t group = a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads;
+    const uint32_t positions = a.num_splits == 0 ? 0 : (a.max_seq + a.num_splits - 1) / a.num_splits;
+    bytes = AttnPartialActivationBytes(group, a.head_dim, positions);
+  }
+  bytes = (bytes + 15) / 16 * 16;
+  return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);
+}
+
 #define LOOM_CHECK_ARGS(name, args)                                                    \
   static_assert(sizeof(args) <= kArgWords * 4, #args " does not fit an instruction"); \
   static_assert(sizeof(args) == sizeof(args::kFields) / sizeof(char*) * 4, #args " kFields out of date");

@@ -15,7 +15,14 @@ inline constexpr bool kDeviceDebug = false;
 // Polls of one wait before a debug build declares it stuck (~seconds with backoff).
 inline constexpr uint64_t kDebugSpinLimit = 20'000'000;
 
-enum DeviceErrorKind : uint32_t { kNoError = 0, kStuckGlobalWait = 1, kStuckPageWait = 2 };
+enum DeviceErrorKind : uint32_t {
+  kNoError = 0,
+  kStuckGlobalWait = 1,       // barrier = global barrier id
+  kStuckPageWait = 2,         // barrier = page index
+  kStuckInstructionWait = 3,  // barrier = instruction slot
+  kStuckActivationWait = 4,   // barrier = activation slot
+  kStuckSignalWait = 5,       // barrier = consumer -> storer signal slot
+};
 
 struct DeviceError {
   uint32_t kind;
@@ -43,6 +50,19 @@ __device__ __forceinline__ void ReportStuck(DeviceError* error, uint32_t sm, uin
   }
   __trap();
 }
+
+// Where a shared-memory (mbarrier) wait is, for the record a stuck debug build leaves.
+struct StuckWhere {
+  DeviceError* error;
+  uint32_t sm;
+  uint32_t index;   // queue index of the instruction the waiter is on
+  uint32_t opcode;
+  uint32_t slot;    // page, instruction slot, activation slot or signal slot
+  uint32_t kind;    // DeviceErrorKind
+  __device__ __forceinline__ void Report(uint32_t parity) const {
+    ReportStuck(error, sm, index, opcode, slot, parity, 0, kind);
+  }
+};
 #endif
 
 }  // namespace loom::megakernel

@@ -7,9 +7,14 @@
 #include "megakernel/gpu_machine.h"
 #include "megakernel/trace.h"
 #include "scheduler/decoded_schedule.h"
+#include "scheduler/options.h"
 #include "scheduler/packing.h"
 
 namespace loom::megakernel {
+
+static_assert(SmemFixedBytes() <= scheduler::kSmemReserveBytes,
+              "the scheduler reserves less shared memory than the kernel keeps beside pages and activations");
+static_assert(kMaxActivationSlots == scheduler::kMaxActivationSlots);
 
 bool GpuAvailable(std::string* why) {
   int n = 0;
@@ -41,7 +46,7 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
   p.page_bytes = schedule.options().smem().page_bytes();
   p.num_pages = schedule.options().smem().num_pages();
   p.activation_bytes = schedule.options().smem().activation_bytes();
-  p.l2_prefetch_bytes = schedule.options().l2_prefetch_bytes();
+  p.activation_slots = schedule.options().smem().activation_slots();
   return p;
 }
 

@@ -22,23 +22,6 @@ absl::Status CudaError(cudaError_t e, const std::string& what) {
     }                                                 \
   } while (0)
 
-// Shared memory an instruction needs in the activation buffer, as the device lays it out.
-uint64_t DeviceActivationBytes(const isa::Instruction& inst) {
-  switch (inst.op()) {
-    case isa::Opcode::MATVEC: {
-      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      return isa::MatvecActivationBytes(a.rows, a.k);
-    }
-    case isa::Opcode::ATTN_PARTIAL: {
-      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-      return isa::AttnPartialActivationBytes(a.num_heads / a.num_kv_heads, a.head_dim,
-                                             (a.max_seq + a.num_splits - 1) / a.num_splits);
-    }
-    default:
-      return 0;
-  }
-}
-
 }  // namespace
 
 absl::Status CheckProgramForDevice(const GpuProgram& p) {
@@ -47,6 +30,14 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
   }
   if (p.num_pages < 2 || p.num_pages > kMaxPages) {
     return absl::InvalidArgumentError(absl::StrCat("pages per SM must be 2..", kMaxPages, ", not ", p.num_pages));
+  }
+  if (p.activation_slots < 1 || p.activation_slots > kMaxActivationSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activation slots per SM must be 1..", kMaxActivationSlots, ", not ", p.activation_slots));
+  }
+  if (p.activation_bytes % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activation ring size ", p.activation_bytes, " must be a multiple of 16 bytes"));
   }
   for (size_t sm = 0; sm < p.queues.size(); ++sm) {
     for (size_t i = 0; i < p.queues[sm].size(); ++i) {
@@ -71,10 +62,9 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
                                                          kMaxGroupHeads, " query heads may share a KV head"));
         }
       }
-      if (DeviceActivationBytes(inst) > p.activation_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " needs ", DeviceActivationBytes(inst),
-                                                       " bytes of activation buffer, the SM has ",
-                                                       p.activation_bytes));
+      if (isa::ActivationBytes(inst) > p.activation_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
+                                                       " bytes of activation ring, the SM has ", p.activation_bytes));
       }
     }
   }
@@ -103,10 +93,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   m->program_ = program;
   m->smem_bytes_ = SmemBytes(program.page_bytes, program.num_pages, program.activation_bytes);
   if (m->smem_bytes_ > prop.sharedMemPerBlockOptin) {
-    return absl::FailedPreconditionError(absl::StrCat("the schedule's shared memory (", program.num_pages, " pages of ",
-                                                      program.page_bytes, " + ", program.activation_bytes,
-                                                      " activation bytes = ", m->smem_bytes_, ") exceeds the ",
-                                                      prop.sharedMemPerBlockOptin, " a block may use"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the schedule's shared memory (", program.num_pages, " pages of ", program.page_bytes, " + an activation ring of ",
+        program.activation_bytes, " + ", SmemFixedBytes(), " = ", m->smem_bytes_, ") exceeds the ",
+        prop.sharedMemPerBlockOptin, " a block may use"));
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
@@ -169,10 +159,19 @@ absl::Status GpuMachine::ZeroArena() {
 absl::Status GpuMachine::CheckError(const char* what) const {
   if (error_->kind != kNoError) {
     const DeviceError& e = *error_;
-    return absl::InternalError(absl::StrCat(
-        "megakernel stuck: SM ", e.sm, " queue index ", e.queue_index, " opcode ",
-        isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)), e.kind == kStuckPageWait ? " page " : " barrier ",
-        e.barrier, " value ", e.value, " target ", e.target, " (", what, ")"));
+    if (e.kind == kStuckGlobalWait) {
+      return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
+                                              " opcode ", isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)),
+                                              " barrier ", e.barrier, " value ", e.value, " target ", e.target, " (",
+                                              what, ")"));
+    }
+    const char* ring = e.kind == kStuckPageWait          ? "page"
+                       : e.kind == kStuckInstructionWait ? "instruction slot"
+                       : e.kind == kStuckActivationWait  ? "activation slot"
+                                                         : "signal slot";
+    return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
+                                            " opcode ", isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)), " ",
+                                            ring, " ", e.barrier, " parity ", e.value, " (", what, ")"));
   }
   return absl::OkStatus();
 }
@@ -195,7 +194,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.page_bytes = program_.page_bytes;
   params.num_pages = program_.num_pages;
   params.activation_bytes = program_.activation_bytes;
-  params.l2_prefetch_bytes = program_.l2_prefetch_bytes;
+  params.activation_slots = program_.activation_slots;
   params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");

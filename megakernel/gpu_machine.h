@@ -20,9 +20,9 @@ struct GpuProgram {
   uint64_t arena_bytes = 0;
   uint32_t num_barriers = 0;
   uint32_t page_bytes = 16384;
-  uint32_t num_pages = 10;
-  uint32_t activation_bytes = 36864;
-  uint32_t l2_prefetch_bytes = 0;
+  uint32_t num_pages = 11;
+  uint32_t activation_bytes = 48128;  // the activation ring
+  uint32_t activation_slots = 4;
 };
 
 class GpuMachine {

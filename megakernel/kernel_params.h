@@ -10,13 +10,26 @@
 namespace loom::megakernel {
 
 // Thread layout of a block: two consumer warpgroups, then one producer
-// warpgroup whose first warp is the loader and second the storer.
+// warpgroup: the weight loader, the storer, the controller and the activation
+// loader, one warp each (lane 0 does the work).
 inline constexpr uint32_t kConsumerWarps = 8;
 inline constexpr uint32_t kConsumerThreads = kConsumerWarps * 32;
 inline constexpr uint32_t kLoaderWarp = kConsumerWarps;
 inline constexpr uint32_t kStorerWarp = kConsumerWarps + 1;
+inline constexpr uint32_t kControllerWarp = kConsumerWarps + 2;
+inline constexpr uint32_t kActivationWarp = kConsumerWarps + 3;
 // Instructions the consumers may finish before the storer has signalled them.
 inline constexpr uint32_t kSignalSlots = 4;
+// The SMEM instruction ring the controller fills: how far ahead of the
+// consumers the weight loader can read instructions.
+inline constexpr uint32_t kInstructionSlots = 16;
+// Roles that release an instruction slot: the weight loader and the activation
+// loader (lane 0 each), the storer, and every consumer thread (each read it).
+inline constexpr uint32_t kInstructionReleases = 3 + 256;
+// Activation slots: byte ranges of the SM's activation ring, one per
+// instruction in flight between the activation loader and the consumers;
+// 1..kMaxActivationSlots of them, from the schedule.
+inline constexpr uint32_t kMaxActivationSlots = 4;
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
 static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
 
@@ -33,9 +46,11 @@ static_assert(isa::kAttnThreads == kConsumerThreads, "ATTN_PARTIAL's layout assu
 // Shared memory the kernel keeps beside the activation buffer and the pages.
 inline constexpr uint32_t kMaxPages = 32;
 inline constexpr uint32_t kScratchFloats = 64;
+static_assert(kInstructionReleases == 3 + kConsumerThreads);
 
 // One instruction, in %globaltimer nanoseconds: when the consumers reached it,
-// when its global waits were met, when it was done (after its signal).
+// when its global waits were met and its activations loaded (never before
+// start), when it was done (after its signal).
 struct TraceEvent {
   uint64_t start;
   uint64_t ready;
@@ -51,16 +66,20 @@ struct KernelParams {
   uint32_t num_steps;
   uint32_t page_bytes;
   uint32_t num_pages;
-  uint32_t activation_bytes;
-  uint32_t l2_prefetch_bytes;  // per SM, beyond the page ring; 0: off
+  uint32_t activation_bytes;  // the activation ring, a multiple of 16
+  uint32_t activation_slots;
   TraceEvent* trace;  // [num_steps][total instructions], or null
   DeviceError* error; // mapped host memory, or null
 };
 
-// Shared memory one block needs for a page ring and activation buffer.
+// Shared memory one block needs: mbarriers, the instruction ring, scratch,
+// the activation slots and the page ring.
+inline constexpr uint32_t SmemFixedBytes() {
+  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 4 * kMaxActivationSlots * 8 +
+         kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + 128 /* page alignment */;
+}
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
-  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + kScratchFloats * 8 + activation_bytes + 128 /* page alignment */ +
-         page_bytes * num_pages;
+  return SmemFixedBytes() + activation_bytes + page_bytes * num_pages;
 }
 
 using isa::MatvecSlotElems;

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "megakernel/device_debug.h"
+
 namespace loom::megakernel {
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -45,6 +47,15 @@ __device__ __forceinline__ bool MbarrierTryWait(uint64_t* bar, uint32_t parity) 
       : "r"(SmemAddress(bar)), "r"(parity)
       : "memory");
   return done != 0;
+}
+
+// Spins until the mbarrier's phase with `parity` has completed. Debug builds
+// give up after kDebugSpinLimit polls and report `where` (see device_debug.h).
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity, const StuckWhere& where) {
+  uint64_t spins = 0;
+  while (!MbarrierTryWait(bar, parity)) {
+    if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(parity);
+  }
 }
 
 // Global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte

@@ -2,15 +2,27 @@
 // queue of 128-byte instructions, replayed once per decode step.
 //
 // Warp roles (one if/else, so setmaxnreg can move registers to the consumers):
-//   warps 0-7  (2 warpgroups) consumers: wait on global barriers, load
-//              activations, compute from the page ring, store, signal.
-//   warp 8     loader: streams every MATVEC's packed weight tile into the page
-//              ring, page by page, never waiting on dependencies — so it runs
-//              ahead into the next instructions while consumers compute or wait.
+//   warps 0-7  (2 warpgroups) consumers: compute each instruction from its
+//              activation slot and the page ring, store, hand it to the storer.
+//   warp 8     weight loader: streams every MATVEC's packed weight tile into the
+//              page ring, page by page, never waiting on dependencies — so it
+//              runs ahead into the next instructions while consumers compute.
 //   warp 9     storer: once the consumers finish an instruction, makes its
 //              stores visible GPU-wide and signals its barrier, so the
 //              consumers move on without waiting for the fence.
-//   warps 10-11 give their registers back and exit.
+//   warp 10    controller: bulk-copies this SM's instructions, step after step,
+//              into the SMEM instruction ring; every other role reads them there.
+//   warp 11    activation loader: waits for each instruction's global barriers,
+//              then bulk-copies its activations into its own activation slot (a
+//              range of the SM's activation ring), while the consumers still
+//              compute the instructions before.
+//
+// Rings and who hands what to whom (all mbarriers, all (index, phase) states):
+//   instruction slot: controller -> (weight loader, activation loader,
+//                     consumers, storer), released by all four;
+//   activation slot:  activation loader -> consumers;
+//   page:             weight loader -> consumers;
+//   signal slot:      consumers -> storer.
 #include <cstdint>
 
 #include "instructions/instruction.h"
@@ -31,121 +43,213 @@ constexpr uint32_t kProducerRegisters = 40;
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "register file overflow");
 
 struct SharedLayout {
-  uint64_t* full;
-  uint64_t* empty;
-  uint64_t* done;    // [kSignalSlots] consumers -> storer: an instruction's stores are issued
-  uint64_t* freed;   // [kSignalSlots] storer -> consumers: its signal is out, the slot is free
+  uint64_t* full;        // [kMaxPages] page loaded
+  uint64_t* empty;       // [kMaxPages] page consumed
+  uint64_t* done;        // [kSignalSlots] consumers -> storer: an instruction's stores are issued
+  uint64_t* freed;       // [kSignalSlots] storer -> consumers: its signal is out, the slot is free
+  uint64_t* inst_full;   // [kInstructionSlots] instruction copied in
+  uint64_t* inst_empty;  // [kInstructionSlots] every role is done with it
+  uint64_t* act_full;    // [kMaxActivationSlots] waits met, activations copied in
+  uint64_t* act_empty;   // [kMaxActivationSlots] consumers done with the slot
+  uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
+  uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
+  isa::Instruction* inst;  // [kInstructionSlots]
   float* scratch;
-  float* act;
+  uint8_t* act;          // the activation ring: activation_bytes
   uint8_t* pages;
 };
 
 __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams& p) {
   SharedLayout s;
-  s.full = reinterpret_cast<uint64_t*>(smem);
+  // The instruction ring first: bulk-copy destinations want 16-byte alignment.
+  s.inst = reinterpret_cast<isa::Instruction*>(smem);
+  s.full = reinterpret_cast<uint64_t*>(s.inst + kInstructionSlots);
   s.empty = s.full + kMaxPages;
   s.done = s.empty + kMaxPages;
   s.freed = s.done + kSignalSlots;
-  s.scratch = reinterpret_cast<float*>(s.freed + kSignalSlots);
-  s.act = s.scratch + 2 * kScratchFloats;
-  const uintptr_t pages = reinterpret_cast<uintptr_t>(reinterpret_cast<uint8_t*>(s.act) + p.activation_bytes);
+  s.inst_full = s.freed + kSignalSlots;
+  s.inst_empty = s.inst_full + kInstructionSlots;
+  s.act_full = s.inst_empty + kInstructionSlots;
+  s.act_empty = s.act_full + kMaxActivationSlots;
+  s.act_ready = s.act_empty + kMaxActivationSlots;
+  s.act_offset = s.act_ready + kMaxActivationSlots;
+  s.scratch = reinterpret_cast<float*>(s.act_offset + kMaxActivationSlots);
+  s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);
+  const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + 127) & ~uintptr_t{127});
   return s;
 }
 
-// A position in this SM's stream of weight bytes: every MATVEC tile of the
-// queue, step after step. Next() yields the next chunk of at most `max_bytes`.
-struct WeightCursor {
-  uint32_t step;
-  uint32_t index;   // instruction, absolute in p.instructions
-  uint64_t offset;  // bytes into that instruction's tile
+// Walks this SM's instructions in the ring, step after step, as every role does.
+struct QueueWalk {
+  uint32_t begin, end;  // this SM's queue in p.instructions
+  uint32_t local = 0;   // step, relative to the launch
+  uint32_t i;           // absolute instruction index
+  PipelineState slot{0, 0, kInstructionSlots};
 
-  __device__ __forceinline__ bool Next(const KernelParams& p, uint32_t begin, uint32_t end, uint32_t max_bytes,
-                                       const uint8_t** src, uint32_t* bytes) {
-    while (step < p.num_steps) {
-      if (index >= end) {
-        index = begin;
-        ++step;
-        continue;
-      }
-      const isa::Instruction& inst = p.instructions[index];
-      if (inst.op() == isa::Opcode::MATVEC) {
-        const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-        const uint64_t total = static_cast<uint64_t>(a.rows) * a.k * 2;
-        if (offset < total) {
-          *src = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2 + offset;
-          *bytes = static_cast<uint32_t>(total - offset < max_bytes ? total - offset : max_bytes);
-          offset += *bytes;
-          return true;
-        }
-      }
-      ++index;
-      offset = 0;
+  __device__ __forceinline__ QueueWalk(const KernelParams& p, uint32_t sm)
+      : begin(p.queue_begin[sm]), end(p.queue_begin[sm + 1]), i(p.queue_begin[sm]) {}
+  __device__ __forceinline__ bool more(const KernelParams& p) const { return local < p.num_steps && begin < end; }
+  __device__ __forceinline__ void advance() {
+    ++slot;
+    if (++i == end) {
+      i = begin;
+      ++local;
     }
-    return false;
+  }
+  __device__ __forceinline__ StuckWhere Where(const KernelParams& p, uint32_t sm, uint32_t opcode, uint32_t index,
+                                              uint32_t kind) const {
+    return {p.error, sm, i - begin, opcode, index, kind};
   }
 };
 
-// L2 prefetches are issued in chunks of this size.
-constexpr uint32_t kPrefetchChunkBytes = 32768;
+__device__ void Controller(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    MbarrierWait(&s.inst_empty[w.slot.index], w.slot.phase ^ 1u,
+                 w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    MbarrierArriveExpectTx(&s.inst_full[w.slot.index], isa::kInstructionBytes);
+    BulkCopyToShared(&s.inst[w.slot.index], p.instructions + w.i, isa::kInstructionBytes, &s.inst_full[w.slot.index]);
+  }
+}
 
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   PipelineState ring{0, 0, p.num_pages};
-  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
-  WeightCursor load{0, begin, 0}, prefetch{0, begin, 0};
-  uint64_t loaded = 0, prefetched = 0;
-  const uint8_t* src;
-  uint32_t bytes;
-  while (load.Next(p, begin, end, p.page_bytes, &src, &bytes)) {
-    uint64_t spins = 0;
-    while (!MbarrierTryWait(&s.empty[ring.index], ring.phase ^ 1u)) {
-      if (kDeviceDebug && ++spins > kDebugSpinLimit) {
-        ReportStuck(p.error, sm, load.index - begin, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index,
-                    ring.phase, 0, kStuckPageWait);
-      }
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    const isa::Instruction& inst = s.inst[w.slot.index];
+    const uint8_t* tile = nullptr;
+    uint64_t total = 0;
+    if (inst.op() == isa::Opcode::MATVEC) {
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      total = static_cast<uint64_t>(a.rows) * a.k * 2;
+      tile = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2;
     }
-    MbarrierArriveExpectTx(&s.full[ring.index], bytes);
-    BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, src, bytes, &s.full[ring.index]);
-    ++ring;
-    loaded += bytes;
-    // Keep L2 filled ahead of the ring, whatever the consumers are waiting for.
-    const uint8_t* ahead;
-    uint32_t ahead_bytes;
-    while (prefetched < loaded + p.l2_prefetch_bytes &&
-           prefetch.Next(p, begin, end, kPrefetchChunkBytes, &ahead, &ahead_bytes)) {
-      if (prefetched >= loaded) BulkPrefetchL2(ahead, ahead_bytes);  // not yet in (or on its way to) the ring
-      prefetched += ahead_bytes;
+    MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
+    for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
+      const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
+                   w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait));
+      MbarrierArriveExpectTx(&s.full[ring.index], bytes);
+      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
+                       &s.full[ring.index]);
+      ++ring;
     }
+  }
+}
+
+// What the activation loader copies into an instruction's activation slot (see
+// each opcode's layout in ops/): up to two global ranges, after the waits.
+struct ActivationCopy {
+  const void* src = nullptr;
+  uint32_t bytes = 0;
+};
+
+__device__ __forceinline__ ActivationCopy ActivationsOf(const isa::Instruction& inst, const isa::MachineView& m) {
+  switch (inst.op()) {
+    case isa::Opcode::MATVEC: {  // x[k]
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      return {m.ptr<float>(a.input), a.k * 4};
+    }
+    case isa::Opcode::ATTN_PARTIAL: {  // q of the KV group's heads
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
+      const uint32_t group = a.num_heads / a.num_kv_heads;
+      return {m.ptr<float>(a.q) + a.kv_head * group * a.head_dim, group * a.head_dim * 4};
+    }
+    default:
+      return {};
+  }
+}
+
+// The activation ring: instructions take byte ranges of it in queue order, up
+// to activation_slots of them in flight between the activation loader and the
+// consumers. Allocation q uses slot q % slots; the consumers' release of it is
+// the (q / slots)-th completion of that slot's `empty` mbarrier. Kept by the
+// activation loader's one thread.
+struct ActivationRing {
+  uint32_t begin[kMaxActivationSlots];
+  uint32_t end[kMaxActivationSlots];
+  uint32_t made = 0;      // allocations so far
+  uint32_t released = 0;  // allocations known to be released (the oldest in flight)
+
+  __device__ __forceinline__ void WaitOldest(const KernelParams& p, const SharedLayout& s, const StuckWhere& where) {
+    const uint32_t q = released++;
+    MbarrierWait(&s.act_empty[q % p.activation_slots], (q / p.activation_slots) & 1u, where);
+  }
+  __device__ __forceinline__ bool Overlaps(const KernelParams& p, uint32_t b, uint32_t e) const {
+    for (uint32_t q = released; q < made; ++q) {
+      const uint32_t slot = q % p.activation_slots;
+      if (b < end[slot] && begin[slot] < e) return true;
+    }
+    return false;
+  }
+  // Takes `bytes` (a multiple of 16, at most the ring) once they are free; returns the slot.
+  __device__ __forceinline__ uint32_t Allocate(const KernelParams& p, const SharedLayout& s, uint32_t bytes,
+                                               StuckWhere where) {
+    while (released + p.activation_slots <= made) WaitOldest(p, s, where);
+    uint32_t start = 0;
+    if (released < made) {
+      start = end[(made - 1) % p.activation_slots];
+      if (start + bytes > p.activation_bytes) start = 0;  // wrap: the tail is too short
+    }
+    while (bytes > 0 && Overlaps(p, start, start + bytes)) WaitOldest(p, s, where);
+    const uint32_t slot = made++ % p.activation_slots;
+    begin[slot] = start;
+    end[slot] = start + bytes;
+    return slot;
+  }
+};
+
+__device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  ActivationRing ring;
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    const isa::Instruction& inst = s.inst[w.slot.index];
+    const uint32_t bytes = isa::ActivationBytes(inst);
+    const uint32_t slot = ring.Allocate(p, s, bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                             kStuckActivationWait));
+    s.act_offset[slot] = ring.begin[slot];
+    const uint32_t step = p.first_step + w.local;
+    for (uint32_t k = 0; k < inst.num_waits; ++k) {
+      WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode);
+    }
+    if (p.trace != nullptr) s.act_ready[slot] = GlobalTimer();
+    const ActivationCopy copy = ActivationsOf(inst, p.machine);
+    if (copy.bytes > 0) {
+      FenceProxyAsyncGlobal();  // the producers' generic stores, acquired above, before the bulk read
+      MbarrierArriveExpectTx(&s.act_full[slot], copy.bytes);
+      BulkCopyToShared(s.act + ring.begin[slot], copy.src, copy.bytes, &s.act_full[slot]);
+    } else {
+      MbarrierArrive(&s.act_full[slot]);
+    }
+    MbarrierArrive(&s.inst_empty[w.slot.index]);
   }
 }
 
 __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
-  PipelineState slot{0, 0, kSignalSlots};
-  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
-  for (uint32_t step = 0; step < p.num_steps; ++step) {
-    for (uint32_t i = begin; i < end; ++i) {
-      while (!MbarrierTryWait(&s.done[slot.index], slot.phase)) {
-      }
-      const uint32_t signal = p.instructions[i].signal;
-      if (signal != isa::kNoBarrier) {
-        __threadfence();
-        AddRelease(p.counters + signal, 1);
-      }
-      MbarrierArrive(&s.freed[slot.index]);
-      ++slot;
+  PipelineState signal_slot{0, 0, kSignalSlots};
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    MbarrierWait(&s.done[signal_slot.index], signal_slot.phase,
+                 w.Where(p, sm, 0, signal_slot.index, kStuckSignalWait));
+    const uint32_t signal = s.inst[w.slot.index].signal;  // consumers waited for the slot before handing it on
+    MbarrierArrive(&s.inst_empty[w.slot.index]);
+    if (signal != isa::kNoBarrier) {
+      __threadfence();
+      AddRelease(p.counters + signal, 1);
     }
+    MbarrierArrive(&s.freed[signal_slot.index]);
+    ++signal_slot;
   }
 }
 
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
-  PipelineState slot{0, 0, kSignalSlots};
+  PipelineState signal_slot{0, 0, kSignalSlots};
+  PipelineState act{0, 0, p.activation_slots};
   ConsumerContext ctx;
   ctx.ring = PipelineState{0, 0, p.num_pages};
   ctx.tid = tid;
   ctx.warp = tid / 32;
   ctx.lane = tid % 32;
   ctx.machine = p.machine;
-  ctx.act = s.act;
   ctx.scratch = s.scratch;
   ctx.pages = s.pages;
   ctx.full = s.full;
@@ -153,46 +257,45 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
   ctx.page_bytes = p.page_bytes;
   ctx.error = p.error;
   ctx.sm = sm;
-  const uint32_t begin = p.queue_begin[sm], end = p.queue_begin[sm + 1];
   const uint32_t total = p.queue_begin[gridDim.x];
-  for (uint32_t local = 0; local < p.num_steps; ++local) {
-    const uint32_t step = p.first_step + local;
-    ctx.step = step;
-    for (uint32_t i = begin; i < end; ++i) {
-      const isa::Instruction& inst = p.instructions[i];
-      ctx.index = i - begin;
-      uint64_t start = 0, ready = 0;
-      if (tid == 0) {
-        if (p.trace != nullptr) start = GlobalTimer();
-        for (uint32_t w = 0; w < inst.num_waits; ++w) {
-          WaitGlobal(p.counters, inst.waits[w], step, p.error, sm, i - begin, inst.opcode);
-        }
-        if (p.trace != nullptr) ready = GlobalTimer();
-      }
-      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-      switch (inst.op()) {
-        case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
-        case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
-        case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
-        case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
-        case isa::Opcode::ATTN_PARTIAL: RunAttnPartial(inst.as<isa::AttnPartialArgs>(), ctx); break;
-        case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
-        case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
-        case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
-        case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
-        case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
-        default: break;
-      }
-      // Every consumer's stores are issued: hand the instruction to the storer.
-      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-      if (tid == 0) {
-        if (p.trace != nullptr) p.trace[static_cast<uint64_t>(local) * total + i] = {start, ready, GlobalTimer()};
-        while (!MbarrierTryWait(&s.freed[slot.index], slot.phase ^ 1u)) {
-        }
-        MbarrierArrive(&s.done[slot.index]);
-      }
-      ++slot;
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    ctx.step = p.first_step + w.local;
+    ctx.index = w.i - w.begin;
+    const uint64_t start = p.trace != nullptr && tid == 0 ? GlobalTimer() : 0;
+    MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    const isa::Instruction& inst = s.inst[w.slot.index];
+    MbarrierWait(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
+    ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
+    switch (inst.op()) {
+      case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
+      case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
+      case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
+      case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
+      case isa::Opcode::ATTN_PARTIAL: RunAttnPartial(inst.as<isa::AttnPartialArgs>(), ctx); break;
+      case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
+      case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
+      case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
+      case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
+      case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
+      default: break;
     }
+    // Every consumer's stores are issued and its reads of the slots done: hand
+    // the instruction to the storer, give the activation slot back.
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    MbarrierArrive(&s.act_empty[act.index]);
+    if (tid == 0) {
+      if (p.trace != nullptr) {
+        const uint64_t ready = s.act_ready[act.index];
+        p.trace[static_cast<uint64_t>(w.local) * total + w.i] = {start, ready > start ? ready : start, GlobalTimer()};
+      }
+      MbarrierWait(&s.freed[signal_slot.index], signal_slot.phase ^ 1u,
+                   w.Where(p, sm, inst.opcode, signal_slot.index, kStuckSignalWait));
+      MbarrierArrive(&s.done[signal_slot.index]);
+    }
+    // After the hand-off: the storer still reads the slot's signal, and releases it too.
+    MbarrierArrive(&s.inst_empty[w.slot.index]);
+    ++signal_slot;
+    ++act;
   }
 }
 
@@ -210,6 +313,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       MbarrierInit(&s.done[i], 1);
       MbarrierInit(&s.freed[i], 1);
     }
+    for (uint32_t i = 0; i < kInstructionSlots; ++i) {
+      MbarrierInit(&s.inst_full[i], 1);
+      MbarrierInit(&s.inst_empty[i], kInstructionReleases);
+    }
+    for (uint32_t i = 0; i < p.activation_slots; ++i) {
+      MbarrierInit(&s.act_full[i], 1);
+      MbarrierInit(&s.act_empty[i], kConsumerThreads);
+      s.act_ready[i] = 0;
+    }
     FenceBarrierInit();
   }
   __syncthreads();
@@ -218,8 +330,12 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
     Consumers(p, s, sm, threadIdx.x);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    if (warp == kLoaderWarp && threadIdx.x % 32 == 0) Loader(p, s, sm);
-    if (warp == kStorerWarp && threadIdx.x % 32 == 0) Storer(p, s, sm);
+    if (threadIdx.x % 32 == 0) {
+      if (warp == kLoaderWarp) Loader(p, s, sm);
+      if (warp == kStorerWarp) Storer(p, s, sm);
+      if (warp == kControllerWarp) Controller(p, s, sm);
+      if (warp == kActivationWarp) ActivationLoader(p, s, sm);
+    }
   }
 }
 

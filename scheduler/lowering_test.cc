@@ -94,6 +94,15 @@ TEST(Options, BadOptionsAreRejectedByName) {
   o = ResolveOptions({});
   o.mutable_smem()->set_page_bytes(1000);
   EXPECT_FALSE(ValidateOptions(o).ok());
+  o = ResolveOptions({});
+  o.mutable_smem()->set_activation_slots(5);
+  s = ValidateOptions(o);
+  EXPECT_NE(s.message().find("activation_slots"), std::string::npos) << s;
+  // 1 KB more activation ring no longer fits beside 11 pages.
+  o = ResolveOptions({});
+  o.mutable_smem()->set_activation_bytes(o.smem().activation_bytes() + 1024);
+  s = ValidateOptions(o);
+  EXPECT_NE(s.message().find("activation ring"), std::string::npos) << s;
 }
 
 }  // namespace

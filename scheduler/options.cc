@@ -9,7 +9,8 @@ namespace {
 constexpr uint32_t kDefaultSms = 132;            // H100 SXM
 constexpr uint32_t kDefaultPageBytes = 16384;
 constexpr uint32_t kDefaultPages = 11;
-constexpr uint32_t kDefaultActivationBytes = 36864;
+constexpr uint32_t kDefaultActivationBytes = 48128;  // what 11 pages of 16 KB leave
+constexpr uint32_t kDefaultActivationSlots = 4;
 constexpr uint32_t kDefaultElementwiseChunk = 2048;
 constexpr double kDefaultHbmGbps = 3100;
 constexpr double kDefaultSmGflops = 256;         // 128 FMA/clk at ~1 GHz effective
@@ -46,6 +47,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (s->page_bytes() == 0) s->set_page_bytes(kDefaultPageBytes);
   if (s->num_pages() == 0) s->set_num_pages(kDefaultPages);
   if (s->activation_bytes() == 0) s->set_activation_bytes(kDefaultActivationBytes);
+  if (s->activation_slots() == 0) s->set_activation_slots(kDefaultActivationSlots);
   CostModel* c = o.mutable_cost();
   if (c->hbm_gbps() <= 0) c->set_hbm_gbps(kDefaultHbmGbps);
   if (c->sm_gbps() <= 0) c->set_sm_gbps(c->hbm_gbps() / o.num_sms());
@@ -63,10 +65,12 @@ absl::Status ValidateOptions(const CompileOptions& o) {
     return bad("smem.page_bytes must be a multiple of 256, at least 1024");
   }
   if (o.smem().activation_bytes() % 16 != 0) return bad("smem.activation_bytes must be a multiple of 16");
-  const uint64_t total = uint64_t{o.smem().page_bytes()} * o.smem().num_pages() + o.smem().activation_bytes() +
-                         kSmemReserveBytes;
+  if (o.smem().activation_slots() > kMaxActivationSlots) {
+    return bad(absl::StrCat("smem.activation_slots must be 1..", kMaxActivationSlots));
+  }
+  const uint64_t total = SmemTotalBytes(o.smem());
   if (total > kMaxSmemBytes) {
-    return bad(absl::StrCat("pages (", o.smem().num_pages(), " x ", o.smem().page_bytes(), ") + activations (",
+    return bad(absl::StrCat("pages (", o.smem().num_pages(), " x ", o.smem().page_bytes(), ") + activation ring (",
                             o.smem().activation_bytes(), ") need ", total, " bytes of shared memory; an SM has ",
                             kMaxSmemBytes));
   }

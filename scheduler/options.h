@@ -12,6 +12,12 @@ namespace loom::scheduler {
 inline constexpr uint32_t kMaxSmemBytes = 227 * 1024;
 // What the device interpreter keeps beside pages and activations (instruction ring, mbarriers, scratch).
 inline constexpr uint32_t kSmemReserveBytes = 4096;
+inline constexpr uint32_t kMaxActivationSlots = 4;
+
+// Shared memory a block needs for `smem`: pages, the activation ring and the reserve.
+inline uint64_t SmemTotalBytes(const SmemConfig& smem) {
+  return uint64_t{smem.page_bytes()} * smem.num_pages() + smem.activation_bytes() + kSmemReserveBytes;
+}
 
 // Every fusion switched off: the unfused opcodes run instead.
 FusionOptions AllFusionsOff();

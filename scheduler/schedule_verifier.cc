@@ -250,11 +250,11 @@ absl::Status VerifySchedule(const Schedule& s) {
   if (absl::Status st = CheckPackingAndConstants(s, infos); !st.ok()) return st;
 
   const SmemConfig& smem = s.options().smem();
-  const uint64_t smem_total =
-      uint64_t{smem.page_bytes()} * smem.num_pages() + smem.activation_bytes() + kSmemReserveBytes;
-  if (smem.page_bytes() == 0 || smem.num_pages() < 2 || smem_total > kMaxSmemBytes) {
+  if (smem.page_bytes() == 0 || smem.num_pages() < 2 || smem.activation_slots() < 1 ||
+      smem.activation_slots() > kMaxActivationSlots || SmemTotalBytes(smem) > kMaxSmemBytes) {
     return Fail(absl::StrCat("shared memory: ", smem.num_pages(), " pages of ", smem.page_bytes(), " bytes + ",
-                             smem.activation_bytes(), " activation bytes do not fit an SM's ", kMaxSmemBytes));
+                             smem.activation_bytes(), " bytes of activation ring in ", smem.activation_slots(),
+                             " slots do not fit an SM's ", kMaxSmemBytes));
   }
   for (uint32_t sm = 0; sm < d.queues.size(); ++sm) {
     for (size_t i = 0; i < d.queues[sm].size(); ++i) {

@@ -91,6 +91,9 @@ TEST(ScheduleVerifier, RejectsSharedMemoryThatDoesNotFit) {
   bad.mutable_options()->mutable_smem()->set_num_pages(20);
   ExpectRejected(bad, "do not fit an SM");
   bad = CompileTiny();
+  bad.mutable_options()->mutable_smem()->set_activation_slots(0);
+  ExpectRejected(bad, "in 0 slots");
+  bad = CompileTiny();
   bad.mutable_options()->mutable_smem()->set_activation_bytes(512);
   ExpectRejected(bad, "bytes of activation buffer");
 }

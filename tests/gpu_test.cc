@@ -64,6 +64,7 @@ class OpBench {
     program.tensors = table_;
     program.arena_bytes = arena_.size();
     program.activation_bytes = kActivationBytes;
+    program.num_pages = 10;  // a 48 KB activation ring leaves room for 10 pages
     std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
     isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
                           static_cast<uint32_t>(table_.size())};

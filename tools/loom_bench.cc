@@ -52,6 +52,7 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
   p.page_bytes = s.options().smem().page_bytes();
   p.num_pages = s.options().smem().num_pages();
   p.activation_bytes = s.options().smem().activation_bytes();
+  p.activation_slots = s.options().smem().activation_slots();
   p.queues.resize(s.num_sms());
   const uint64_t per_sm = (rows_total + s.num_sms() - 1) / s.num_sms();
   for (uint32_t sm = 0; sm < s.num_sms(); ++sm) {

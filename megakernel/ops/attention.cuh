@@ -1,7 +1,8 @@
 // Split-KV decode attention on the device (ATTN_PARTIAL, ATTN_REDUCE). K/V rows
 // are activations: read with ordinary loads after the instruction's waits.
 //
-// ATTN_PARTIAL, activation buffer: q[group * head_dim] | scores[group * positions]
+// ATTN_PARTIAL, activation slot: q[group * head_dim] (bulk-copied by the
+// activation loader) | scores[group * positions] | per-position-group outputs
 #pragma once
 
 #include "megakernel/block_reduce.cuh"
@@ -19,9 +20,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   float* q = ctx.act;
   float* scores = q + group * hd;  // [group][n]
   float* red = scores + group * n;  // [position groups][group][hd]
-  const float4* q_src = reinterpret_cast<const float4*>(m.ptr<float>(a.q) + first_head * hd);
-  for (uint32_t i = ctx.tid; i < group * hd4; i += kConsumerThreads) reinterpret_cast<float4*>(q)[i] = q_src[i];
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  // q (the group's heads) is already in the slot: the activation loader copied it.
 
   const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;
   const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;

@@ -18,7 +18,7 @@ struct ConsumerContext {
   uint32_t warp;  // tid / 32
   uint32_t lane;  // tid % 32
   isa::MachineView machine;
-  float* act;      // activation buffer
+  float* act;      // this instruction's activation slot
   float* scratch;  // kScratchFloats floats for reductions
   uint8_t* pages;
   uint64_t* full;
@@ -33,13 +33,8 @@ struct ConsumerContext {
 
   // Waits until the next page of the ring is full; returns it.
   __device__ __forceinline__ const uint8_t* AcquirePage() const {
-    uint64_t spins = 0;
-    while (!MbarrierTryWait(&full[ring.index], ring.phase)) {
-      if (kDeviceDebug && ++spins > kDebugSpinLimit) {
-        ReportStuck(error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, ring.phase, 0,
-                    kStuckPageWait);
-      }
-    }
+    MbarrierWait(&full[ring.index], ring.phase,
+                 {error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait});
     return pages + static_cast<size_t>(ring.index) * page_bytes;
   }
   // This thread is done with the current page: every consumer thread arrives

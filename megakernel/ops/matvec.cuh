@@ -8,7 +8,7 @@
 // they stay inside one partial-sum slot (1024 columns when k allows, else 256),
 // then writes slot's sum once: deterministic, no atomics.
 //
-// Activation buffer: x[k] | partial[rows * k / slot]   (floats)
+// Activation slot: x[k] (bulk-copied by the activation loader) | partial[rows * k / slot]   (floats)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -107,54 +107,41 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
   *b = y * c + x * s;
 }
 
-// x <- input (f32[k]), or RMSNorm(input) * norm_weight. Loads are 16-byte
-// vectors, all issued before any is used (they come from L2: latency-bound).
-__device__ __forceinline__ void LoadMatvecInput(const isa::MatvecArgs& a, ConsumerContext& ctx, float* x) {
-  constexpr uint32_t kBatch = 8;  // float4 loads in flight per thread
-  const float4* input = ctx.machine.ptr<float4>(a.input);
+// The activation loader has bulk-copied the input into x (f32[k]). With the
+// RMSNorm prologue, x <- x * rsqrt(mean(x^2) + eps) * norm_weight, in place;
+// each thread touches the same float4s in both passes.
+__device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, ConsumerContext& ctx, float* x) {
+  if (a.prologue != isa::kPrologueRmsNorm) return;
+  constexpr uint32_t kBatch = 8;  // loads in flight per thread
   float4* x4 = reinterpret_cast<float4*>(x);
   const uint32_t n4 = a.k / 4;
   float sum_sq = 0.0f;
+  for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
+    const float4 v = x4[j];
+    sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
+  const float scale = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.norm_eps);
+  const uint2* w4 = ctx.machine.ptr<uint2>(a.norm_weight);  // 4 bf16 per x float4
   for (uint32_t base = 0; base < n4; base += kBatch * kConsumerThreads) {
-    float4 v[kBatch];
+    uint2 w[kBatch];
 #pragma unroll
     for (uint32_t u = 0; u < kBatch; ++u) {
       const uint32_t j = base + u * kConsumerThreads + ctx.tid;
-      if (j < n4) v[u] = input[j];
+      if (j < n4) w[u] = __ldg(w4 + j);  // a weight: constant for the kernel's lifetime
     }
 #pragma unroll
     for (uint32_t u = 0; u < kBatch; ++u) {
       const uint32_t j = base + u * kConsumerThreads + ctx.tid;
       if (j < n4) {
-        x4[j] = v[u];
-        sum_sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
-      }
-    }
-  }
-  if (a.prologue == isa::kPrologueRmsNorm) {
-    const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
-    const float scale = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.norm_eps);
-    const uint2* w4 = ctx.machine.ptr<uint2>(a.norm_weight);  // 4 bf16 per x float4
-    for (uint32_t base = 0; base < n4; base += kBatch * kConsumerThreads) {
-      uint2 w[kBatch];
-#pragma unroll
-      for (uint32_t u = 0; u < kBatch; ++u) {
-        const uint32_t j = base + u * kConsumerThreads + ctx.tid;
-        if (j < n4) w[u] = __ldg(w4 + j);  // a weight: constant for the kernel's lifetime
-      }
-#pragma unroll
-      for (uint32_t u = 0; u < kBatch; ++u) {
-        const uint32_t j = base + u * kConsumerThreads + ctx.tid;
-        if (j < n4) {
-          const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].x));
-          const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].y));
-          float4 v = x4[j];
-          v.x = v.x * scale * w01.x;
-          v.y = v.y * scale * w01.y;
-          v.z = v.z * scale * w23.x;
-          v.w = v.w * scale * w23.y;
-          x4[j] = v;
-        }
+        const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].x));
+        const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].y));
+        float4 v = x4[j];
+        v.x = v.x * scale * w01.x;
+        v.y = v.y * scale * w01.y;
+        v.z = v.z * scale * w23.x;
+        v.w = v.w * scale * w23.y;
+        x4[j] = v;
       }
     }
   }
@@ -168,7 +155,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
 
-  LoadMatvecInput(a, ctx, x);
+  NormalizeMatvecInput(a, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
   // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
