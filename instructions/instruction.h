@@ -263,12 +263,27 @@ LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, ui
   *end = b + chunk < length ? b + chunk : length;
 }
 
-// ATTN_PARTIAL's activation buffer on the device: q[group * head_dim], a score
-// per (head, position), and the partial outputs of kAttnThreads / head_dim
-// position groups, each [group * head_dim].
+// ATTN_PARTIAL's activation slot on the device (byte offsets): q[group *
+// head_dim], a score per (head, position), the partial outputs of
+// kAttnThreads / head_dim position groups (each [group * head_dim]), and, when
+// they fit, the split's K and V rows ([positions * head_dim] each).
 inline constexpr uint32_t kAttnThreads = 256;
+struct AttnPartialSlot {
+  uint64_t q, scores, red, k, v, bytes;
+};
+LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uint32_t positions, bool with_kv) {
+  AttnPartialSlot s;
+  s.q = 0;
+  s.scores = 4ull * group * head_dim;
+  s.red = s.scores + (4ull * group * positions + 15) / 16 * 16;
+  s.k = s.red + 4ull * group * kAttnThreads;
+  s.v = s.k + (with_kv ? 4ull * positions * head_dim : 0);
+  s.bytes = s.v + (with_kv ? 4ull * positions * head_dim : 0);
+  return s;
+}
+// Without K and V: what the slot must always have room for.
 LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, uint32_t positions) {
-  return 4ull * group * (head_dim + positions + kAttnThreads);
+  return AttnPartialLayout(group, head_dim, positions, false).bytes;
 }
 
 // out[head] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s for heads [head_begin, +head_count)

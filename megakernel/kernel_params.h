@@ -30,6 +30,8 @@ inline constexpr uint32_t kInstructionReleases = 3 + 256;
 // instruction in flight between the activation loader and the consumers;
 // 1..kMaxActivationSlots of them, from the schedule.
 inline constexpr uint32_t kMaxActivationSlots = 4;
+// Activation slot flags (activation loader -> consumers).
+inline constexpr uint32_t kActivationKv = 1;  // ATTN_PARTIAL: the split's K and V rows are in the slot
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
 static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
 
@@ -75,7 +77,7 @@ struct KernelParams {
 // Shared memory one block needs: mbarriers, the instruction ring, scratch,
 // the activation slots and the page ring.
 inline constexpr uint32_t SmemFixedBytes() {
-  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 4 * kMaxActivationSlots * 8 +
+  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 5 * kMaxActivationSlots * 8 +
          kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + 128 /* page alignment */;
 }
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {

@@ -53,6 +53,7 @@ struct SharedLayout {
   uint64_t* act_empty;   // [kMaxActivationSlots] consumers done with the slot
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
   uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
+  uint64_t* act_info;    // [kMaxActivationSlots] flags | context length << 32 (ActivationPlan)
   isa::Instruction* inst;  // [kInstructionSlots]
   float* scratch;
   uint8_t* act;          // the activation ring: activation_bytes
@@ -73,7 +74,8 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.act_empty = s.act_full + kMaxActivationSlots;
   s.act_ready = s.act_empty + kMaxActivationSlots;
   s.act_offset = s.act_ready + kMaxActivationSlots;
-  s.scratch = reinterpret_cast<float*>(s.act_offset + kMaxActivationSlots);
+  s.act_info = s.act_offset + kMaxActivationSlots;
+  s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
   s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);
   const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + 127) & ~uintptr_t{127});
@@ -137,27 +139,60 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
-// What the activation loader copies into an instruction's activation slot (see
-// each opcode's layout in ops/): up to two global ranges, after the waits.
-struct ActivationCopy {
-  const void* src = nullptr;
-  uint32_t bytes = 0;
+// What the activation loader puts in an instruction's activation slot (see
+// each opcode's layout in ops/): the slot's size and up to three bulk copies,
+// issued once the instruction's waits are met.
+struct ActivationPlan {
+  static constexpr uint32_t kMaxCopies = 3;
+  uint32_t bytes = 0;  // slot size, a multiple of 16
+  uint32_t flags = 0;   // kActivationKv: ATTN_PARTIAL's K and V rows are in the slot
+  uint32_t length = 0;  // ATTN_PARTIAL: the context length it read from the step state
+  uint32_t copies = 0;
+  const void* src[kMaxCopies];
+  uint32_t offset[kMaxCopies];  // in the slot
+  uint32_t size[kMaxCopies];
+  uint32_t tx = 0;  // bytes the copies bring
+
+  __device__ __forceinline__ void Copy(const void* from, uint64_t to, uint32_t n) {
+    if (n == 0) return;
+    src[copies] = from;
+    offset[copies] = static_cast<uint32_t>(to);
+    size[copies++] = n;
+    tx += n;
+  }
 };
 
-__device__ __forceinline__ ActivationCopy ActivationsOf(const isa::Instruction& inst, const isa::MachineView& m) {
+__device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p) {
+  const isa::MachineView& m = p.machine;
+  ActivationPlan plan;
+  plan.bytes = isa::ActivationBytes(inst);
   switch (inst.op()) {
     case isa::Opcode::MATVEC: {  // x[k]
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      return {m.ptr<float>(a.input), a.k * 4};
+      plan.Copy(m.ptr<float>(a.input), 0, a.k * 4);
+      break;
     }
-    case isa::Opcode::ATTN_PARTIAL: {  // q of the KV group's heads
+    case isa::Opcode::ATTN_PARTIAL: {  // q of the KV group's heads; the split's K and V rows when they fit
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-      const uint32_t group = a.num_heads / a.num_kv_heads;
-      return {m.ptr<float>(a.q) + a.kv_head * group * a.head_dim, group * a.head_dim * 4};
+      const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim;
+      plan.length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
+      uint32_t begin, end;
+      isa::SplitRange(plan.length, a.split, a.num_splits, &begin, &end);
+      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, hd, end - begin, true);
+      plan.Copy(m.ptr<float>(a.q) + a.kv_head * group * hd, 0, group * hd * 4);
+      if (end > begin && kv.bytes <= p.activation_bytes) {
+        const uint64_t row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
+        plan.bytes = static_cast<uint32_t>(kv.bytes);
+        plan.flags = kActivationKv;
+        plan.Copy(m.ptr<float>(a.k_cache) + row, kv.k, (end - begin) * hd * 4);
+        plan.Copy(m.ptr<float>(a.v_cache) + row, kv.v, (end - begin) * hd * 4);
+      }
+      break;
     }
     default:
-      return {};
+      break;
   }
+  return plan;
 }
 
 // The activation ring: instructions take byte ranges of it in queue order, up
@@ -204,20 +239,24 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
-    const uint32_t bytes = isa::ActivationBytes(inst);
-    const uint32_t slot = ring.Allocate(p, s, bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
-                                                             kStuckActivationWait));
-    s.act_offset[slot] = ring.begin[slot];
     const uint32_t step = p.first_step + w.local;
     for (uint32_t k = 0; k < inst.num_waits; ++k) {
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode);
     }
-    if (p.trace != nullptr) s.act_ready[slot] = GlobalTimer();
-    const ActivationCopy copy = ActivationsOf(inst, p.machine);
-    if (copy.bytes > 0) {
-      FenceProxyAsyncGlobal();  // the producers' generic stores, acquired above, before the bulk read
-      MbarrierArriveExpectTx(&s.act_full[slot], copy.bytes);
-      BulkCopyToShared(s.act + ring.begin[slot], copy.src, copy.bytes, &s.act_full[slot]);
+    const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
+    // Planned after the waits: what ATTN_PARTIAL copies depends on this step's position.
+    const ActivationPlan plan = PlanActivations(inst, p);
+    const uint32_t slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                                  kStuckActivationWait));
+    s.act_offset[slot] = ring.begin[slot];
+    s.act_info[slot] = plan.flags | static_cast<uint64_t>(plan.length) << 32;
+    s.act_ready[slot] = ready;
+    if (plan.tx > 0) {
+      FenceProxyAsyncGlobal();  // the producers' generic stores, acquired above, before the bulk reads
+      MbarrierArriveExpectTx(&s.act_full[slot], plan.tx);
+      for (uint32_t c = 0; c < plan.copies; ++c) {
+        BulkCopyToShared(s.act + ring.begin[slot] + plan.offset[c], plan.src[c], plan.size[c], &s.act_full[slot]);
+      }
     } else {
       MbarrierArrive(&s.act_full[slot]);
     }
@@ -266,6 +305,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
     const isa::Instruction& inst = s.inst[w.slot.index];
     MbarrierWait(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
+    const uint64_t info = s.act_info[act.index];
+    ctx.act_flags = static_cast<uint32_t>(info);
+    ctx.act_length = static_cast<uint32_t>(info >> 32);
     switch (inst.op()) {
       case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
       case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;

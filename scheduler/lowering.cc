@@ -573,9 +573,10 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   uint32_t splits = o_.attention_splits();
   if (splits == 0) {
     splits = std::clamp<uint32_t>(o_.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
-    // Each split keeps its group's q and one score per position and head in the activation buffer.
-    const uint64_t group = heads / kv, room = o_.smem().activation_bytes() - std::min<uint64_t>(
-                                                                             o_.smem().activation_bytes(), 4 * group * hd);
+    // Each split keeps its group's q, partial outputs and one score per position and head in its
+    // activation slot (K and V too, when they fit; see isa::AttnPartialLayout).
+    const uint64_t group = heads / kv, fixed = isa::AttnPartialActivationBytes(group, hd, 0) + 16;
+    const uint64_t room = o_.smem().activation_bytes() - std::min<uint64_t>(o_.smem().activation_bytes(), fixed);
     const uint64_t fits = room / (4 * group);
     if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
   }

@@ -1,8 +1,9 @@
-// Split-KV decode attention on the device (ATTN_PARTIAL, ATTN_REDUCE). K/V rows
-// are activations: read with ordinary loads after the instruction's waits.
+// Split-KV decode attention on the device (ATTN_PARTIAL, ATTN_REDUCE).
 //
-// ATTN_PARTIAL, activation slot: q[group * head_dim] (bulk-copied by the
-// activation loader) | scores[group * positions] | per-position-group outputs
+// ATTN_PARTIAL's activation slot is isa::AttnPartialLayout: the activation
+// loader reads the context length after the waits and bulk-copies q and, when
+// they fit the slot, the split's K and V rows; otherwise the consumers read
+// K and V from the caches.
 #pragma once
 
 #include "megakernel/block_reduce.cuh"
@@ -12,22 +13,27 @@ namespace loom::megakernel {
 
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
-  const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
   uint32_t begin, end;
-  isa::SplitRange(length, a.split, a.num_splits, &begin, &end);
+  isa::SplitRange(ctx.act_length, a.split, a.num_splits, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
   const uint32_t first_head = a.kv_head * group;
-  float* q = ctx.act;
-  float* scores = q + group * hd;  // [group][n]
-  float* red = scores + group * n;  // [position groups][group][hd]
-  // q (the group's heads) is already in the slot: the activation loader copied it.
+  // q (the group's heads), and K and V rows when the flag says so, are already
+  // in the slot: the activation loader copied them.
+  const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
+  const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
+  uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
+  float* q = reinterpret_cast<float*>(slot + layout.q);
+  float* scores = reinterpret_cast<float*>(slot + layout.scores);  // [group][n]
+  float* red = reinterpret_cast<float*>(slot + layout.red);        // [position groups][group][hd]
 
-  const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;
-  const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * hd;
+  // Rows [begin, end) of the split: in the slot, or in the caches (generic loads serve both).
+  const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
+  const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
+  const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
   // Scores: a thread per position, every head of the group (each K row read once).
   const float4* q4 = reinterpret_cast<const float4*>(q);
   for (uint32_t p = ctx.tid; p < n; p += kConsumerThreads) {
-    const float4* krow = reinterpret_cast<const float4*>(kc + static_cast<uint64_t>(begin + p) * hd);
+    const float4* krow = reinterpret_cast<const float4*>(kc + p * hd);
     float acc[kMaxGroupHeads] = {};
     for (uint32_t d = 0; d < hd4; d += 4) {
       float4 kv[4];
@@ -78,7 +84,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     float v[4];
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
-      if (p + u * groups < n) v[u] = vc[static_cast<uint64_t>(begin + p + u * groups) * hd + d];
+      if (p + u * groups < n) v[u] = vc[(p + u * groups) * hd + d];
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
@@ -102,22 +108,48 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   }
 }
 
+// A thread per output element. The partials come from other SMs (L2 or HBM
+// latency): each batch of kBatch splits is loaded at once, then merged into a
+// running (max, denominator, numerator), so a reduction costs one round trip
+// per kBatch splits.
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
+  constexpr uint32_t kBatch = 16;
   const isa::MachineView& m = ctx.machine;
   const float* po = m.ptr<float>(a.partial_o);
-  const float* pml = m.ptr<float>(a.partial_ml);
+  const float2* pml = m.ptr<float2>(a.partial_ml);
   float* out = m.ptr<float>(a.out);
   for (uint32_t i = ctx.tid; i < a.head_count * a.head_dim; i += kConsumerThreads) {
     const uint32_t h = a.head_begin + i / a.head_dim, d = i % a.head_dim;
-    float global_max = -INFINITY;
-    for (uint32_t s = 0; s < a.num_splits; ++s) global_max = fmaxf(global_max, pml[(s * a.num_heads + h) * 2]);
-    float denom = 0.0f, acc = 0.0f;
-    for (uint32_t s = 0; s < a.num_splits; ++s) {
-      const float m_s = pml[(s * a.num_heads + h) * 2];
-      if (m_s == -INFINITY) continue;
-      const float w = expf(m_s - global_max);
-      denom += w * pml[(s * a.num_heads + h) * 2 + 1];
-      acc += w * po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
+    float running_max = -INFINITY, denom = 0.0f, acc = 0.0f;
+    for (uint32_t s0 = 0; s0 < a.num_splits; s0 += kBatch) {
+      float2 ml[kBatch];
+      float o[kBatch];
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        const uint32_t s = s0 + u;
+        ml[u] = make_float2(-INFINITY, 0.0f);
+        o[u] = 0.0f;
+        if (s < a.num_splits) {
+          ml[u] = pml[s * a.num_heads + h];
+          o[u] = po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
+        }
+      }
+      float batch_max = -INFINITY;
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) batch_max = fmaxf(batch_max, ml[u].x);
+      if (batch_max == -INFINITY) continue;  // only empty splits
+      const float new_max = fmaxf(running_max, batch_max);
+      const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
+      denom *= rescale;
+      acc *= rescale;
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        if (ml[u].x == -INFINITY) continue;
+        const float w = expf(ml[u].x - new_max);
+        denom += w * ml[u].y;
+        acc += w * o[u];
+      }
+      running_max = new_max;
     }
     out[h * a.head_dim + d] = denom > 0.0f ? acc / denom : 0.0f;
   }

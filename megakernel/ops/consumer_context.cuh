@@ -19,6 +19,8 @@ struct ConsumerContext {
   uint32_t lane;  // tid % 32
   isa::MachineView machine;
   float* act;      // this instruction's activation slot
+  uint32_t act_flags;   // kActivation* bits: what the activation loader put in the slot
+  uint32_t act_length;  // ATTN_PARTIAL: the context length the activation loader planned for
   float* scratch;  // kScratchFloats floats for reductions
   uint8_t* pages;
   uint64_t* full;
