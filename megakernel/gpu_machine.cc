@@ -195,6 +195,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.num_pages = program_.num_pages;
   params.activation_bytes = program_.activation_bytes;
   params.activation_slots = program_.activation_slots;
+  params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");

@@ -40,6 +40,9 @@ class GpuMachine {
   // Runs `steps` decode steps in one launch; returns the kernel's time in ms
   // (CUDA events). Barrier counters carry on from the previous run.
   absl::StatusOr<float> Run(uint32_t steps, bool trace);
+  // Diagnostic for benchmarks: later runs skip every weight load (matvecs read
+  // stale pages; results are garbage) to time compute and dependencies alone.
+  void SetSkipWeightLoads(bool skip) { skip_weight_loads_ = skip; }
   // Per instruction of the last traced run: [step][concatenated queue index].
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const std::vector<uint32_t>& queue_begin() const { return queue_begin_; }
@@ -56,6 +59,7 @@ class GpuMachine {
   std::vector<uint32_t> queue_begin_;
   uint32_t smem_bytes_ = 0;
   uint32_t next_step_ = 0;
+  bool skip_weight_loads_ = false;
   uint8_t* weights_ = nullptr;
   uint64_t weights_size_ = 0;
   uint8_t* arena_ = nullptr;

@@ -70,6 +70,10 @@ struct KernelParams {
   uint32_t num_pages;
   uint32_t activation_bytes;  // the activation ring, a multiple of 16
   uint32_t activation_slots;
+  // Diagnostic (loom_bench): the loader marks pages full without copying, so
+  // matvecs compute on stale pages. Shows what compute and the dependency
+  // chain cost with weight loading taken away. Results are garbage.
+  uint32_t skip_weight_loads;
   TraceEvent* trace;  // [num_steps][total instructions], or null
   DeviceError* error; // mapped host memory, or null
 };

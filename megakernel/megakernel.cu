@@ -131,9 +131,13 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
                    w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait));
-      MbarrierArriveExpectTx(&s.full[ring.index], bytes);
-      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
-                       &s.full[ring.index]);
+      if (p.skip_weight_loads) {
+        MbarrierArrive(&s.full[ring.index]);
+      } else {
+        MbarrierArriveExpectTx(&s.full[ring.index], bytes);
+        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
+                         &s.full[ring.index]);
+      }
       ++ring;
     }
   }

@@ -2,9 +2,12 @@
 // all measured in one process on one GPU:
 //   1. read bandwidth: a plain read kernel over the packed weights (median of 20)
 //   2. page-ring streaming: the same bytes through the megakernel's MATVEC with
-//      no dependencies (what the interpreter costs before any barrier)
+//      no dependencies (what the interpreter costs before any barrier), and the
+//      consumer rate: the same with weight loads skipped
 //   3. decode: random prompt of C tokens (KV cache filled by decode steps), then
-//      --tokens generated tokens in one launch, median of --repeats, per context C.
+//      --tokens generated tokens in one launch, median of --repeats, per context C;
+//      then the same with weight loads skipped ("no-loads": compute and the
+//      dependency chain alone, garbage results).
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -39,13 +42,13 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// Every SM streams its share of the first `bytes` of the packed weights through
-// MATVEC tiles (k = 2048) with no waits, `steps` times in one launch: the
-// interpreter's streaming rate with no dependencies in the way. Returns ms per step.
-absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s, uint64_t bytes,
-                                    uint32_t steps) {
+// Every SM streams its share of the packed weights through MATVEC tiles
+// (k = 2048) with no waits: the interpreter's streaming rate with no
+// dependencies in the way. With `skip_loads`, pages are not loaded at all: the
+// rate the consumers can take pages at.
+absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s, bool skip_loads) {
   constexpr uint32_t kK = 2048, kTileRows = 1024;
-  const uint64_t rows_total = std::min<uint64_t>(bytes, packed.size()) / (2 * kK);
+  const uint64_t rows_total = packed.size() / (2 * kK);
   megakernel::GpuProgram p;
   p.tensors.push_back({0, rows_total * kK * 2, isa::kWeightRegion, graph::BF16});
   p.tensors.push_back({0, kK * 4, isa::kArenaRegion, graph::F32});
@@ -78,11 +81,12 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
   std::mt19937 rng(1);
   for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   if (absl::Status st = (*m)->WriteArena(0, x.data(), kK * 4); !st.ok()) return st;
+  (*m)->SetSkipWeightLoads(skip_loads);
   std::vector<float> ms;
   for (int r = 0; r < 7; ++r) {
-    absl::StatusOr<float> t = (*m)->Run(steps, false);
+    absl::StatusOr<float> t = (*m)->Run(1, false);
     if (!t.ok()) return t.status();
-    if (r >= 2) ms.push_back(*t / steps);
+    if (r >= 2) ms.push_back(*t);
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
@@ -122,13 +126,10 @@ int Main() {
   const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
   if (!packed.ok()) return Fail(packed.status());
-  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s, packed->size(), 1);
+  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s, false);
   if (!stream_ms.ok()) return Fail(stream_ms.status());
-  // 16 MB stays in the 50 MB L2: what the consumers can take when HBM is not the limit.
-  constexpr uint64_t kL2Bytes = 16ull << 20;
-  constexpr uint32_t kL2Steps = 50;
-  absl::StatusOr<double> l2_ms = StreamOnlyMs(*packed, *s, kL2Bytes, kL2Steps);
-  if (!l2_ms.ok()) return Fail(l2_ms.status());
+  absl::StatusOr<double> consume_ms = StreamOnlyMs(*packed, *s, true);
+  if (!consume_ms.ok()) return Fail(consume_ms.status());
   packed->clear();
   packed->shrink_to_fit();
 
@@ -139,9 +140,11 @@ int Main() {
   std::printf("page-ring streaming (MATVEC tiles, no dependencies): %.3f ms for %.3f GB = %.0f GB/s\n", *stream_ms,
               static_cast<double>(d.machine().weights_bytes()) / 1e9,
               static_cast<double>(d.machine().weights_bytes()) / (*stream_ms * 1e-3) / 1e9);
-  std::printf("page-ring streaming from L2 (16 MB, %u passes in one launch): %.1f us per pass = %.0f GB/s, %.1f GB/s per SM\n",
-              kL2Steps, *l2_ms * 1e3, kL2Bytes / (*l2_ms * 1e-3) / 1e9, kL2Bytes / (*l2_ms * 1e-3) / 1e9 / s->num_sms());
-  std::printf("\n%8s %8s %12s %12s %10s %10s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor");
+  const double weight_gb = static_cast<double>(d.machine().weights_bytes()) / 1e9;
+  std::printf("consumer rate (same tiles, weight loads skipped): %.3f ms = %.0f GB/s, %.1f GB/s per SM\n", *consume_ms,
+              weight_gb / (*consume_ms * 1e-3), weight_gb / (*consume_ms * 1e-3) / s->num_sms());
+  std::printf("\n%8s %8s %12s %12s %10s %10s %14s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor",
+              "no-loads ms");
   const int tokens = absl::GetFlag(FLAGS_tokens);
   std::mt19937 rng(7);
   for (int c : contexts) {
@@ -153,16 +156,24 @@ int Main() {
       absl::StatusOr<float> fill = d.Run(c - 1);  // the prompt, one decode step per token
       if (!fill.ok()) return Fail(fill.status());
     }
-    std::vector<float> ms;
-    for (int r = 0; r < absl::GetFlag(FLAGS_repeats) + 1; ++r) {
-      if (absl::Status st = d.SetPosition(c - 1); !st.ok()) return Fail(st);
-      absl::StatusOr<float> t = d.Run(tokens);
-      if (!t.ok()) return Fail(t.status());
-      if (r > 0) ms.push_back(*t / tokens);  // the first is a warm-up
+    // Timed twice: as it is, and with weight loads skipped (what compute and the dependency chain cost alone).
+    double median[2], lo = 0, hi = 0;
+    for (int skip = 0; skip < 2; ++skip) {
+      d.machine().SetSkipWeightLoads(skip == 1);
+      std::vector<float> ms;
+      for (int r = 0; r < absl::GetFlag(FLAGS_repeats) + 1; ++r) {
+        if (absl::Status st = d.SetPosition(c - 1); !st.ok()) return Fail(st);
+        absl::StatusOr<float> t = d.Run(tokens);
+        if (!t.ok()) return Fail(t.status());
+        if (r > 0) ms.push_back(*t / tokens);  // the first is a warm-up
+      }
+      std::sort(ms.begin(), ms.end());
+      median[skip] = ms[ms.size() / 2];
+      if (skip == 0) lo = ms.front(), hi = ms.back();
     }
-    std::sort(ms.begin(), ms.end());
-    std::printf("%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx\n", c, tokens, ms[ms.size() / 2], ms.front(), ms.back(),
-                floor_ms, ms[ms.size() / 2] / floor_ms);
+    d.machine().SetSkipWeightLoads(false);
+    std::printf("%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx %14.4f\n", c, tokens, median[0], lo, hi, floor_ms,
+                median[0] / floor_ms, median[1]);
   }
   if (!absl::GetFlag(FLAGS_trace).empty()) {
     if (absl::Status st = d.SetPosition(contexts.back() - 1); !st.ok()) return Fail(st);

@@ -69,22 +69,32 @@ __device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a,
     xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
     xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
   }
-  for (uint32_t page_start = 0; page_start < tile_elems; page_start += kPageElems) {
-    const uint8_t* page = ctx.AcquirePage();
-    const uint32_t page_end = min(tile_elems, page_start + kPageElems);
-    uint4 w[kSegs];
+  // Software-pipelined: the next page's shared-memory loads are in flight while
+  // this page's sums go through the warp shuffles.
+  uint4 w[kSegs];
+  auto load = [&](const uint8_t* page, uint32_t page_start) {
 #pragma unroll
     for (uint32_t s = 0; s < kSegs; ++s) {
-      if (page_start + (warp_first + s) * kSegmentElems < page_end) {
+      if (page_start + (warp_first + s) * kSegmentElems < tile_elems) {
         w[s] = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
       }
     }
+  };
+  load(ctx.AcquirePage(), 0);
+  for (uint32_t page_start = 0; page_start < tile_elems; page_start += kPageElems) {
+    const uint32_t page_end = min(tile_elems, page_start + kPageElems);
+    // Independent dot products per segment (short FMA chains), summed per slot below.
+    float dot[kSegs];
+#pragma unroll
+    for (uint32_t s = 0; s < kSegs; ++s) dot[s] = Dot8Reg(w[s], xr[s], 0.0f);
+    ctx.ReleasePage();  // its values are in registers
+    if (page_start + kPageElems < tile_elems) load(ctx.AcquirePage(), page_start + kPageElems);
     float acc = 0.0f;
 #pragma unroll
     for (uint32_t s = 0; s < kSegs; ++s) {
       const uint32_t e0 = page_start + (warp_first + s) * kSegmentElems;
       if (e0 < page_end) {
-        acc = Dot8Reg(w[s], xr[s], acc);
+        acc += dot[s];
         const uint32_t next = e0 + kSegmentElems;
         if (s + 1 == kSegs || next >= page_end || (next >> slot_shift) != (e0 >> slot_shift)) {
           acc = WarpSum(acc);
@@ -93,7 +103,6 @@ __device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a,
         }
       }
     }
-    ctx.ReleasePage();
   }
 }
 
