@@ -49,11 +49,30 @@ __device__ __forceinline__ bool MbarrierTryWait(uint64_t* bar, uint32_t parity) 
   return done != 0;
 }
 
-// Spins until the mbarrier's phase with `parity` has completed. Debug builds
+// Like MbarrierTryWait, but the thread may sleep up to `suspend_ns` for the
+// phase to complete (the hardware wakes it when it does): a waiting warp stops
+// taking issue slots from the warps that compute.
+__device__ __forceinline__ bool MbarrierTryWaitSuspend(uint64_t* bar, uint32_t parity, uint32_t suspend_ns) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(SmemAddress(bar)), "r"(parity), "r"(suspend_ns)
+      : "memory");
+  return done != 0;
+}
+
+// Sleep bound of one MbarrierWait poll. Debug builds poll without sleeping, so
+// kDebugSpinLimit polls stay a bounded time.
+inline constexpr uint32_t kMbarrierSuspendNs = kDeviceDebug ? 0 : 1'000'000;
+
+// Waits until the mbarrier's phase with `parity` has completed. Debug builds
 // give up after kDebugSpinLimit polls and report `where` (see device_debug.h).
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity, const StuckWhere& where) {
   uint64_t spins = 0;
-  while (!MbarrierTryWait(bar, parity)) {
+  while (!(kDeviceDebug ? MbarrierTryWait(bar, parity) : MbarrierTryWaitSuspend(bar, parity, kMbarrierSuspendNs))) {
     if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(parity);
   }
 }

@@ -106,6 +106,81 @@ __device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a,
   }
 }
 
+// Sums each of v[0..7] over the warp with 9 shuffles instead of 8 x 5: every
+// level sends away half of the values and keeps the other half. Returns the sum
+// of v[MultiWarpSumIndex(lane)].
+__device__ __forceinline__ float MultiWarpSum8(float (&v)[8], uint32_t lane) {
+  const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0, hi4 = (lane & 4) != 0;
+  float v4[4], v2[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float send = hi16 ? v[i] : v[i + 4];
+    v4[i] = (hi16 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float send = hi8 ? v4[i] : v4[i + 2];
+    v2[i] = (hi8 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  float r = (hi4 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, hi4 ? v2[0] : v2[1], 4);
+  r += __shfl_xor_sync(0xffffffffu, r, 2);
+  r += __shfl_xor_sync(0xffffffffu, r, 1);
+  return r;
+}
+__device__ __forceinline__ uint32_t MultiWarpSumIndex(uint32_t lane) {
+  return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
+}
+
+// StreamTileXInRegisters for the case where a warp's share of a page is
+// exactly one partial-sum slot (kSegs * 256 == slot): the warp keeps one
+// per-lane sum per page for a batch of 8 pages and reduces the 8 together
+// (MultiWarpSum8), so the page loop has no shuffles on its critical path.
+template <uint32_t kSegs>
+__device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, ConsumerContext& ctx, const float* x,
+                                                  float* partial, uint32_t slot_shift) {
+  constexpr uint32_t kBatch = 8;
+  const uint32_t k = a.k, tile_elems = a.rows * k;
+  constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
+  const uint32_t warp_first = ctx.warp * kSegs;
+  float xr[kSegs][8];
+#pragma unroll
+  for (uint32_t s = 0; s < kSegs; ++s) {
+    const uint32_t col = ((warp_first + s) * kSegmentElems) % k + ctx.lane * 8;
+    const float4 lo = *reinterpret_cast<const float4*>(x + col);
+    const float4 hi = *reinterpret_cast<const float4*>(x + col + 4);
+    xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
+    xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
+  }
+  const uint32_t warp_offset = warp_first * kSegmentElems;  // the warp's slot starts here in every page
+  for (uint32_t batch_start = 0; batch_start < tile_elems; batch_start += kBatch * kPageElems) {
+    float v[kBatch];
+#pragma unroll
+    for (uint32_t j = 0; j < kBatch; ++j) {
+      const uint32_t page_start = batch_start + j * kPageElems;
+      v[j] = 0.0f;
+      if (page_start < tile_elems) {  // the same for every consumer: pages stay in ring order
+        const uint8_t* page = ctx.AcquirePage();
+        if (page_start + warp_offset < tile_elems) {  // a warp's slot is all in the tile or all out
+          uint4 w[kSegs];
+#pragma unroll
+          for (uint32_t s = 0; s < kSegs; ++s) {
+            w[s] = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+          }
+          float dot[kSegs];
+#pragma unroll
+          for (uint32_t s = 0; s < kSegs; ++s) dot[s] = Dot8Reg(w[s], xr[s], 0.0f);
+#pragma unroll
+          for (uint32_t s = 0; s < kSegs; ++s) v[j] += dot[s];
+        }
+        ctx.ReleasePage();
+      }
+    }
+    const float sum = MultiWarpSum8(v, ctx.lane);
+    const uint32_t e0 = batch_start + MultiWarpSumIndex(ctx.lane) * kPageElems + warp_offset;
+    if ((ctx.lane & 3) == 0 && e0 < tile_elems) partial[e0 >> slot_shift] = sum;
+  }
+}
+
 __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position,
                                                  const float* inv_freq) {
   const float angle = static_cast<float>(position) * inv_freq[j];
@@ -175,7 +250,9 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   const uint32_t slot_shift = slot_elems == kWideSlotElems ? 10 : 8;
   static_assert(kWideSlotElems == 1u << 10 && kSegmentElems == 1u << 8, "slot shifts");
   const bool x_in_registers = page_elems % k == 0;
-  if (x_in_registers && segments_per_warp == 4) {
+  if (x_in_registers && segments_per_warp == 4 && slot_elems == 4 * kSegmentElems) {
+    StreamTileBatched<4>(a, ctx, x, partial, slot_shift);
+  } else if (x_in_registers && segments_per_warp == 4) {
     StreamTileXInRegisters<4>(a, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 8) {
     StreamTileXInRegisters<8>(a, ctx, x, partial, slot_shift);
