@@ -22,7 +22,7 @@ struct GpuProgram {
   uint32_t page_bytes = 16384;
   uint32_t num_pages = 11;
   uint32_t activation_bytes = 48128;  // the activation ring
-  uint32_t activation_slots = 4;
+  uint32_t activation_slots = 1;
 };
 
 class GpuMachine {
