@@ -65,6 +65,7 @@ class OpBench {
     program.arena_bytes = arena_.size();
     program.activation_bytes = kActivationBytes;
     program.num_pages = 10;  // a 48 KB activation ring leaves room for 10 pages
+    program.activation_slots = 4;  // instructions share the ring: allocation, wrap-around and release are exercised
     std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
     isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
                           static_cast<uint32_t>(table_.size())};
@@ -325,6 +326,15 @@ TEST_F(GpuSchedules, UnfusedAndPerOpSchedulesMatchTheVm) {
   o.set_elementwise_chunk(100);
   *o.mutable_fusion() = scheduler::AllFusionsOff();
   Check(o, 0, "unfused, per-op barriers");
+}
+
+TEST_F(GpuSchedules, EveryActivationSlotCountMatchesTheVm) {
+  for (uint32_t slots = 1; slots <= 4; ++slots) {
+    scheduler::CompileOptions o;
+    o.set_num_sms(8);  // several instructions per SM in flight through the activation ring
+    o.mutable_smem()->set_activation_slots(slots);
+    Check(o, 0, absl::StrCat(slots, " activation slots"));
+  }
 }
 
 }  // namespace
