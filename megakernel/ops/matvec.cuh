@@ -50,6 +50,21 @@ __device__ __forceinline__ float Dot8Reg(const uint4& w, const float (&x)[8], fl
   return acc;
 }
 
+// The x values a lane multiplies in each of its warp's kSegs segments, the same
+// in every page when the tile's rows tile the pages exactly.
+template <uint32_t kSegs>
+__device__ __forceinline__ void LoadXSegments(const float* x, uint32_t k, uint32_t warp_first, uint32_t lane,
+                                              float (&xr)[kSegs][8]) {
+#pragma unroll
+  for (uint32_t s = 0; s < kSegs; ++s) {
+    const uint32_t col = ((warp_first + s) * kSegmentElems) % k + lane * 8;
+    const float4 lo = *reinterpret_cast<const float4*>(x + col);
+    const float4 hi = *reinterpret_cast<const float4*>(x + col + 4);
+    xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
+    xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
+  }
+}
+
 // Streams a tile whose rows tile the pages exactly (page_elems % k == 0): every
 // page then starts at column 0, so a warp covers the same columns in every page
 // and keeps its x values in registers for the whole tile. kSegs = segments per
@@ -61,14 +76,7 @@ __device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a,
   constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
   const uint32_t warp_first = ctx.warp * kSegs;
   float xr[kSegs][8];
-#pragma unroll
-  for (uint32_t s = 0; s < kSegs; ++s) {
-    const uint32_t col = ((warp_first + s) * kSegmentElems) % k + ctx.lane * 8;
-    const float4 lo = *reinterpret_cast<const float4*>(x + col);
-    const float4 hi = *reinterpret_cast<const float4*>(x + col + 4);
-    xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
-    xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
-  }
+  LoadXSegments<kSegs>(x, k, warp_first, ctx.lane, xr);
   // Software-pipelined: the next page's shared-memory loads are in flight while
   // this page's sums go through the warp shuffles.
   uint4 w[kSegs];
@@ -143,14 +151,7 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, Cons
   constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
   const uint32_t warp_first = ctx.warp * kSegs;
   float xr[kSegs][8];
-#pragma unroll
-  for (uint32_t s = 0; s < kSegs; ++s) {
-    const uint32_t col = ((warp_first + s) * kSegmentElems) % k + ctx.lane * 8;
-    const float4 lo = *reinterpret_cast<const float4*>(x + col);
-    const float4 hi = *reinterpret_cast<const float4*>(x + col + 4);
-    xr[s][0] = lo.x, xr[s][1] = lo.y, xr[s][2] = lo.z, xr[s][3] = lo.w;
-    xr[s][4] = hi.x, xr[s][5] = hi.y, xr[s][6] = hi.z, xr[s][7] = hi.w;
-  }
+  LoadXSegments<kSegs>(x, k, warp_first, ctx.lane, xr);
   const uint32_t warp_offset = warp_first * kSegmentElems;  // the warp's slot starts here in every page
   for (uint32_t batch_start = 0; batch_start < tile_elems; batch_start += kBatch * kPageElems) {
     float v[kBatch];
