@@ -82,9 +82,10 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
     case LAYER_NORM: {
       const HostTensor& x = In(op, 0);
       const HostTensor& w = In(op, 1);
-      const int64_t d = x.shape[1];
+      // Rows of d elements, or (per-head norm) runs of group_size elements sharing one weight.
+      const int64_t d = op.norm().group_size() > 0 ? op.norm().group_size() : x.shape[1];
       const float eps = op.norm().eps();
-      for (int64_t t = 0; t < x.shape[0]; ++t) {
+      for (int64_t t = 0; t < x.size() / d; ++t) {
         const float* row = x.f32.data() + t * d;
         float mean = 0.0f;
         if (op.type() == LAYER_NORM) {
@@ -118,14 +119,14 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
     case ROPE: {
       const HostTensor& x = In(op, 0);
       const int32_t pos = In(op, 1).i32[0];
-      const std::vector<float> inv_freq = RopeInvFreq(op.rope());
+      const std::vector<float> table = RopeTable(op.rope());
       const int head_dim = op.rope().head_dim();
       out.f32 = x.f32;
       const int64_t width = x.shape[1];
       for (int64_t t = 0; t < x.shape[0]; ++t) {
         for (int64_t h = 0; h < width / head_dim; ++h) {
           ApplyRopeToHead(out.f32.data() + t * width + h * head_dim, head_dim, pos + static_cast<int>(t),
-                          inv_freq.data());
+                          table.data());
         }
       }
       return absl::OkStatus();

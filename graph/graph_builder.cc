@@ -51,9 +51,11 @@ std::string GraphBuilder::Embedding(const std::string& out, const std::string& t
 }
 
 std::string GraphBuilder::RmsNorm(const std::string& out, const std::string& x, const std::string& weight,
-                                  float eps) {
+                                  float eps, int group_size) {
   Declare(out, ShapeOf(x), F32, ACTIVATION);
-  AddOp(out, RMS_NORM, {x, weight})->mutable_norm()->set_eps(eps);
+  NormAttrs* attrs = AddOp(out, RMS_NORM, {x, weight})->mutable_norm();
+  attrs->set_eps(eps);
+  attrs->set_group_size(group_size);
   return out;
 }
 

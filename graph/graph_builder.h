@@ -21,7 +21,9 @@ class GraphBuilder {
   std::string State(const std::string& name, std::vector<int64_t> shape, DType dtype = F32);
 
   std::string Embedding(const std::string& out, const std::string& table, const std::string& ids);
-  std::string RmsNorm(const std::string& out, const std::string& x, const std::string& weight, float eps);
+  // group_size 0: the whole row; g: each run of g elements (per-head norm, weight [g]).
+  std::string RmsNorm(const std::string& out, const std::string& x, const std::string& weight, float eps,
+                      int group_size = 0);
   std::string LayerNorm(const std::string& out, const std::string& x, const std::string& weight,
                         const std::string& bias, float eps);
   std::string Linear(const std::string& out, const std::string& x, const std::string& weight,

@@ -99,11 +99,15 @@ class OpChecker {
   absl::Status CheckNorm(bool with_bias) {
     LOOM_RETURN_IF_ERROR(Arity(with_bias ? 3 : 2, with_bias ? 3 : 2, 1));
     LOOM_RETURN_IF_ERROR(Rank(In(0), 2));
-    const int64_t d = In(0).shape(1);
+    if (!op_.has_norm() || !(op_.norm().eps() > 0)) return Error("needs norm attrs with eps > 0");
+    const int64_t group = op_.norm().group_size();
+    if (group < 0 || (group > 0 && In(0).shape(1) % group != 0)) {
+      return Error(absl::StrCat("group_size ", group, " does not divide the row of ", In(0).shape(1)));
+    }
+    const int64_t d = group > 0 ? group : In(0).shape(1);
     LOOM_RETURN_IF_ERROR(Expect(In(0), ShapeOf(In(0)), {F32}));
     LOOM_RETURN_IF_ERROR(Expect(In(1), {d}, {BF16, F32}));
     if (with_bias) LOOM_RETURN_IF_ERROR(Expect(In(2), {d}, {BF16, F32}));
-    if (!op_.has_norm() || !(op_.norm().eps() > 0)) return Error("needs norm attrs with eps > 0");
     return Expect(Out(0), ShapeOf(In(0)), {F32});
   }
   absl::Status CheckLinear() {
@@ -126,7 +130,16 @@ class OpChecker {
     if (hd <= 0 || hd % 2 != 0 || In(0).shape(1) % hd != 0) {
       return Error(absl::StrCat("head_dim ", hd, " must be even and divide ", In(0).shape(1)));
     }
-    if (!(op_.rope().theta() > 0)) return Error("rope theta must be > 0");
+    const RopeAttrs& r = op_.rope();
+    if (!(r.theta() > 0)) return Error("rope theta must be > 0");
+    if (r.has_llama3_scaling() + (r.linear_factor() != 0) + r.has_yarn() > 1) {
+      return Error("at most one rope scaling (llama3, linear, yarn) may be set");
+    }
+    if (r.linear_factor() < 0) return Error("rope linear_factor must be > 0");
+    if (r.has_yarn() && !(r.yarn().factor() > 0 && r.yarn().original_max_position() > 0 && r.yarn().beta_fast() > 0 &&
+                          r.yarn().beta_slow() > 0 && r.yarn().attention_factor() > 0)) {
+      return Error("yarn needs positive factor, original_max_position, beta_fast, beta_slow and attention_factor");
+    }
     return Expect(Out(0), ShapeOf(In(0)), {F32});
   }
   absl::Status CheckAttention() {

@@ -5,6 +5,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/hf_config.h"
+#include "graph/progress.h"
 #include "graph/proto_file.h"
 #include "graph/safetensors.h"
 
@@ -14,7 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // Every weight the config implies must be in the files with exactly its shape.
-absl::Status LoadHfWeights(const std::string& dir, const LlamaConfig& config, bool load, WeightStore* weights) {
+absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, bool load, WeightStore* weights,
+                           std::vector<std::string>* notes) {
   std::vector<std::string> files;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single_path = fs::path(dir) / "model.safetensors";
@@ -48,7 +52,15 @@ absl::Status LoadHfWeights(const std::string& dir, const LlamaConfig& config, bo
     if (!file.ok()) return file.status();
     opened[f] = std::move(*file);
   }
-  for (const auto& [name, shape] : LlamaWeightShapes(config)) {
+  // Checks every weight first (a wrong folder fails in a second, not after minutes of reading).
+  struct Source {
+    std::string name;
+    const SafetensorsFile* file;
+  };
+  std::vector<Source> sources;
+  uint64_t total_bytes = 0;
+  std::set<std::string> converted;  // dtypes rounded to bf16
+  for (const auto& [name, shape] : DecoderWeightShapes(config)) {
     std::shared_ptr<SafetensorsFile> file;
     if (!file_of.empty()) {
       auto it = file_of.find(name);
@@ -75,12 +87,23 @@ absl::Status LoadHfWeights(const std::string& dir, const LlamaConfig& config, bo
       return absl::InvalidArgumentError(
           absl::StrCat(file->path(), ": weight '", name, "' has dtype ", dtype, "; need BF16, F16 or F32"));
     }
-    if (load) {
-      absl::StatusOr<HostTensor> t = file->ReadBf16(name);
-      if (!t.ok()) return t.status();
-      weights->emplace(name, *std::move(t));
-    }
+    if (dtype != "BF16") converted.insert(dtype);
+    sources.push_back({name, file.get()});
+    total_bytes += entry->second.end - entry->second.begin;
   }
+  for (const std::string& dtype : converted) {
+    notes->push_back(absl::StrCat("weights stored as ", dtype, " are rounded to bf16 (Loom computes from bf16 weights)"));
+  }
+  if (!load) return absl::OkStatus();
+  Progress progress(absl::StrCat("reading weights from ", dir), total_bytes);
+  for (const Source& source : sources) {
+    absl::StatusOr<HostTensor> t = source.file->ReadBf16(source.name);
+    if (!t.ok()) return t.status();
+    const SafetensorsEntry& e = source.file->header().tensors.at(source.name);
+    progress.Add(e.end - e.begin);
+    weights->emplace(source.name, *std::move(t));
+  }
+  progress.Done();
   return absl::OkStatus();
 }
 
@@ -89,28 +112,38 @@ absl::Status LoadHfWeights(const std::string& dir, const LlamaConfig& config, bo
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options) {
   Model model;
   model.spec = spec;
-  if (absl::StartsWith(spec, "random:")) {
-    absl::StatusOr<LlamaConfig> config = LlamaPreset(spec.substr(7));
+  const bool random = absl::StartsWith(spec, "random:");
+  const std::string config_path = (fs::path(spec) / "config.json").string();
+  if (random) {
+    absl::StatusOr<DecoderConfig> config = DecoderPreset(spec.substr(7));
     if (!config.ok()) return config.status();
     model.config = *config;
   } else {
-    const std::string config_path = (fs::path(spec) / "config.json").string();
     if (!fs::is_directory(spec)) {
       return absl::NotFoundError(absl::StrCat(spec, ": not a model folder and not random:<preset>"));
     }
     absl::StatusOr<std::string> text = ReadFileToString(config_path);
     if (!text.ok()) return text.status();
-    absl::StatusOr<LlamaConfig> config = ParseLlamaConfig(*text, config_path);
+    std::vector<std::string> unused;
+    absl::StatusOr<DecoderConfig> config = ParseHfConfig(*text, config_path, &unused);
     if (!config.ok()) return config.status();
     model.config = *config;
+    if (!unused.empty()) {
+      model.notes.push_back(absl::StrCat(config_path, ": fields transformers does not read for ", model.config.family,
+                                         " models either, ignored: ", absl::StrJoin(unused, ", ")));
+    }
   }
   const int max_seq = options.max_seq > 0 ? options.max_seq : std::min(model.config.max_position_embeddings, 4096);
-  absl::StatusOr<Graph> graph = BuildLlamaDecodeGraph(model.config, max_seq);
+  if (absl::Status s = model.config.CheckWindows(max_seq); !s.ok()) {
+    return random ? s : absl::UnimplementedError(absl::StrCat(config_path, ": ", s.message()));
+  }
+  absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
-  if (absl::StartsWith(spec, "random:")) {
-    if (options.load_weights) model.weights = RandomLlamaWeights(model.config, options.seed);
-  } else if (absl::Status s = LoadHfWeights(spec, model.config, options.load_weights, &model.weights); !s.ok()) {
+  if (random) {
+    if (options.load_weights) model.weights = RandomDecoderWeights(model.config, options.seed);
+  } else if (absl::Status s = LoadHfWeights(spec, model.config, options.load_weights, &model.weights, &model.notes);
+             !s.ok()) {
     return s;
   }
   return model;
@@ -118,16 +151,17 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
 
 absl::Status ExportModel(const Model& model, const std::string& dir) {
   if (model.weights.empty()) return absl::FailedPreconditionError("export needs a model loaded with its weights");
+  absl::StatusOr<nlohmann::json> config = HfConfigToJson(model.config);
+  if (!config.ok()) return config.status();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   std::vector<std::pair<std::string, const HostTensor*>> tensors;
-  for (const auto& [name, shape] : LlamaWeightShapes(model.config)) {
+  for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
     tensors.emplace_back(name, &model.weights.at(name));
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;
-  return WriteFileAtomically((fs::path(dir) / "config.json").string(),
-                             LlamaConfigToJson(model.config).dump(2) + "\n");
+  return WriteFileAtomically((fs::path(dir) / "config.json").string(), config->dump(2) + "\n");
 }
 
 }  // namespace loom::graph

@@ -1,5 +1,6 @@
 // Loading a model by spec: "random:<preset>" (deterministic random weights) or a
-// Hugging Face folder (config.json + model.safetensors or a sharded index).
+// Hugging Face folder (config.json + model.safetensors or a sharded index) of a
+// family in graph/families/.
 // Exporting writes a random model as such a folder.
 #pragma once
 
@@ -8,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "graph/host_tensor.h"
-#include "graph/llama.h"
+#include "graph/decoder.h"
 
 namespace loom::graph {
 
@@ -20,14 +21,18 @@ struct ModelOptions {
 
 struct Model {
   std::string spec;
-  LlamaConfig config;
+  DecoderConfig config;
+  // What the caller should tell the user: config fields transformers does not
+  // read for this family (ignored), weights rounded to bf16.
+  std::vector<std::string> notes;
   Graph graph;
   WeightStore weights;  // empty unless ModelOptions::load_weights
 };
 
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});
 
-// Writes config.json and model.safetensors into `dir` (created if missing).
+// Writes config.json and model.safetensors into `dir` (created if missing), a
+// folder transformers loads as the config's family.
 absl::Status ExportModel(const Model& model, const std::string& dir);
 
 }  // namespace loom::graph

@@ -29,6 +29,7 @@ inline constexpr int kMaxWaits = 4;
 inline constexpr int kHeaderWords = 2 + 2 * kMaxWaits;
 inline constexpr int kArgWords = kInstructionWords - kHeaderWords;
 inline constexpr uint32_t kNoBarrier = 0xffffffffu;
+inline constexpr uint32_t kNoTensor = 0xffffffffu;  // an optional tensor argument that is absent
 inline constexpr uint32_t kBarrierIdMask = 0x7fffffffu;
 inline constexpr uint32_t kWaitPreviousStep = 0x80000000u;
 inline constexpr uint32_t kMaxSignalsPerStep = 0xffffu;
@@ -125,13 +126,14 @@ static_assert(sizeof(Instruction) == kInstructionBytes);
 
 // out[0:hidden] = table[tokens[state[position]], :]        (bf16 -> f32)
 struct EmbedArgs {
-  uint32_t table;  // bf16 [vocab, hidden] (a packed weight)
+  uint32_t table;  // bf16 [vocab, row_stride] (a packed weight, shared with a tied LM head)
   uint32_t tokens; // i32 [max_seq + 1]: token at each position
   uint32_t step_state;
   uint32_t out;  // f32 [hidden]
   uint32_t hidden;
   uint32_t vocab;
-  static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab"};
+  uint32_t row_stride;  // elements between rows of the table (>= hidden)
+  static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab", "row_stride"};
 };
 
 // out = x * rsqrt(mean(x^2) + eps) * weight
@@ -154,9 +156,10 @@ enum MatvecEpilogue : uint32_t {
   kNumEpilogues = 5,
 };
 
-// y[r] = dot(W[row_begin + r, 0:k], x) for r in [0, rows): one tile of a
-// packed bf16 weight [total_rows, k], row-major, so the tile is one contiguous
-// byte range. x = input, or RMSNorm(input) * norm_weight with the prologue.
+// y[r] = dot(W[row_begin + r, 0:k], x) (+ bias[row_begin + r]) for r in [0,
+// rows): one tile of a packed bf16 weight whose rows are MatvecRowStride(k)
+// elements apart (zeros past k), row-major, so the tile is one contiguous byte
+// range. x = input, or RMSNorm(input) * norm_weight with the prologue.
 struct MatvecArgs {
   uint32_t weight;
   uint32_t row_begin;
@@ -172,25 +175,35 @@ struct MatvecArgs {
   uint32_t k_cache;      // f32 [kv_heads, max_seq, head_dim] (kEpilogueRopeKvAppend)
   uint32_t v_cache;
   uint32_t step_state;
-  uint32_t rope_inv_freq;  // f32 [head_dim / 2]
+  uint32_t rope_table;   // f32 [head_dim / 2 + 1]: inverse frequencies, then the cos/sin factor
   uint32_t heads_per_group;  // query heads per KV head
   uint32_t num_kv_heads;
   uint32_t head_dim;
   uint32_t max_seq;
   uint32_t partials;    // f32 [tiles, 2] (kEpilogueArgmaxPartial)
   uint32_t tile_index;
+  uint32_t bias;        // bf16 [total_rows] in the weight's row order, or kNoTensor
   static constexpr const char* kFields[] = {
       "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
-      "residual", "k_cache", "v_cache", "step_state", "rope_inv_freq", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
-      "partials", "tile_index"};
+      "residual", "k_cache", "v_cache", "step_state", "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
+      "partials", "tile_index", "bias"};
 };
 
-// A matvec's partial sums: one per `MatvecSlotElems(k)` columns of each row
-// (1024 when k allows, else 256). The device keeps x[k] and rows * k / slot
-// partials in its activation buffer; MatvecActivationBytes is that size.
-LOOM_HD uint32_t MatvecSlotElems(uint32_t k) { return k % 1024 == 0 ? 1024 : 256; }
+// A matvec weight row holds k elements padded with zeros to a multiple of
+// kMatvecRowAlign (the 256 columns a warp multiplies at once on the device), so
+// every k a checkpoint has streams through the same page loop. The input x is
+// padded with zeros the same way in the activation slot.
+inline constexpr uint32_t kMatvecRowAlign = 256;
+LOOM_HD uint32_t MatvecRowStride(uint32_t k) { return (k + kMatvecRowAlign - 1) / kMatvecRowAlign * kMatvecRowAlign; }
+
+// A matvec's partial sums: one per `MatvecSlotElems(stride)` columns of each
+// row (1024 when the padded row allows, else 256). The device keeps x[stride]
+// and rows * stride / slot partials in its activation slot;
+// MatvecActivationBytes is that size.
+LOOM_HD uint32_t MatvecSlotElems(uint32_t stride) { return stride % 1024 == 0 ? 1024 : 256; }
 LOOM_HD uint64_t MatvecActivationBytes(uint32_t rows, uint32_t k) {
-  return 4ull * k + 4ull * rows * ((k + MatvecSlotElems(k) - 1) / MatvecSlotElems(k));
+  const uint32_t stride = MatvecRowStride(k);
+  return 4ull * stride + 4ull * rows * (stride / MatvecSlotElems(stride));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of
@@ -215,6 +228,8 @@ LOOM_HD QkvRow QkvGroupedRow(uint32_t packed_row, uint32_t heads_per_group, uint
 }
 
 // Unfused RoPE + KV append: q_out = rope(q_in); caches[pos] = rope(k_in), v_in.
+// With q_norm / k_norm (not kNoTensor), each q and k head is first RMS-normed
+// over its head_dim with that weight (Qwen3's per-head norms).
 struct RopeAppendArgs {
   uint32_t q_in;
   uint32_t k_in;
@@ -223,13 +238,17 @@ struct RopeAppendArgs {
   uint32_t k_cache;
   uint32_t v_cache;
   uint32_t step_state;
-  uint32_t rope_inv_freq;
+  uint32_t rope_table;
   uint32_t num_heads;
   uint32_t num_kv_heads;
   uint32_t head_dim;
   uint32_t max_seq;
+  uint32_t q_norm;  // bf16 [head_dim] or kNoTensor
+  uint32_t k_norm;  // bf16 [head_dim] or kNoTensor
+  float norm_eps;
   static constexpr const char* kFields[] = {"q_in", "k_in", "v_in", "q_out", "k_cache", "v_cache", "step_state",
-                                            "rope_inv_freq", "num_heads", "num_kv_heads", "head_dim", "max_seq"};
+                                            "rope_table", "num_heads", "num_kv_heads", "head_dim", "max_seq",
+                                            "q_norm", "k_norm", "norm_eps"};
 };
 
 // Split-KV decode attention for one KV head and one split of the context
@@ -268,6 +287,8 @@ LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, ui
 // kAttnThreads / head_dim position groups (each [group * head_dim]), and, when
 // they fit, the split's K and V rows ([positions * head_dim] each).
 inline constexpr uint32_t kAttnThreads = 256;
+// Query heads per KV head that ATTN_PARTIAL keeps accumulators for.
+inline constexpr uint32_t kAttnMaxGroupHeads = 8;
 struct AttnPartialSlot {
   uint64_t q, scores, red, k, v, bytes;
 };

@@ -52,7 +52,8 @@ uint64_t U(uint32_t v) { return v; }
 
 void Validate(const EmbedArgs& a, Checker& c) {
   c.Require(a.hidden > 0 && a.vocab > 0, "hidden and vocab must be positive");
-  c.Tensor("table", a.table, BF16, U(a.vocab) * a.hidden);
+  c.Require(a.row_stride >= a.hidden, "row_stride must be at least hidden");
+  c.Tensor("table", a.table, BF16, U(a.vocab) * a.row_stride);
   c.Tensor("tokens", a.tokens, I32, 1);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("out", a.out, F32, a.hidden);
@@ -65,10 +66,15 @@ void Validate(const RmsNormArgs& a, Checker& c) {
 }
 void Validate(const MatvecArgs& a, Checker& c) {
   c.Require(a.rows > 0 && a.k > 0, "rows and k must be positive");
+  // x arrives by bulk copy (16-byte multiples) and is read as float4.
+  c.Require(a.k % 4 == 0, absl::StrCat("k = ", a.k, " must be a multiple of 4"));
+  c.Require(U(a.rows) * MatvecRowStride(a.k) < (uint64_t{1} << 32),
+            absl::StrCat("a tile of ", a.rows, " x ", a.k, " is too large (32-bit element indices)"));
   c.Require(a.prologue <= kPrologueRmsNorm, absl::StrCat("unknown prologue ", a.prologue));
   c.Require(a.epilogue < kNumEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
-  c.Tensor("weight", a.weight, BF16, (U(a.row_begin) + a.rows) * a.k);
+  c.Tensor("weight", a.weight, BF16, (U(a.row_begin) + a.rows) * MatvecRowStride(a.k));
   c.Tensor("input", a.input, F32, a.k);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, U(a.row_begin) + a.rows);
   if (a.prologue == kPrologueRmsNorm) {
     c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
     c.Require(a.norm_eps > 0, "norm_eps must be positive");
@@ -98,7 +104,7 @@ void Validate(const MatvecArgs& a, Checker& c) {
       c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
       c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
       c.Tensor("step_state", a.step_state, I32, kStepStateWords);
-      c.Tensor("rope_inv_freq", a.rope_inv_freq, F32, a.head_dim / 2);
+      c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
       break;
     }
   }
@@ -114,13 +120,22 @@ void Validate(const RopeAppendArgs& a, Checker& c) {
   c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
   c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
-  c.Tensor("rope_inv_freq", a.rope_inv_freq, F32, a.head_dim / 2);
+  c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
+  if (a.q_norm != kNoTensor) c.Tensor("q_norm", a.q_norm, BF16, a.head_dim);
+  if (a.k_norm != kNoTensor) c.Tensor("k_norm", a.k_norm, BF16, a.head_dim);
+  if (a.q_norm != kNoTensor || a.k_norm != kNoTensor) c.Require(a.norm_eps > 0, "norm_eps must be positive");
 }
 void Validate(const AttnPartialArgs& a, Checker& c) {
   c.Require(a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0 && a.kv_head < a.num_kv_heads,
             "bad kv_head / head counts");
   c.Require(a.num_splits > 0 && a.split < a.num_splits, "split outside num_splits");
   c.Require(a.head_dim > 0 && a.scale > 0, "head_dim and scale must be positive");
+  // What the device implementation covers (one thread per head dimension slice, accumulators per group head).
+  c.Require(a.head_dim % 4 == 0 && kAttnThreads % a.head_dim == 0,
+            absl::StrCat("head_dim ", a.head_dim, " must divide ", kAttnThreads, " and be a multiple of 4"));
+  c.Require(a.num_kv_heads == 0 || a.num_heads / a.num_kv_heads <= kAttnMaxGroupHeads,
+            absl::StrCat(a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads,
+                         " query heads share a KV head; at most ", kAttnMaxGroupHeads, " can"));
   const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
   c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
@@ -166,7 +181,7 @@ Footprint Cost(const EmbedArgs& a, uint32_t) { return {2ull * a.hidden, 4ull * a
 Footprint Cost(const RmsNormArgs& a, uint32_t) { return {2ull * a.n, 8ull * a.n, 0, 4ull * a.n}; }
 Footprint Cost(const MatvecArgs& a, uint32_t) {
   Footprint f;
-  f.weight_bytes = 2ull * a.rows * a.k;
+  f.weight_bytes = 2ull * a.rows * MatvecRowStride(a.k) + (a.bias != kNoTensor ? 2ull * a.rows : 0);
   f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
   f.smem_bytes = MatvecActivationBytes(a.rows, a.k);
   f.flops = 2ull * a.rows * a.k;
@@ -202,7 +217,7 @@ void Reference(const EmbedArgs& a, const MachineView& m) {
   const int32_t* state = m.ptr<int32_t>(a.step_state);
   int32_t token = m.ptr<int32_t>(a.tokens)[state[kStatePosition]];
   if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
-  const uint16_t* row = m.ptr<uint16_t>(a.table) + static_cast<uint64_t>(token) * a.hidden;
+  const uint16_t* row = m.ptr<uint16_t>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
   float* out = m.ptr<float>(a.out);
   for (uint32_t i = 0; i < a.hidden; ++i) out[i] = graph::Bf16ToFloat(row[i]);
 }
@@ -219,9 +234,10 @@ void Reference(const RmsNormArgs& a, const MachineView& m) {
   RmsNormInto(m.ptr<float>(a.input), m.ptr<uint16_t>(a.weight), a.n, a.eps, m.ptr<float>(a.out));
 }
 
-void RotatePair(float* x, float* y, uint32_t j, int32_t position, const float* inv_freq) {
-  const float angle = static_cast<float>(position) * inv_freq[j];
-  const float c = std::cos(angle), s = std::sin(angle);
+// Rotates (x, y) by position * table[j], cos and sin scaled by table[half].
+void RotatePair(float* x, float* y, uint32_t j, int32_t position, const float* table, uint32_t half) {
+  const float angle = static_cast<float>(position) * table[j];
+  const float c = std::cos(angle) * table[half], s = std::sin(angle) * table[half];
   const float a = *x, b = *y;
   *x = a * c - b * s;
   *y = b * c + a * s;
@@ -231,11 +247,13 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
   std::vector<float> x(m.ptr<float>(a.input), m.ptr<float>(a.input) + a.k);
   if (a.prologue == kPrologueRmsNorm) RmsNormInto(x.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, x.data());
   std::vector<float> y(a.rows);
-  const uint16_t* w = m.ptr<uint16_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k;
+  const uint64_t stride = MatvecRowStride(a.k);
+  const uint16_t* w = m.ptr<uint16_t>(a.weight) + a.row_begin * stride;
   for (uint32_t r = 0; r < a.rows; ++r) {
     float acc = 0.0f;
-    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[static_cast<uint64_t>(r) * a.k + j]);
+    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[r * stride + j]);
     y[r] = acc;
+    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
   }
   float* out = m.ptr<float>(a.out);
   switch (a.epilogue) {
@@ -263,11 +281,11 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
     }
     case kEpilogueRopeKvAppend: {
       const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
-      const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+      const float* table = m.ptr<float>(a.rope_table);
       const uint32_t half = a.head_dim / 2;
       for (uint32_t r = 0; r < a.rows; r += 2) {
         const QkvRow row = QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
-        if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, inv_freq);
+        if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, table, half);
         float* dst = row.kind == kQkvQ ? out
                      : row.kind == kQkvK ? m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim
                                          : m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
@@ -287,22 +305,23 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
 
 void Reference(const RopeAppendArgs& a, const MachineView& m) {
   const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
-  const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+  const float* table = m.ptr<float>(a.rope_table);
   const uint32_t half = a.head_dim / 2;
-  const float* q_in = m.ptr<float>(a.q_in);
-  float* q_out = m.ptr<float>(a.q_out);
-  for (uint32_t i = 0; i < a.num_heads * a.head_dim; ++i) q_out[i] = q_in[i];
-  for (uint32_t h = 0; h < a.num_heads; ++h) {
-    for (uint32_t j = 0; j < half; ++j) RotatePair(&q_out[h * a.head_dim + j], &q_out[h * a.head_dim + j + half], j, pos, inv_freq);
-  }
-  for (uint32_t g = 0; g < a.num_kv_heads; ++g) {
-    float* k = m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(g) * a.max_seq + pos) * a.head_dim;
-    float* v = m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(g) * a.max_seq + pos) * a.head_dim;
-    for (uint32_t d = 0; d < a.head_dim; ++d) {
-      k[d] = m.ptr<float>(a.k_in)[g * a.head_dim + d];
-      v[d] = m.ptr<float>(a.v_in)[g * a.head_dim + d];
+  // Normalises (optional) then rotates `heads` heads of `in` into `out` (head h at out + h * out_stride).
+  auto rotate = [&](const float* in, uint32_t heads, uint32_t norm, float* out, uint64_t out_stride) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      float* o = out + h * out_stride;
+      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] = in[h * a.head_dim + d];
+      if (norm != kNoTensor) RmsNormInto(o, m.ptr<uint16_t>(norm), a.head_dim, a.norm_eps, o);
+      for (uint32_t j = 0; j < half; ++j) RotatePair(&o[j], &o[j + half], j, pos, table, half);
     }
-    for (uint32_t j = 0; j < half; ++j) RotatePair(&k[j], &k[j + half], j, pos, inv_freq);
+  };
+  rotate(m.ptr<float>(a.q_in), a.num_heads, a.q_norm, m.ptr<float>(a.q_out), a.head_dim);
+  const uint64_t cache_row = static_cast<uint64_t>(a.max_seq) * a.head_dim;
+  rotate(m.ptr<float>(a.k_in), a.num_kv_heads, a.k_norm, m.ptr<float>(a.k_cache) + pos * uint64_t{a.head_dim}, cache_row);
+  for (uint32_t g = 0; g < a.num_kv_heads; ++g) {
+    float* v = m.ptr<float>(a.v_cache) + g * cache_row + pos * uint64_t{a.head_dim};
+    for (uint32_t d = 0; d < a.head_dim; ++d) v[d] = m.ptr<float>(a.v_in)[g * a.head_dim + d];
   }
 }
 

@@ -57,7 +57,8 @@ TEST(Isa, GroupedQkvLayoutIsAPermutationWithAdjacentRopePairs) {
 }
 
 TEST(Isa, ValidationNamesTheFieldAndTensor) {
-  std::vector<TensorInfo> tensors = {{"w", graph::BF16, 64 * 32}, {"x", graph::F32, 32}, {"y", graph::F32, 64}};
+  // Rows of 32 columns are padded to 256 in the packed weight.
+  std::vector<TensorInfo> tensors = {{"w", graph::BF16, 64 * 256}, {"x", graph::F32, 32}, {"y", graph::F32, 64}};
   Instruction inst{};
   inst.opcode = static_cast<uint8_t>(Opcode::MATVEC);
   MatvecArgs& a = inst.as<MatvecArgs>();
@@ -68,10 +69,18 @@ TEST(Isa, ValidationNamesTheFieldAndTensor) {
   a.k = 32;
   a.input = 1;
   a.out = 2;
+  a.bias = kNoTensor;
   EXPECT_TRUE(ValidateInstruction(inst, tensors).ok()) << ValidateInstruction(inst, tensors);
   a.rows = 33;
   absl::Status s = ValidateInstruction(inst, tensors);
-  EXPECT_EQ(s.message(), "MATVEC: weight tensor 'w' has 2048 elements, instruction reaches 2080");
+  EXPECT_EQ(s.message(), "MATVEC: weight tensor 'w' has 16384 elements, instruction reaches 16640");
+  a.rows = 32;
+  a.bias = 1;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(), "MATVEC: bias tensor 'x' is F32, needs BF16");
+  a.bias = kNoTensor;
+  a.k = 30;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(), "MATVEC: k = 30 must be a multiple of 4");
+  a.k = 32;
   a.rows = 32;
   a.out = 9;
   EXPECT_EQ(ValidateInstruction(inst, tensors).message(), "MATVEC: out names tensor 9, the table has 3");

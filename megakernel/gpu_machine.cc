@@ -43,25 +43,8 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
     for (size_t i = 0; i < p.queues[sm].size(); ++i) {
       const isa::Instruction& inst = p.queues[sm][i];
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
-      if (inst.op() == isa::Opcode::MATVEC) {
-        const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-        if (a.k % kSegmentElems != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": k = ", a.k, " is not a multiple of ", kSegmentElems));
-        }
-        if (uint64_t{a.rows} * a.k >= (uint64_t{1} << 32)) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": a tile of ", a.rows, " x ", a.k, " is too large"));
-        }
-      }
-      if (inst.op() == isa::Opcode::ATTN_PARTIAL) {
-        const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-        if (a.head_dim % 4 != 0 || isa::kAttnThreads % a.head_dim != 0 ||
-            a.num_heads / a.num_kv_heads > kMaxGroupHeads) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": head_dim ", a.head_dim,
-                                                         " must divide 256 (and be a multiple of 4), and at most ",
-                                                         kMaxGroupHeads, " query heads may share a KV head"));
-        }
-      }
+      // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
+      // isa::ValidateInstruction, which the compiler and every schedule load run.
       if (isa::ActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
                                                        " bytes of activation ring, the SM has ", p.activation_bytes));

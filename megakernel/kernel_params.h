@@ -43,7 +43,7 @@ inline constexpr uint32_t kSegmentElems = 256;
 // Per-lane reduction granularity when k is a multiple of it: one partial per 1024 columns.
 inline constexpr uint32_t kWideSlotElems = 1024;
 // Query heads per KV head that ATTN_PARTIAL keeps accumulators for.
-inline constexpr uint32_t kMaxGroupHeads = 8;
+inline constexpr uint32_t kMaxGroupHeads = isa::kAttnMaxGroupHeads;
 static_assert(isa::kAttnThreads == kConsumerThreads, "ATTN_PARTIAL's layout assumes every consumer thread");
 // Shared memory the kernel keeps beside the activation buffer and the pages.
 inline constexpr uint32_t kMaxPages = 32;
@@ -90,5 +90,6 @@ inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uin
 
 using isa::MatvecSlotElems;
 static_assert(kWideSlotElems == 1024 && kSegmentElems == 256, "isa::MatvecSlotElems assumes these widths");
+static_assert(isa::kMatvecRowAlign == kSegmentElems, "matvec rows are padded to whole warp segments");
 
 }  // namespace loom::megakernel

@@ -123,8 +123,9 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     uint64_t total = 0;
     if (inst.op() == isa::Opcode::MATVEC) {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      total = static_cast<uint64_t>(a.rows) * a.k * 2;
-      tile = p.machine.ptr<uint8_t>(a.weight) + static_cast<uint64_t>(a.row_begin) * a.k * 2;
+      const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
+      total = a.rows * row_bytes;
+      tile = p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
     for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {

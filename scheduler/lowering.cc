@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
@@ -81,6 +82,13 @@ class Lowering {
   absl::Status LowerArgmax(const OpDef& op, uint32_t partials, uint32_t num_partials,
                            const std::vector<uint32_t>& ready);
 
+  static isa::MatvecArgs NoBias() {
+    isa::MatvecArgs a{};
+    a.bias = isa::kNoTensor;
+    return a;
+  }
+  // The per-head q/k RMSNorm (group_size == head_dim) feeding `rope`'s input, if any.
+  const OpDef* HeadNorm(const OpDef& rope) const;
   struct MatvecGroup {
     std::string name;
     std::string op;
@@ -89,7 +97,7 @@ class Lowering {
     uint32_t k = 0;
     uint32_t granule = 1;
     std::vector<uint64_t> chunks;  // chunk boundaries; a chunk never shares a tile (and gets its barrier)
-    isa::MatvecArgs args{};        // everything but row_begin / rows / tile_index
+    isa::MatvecArgs args = NoBias();  // everything but row_begin / rows / tile_index
     std::vector<uint32_t> ready;   // barriers the input needs
   };
   // Emits the tiles; returns the barriers (one per chunk when chunked barriers are on).
@@ -161,18 +169,21 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
                                    uint32_t num_kv_heads) {
   const std::string key = absl::StrCat(RowOrder_Name(order), ":", absl::StrJoin(sources, "+"));
   if (auto it = packed_ids_.find(key); it != packed_ids_.end()) return it->second;
+  // A vector [n] packs as a column (cols 1); a matrix's rows are padded to the matvec row stride.
   int64_t rows = 0;
   const graph::TensorDef& first = graph_.tensor(sources[0]);
-  const int64_t cols = first.shape(first.shape_size() - 1);
+  const int64_t cols = first.shape_size() == 1 ? 1 : first.shape(first.shape_size() - 1);
+  const int64_t stride = first.shape_size() == 1 ? 1 : isa::MatvecRowStride(static_cast<uint32_t>(cols));
   for (const std::string& s : sources) rows += graph::NumElements(graph_.tensor(s)) / cols;
   const std::string name =
       sources.size() == 1 ? absl::StrCat("packed:", sources[0]) : absl::StrCat("packed:", absl::StrJoin(sources, "+"));
-  const uint32_t id = AddTensor(name, graph::BF16, {rows, cols}, WEIGHTS);
+  const uint32_t id = AddTensor(name, graph::BF16, {rows, stride}, WEIGHTS);
   PackedWeight pw;
   pw.set_tensor(name);
   for (const std::string& s : sources) pw.add_sources(s);
   pw.set_order(order);
   pw.set_cols(cols);
+  pw.set_row_stride(stride);
   pw.set_head_dim(head_dim);
   pw.set_num_kv_heads(num_kv_heads);
   p_.packing.push_back(pw);
@@ -183,12 +194,12 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
 uint32_t Lowering::RopeTable(const graph::RopeAttrs& rope) {
   const std::string key = rope.SerializeAsString();
   if (auto it = rope_tables_.find(key); it != rope_tables_.end()) return it->second;
-  const std::string name = absl::StrCat("rope.inv_freq.", rope_tables_.size());
-  const std::vector<float> inv_freq = graph::RopeInvFreq(rope);
-  const uint32_t id = AddTensor(name, graph::F32, {static_cast<int64_t>(inv_freq.size())}, WEIGHTS);
+  const std::string name = absl::StrCat("rope.table.", rope_tables_.size());
+  const std::vector<float> table = graph::RopeTable(rope);
+  const uint32_t id = AddTensor(name, graph::F32, {static_cast<int64_t>(table.size())}, WEIGHTS);
   Constant c;
   c.set_tensor(name);
-  c.mutable_values()->Add(inv_freq.begin(), inv_freq.end());
+  c.mutable_values()->Add(table.begin(), table.end());
   p_.constants.push_back(c);
   rope_tables_[key] = id;
   return id;
@@ -274,6 +285,11 @@ void Lowering::SetMatvecInput(const std::string& x, isa::MatvecArgs* args, std::
 }
 
 std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) {
+  if (g.k % 4 != 0 && error_.ok()) {
+    error_ = absl::UnimplementedError(absl::StrCat("'", g.op, "': a matvec over ", g.k,
+                                                   " columns; the input vector is copied in 16-byte units, so the "
+                                                   "column count must be a multiple of 4"));
+  }
   const int group = NewGroup(g.name);
   const std::vector<isa::Wait> waits = WaitsFor(g.ready);
   if (g.chunks.empty()) g.chunks = {0, g.rows};
@@ -337,14 +353,32 @@ absl::Status Lowering::LowerEmbedding(const OpDef& op) {
   a.out = ArenaTensorFor(op.outputs(0));
   a.hidden = static_cast<uint32_t>(graph_.tensor(table).shape(1));
   a.vocab = static_cast<uint32_t>(graph_.tensor(table).shape(0));
+  a.row_stride = isa::MatvecRowStride(a.hidden);  // the table is packed as the (tied) LM head's matvec weight
   Emit(Make(Opcode::EMBED, a), barrier, waits, op.name(), group);
   ready_[op.outputs(0)] = {{barrier}};
   return absl::OkStatus();
 }
 
+const OpDef* Lowering::HeadNorm(const OpDef& rope) const {
+  const OpDef* norm = graph_.producer(rope.inputs(0));
+  if (norm == nullptr || norm->type() != graph::RMS_NORM || norm->norm().group_size() == 0 ||
+      norm->norm().group_size() != rope.rope().head_dim() || !OnlyConsumer(norm->outputs(0), rope)) {
+    return nullptr;
+  }
+  return norm;
+}
+
 absl::Status Lowering::LowerRmsNorm(const OpDef& op) {
   const std::string& out = op.outputs(0);
   if (graph_.tensor(op.inputs(0)).shape(0) != 1) return Unsupported(op, "only batch-1 rows are lowered");
+  if (op.norm().group_size() > 0) {  // lowered by the attention it feeds (ROPE_KV_APPEND's head norm)
+    const std::vector<const OpDef*> consumers = graph_.consumers(out);
+    if (consumers.size() == 1 && consumers[0]->type() == graph::ROPE && HeadNorm(*consumers[0]) == &op) {
+      return absl::OkStatus();
+    }
+    return Unsupported(op, "an RMS_NORM per group is lowered only as the per-head q/k norm feeding a ROPE "
+                           "(group_size = head_dim)");
+  }
   bool all_linear = !graph_.tensor(out).is_output();
   for (const OpDef* c : graph_.consumers(out)) all_linear &= c->type() == graph::LINEAR && c->inputs(0) == out;
   if (o_.fusion().norm_into_matvec() && all_linear) {
@@ -367,16 +401,16 @@ absl::Status Lowering::LowerRmsNorm(const OpDef& op) {
 
 // q, k, v LINEARs of one input -> ROPE(q), ROPE(k) -> ATTENTION: one packed matvec.
 std::optional<absl::Status> Lowering::TryQkv(const OpDef& linear) {
-  // Find the attention this linear feeds, directly (v) or through a ROPE (q, k).
+  // Find the attention this linear feeds, directly (v) or through a ROPE (q, k), maybe after a head norm.
   const OpDef* attention = nullptr;
-  for (const OpDef* c : graph_.consumers(linear.outputs(0))) {
-    if (c->type() == graph::ATTENTION) attention = c;
-    if (c->type() == graph::ROPE) {
-      for (const OpDef* cc : graph_.consumers(c->outputs(0))) {
-        if (cc->type() == graph::ATTENTION) attention = cc;
-      }
+  std::function<void(const std::string&, int)> find = [&](const std::string& tensor, int depth) {
+    for (const OpDef* c : graph_.consumers(tensor)) {
+      if (c->type() == graph::ATTENTION) attention = c;
+      const bool through = c->type() == graph::ROPE || (c->type() == graph::RMS_NORM && c->norm().group_size() > 0);
+      if (through && depth < 2) find(c->outputs(0), depth + 1);
     }
-  }
+  };
+  find(linear.outputs(0), 0);
   if (attention == nullptr) return std::nullopt;
   const OpDef* rope_q = graph_.producer(attention->inputs(0));
   const OpDef* rope_k = graph_.producer(attention->inputs(1));
@@ -385,17 +419,24 @@ std::optional<absl::Status> Lowering::TryQkv(const OpDef& linear) {
       rope_k->type() != graph::ROPE || lin_v->type() != graph::LINEAR) {
     return Unsupported(*attention, "the decode lowering needs q and k through ROPE and v straight from a LINEAR");
   }
+  if (HeadNorm(*rope_q) != nullptr || HeadNorm(*rope_k) != nullptr) {
+    // Per-head norms between the projections and RoPE: separate matvecs, then ROPE_KV_APPEND normalises.
+    consumed_.insert(rope_q->name());
+    consumed_.insert(rope_k->name());
+    return std::nullopt;
+  }
   const OpDef* lin_q = graph_.producer(rope_q->inputs(0));
   const OpDef* lin_k = graph_.producer(rope_k->inputs(0));
   if (lin_q == nullptr || lin_k == nullptr || lin_q->type() != graph::LINEAR || lin_k->type() != graph::LINEAR) {
-    return Unsupported(*attention, "q and k must come from LINEAR ops");
+    return Unsupported(*attention, "q and k must come from LINEAR ops (or per-head RMS_NORMs of them)");
   }
   if (rope_q->inputs(1) != pos_input_ || rope_k->inputs(1) != pos_input_ || attention->inputs(5) != pos_input_) {
     return Unsupported(*attention, "RoPE and attention must read the position input");
   }
+  const bool biased = lin_q->inputs_size() == 3;
   const bool fusable = o_.fusion().qkv_rope_kv_append() && lin_q->inputs(0) == lin_k->inputs(0) &&
-                       lin_q->inputs(0) == lin_v->inputs(0) && lin_q->inputs_size() == 2 &&
-                       lin_k->inputs_size() == 2 && lin_v->inputs_size() == 2 &&
+                       lin_q->inputs(0) == lin_v->inputs(0) && lin_k->inputs_size() == lin_q->inputs_size() &&
+                       lin_v->inputs_size() == lin_q->inputs_size() &&
                        OnlyConsumer(lin_q->outputs(0), *rope_q) && OnlyConsumer(lin_k->outputs(0), *rope_k) &&
                        OnlyConsumer(lin_v->outputs(0), *attention) && OnlyConsumer(rope_q->outputs(0), *attention) &&
                        OnlyConsumer(rope_k->outputs(0), *attention) &&
@@ -413,6 +454,9 @@ std::optional<absl::Status> Lowering::TryQkv(const OpDef& linear) {
   g.op = absl::StrCat(lin_q->name(), ",", lin_k->name(), ",", lin_v->name(), ",", rope_q->name(), ",",
                       rope_k->name(), ",", attention->name(), ".append");
   g.weight = PackedWeightFor({lin_q->inputs(1), lin_k->inputs(1), lin_v->inputs(1)}, ROWS_QKV_GROUPED, hd, kv);
+  if (biased) {
+    g.args.bias = PackedWeightFor({lin_q->inputs(2), lin_k->inputs(2), lin_v->inputs(2)}, ROWS_QKV_GROUPED, hd, kv);
+  }
   g.rows = uint64_t{kv} * (group_heads + 2) * hd;
   g.k = static_cast<uint32_t>(graph_.tensor(lin_q->inputs(0)).shape(1));
   g.granule = 2;
@@ -423,7 +467,7 @@ std::optional<absl::Status> Lowering::TryQkv(const OpDef& linear) {
   g.args.k_cache = ArenaTensorFor(attention->inputs(3));
   g.args.v_cache = ArenaTensorFor(attention->inputs(4));
   g.args.step_state = step_state_;
-  g.args.rope_inv_freq = RopeTable(rope_q->rope());
+  g.args.rope_table = RopeTable(rope_q->rope());
   g.args.heads_per_group = group_heads;
   g.args.num_kv_heads = kv;
   g.args.head_dim = hd;
@@ -446,7 +490,7 @@ std::optional<absl::Status> Lowering::TryGateUp(const OpDef& linear) {
   const OpDef* gate = graph_.producer(silu.inputs(0));
   const OpDef* up = graph_.producer(silu.inputs(1));
   if (gate == nullptr || up == nullptr || gate->type() != graph::LINEAR || up->type() != graph::LINEAR ||
-      gate->inputs(0) != up->inputs(0) || gate->inputs_size() != 2 || up->inputs_size() != 2 ||
+      gate->inputs(0) != up->inputs(0) || gate->inputs_size() != up->inputs_size() ||
       !OnlyConsumer(gate->outputs(0), silu) || !OnlyConsumer(up->outputs(0), silu) || gate == up) {
     return std::nullopt;
   }
@@ -454,6 +498,7 @@ std::optional<absl::Status> Lowering::TryGateUp(const OpDef& linear) {
   g.name = absl::StrCat(gate->name(), "+", up->name());
   g.op = absl::StrCat(gate->name(), ",", up->name(), ",", silu.name());
   g.weight = PackedWeightFor({gate->inputs(1), up->inputs(1)}, ROWS_INTERLEAVE_PAIRS);
+  if (gate->inputs_size() == 3) g.args.bias = PackedWeightFor({gate->inputs(2), up->inputs(2)}, ROWS_INTERLEAVE_PAIRS);
   g.rows = 2 * static_cast<uint64_t>(graph_.tensor(gate->inputs(1)).shape(0));
   g.k = static_cast<uint32_t>(graph_.tensor(gate->inputs(1)).shape(1));
   g.granule = 2;
@@ -469,7 +514,6 @@ std::optional<absl::Status> Lowering::TryGateUp(const OpDef& linear) {
 
 absl::Status Lowering::LowerLinear(const OpDef& op) {
   if (graph_.tensor(op.inputs(0)).shape(0) != 1) return Unsupported(op, "only batch-1 (decode) LINEARs are lowered");
-  if (op.inputs_size() == 3) return Unsupported(op, "LINEAR with bias has no lowering yet");
   if (graph_.tensor(op.inputs(1)).kind() != graph::WEIGHT || graph_.tensor(op.inputs(1)).dtype() != graph::BF16) {
     return Unsupported(op, "the matvec weight must be a bf16 weight");
   }
@@ -484,6 +528,7 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
   g.weight = PackedWeightFor({op.inputs(1)}, ROWS_IDENTITY);
   g.rows = static_cast<uint64_t>(graph_.tensor(op.inputs(1)).shape(0));
   g.k = static_cast<uint32_t>(graph_.tensor(op.inputs(1)).shape(1));
+  if (op.inputs_size() == 3) g.args.bias = PackedWeightFor({op.inputs(2)}, ROWS_IDENTITY);
   SetMatvecInput(op.inputs(0), &g.args, &g.ready);
   g.args.epilogue = isa::kEpilogueStore;
   std::string result = out;
@@ -530,6 +575,14 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   if (graph_.tensor(op.inputs(0)).shape(0) != 1) return Unsupported(op, "prefill attention has no lowering yet");
   if (!at.causal()) return Unsupported(op, "only causal attention is lowered");
   const uint32_t hd = at.head_dim(), kv = at.num_kv_heads(), heads = at.num_heads();
+  if (hd % 4 != 0 || isa::kAttnThreads % hd != 0) {
+    return Unsupported(op, absl::StrCat("head_dim ", hd, ": the attention instructions need a head_dim that divides ",
+                                        isa::kAttnThreads, " and is a multiple of 4"));
+  }
+  if (heads / kv > isa::kAttnMaxGroupHeads) {
+    return Unsupported(op, absl::StrCat(heads / kv, " query heads per KV head (", heads, "/", kv,
+                                        "); the attention instructions handle at most ", isa::kAttnMaxGroupHeads));
+  }
   const uint32_t max_seq = static_cast<uint32_t>(graph_.tensor(op.inputs(3)).shape(1));
   const uint32_t k_cache = ArenaTensorFor(op.inputs(3)), v_cache = ArenaTensorFor(op.inputs(4));
   uint32_t q;
@@ -541,32 +594,47 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
     const OpDef* rope_q = graph_.producer(op.inputs(0));
     const OpDef* rope_k = graph_.producer(op.inputs(1));
     if (rope_q == nullptr || rope_k == nullptr || rope_q->type() != graph::ROPE || rope_k->type() != graph::ROPE ||
-        rope_q->rope().head_dim() != static_cast<int>(hd)) {
-      return Unsupported(op, "q and k must come through ROPE ops with the attention's head_dim");
+        rope_q->rope().head_dim() != static_cast<int>(hd) ||
+        rope_q->rope().SerializeAsString() != rope_k->rope().SerializeAsString()) {
+      return Unsupported(op, "q and k must come through the same ROPE with the attention's head_dim");
     }
+    // Per-head norms before RoPE are applied by the same instruction.
+    const OpDef* q_norm = HeadNorm(*rope_q);
+    const OpDef* k_norm = HeadNorm(*rope_k);
+    if (q_norm != nullptr && k_norm != nullptr && q_norm->norm().eps() != k_norm->norm().eps()) {
+      return Unsupported(op, "the q and k head norms must share one eps");
+    }
+    const std::string q_in = q_norm != nullptr ? q_norm->inputs(0) : rope_q->inputs(0);
+    const std::string k_in = k_norm != nullptr ? k_norm->inputs(0) : rope_k->inputs(0);
     const int group = NewGroup(absl::StrCat(op.name(), ".rope_append"));
-    std::vector<uint32_t> ready = ReadyBarriers(rope_q->inputs(0));
-    for (const std::string& t : {rope_k->inputs(0), op.inputs(2)}) {
+    std::vector<uint32_t> ready = ReadyBarriers(q_in);
+    for (const std::string& t : {k_in, op.inputs(2)}) {
       const std::vector<uint32_t> r = ReadyBarriers(t);
       ready.insert(ready.end(), r.begin(), r.end());
     }
     const std::vector<isa::Wait> waits = WaitsFor(ready);
     const uint32_t barrier = NewBarrier(absl::StrCat(op.name(), ".rope_append"), waits);
     isa::RopeAppendArgs a{};
-    a.q_in = ArenaTensorFor(rope_q->inputs(0));
-    a.k_in = ArenaTensorFor(rope_k->inputs(0));
+    a.q_in = ArenaTensorFor(q_in);
+    a.k_in = ArenaTensorFor(k_in);
+    a.q_norm = q_norm != nullptr ? PackedWeightFor({q_norm->inputs(1)}, ROWS_IDENTITY) : isa::kNoTensor;
+    a.k_norm = k_norm != nullptr ? PackedWeightFor({k_norm->inputs(1)}, ROWS_IDENTITY) : isa::kNoTensor;
+    a.norm_eps = q_norm != nullptr ? q_norm->norm().eps() : k_norm != nullptr ? k_norm->norm().eps() : 0.0f;
     a.v_in = ArenaTensorFor(op.inputs(2));
     a.q_out = q = ArenaTensorFor(op.inputs(0));
     a.k_cache = k_cache;
     a.v_cache = v_cache;
     a.step_state = step_state_;
-    a.rope_inv_freq = RopeTable(rope_q->rope());
+    a.rope_table = RopeTable(rope_q->rope());
     a.num_heads = heads;
     a.num_kv_heads = kv;
     a.head_dim = hd;
     a.max_seq = max_seq;
-    Emit(Make(Opcode::ROPE_KV_APPEND, a), barrier, waits,
-         absl::StrCat(rope_q->name(), ",", rope_k->name(), ",", op.name(), ".append"), group);
+    std::string names = absl::StrCat(rope_q->name(), ",", rope_k->name(), ",", op.name(), ".append");
+    for (const OpDef* norm : {q_norm, k_norm}) {
+      if (norm != nullptr) names = absl::StrCat(norm->name(), ",", names);
+    }
+    Emit(Make(Opcode::ROPE_KV_APPEND, a), barrier, waits, names, group);
     qkv_barriers = {barrier};
   }
 

@@ -35,7 +35,7 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
   EXPECT_EQ(c.count("SILU_MUL"), 0u);
   // Every matvec weight byte is streamed exactly once per step, plus one embedding row;
   // the norm weights ride along with the activations.
-  absl::StatusOr<graph::LlamaConfig> tiny = graph::LlamaPreset("tiny");
+  absl::StatusOr<graph::DecoderConfig> tiny = graph::DecoderPreset("tiny");
   const uint64_t norm_bytes = 2 * (2 * 2 * 256 + 256);
   EXPECT_EQ(s.weight_bytes_per_step(), static_cast<uint64_t>(tiny->DecodeWeightBytes()) - norm_bytes);
 }

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "graph/progress.h"
 #include "instructions/instruction.h"
 
 namespace loom::scheduler {
@@ -13,11 +14,14 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
   absl::flat_hash_map<std::string, const Tensor*> by_name;
   for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
 
+  graph::Progress progress("packing weights", s.weight_bytes());
   for (const PackedWeight& p : s.packing()) {
     auto it = by_name.find(p.tensor());
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("packing: no tensor '", p.tensor(), "'"));
     const Tensor& dst = *it->second;
-    const uint64_t cols = p.cols(), row_bytes = cols * 2;
+    const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
+    if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
+    const uint64_t row_bytes = cols * 2;
     std::vector<const graph::HostTensor*> src;
     uint64_t rows = 0;
     for (const std::string& name : p.sources()) {
@@ -25,20 +29,22 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       if (w == weights.end()) {
         return absl::NotFoundError(absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is missing"));
       }
-      if (w->second.dtype != graph::BF16 || w->second.shape.empty() || w->second.shape.back() != static_cast<int64_t>(cols)) {
+      const std::vector<int64_t>& shape = w->second.shape;
+      const int64_t src_cols = shape.size() == 1 ? 1 : shape.empty() ? 0 : shape.back();
+      if (w->second.dtype != graph::BF16 || src_cols != static_cast<int64_t>(cols)) {
         return absl::InvalidArgumentError(
             absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is not bf16 with ", cols, " columns"));
       }
       src.push_back(&w->second);
       rows += static_cast<uint64_t>(w->second.size()) / cols;
     }
-    if (rows * row_bytes != dst.bytes()) {
+    if (rows * stride * 2 != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
-                                                     " rows, the tensor has room for ", dst.bytes() / row_bytes));
+                                                     " rows, the tensor has room for ", dst.bytes() / (stride * 2)));
     }
-    uint8_t* out = region.data() + dst.offset();
+    uint8_t* out = region.data() + dst.offset();  // zero-filled: the padding stays zero
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
-      std::memcpy(out + packed_row * row_bytes, t->bf16.data() + row * cols, row_bytes);
+      std::memcpy(out + packed_row * stride * 2, t->bf16.data() + row * cols, row_bytes);
     };
     switch (p.order()) {
       case ROWS_IDENTITY: {
@@ -75,7 +81,9 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       default:
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
     }
+    progress.Add(dst.bytes());
   }
+  progress.Done();
   for (const Constant& c : s.constants()) {
     auto it = by_name.find(c.tensor());
     if (it == by_name.end() || it->second->bytes() != 4u * c.values_size()) {

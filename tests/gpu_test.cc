@@ -143,7 +143,11 @@ uint32_t Seed() { return std::random_device{}(); }
 TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, total_rows; };
-  const std::vector<Case> cases = {{1, 256, 4}, {7, 768, 20}, {64, 2048, 200}, {30, 8192, 64}, {334, 1024, 1000}};
+  // k not a multiple of 256 (576, 896, 960, 100) streams rows padded to 256 columns; the
+  // padding holds random values here, so an input that is not zero-padded shows.
+  const std::vector<Case> cases = {{1, 256, 4},      {7, 768, 20},   {64, 2048, 200}, {30, 8192, 64},
+                                   {334, 1024, 1000}, {9, 576, 30},   {40, 896, 100},  {17, 960, 50},
+                                   {5, 100, 8}};
   for (const Case& c : cases) {
     for (uint32_t epilogue = 0; epilogue < isa::kNumEpilogues; ++epilogue) {
       for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
@@ -154,8 +158,12 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
         a.k = c.k;
         a.row_begin = 2;
         const uint32_t total = c.total_rows + a.rows + 2;
-        a.weight = b.Weight(uint64_t{total} * c.k);
+        const uint64_t stride = isa::MatvecRowStride(c.k);
+        a.weight = b.Weight(uint64_t{total} * stride);
         b.FillRandom(a.weight);
+        const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;  // every epilogue with and without
+        a.bias = biased ? b.Weight(total) : isa::kNoTensor;
+        if (biased) b.FillRandom(a.bias);
         a.input = b.Arena(c.k);
         b.FillRandom(a.input);
         a.prologue = prologue;
@@ -164,7 +172,7 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
         a.norm_eps = 1e-5f;
         a.epilogue = epilogue;
         std::string what = absl::StrCat("MATVEC rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
-                                        epilogue, " seed ", seed);
+                                        epilogue, biased ? " bias" : "", " seed ", seed);
         if (epilogue == isa::kEpilogueRopeKvAppend) {
           // A grouped q|k|v layout: 2 KV heads of dim 16 with 3 query heads each -> 160 rows.
           a.head_dim = 16;
@@ -173,15 +181,19 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
           a.max_seq = 8;
           a.row_begin = 0;
           a.rows = 160;
-          a.weight = b.Weight(160ull * c.k);
+          a.weight = b.Weight(160ull * stride);
           b.FillRandom(a.weight);
+          if (biased) {
+            a.bias = b.Weight(160);
+            b.FillRandom(a.bias);
+          }
           a.out = b.Output(3 * 2 * 16);
           a.k_cache = b.Output(2 * 8 * 16);
           a.v_cache = b.Output(2 * 8 * 16);
           a.step_state = b.Arena(4, graph::I32);
           b.SetState(a.step_state, 5, 1);
-          a.rope_inv_freq = b.Weight(8, graph::F32);
-          b.FillRandom(a.rope_inv_freq, 0.001f, 1.0f);
+          a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
+          b.FillRandom(a.rope_table, 0.001f, 1.0f);
           what += " (rope)";
         } else if (epilogue == isa::kEpilogueSiluMul) {
           a.out = b.Output(total / 2 + 1);
@@ -237,13 +249,14 @@ TEST(GpuOpcodes, VectorOpcodes) {
   constexpr uint32_t kN = 1000, kVocab = 50, kHidden = 384, kSeq = 16;
   std::vector<isa::Instruction> queue;
   // EMBED
-  const uint32_t table = b.Weight(kVocab * kHidden);
+  constexpr uint32_t kStride = 512;  // rows padded as a tied LM head's are
+  const uint32_t table = b.Weight(kVocab * kStride);
   b.FillRandom(table);
   const uint32_t tokens = b.Arena(kSeq + 1, graph::I32);
   for (uint32_t i = 0; i <= kSeq; ++i) b.Data<int32_t>(tokens)[i] = static_cast<int32_t>(b.rng()() % kVocab);
   const uint32_t state = b.Arena(4, graph::I32);
   b.SetState(state, 3, 2);
-  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(kHidden), kHidden, kVocab}));
+  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(kHidden), kHidden, kVocab, kStride}));
   // RMS_NORM
   const uint32_t x = b.Arena(kN), w = b.Weight(kN);
   b.FillRandom(x);
@@ -254,15 +267,23 @@ TEST(GpuOpcodes, VectorOpcodes) {
   b.FillRandom(y, -4.0f, 4.0f);
   queue.push_back(Make(isa::Opcode::SILU_MUL, isa::SiluMulArgs{x, y, b.Output(kN), 100, 777}));
   queue.push_back(Make(isa::Opcode::ADD, isa::AddArgs{x, y, b.Output(kN), 0, kN}));
-  // ROPE_KV_APPEND: 4 heads, 2 KV heads, dim 32
-  const uint32_t qi = b.Arena(4 * 32), ki = b.Arena(2 * 32), vi = b.Arena(2 * 32), freq = b.Weight(16, graph::F32);
+  // ROPE_KV_APPEND: 4 heads, 2 KV heads, dim 32; then 10 heads, 2 KV heads, dim 128 with per-head norms
+  const uint32_t qi = b.Arena(4 * 32), ki = b.Arena(2 * 32), vi = b.Arena(2 * 32), freq = b.Weight(16 + 1, graph::F32);
   b.FillRandom(qi);
   b.FillRandom(ki);
   b.FillRandom(vi);
   b.FillRandom(freq, 0.01f, 1.0f);
   queue.push_back(Make(isa::Opcode::ROPE_KV_APPEND,
                        isa::RopeAppendArgs{qi, ki, vi, b.Output(4 * 32), b.Output(2 * kSeq * 32), b.Output(2 * kSeq * 32),
-                                           state, freq, 4, 2, 32, kSeq}));
+                                           state, freq, 4, 2, 32, kSeq, isa::kNoTensor, isa::kNoTensor, 0.0f}));
+  const uint32_t qn = b.Arena(10 * 128), kn = b.Arena(2 * 128), vn = b.Arena(2 * 128), table128 = b.Weight(65, graph::F32);
+  const uint32_t q_norm = b.Weight(128), k_norm = b.Weight(128);
+  for (uint32_t t : {qn, kn, vn, q_norm, k_norm}) b.FillRandom(t);
+  b.FillRandom(table128, 0.001f, 1.0f);
+  queue.push_back(Make(isa::Opcode::ROPE_KV_APPEND,
+                       isa::RopeAppendArgs{qn, kn, vn, b.Output(10 * 128), b.Output(2 * kSeq * 128),
+                                           b.Output(2 * kSeq * 128), state, table128, 10, 2, 128, kSeq, q_norm, k_norm,
+                                           1e-6f}));
   // ARGMAX_PARTIAL x 3, then ARGMAX_REDUCE (writes tokens and the state: compared as outputs too)
   const uint32_t partials = b.Output(2 * 3);
   for (uint32_t t = 0; t < 3; ++t) {
@@ -279,15 +300,18 @@ class GpuSchedules : public testing::Test {
   void SetUp() override {
     std::string why;
     if (!GpuAvailable(&why)) GTEST_SKIP() << why;
+    Load("random:tiny");
+  }
+  void Load(const std::string& spec) {
     graph::ModelOptions mo;
     mo.max_seq = 64;
-    absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
-    ASSERT_TRUE(m.ok());
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<graph::Model>(*std::move(m));
   }
 
   void Check(const scheduler::CompileOptions& options, int steps_per_launch, const std::string& what) {
-    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, "random:tiny", options);
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, options);
     ASSERT_TRUE(s.ok()) << s.status();
     const std::vector<int32_t> prompt = {17, 923, 4, 512};
     const int steps = static_cast<int>(prompt.size()) - 1 + 32;
@@ -334,6 +358,20 @@ TEST_F(GpuSchedules, EveryActivationSlotCountMatchesTheVm) {
     o.set_num_sms(8);  // several instructions per SM in flight through the activation ring
     o.mutable_smem()->set_activation_slots(slots);
     Check(o, 0, absl::StrCat(slots, " activation slots"));
+  }
+}
+
+// Every family's tiny preset (padded rows, biases, 7 heads per KV head, YaRN,
+// per-head q/k norms), fused and unfused.
+TEST_F(GpuSchedules, EveryFamilyMatchesTheVm) {
+  for (const char* spec : {"random:tiny-mistral", "random:tiny-qwen2", "random:tiny-qwen3"}) {
+    Load(spec);
+    for (bool fused : {true, false}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(16);
+      if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+      Check(o, 0, absl::StrCat(spec, fused ? ", fused" : ", unfused"));
+    }
   }
 }
 

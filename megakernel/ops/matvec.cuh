@@ -1,14 +1,16 @@
-// MATVEC on the device: y = W[row_begin : row_begin+rows, :] . x, W bf16, x f32.
+// MATVEC on the device: y = W[row_begin : row_begin+rows, :] . x (+ bias), W bf16, x f32.
 //
-// The tile is rows*k bf16, row-major, contiguous in the packed weight, and
-// arrives page by page through the ring. Page layout: elements
+// The tile is rows*stride bf16 (stride = isa::MatvecRowStride(k): rows padded
+// with zeros to a multiple of 256 columns), row-major, contiguous in the packed
+// weight, and arrives page by page through the ring. Below, `k` is the stride. Page layout: elements
 // [p*page_elems, (p+1)*page_elems) of the tile. Each warp takes a run of
 // 256-element segments of the page; lane l multiplies the 8 weights
 // [seg + 8l, seg + 8l + 8) by the matching x. A warp sums its segments while
 // they stay inside one partial-sum slot (1024 columns when k allows, else 256),
 // then writes slot's sum once: deterministic, no atomics.
 //
-// Activation slot: x[k] (bulk-copied by the activation loader) | partial[rows * k / slot]   (floats)
+// Activation slot: x[stride] (x[0:k] bulk-copied by the activation loader, the
+// consumers zero the rest) | partial[rows * stride / slot]   (floats)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -70,9 +72,9 @@ __device__ __forceinline__ void LoadXSegments(const float* x, uint32_t k, uint32
 // and keeps its x values in registers for the whole tile. kSegs = segments per
 // warp per page (page_bytes / 4096).
 template <uint32_t kSegs>
-__device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a, ConsumerContext& ctx, const float* x,
-                                                       float* partial, uint32_t slot_shift) {
-  const uint32_t k = a.k, tile_elems = a.rows * k;
+__device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx,
+                                                       const float* x, float* partial, uint32_t slot_shift) {
+  const uint32_t tile_elems = a.rows * k;
   constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
   const uint32_t warp_first = ctx.warp * kSegs;
   float xr[kSegs][8];
@@ -144,10 +146,10 @@ __device__ __forceinline__ uint32_t MultiWarpSumIndex(uint32_t lane) {
 // per-lane sum per page for a batch of 8 pages and reduces the 8 together
 // (MultiWarpSum8), so the page loop has no shuffles on its critical path.
 template <uint32_t kSegs>
-__device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, ConsumerContext& ctx, const float* x,
-                                                  float* partial, uint32_t slot_shift) {
+__device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx,
+                                                  const float* x, float* partial, uint32_t slot_shift) {
   constexpr uint32_t kBatch = 8;
-  const uint32_t k = a.k, tile_elems = a.rows * k;
+  const uint32_t tile_elems = a.rows * k;
   constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
   const uint32_t warp_first = ctx.warp * kSegs;
   float xr[kSegs][8];
@@ -182,11 +184,14 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, Cons
   }
 }
 
-__device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position,
-                                                 const float* inv_freq) {
-  const float angle = static_cast<float>(position) * inv_freq[j];
+// Rotates (a, b) by position * table[j]; cos and sin are scaled by `factor` (table[head_dim / 2]).
+__device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position, const float* table,
+                                                 float factor) {
+  const float angle = static_cast<float>(position) * table[j];
   float s, c;
   sincosf(angle, &s, &c);
+  s *= factor;
+  c *= factor;
   const float x = *a, y = *b;
   *a = x * c - y * s;
   *b = y * c + x * s;
@@ -234,12 +239,13 @@ __device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, C
 
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
-  const uint32_t k = a.k, rows = a.rows;
+  const uint32_t k = isa::MatvecRowStride(a.k), rows = a.rows;  // the padded row from here on
   float* x = ctx.act;
   const uint32_t slot_elems = MatvecSlotElems(k);
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
 
+  for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   NormalizeMatvecInput(a, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
@@ -252,13 +258,13 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   static_assert(kWideSlotElems == 1u << 10 && kSegmentElems == 1u << 8, "slot shifts");
   const bool x_in_registers = page_elems % k == 0;
   if (x_in_registers && segments_per_warp == 4 && slot_elems == 4 * kSegmentElems) {
-    StreamTileBatched<4>(a, ctx, x, partial, slot_shift);
+    StreamTileBatched<4>(a, k, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 4) {
-    StreamTileXInRegisters<4>(a, ctx, x, partial, slot_shift);
+    StreamTileXInRegisters<4>(a, k, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 8) {
-    StreamTileXInRegisters<8>(a, ctx, x, partial, slot_shift);
+    StreamTileXInRegisters<8>(a, k, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 2) {
-    StreamTileXInRegisters<2>(a, ctx, x, partial, slot_shift);
+    StreamTileXInRegisters<2>(a, k, ctx, x, partial, slot_shift);
   } else {
   for (uint32_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
     const uint8_t* page = ctx.AcquirePage();
@@ -287,11 +293,12 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
-  // Epilogue: each thread sums the slots of its row (or row pair) and finishes it.
+  // Epilogue: each thread sums the slots of its row (or row pair), adds the bias and finishes it.
+  const __nv_bfloat16* bias = a.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.bias) + a.row_begin : nullptr;
   auto row_sum = [&](uint32_t r) {
     float sum = 0.0f;
     for (uint32_t s = 0; s < slots_per_row; ++s) sum += partial[r * slots_per_row + s];
-    return sum;
+    return bias != nullptr ? sum + __bfloat162float(bias[r]) : sum;
   };
   float* out = m.ptr<float>(a.out);
   switch (a.epilogue) {
@@ -312,12 +319,13 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
       break;
     case isa::kEpilogueRopeKvAppend: {
       const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
-      const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+      const float* table = m.ptr<float>(a.rope_table);
       const uint32_t half = a.head_dim / 2;
+      const float factor = table[half];
       for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
         const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
         float v0 = row_sum(r), v1 = row_sum(r + 1);
-        if (row.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, row.dim, pos, inv_freq);
+        if (row.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, row.dim, pos, table, factor);
         if (row.kind == isa::kQkvQ) {
           out[row.head * a.head_dim + row.dim] = v0;
           out[row.head * a.head_dim + row.dim + half] = v1;

@@ -14,7 +14,7 @@ __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContex
   const isa::MachineView& m = ctx.machine;
   int32_t token = m.ptr<int32_t>(a.tokens)[m.ptr<int32_t>(a.step_state)[isa::kStatePosition]];
   if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
-  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.hidden;
+  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
   float* out = m.ptr<float>(a.out);
   for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
 }
@@ -30,22 +30,38 @@ __device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, ConsumerCo
   for (uint32_t j = ctx.tid; j < a.n; j += kConsumerThreads) out[j] = x[j] * scale * __bfloat162float(w[j]);
 }
 
+// One warp per q or k head: lane l takes the rotation pairs (j, j + half) for
+// j = l, l + 32, ..., so the head's optional RMS norm is a warp sum.
 __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
-  const float* inv_freq = m.ptr<float>(a.rope_inv_freq);
+  const float* table = m.ptr<float>(a.rope_table);
   const uint32_t half = a.head_dim / 2;
-  const uint32_t q_pairs = a.num_heads * half, kv_pairs = a.num_kv_heads * half;
-  for (uint32_t i = ctx.tid; i < q_pairs + kv_pairs; i += kConsumerThreads) {
-    const bool is_q = i < q_pairs;
-    const uint32_t pair = is_q ? i : i - q_pairs, head = pair / half, j = pair % half;
-    const float* src = m.ptr<float>(is_q ? a.q_in : a.k_in) + head * a.head_dim;
-    float v0 = src[j], v1 = src[j + half];
-    RotatePairDevice(&v0, &v1, j, pos, inv_freq);
-    float* dst = is_q ? m.ptr<float>(a.q_out) + head * a.head_dim
-                      : m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim;
-    dst[j] = v0;
-    dst[j + half] = v1;
+  const float factor = table[half];
+  for (uint32_t head = ctx.warp; head < a.num_heads + a.num_kv_heads; head += kConsumerWarps) {
+    const bool is_q = head < a.num_heads;
+    const uint32_t h = is_q ? head : head - a.num_heads;
+    const float* src = m.ptr<float>(is_q ? a.q_in : a.k_in) + h * a.head_dim;
+    float* dst = is_q ? m.ptr<float>(a.q_out) + h * a.head_dim
+                      : m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim;
+    const uint32_t norm = is_q ? a.q_norm : a.k_norm;
+    float scale = 1.0f;
+    if (norm != isa::kNoTensor) {
+      float sum_sq = 0.0f;
+      for (uint32_t j = ctx.lane; j < half; j += 32) sum_sq += src[j] * src[j] + src[j + half] * src[j + half];
+      scale = 1.0f / sqrtf(WarpSum(sum_sq) / static_cast<float>(a.head_dim) + a.norm_eps);
+    }
+    const __nv_bfloat16* w = norm != isa::kNoTensor ? m.ptr<__nv_bfloat16>(norm) : nullptr;
+    for (uint32_t j = ctx.lane; j < half; j += 32) {
+      float v0 = src[j], v1 = src[j + half];
+      if (w != nullptr) {
+        v0 = v0 * scale * __bfloat162float(w[j]);
+        v1 = v1 * scale * __bfloat162float(w[j + half]);
+      }
+      RotatePairDevice(&v0, &v1, j, pos, table, factor);
+      dst[j] = v0;
+      dst[j + half] = v1;
+    }
   }
   for (uint32_t i = ctx.tid; i < a.num_kv_heads * a.head_dim; i += kConsumerThreads) {
     const uint32_t head = i / a.head_dim, d = i % a.head_dim;
