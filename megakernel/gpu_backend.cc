@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::
                                                                const graph::WeightStore& weights) {
   absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
   if (!program.ok()) return program.status();
+  std::string why;
+  if (!GpuAvailable(&why)) return absl::UnavailableError(why);
+  // Before packing: a model that cannot fit is refused in a second, not after minutes of work.
+  if (absl::Status s = CheckDeviceMemory(schedule.weight_bytes(), schedule.arena_bytes()); !s.ok()) return s;
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(schedule, weights);
   if (!packed.ok()) return packed.status();
   absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);

@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "graph/progress.h"
 #include "instructions/isa.h"
 #include "megakernel/megakernel_launch.h"
 
@@ -23,6 +25,18 @@ absl::Status CudaError(cudaError_t e, const std::string& what) {
   } while (0)
 
 }  // namespace
+
+absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  constexpr uint64_t kSlack = uint64_t{64} << 20;  // instructions, counters, trace, allocation granularity
+  const uint64_t needed = weight_bytes + arena_bytes + kSlack;
+  if (needed <= free_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the model needs %.2f GB of GPU memory (weights %.2f GB, KV cache and activations %.2f GB); the GPU has "
+      "%.2f GB free of %.2f GB (a smaller --max_seq shrinks the KV cache)",
+      needed / 1e9, weight_bytes / 1e9, arena_bytes / 1e9, free_bytes / 1e9, total_bytes / 1e9));
+}
 
 absl::Status CheckProgramForDevice(const GpuProgram& p) {
   if (p.page_bytes % 4096 != 0 || p.page_bytes == 0) {
@@ -90,7 +104,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
 
   LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weights.size(), 16)), "allocating weights");
   m->weights_size_ = weights.size();
+  graph::Progress upload("uploading weights to the GPU", weights.size());
   LOOM_CUDA(cudaMemcpy(m->weights_, weights.data(), weights.size(), cudaMemcpyHostToDevice), "uploading weights");
+  upload.Add(weights.size());
+  upload.Done();
   LOOM_CUDA(cudaMalloc(&m->arena_, std::max<uint64_t>(program.arena_bytes, 16)), "allocating the arena");
   LOOM_CUDA(cudaMalloc(&m->tensors_, std::max<size_t>(program.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
   LOOM_CUDA(cudaMemcpy(m->tensors_, program.tensors.data(), program.tensors.size() * sizeof(isa::TensorDesc),

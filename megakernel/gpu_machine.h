@@ -25,6 +25,11 @@ struct GpuProgram {
   uint32_t activation_slots = 1;
 };
 
+// Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and
+// activations) fit the free memory of device 0; the error says how much is
+// needed and how much is free.
+absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes);
+
 class GpuMachine {
  public:
   // Checks the program against the device (SMs, shared memory, opcode limits)

@@ -85,6 +85,56 @@ TEST(Lowering, RefusesOpsWithoutADecodeLowering) {
   EXPECT_NE(p.status().message().find("input 'img'"), std::string::npos) << p.status();
 }
 
+// What the device cannot run is refused when compiling, naming the op and the reason.
+TEST(Lowering, RefusesShapesTheKernelCannotRun) {
+  absl::StatusOr<graph::DecoderConfig> c = graph::DecoderPreset("tiny");
+  ASSERT_TRUE(c.ok());
+  c->num_heads = 16;  // 16 query heads share each of 1 KV head
+  c->num_kv_heads = 1;
+  c->head_dim = 16;
+  absl::StatusOr<graph::Graph> g = graph::BuildDecoderGraph(*c, 64);
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<Program> p = LowerDecodeGraph(*g, ResolveOptions({}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(), "op 'layers.0.attn' (ATTENTION): 16 query heads per KV head (16/1); the attention "
+                                  "instructions handle at most 8");
+  c = graph::DecoderPreset("tiny");
+  c->head_dim = 96;  // does not divide 256
+  c->num_heads = 2;
+  c->num_kv_heads = 1;
+  g = graph::BuildDecoderGraph(*c, 64);
+  ASSERT_TRUE(g.ok());
+  p = LowerDecodeGraph(*g, ResolveOptions({}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("head_dim 96"), std::string::npos) << p.status();
+  c = graph::DecoderPreset("tiny");
+  c->hidden_size = 258;  // the input vector moves in 16-byte units
+  g = graph::BuildDecoderGraph(*c, 64);
+  ASSERT_TRUE(g.ok());
+  p = LowerDecodeGraph(*g, ResolveOptions({}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("a matvec over 258 columns"), std::string::npos) << p.status();
+}
+
+// Real checkpoint widths that are not multiples of 256 compile to padded rows.
+TEST(Lowering, OddWidthsCompileToPaddedRows) {
+  for (int hidden : {576, 896, 960}) {
+    absl::StatusOr<graph::DecoderConfig> c = graph::DecoderPreset("tiny");
+    c->hidden_size = hidden;
+    c->num_heads = hidden / 64;  // 9, 14, 15
+    c->num_kv_heads = c->num_heads % 3 == 0 ? 3 : c->num_heads / 7 * 7 == c->num_heads ? 2 : 5;
+    c->intermediate_size = 1536;
+    absl::StatusOr<graph::Graph> g = graph::BuildDecoderGraph(*c, 64);
+    ASSERT_TRUE(g.ok());
+    absl::StatusOr<Schedule> s = Compile(*g, "odd", CompileOptions());
+    ASSERT_TRUE(s.ok()) << hidden << ": " << s.status();
+    for (const PackedWeight& p : s->packing()) {
+      if (p.cols() > 1) EXPECT_EQ(p.row_stride() % 256, 0u) << p.tensor();
+      if (p.cols() == static_cast<uint64_t>(hidden)) EXPECT_EQ(p.row_stride(), (hidden + 255) / 256 * 256u);
+    }
+  }
+}
+
 TEST(Options, BadOptionsAreRejectedByName) {
   CompileOptions o = ResolveOptions({});
   o.mutable_smem()->set_num_pages(40);

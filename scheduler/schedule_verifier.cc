@@ -83,8 +83,9 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
     if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != graph::BF16) {
       return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a bf16 tensor in WEIGHTS"));
     }
-    if (p.cols() == 0 || infos[id].elements % p.cols() != 0 || p.sources_size() == 0) {
-      return Fail(absl::StrCat("packing of '", p.tensor(), "' has no sources or a bad column count"));
+    const uint64_t stride = p.row_stride() > 0 ? p.row_stride() : p.cols();
+    if (p.cols() == 0 || stride < p.cols() || infos[id].elements % stride != 0 || p.sources_size() == 0) {
+      return Fail(absl::StrCat("packing of '", p.tensor(), "' has no sources or a bad column count / row stride"));
     }
   }
   for (const Constant& c : s.constants()) {

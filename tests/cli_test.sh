@@ -55,6 +55,45 @@ cp -r "$WORK/tiny_hf" "$WORK/lying" && printf '\xff\xff\xff\xff\x00\x00\x00\x00'
 expect_error "lying header length" "lying/model.safetensors" "" -- "$LOOM" run --model="$WORK/lying" --tokens=2
 cp -r "$WORK/tiny_hf" "$WORK/shape" && sed -i 's/"intermediate_size": 512/"intermediate_size": 640/' "$WORK/shape/config.json"
 expect_error "shape vs config" "config.json implies [640,256]" "" -- "$LOOM" run --model="$WORK/shape" --tokens=2
+# Hostile or unsupported config.json fields: refused by `loom compile` (no weights read, nothing on a GPU),
+# one line naming the file and the field. hostile NAME WANT PYTHON-EDIT-OF-c [extra loom flags]
+hostile() {
+  local name="$1" want="$2" edit="$3"
+  shift 3
+  rm -rf "$WORK/hostile" && cp -r "$WORK/tiny_hf" "$WORK/hostile"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $edit; json.dump(c, open(p,'w'))" \
+    "$WORK/hostile/config.json"
+  expect_error "config: $name" "$want" "$WORK/h.pb" -- "$LOOM" compile --model="$WORK/hostile" --out="$WORK/h.pb" "$@"
+}
+hostile "gelu" "hostile/config.json: field 'hidden_act' = \"gelu\"" 'c["hidden_act"]="gelu"'
+hostile "dynamic rope (5.x layout)" "field 'rope_parameters.rope_type' = \"dynamic\": rope type not supported" \
+  'c.pop("rope_scaling"); c["rope_parameters"]={"rope_type":"dynamic","factor":2.0,"rope_theta":10000.0}'
+hostile "layouts disagree" "field 'rope_parameters'" \
+  'c["rope_parameters"]={"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}'
+hostile "sliding window" "hostile/config.json: sliding_window 4 (layer 0) is smaller than the KV cache of 512" \
+  'c["sliding_window"]=4'
+hostile "partial rotary" "field 'partial_rotary_factor' = 0.5" 'c["partial_rotary_factor"]=0.5'
+hostile "quantized" "field 'quantization_config'" 'c["quantization_config"]={"quant_method":"awq","bits":4}'
+hostile "not a causal LM" "field 'architectures'" 'c["architectures"]=["LlamaForSequenceClassification"]'
+hostile "unknown family" "field 'model_type' = \"phi3\"" 'c["model_type"]="phi3"'
+hostile "missing vocab" "hostile/config.json: missing field 'vocab_size'" 'c.pop("vocab_size")'
+hostile "kv heads" "field 'num_key_value_heads' = 3: does not divide" 'c["num_key_value_heads"]=3'
+hostile "eps" "field 'rms_norm_eps'" 'c["rms_norm_eps"]="small"'
+hostile "biases the weights lack" "weight 'model.layers.0.self_attn.q_proj.bias' is missing" 'c["attention_bias"]=True'
+hostile "qwen3 without q/k norms" "weight 'model.layers.0.self_attn.q_norm.weight' is missing" 'c["model_type"]="qwen3"'
+hostile "qwen2 layer type" "layer 1 has type \"linear_attention\"" \
+  'c["model_type"]="qwen2"; c["layer_types"]=["full_attention","linear_attention"]'
+# The window covers the whole (smaller) cache: full attention is exact, so it compiles.
+rm -rf "$WORK/win" && cp -r "$WORK/tiny_hf" "$WORK/win" && sed -i 's/"rope_scaling"/"sliding_window": 64, "rope_scaling"/' "$WORK/win/config.json"
+"$LOOM" compile --model="$WORK/win" --max_seq=64 --out="$WORK/win.pb" >/dev/null 2>&1 && pass "window >= cache compiles" ||
+  fail "window >= cache compiles"
+# Every family's tiny model, exported and run from its folder on the CPU VM, against the oracle.
+for fam in mistral qwen2 qwen3; do
+  "$LOOM" export --model=random:tiny-$fam --out="$WORK/$fam" >/dev/null &&
+    "$LOOM" run --model="$WORK/$fam" --tokens=8 --prompt=5,6,7 --check 2>/dev/null |
+    grep -q "identical to the op-by-op oracle" && pass "$fam folder" || fail "$fam folder"
+done
+
 echo 'garbage' >"$WORK/bad.pb"
 expect_error "corrupt schedule" "$WORK/bad.pb" "" -- "$LOOM" inspect "$WORK/bad.pb"
 printf 'format_version: 2\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n' >"$WORK/op.pbtxt"

@@ -1,7 +1,8 @@
 // The CPU reference VM, running compiled schedules of random:tiny, against the
 // op-by-op oracle: logits within 1e-5 (relative, float32) and identical greedy
 // tokens for 32 steps, for every SM policy, several SM counts, both barrier
-// granularities and with every fusion turned off.
+// granularities and with every fusion turned off; and the tiny model of every
+// family (padded rows, biases, 7 heads per KV head, YaRN, per-head q/k norms).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -33,19 +34,27 @@ class VmOracle : public testing::Test {
   }
 
   void CheckSchedule(const scheduler::CompileOptions& options, const std::string& what) {
-    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, "random:tiny", options);
+    CheckAgainstOracle(*model_, *oracle_, options, what);
+  }
+
+ public:
+  static void CheckAgainstOracle(const graph::Model& model, const graph::OracleDecode& oracle,
+                                 const scheduler::CompileOptions& options, const std::string& what) {
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model.graph, model.spec, options);
     ASSERT_TRUE(s.ok()) << what << ": " << s.status();
-    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, model_->weights);
+    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, model.weights);
     ASSERT_TRUE(vm.ok()) << vm.status();
     ASSERT_TRUE((*vm)->Reset(kPrompt).ok());
     const int steps = static_cast<int>(kPrompt.size()) - 1 + kNewTokens;
     for (int step = 0; step < steps; ++step) {
       ASSERT_TRUE((*vm)->Run(1).ok());
-      const double err = RelativeError((*vm)->logits(), oracle_->logits[step]);
+      const double err = RelativeError((*vm)->logits(), oracle.logits[step]);
       ASSERT_LE(err, kLogitTolerance) << what << " step " << step;
     }
-    EXPECT_EQ((*vm)->tokens(), oracle_->tokens) << what;
+    EXPECT_EQ((*vm)->tokens(), oracle.tokens) << what;
   }
+
+ protected:
 
   static inline const std::vector<int32_t> kPrompt = {17, 923, 4, 512};
   static inline graph::Model* model_ = nullptr;
@@ -96,6 +105,25 @@ TEST_F(VmOracle, ManyStepsPerRunEqualsOneStepPerRun) {
   ASSERT_TRUE((*vm)->Run(static_cast<int>(kPrompt.size()) - 1 + kNewTokens).ok());
   EXPECT_EQ((*vm)->tokens(), oracle_->tokens);
   EXPECT_FALSE((*vm)->Run(64).ok());  // past the KV cache: refused, not run
+}
+
+TEST(VmOracleFamilies, EveryFamilysTinyModelMatchesTheOracleFusedAndUnfused) {
+  for (const char* spec : {"random:tiny-mistral", "random:tiny-qwen2", "random:tiny-qwen3"}) {
+    graph::ModelOptions mo;
+    mo.max_seq = 64;
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, {17, 923, 4, 512}, kNewTokens);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    for (bool fused : {true, false}) {
+      for (uint32_t sms : {3u, 132u}) {
+        scheduler::CompileOptions o;
+        o.set_num_sms(sms);
+        if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+        VmOracle::CheckAgainstOracle(*m, *oracle, o, absl::StrCat(spec, fused ? " fused" : " unfused", " on ", sms));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -29,7 +29,9 @@
 #include "scheduler/options.h"
 #include "scheduler/simulator.h"
 
-ABSL_FLAG(std::string, model, "", "model to load: random:<preset> (llama-3.2-1b, tiny) or a Hugging Face folder");
+ABSL_FLAG(std::string, model, "",
+          "model to load: random:<preset> (llama-3.2-1b, tiny, tiny-mistral, tiny-qwen2, tiny-qwen3) or a Hugging "
+          "Face folder of a llama, mistral, qwen2 or qwen3 model");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt text format or binary .pb); flags override it");
 ABSL_FLAG(std::string, out, "", "output file (compile: schedule .pb/.pbtxt) or folder (export)");
 ABSL_FLAG(int32_t, num_sms, 0, "SMs to schedule for (0: options file or 132)");
@@ -132,7 +134,20 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   mo.load_weights = weights;
   mo.max_seq = static_cast<int>(options.max_seq());
   mo.seed = absl::GetFlag(FLAGS_seed);
-  return graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  if (!model.ok()) return model;
+  for (const std::string& note : model->notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  const graph::DecoderConfig& c = model->config;
+  std::fprintf(stderr, "%s: %s, %.2fB parameters, %d layers, hidden %d, %d/%d heads of %d%s\n",
+               absl::GetFlag(FLAGS_model).c_str(), c.family.c_str(), c.Parameters() / 1e9, c.num_layers,
+               c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+               weights ? absl::StrFormat(" (loaded in %.1f s)", std::chrono::duration<double>(
+                                                                     std::chrono::steady_clock::now() - start)
+                                                                     .count())
+                             .c_str()
+                       : "");
+  return model;
 }
 
 int CompileCommand() {
