@@ -5,7 +5,7 @@
   python3 tools/hf_compare.py --model DIR --loom build/tools/loom --backend gpu
 
 1. Loom decodes the prompt + --tokens greedy tokens and dumps every step's logits.
-2. transformers (LlamaForCausalLM, float32 weights widened from the same bf16,
+2. transformers (the folder's own *ForCausalLM class, float32 weights widened from the same bf16,
    eager attention) runs the same token sequence in one forward pass: per step,
    the relative error ||loom - hf|| / ||hf|| of the logits and whether both
    pick the same top-1 token.
@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import AutoConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def main():
@@ -51,8 +51,8 @@ def main():
 
     sequence = prompt + loom_new
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = LlamaForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32,
-                                             attn_implementation="eager").to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
+                                                 attn_implementation="eager").to(device).eval()
     with torch.no_grad():
         ids = torch.tensor([sequence[:steps]], device=device)
         hf_logits = model(ids).logits[0].float().cpu().numpy()  # [steps, vocab]

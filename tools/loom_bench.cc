@@ -72,6 +72,7 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
       a.k = kK;
       a.input = 1;
       a.out = 2;
+      a.bias = isa::kNoTensor;
       p.queues[sm].push_back(inst);
     }
   }
