@@ -1,5 +1,7 @@
 #include "scheduler/compiler.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "graph/proto_file.h"
 #include "instructions/isa.h"
@@ -13,7 +15,18 @@
 namespace loom::scheduler {
 
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options) {
-  const CompileOptions resolved = ResolveOptions(options);
+  CompileOptions resolved = ResolveOptions(options);
+  // A matvec keeps its whole input vector in the activation ring: wide inputs (an 8B model's 14336-wide
+  // down-proj) get a larger ring, with room for partial sums of a few dozen rows.
+  constexpr uint32_t kRowsOfRoom = 64;
+  uint64_t needed = 0;
+  for (const graph::OpDef& op : graph.def().ops()) {
+    if (op.type() == graph::LINEAR) {
+      const uint32_t k = static_cast<uint32_t>(graph.tensor(op.inputs(1)).shape(1));
+      needed = std::max(needed, isa::MatvecActivationBytes(kRowsOfRoom, k));
+    }
+  }
+  FitActivationRing(needed, options, &resolved);
   if (absl::Status s = ValidateOptions(resolved); !s.ok()) return s;
   absl::StatusOr<Program> program = LowerDecodeGraph(graph, resolved);
   if (!program.ok()) return program.status();

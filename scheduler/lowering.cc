@@ -290,6 +290,11 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
                                                    " columns; the input vector is copied in 16-byte units, so the "
                                                    "column count must be a multiple of 4"));
   }
+  if (isa::MatvecActivationBytes(g.granule, g.k) > o_.smem().activation_bytes() && error_.ok()) {
+    error_ = absl::UnimplementedError(absl::StrCat(
+        "'", g.op, "': its input of ", g.k, " floats needs ", isa::MatvecActivationBytes(g.granule, g.k),
+        " bytes of activation ring; smem.activation_bytes is ", o_.smem().activation_bytes()));
+  }
   const int group = NewGroup(g.name);
   const std::vector<isa::Wait> waits = WaitsFor(g.ready);
   if (g.chunks.empty()) g.chunks = {0, g.rows};

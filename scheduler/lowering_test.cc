@@ -135,6 +135,32 @@ TEST(Lowering, OddWidthsCompileToPaddedRows) {
   }
 }
 
+// An 8B model's 14336-wide down-proj input does not fit the default activation ring: the compiler grows the
+// ring (taking a page away) unless the user fixed the shared-memory layout, which is then refused by name.
+TEST(Lowering, WideInputsGetALargerActivationRing) {
+  absl::StatusOr<graph::DecoderConfig> c = graph::DecoderPreset("tiny");
+  c->hidden_size = 4096;
+  c->num_heads = 32;
+  c->num_kv_heads = 8;
+  c->head_dim = 128;
+  c->intermediate_size = 14336;
+  c->num_layers = 1;
+  absl::StatusOr<graph::Graph> g = graph::BuildDecoderGraph(*c, 256);
+  ASSERT_TRUE(g.ok());
+  absl::StatusOr<Schedule> s = Compile(*g, "8b-ish", CompileOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GE(s->options().smem().activation_bytes(), 14336u * 4);
+  EXPECT_LE(SmemTotalBytes(s->options().smem()), kMaxSmemBytes);
+  EXPECT_LT(s->options().smem().num_pages(), 11u);
+  CompileOptions fixed;
+  fixed.mutable_smem()->set_activation_bytes(48128);
+  s = Compile(*g, "8b-ish", fixed);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("'layers.0.down,layers.0.mlp_residual': its input of 14336 floats needs"),
+            std::string::npos)
+      << s.status();
+}
+
 TEST(Options, BadOptionsAreRejectedByName) {
   CompileOptions o = ResolveOptions({});
   o.mutable_smem()->set_num_pages(40);

@@ -59,6 +59,17 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   return o;
 }
 
+void FitActivationRing(uint64_t needed, const CompileOptions& requested, CompileOptions* resolved) {
+  SmemConfig* s = resolved->mutable_smem();
+  if (needed <= s->activation_bytes() || requested.smem().activation_bytes() != 0 ||
+      requested.smem().num_pages() != 0) {
+    return;
+  }
+  constexpr uint64_t kGranule = 1024;
+  s->set_activation_bytes(static_cast<uint32_t>((needed + kGranule - 1) / kGranule * kGranule));
+  while (s->num_pages() > 2 && SmemTotalBytes(*s) > kMaxSmemBytes) s->set_num_pages(s->num_pages() - 1);
+}
+
 absl::Status ValidateOptions(const CompileOptions& o) {
   auto bad = [](const std::string& why) { return absl::InvalidArgumentError(absl::StrCat("options: ", why)); };
   if (o.num_sms() > 4096) return bad(absl::StrCat("num_sms ", o.num_sms(), " is more than any GPU has"));

@@ -24,6 +24,10 @@ FusionOptions AllFusionsOff();
 
 // Every unset (zero) option replaced by its default; fusion flags made explicit.
 CompileOptions ResolveOptions(const CompileOptions& options);
+// Grows the activation ring of `resolved` to at least `needed` bytes (a matvec
+// keeps its whole input vector in it), taking pages away to stay within the
+// SM's shared memory, where `requested` left both unset. Otherwise keeps them.
+void FitActivationRing(uint64_t needed, const CompileOptions& requested, CompileOptions* resolved);
 // Rejects options no schedule can be built from, naming the option.
 absl::Status ValidateOptions(const CompileOptions& resolved);
 // Reads a text-format (.pbtxt) or binary CompileOptions file.
