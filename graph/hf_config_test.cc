@@ -259,7 +259,34 @@ TEST(HfConfig, FilesTransformersWrote) {
       }
     }
   }
-  EXPECT_GE(parsed, 20);
+  EXPECT_GE(parsed, 30);
+  // What some of them must mean.
+  auto load = [&](const char* name) {
+    absl::StatusOr<std::string> text = ReadFileToString((root / "transformers5" / name).string());
+    EXPECT_TRUE(text.ok()) << name;
+    absl::StatusOr<DecoderConfig> c = ParseHfConfig(text.ok() ? *text : "", name);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : DecoderConfig();
+  };
+  const DecoderConfig yarn = load("qwen2.5-7b-yarn.json");
+  EXPECT_TRUE(yarn.qkv_bias && !yarn.o_bias);
+  EXPECT_EQ(yarn.rope.yarn().original_max_position(), 32768);
+  EXPECT_FLOAT_EQ(yarn.rope.yarn().attention_factor(), 0.1f * std::log(4.0f) + 1.0f);
+  EXPECT_EQ(yarn.sliding_window, std::vector<int>(28, 0));  // use_sliding_window false
+  const DecoderConfig mistral = load("mistral-7b-v0.1.json");
+  EXPECT_EQ(mistral.sliding_window, std::vector<int>(32, 4096));
+  EXPECT_TRUE(mistral.CheckWindows(4096).ok());  // the default KV cache: full attention is exact
+  EXPECT_FALSE(mistral.CheckWindows(8192).ok());
+  EXPECT_TRUE(load("mistral-7b-v0.3.json").sliding_window.empty());
+  const DecoderConfig qwen3 = load("qwen3-8b.json");
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_EQ(qwen3.head_dim, 128);
+  EXPECT_FALSE(qwen3.tie_word_embeddings);
+  const DecoderConfig linear = load("llama-linear-rope.json");
+  EXPECT_EQ(linear.rope.linear_factor(), 2.0f);
+  EXPECT_TRUE(linear.qkv_bias && linear.o_bias && linear.mlp_bias);
+  EXPECT_EQ(load("smollm2-135m.json").hidden_size, 576);
+  EXPECT_EQ(load("llama-3.1-8b.json").rope.llama3_scaling().factor(), 8.0f);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@ For each entry (a family in a real checkpoint's shape): transformers builds the 
 (transformers' init, std 0.02, makes every token almost equally likely and hides errors), save_pretrained writes a
 bf16 safetensors folder, and then
   1. loom run --logits_out: the prompt + --tokens greedy tokens, every step's logits;
-  2. loom run again with --speed-tokens tokens in one launch: ms/token;
+  2. loom run again with --speed-tokens tokens in one launch: ms/token, and the time it took to load the folder;
   3. transformers (float32 weights widened from the same bf16, eager attention), teacher-forced over the same
      sequence: per step the relative error ||loom - hf|| / ||hf|| and top-1 agreement; then transformers' own
      greedy generate() from the prompt against Loom's tokens.
@@ -116,7 +116,8 @@ def run_loom(args, folder, prompt, tokens, logits_path=None):
         return None, None, lines[-1] if lines else f"exit {out.returncode}"
     toks = [int(t) for t in next(l for l in out.stdout.splitlines() if l.startswith("tokens:")).split()[1:]]
     ms = float(re.search(r"([0-9.]+) ms/token", out.stdout).group(1))
-    return toks, ms, None
+    loaded = re.search(r"loaded in ([0-9.]+) s", out.stderr)
+    return toks, (ms, float(loaded.group(1)) if loaded else float("nan")), None
 
 
 def check(args, e):
@@ -148,9 +149,10 @@ def check(args, e):
         steps = len(prompt) - 1 + args.tokens
         loom_logits = np.fromfile(logits_path, dtype=np.float32).reshape(steps, config.vocab_size)
         log("loom: speed")
-        _, ms, err = run_loom(args, folder, prompt, args.speed_tokens)
+        _, timing, err = run_loom(args, folder, prompt, args.speed_tokens)
         if err:
             return dict(row, verdict=f"FAILED: {err}")
+        ms, load_s = timing
         log("transformers: teacher forcing and generate")
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
         hf = hf.to(device).eval()
@@ -167,7 +169,7 @@ def check(args, e):
         same = sum(a == b for a, b in zip(loom_new, gen))
         probs = torch.softmax(torch.from_numpy(hf_logits), -1).max(-1).values.mean().item()
         ok = agree == steps and same == args.tokens and max(rel) <= args.max_rel_error
-        return dict(row, agree=f"{agree}/{steps}", rel=max(rel), greedy=f"{same}/{args.tokens}", ms=ms,
+        return dict(row, agree=f"{agree}/{steps}", rel=max(rel), greedy=f"{same}/{args.tokens}", ms=ms, load=load_s,
                     std=float(hf_logits.std()), top1p=probs, verdict="AGREE" if ok else "DISAGREE")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -201,15 +203,15 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}", flush=True)
     header = ("| model | family | params (B) | layers | top-1 agreement | worst rel. error | greedy identical "
-              "| Loom ms/token | logits std | mean top-1 p | verdict |")
-    print(header + "\n|" + "---|" * 11, flush=True)
+              "| Loom ms/token | Loom load s | logits std | mean top-1 p | verdict |")
+    print(header + "\n|" + "---|" * 12, flush=True)
     rows = []
     for e in entries:
         r = check(args, e)
         rows.append(r)
         line = (f"| {r['name']} | {r['family']} | {r['params']:.2f} | {r['layers']} | {r.get('agree', '-')} | "
                 + (f"{r['rel']:.1e}" if "rel" in r else "-") + f" | {r.get('greedy', '-')} | "
-                + (f"{r['ms']:.3f}" if "ms" in r else "-") + " | "
+                + (f"{r['ms']:.3f} | {r['load']:.1f}" if "ms" in r else "- | -") + " | "
                 + (f"{r['std']:.1f} | {r['top1p']:.2f}" if "std" in r else "- | -") + f" | {r['verdict']} |")
         print(line, flush=True)
         if args.markdown:
