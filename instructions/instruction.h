@@ -363,6 +363,39 @@ struct ArgmaxReduceArgs {
   static constexpr const char* kFields[] = {"partials", "num_partials", "step_state", "tokens", "max_seq"};
 };
 
+// One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)
+// and columns [n_tile * 128, +128) of C (fewer at the edges), K streamed in
+// 64-wide slabs. A [m, k] (activations) and W [n, k] (weights) are bf16 images
+// in the 128-byte swizzled K-major layout (isa::PackSwizzled with 128-row
+// tiles: for each 128-row tile, its ceil(k / 64) slabs of 16 KB, zeros past m,
+// n and k), so every slab is one bulk copy into one page. out[r, c] = (A·Wᵀ)[r, c]
+// (+ bias[c]) (+ residual[r, c]), f32 row-major [m, n].
+inline constexpr uint32_t kGemmTileM = 128;
+inline constexpr uint32_t kGemmTileN = 128;
+inline constexpr uint32_t kGemmSlabK = 64;                        // bf16 of K per 128-byte swizzled row
+inline constexpr uint32_t kGemmSlabBytes = kGemmTileM * kGemmSlabK * 2;  // 16 KB: one page
+static_assert(kGemmTileM == kGemmTileN, "A and W slabs are the same page size");
+struct GemmArgs {
+  uint32_t a;       // bf16 swizzled image of A (ARENA)
+  uint32_t weight;  // bf16 swizzled image of W (WEIGHTS)
+  uint32_t out;     // f32 [m, n]
+  uint32_t m;
+  uint32_t n;
+  uint32_t k;
+  uint32_t m_tile;
+  uint32_t n_tile;
+  uint32_t bias;      // bf16 [n] or kNoTensor
+  uint32_t residual;  // f32 [m, n] or kNoTensor
+  static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
+                                            "residual"};
+};
+LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
+LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }
+// Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).
+LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
+  return uint64_t{GemmTiles(rows)} * GemmSlabs(k) * kGemmSlabBytes;
+}
+
 // Bytes of an SM's activation ring one instruction takes on the device (0: the
 // opcode reads its inputs from global memory), a multiple of 16.
 LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {

@@ -1,10 +1,12 @@
 #include "instructions/isa.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "graph/dtype.h"
+#include "instructions/swizzle.h"
 
 namespace loom::isa {
 namespace {
@@ -175,6 +177,18 @@ void Validate(const ArgmaxReduceArgs& a, Checker& c) {
   c.Tensor("tokens", a.tokens, I32, U(a.max_seq) + 1);
 }
 
+void Validate(const GemmArgs& a, Checker& c) {
+  c.Require(a.m > 0 && a.n > 0 && a.k > 0, "m, n and k must be positive");
+  c.Require(a.m_tile < GemmTiles(a.m) && a.n_tile < GemmTiles(a.n),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(a.m), " x ", GemmTiles(a.n),
+                         " output tiles"));
+  c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
+  c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
+  c.Tensor("out", a.out, F32, U(a.m) * a.n);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
+  if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
+}
+
 // ---- footprints -----------------------------------------------------------
 
 Footprint Cost(const EmbedArgs& a, uint32_t) { return {2ull * a.hidden, 4ull * a.hidden + 16, 0, 0}; }
@@ -208,6 +222,11 @@ Footprint Cost(const SiluMulArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 
 Footprint Cost(const AddArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 1ull * a.count}; }
 Footprint Cost(const ArgmaxPartialArgs& a, uint32_t) { return {0, 4ull * a.count + 8, 0, a.count}; }
 Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) { return {0, 8ull * a.num_partials + 16, 0, a.num_partials}; }
+Footprint Cost(const GemmArgs& a, uint32_t) {
+  const uint64_t slabs = GemmSlabs(a.k);
+  return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
+          2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+}
 
 // ---- float32 references ---------------------------------------------------
 
@@ -414,6 +433,24 @@ void Reference(const ArgmaxReduceArgs& a, const MachineView& m) {
   }
   if (next >= state[kStatePromptLength]) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
   state[kStatePosition] = next;
+}
+
+void Reference(const GemmArgs& a, const MachineView& m) {
+  const uint16_t* image_a = m.ptr<uint16_t>(a.a);
+  const uint16_t* image_w = m.ptr<uint16_t>(a.weight);
+  auto at = [&](const uint16_t* image, uint32_t r, uint32_t c) {
+    return graph::Bf16ToFloat(image[SwizzledImageOffset(a.k, kGemmTileM, Swizzle::k128B, r, c) / 2]);
+  };
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
+    for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
+      float acc = 0.0f;
+      for (uint32_t x = 0; x < a.k; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
+      if (a.bias != kNoTensor) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
+      out[uint64_t{r} * a.n + col] = acc;
+    }
+  }
 }
 
 }  // namespace

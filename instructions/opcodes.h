@@ -14,4 +14,5 @@
   V(SILU_MUL, SiluMulArgs)       \
   V(ADD, AddArgs)                \
   V(ARGMAX_PARTIAL, ArgmaxPartialArgs) \
-  V(ARGMAX_REDUCE, ArgmaxReduceArgs)
+  V(ARGMAX_REDUCE, ArgmaxReduceArgs) \
+  V(GEMM, GemmArgs)

@@ -5,8 +5,9 @@ namespace {
 
 uint32_t RowBytes(Swizzle s) { return static_cast<uint32_t>(s); }
 
-// Byte offset of element (r, c) in the packed image.
-uint64_t ImageOffset(uint32_t cols, uint32_t tile_rows, Swizzle s, uint32_t r, uint32_t c) {
+}  // namespace
+
+uint64_t SwizzledImageOffset(uint32_t cols, uint32_t tile_rows, Swizzle s, uint32_t r, uint32_t c) {
   const uint32_t row_elems = RowBytes(s) / 2;
   const uint64_t slabs = (cols + row_elems - 1) / row_elems;
   const uint64_t slab_bytes = uint64_t{tile_rows} * RowBytes(s);
@@ -21,8 +22,6 @@ uint64_t ImageOffset(uint32_t cols, uint32_t tile_rows, Swizzle s, uint32_t r, u
   return (tile * slabs + slab) * slab_bytes + in_slab;
 }
 
-}  // namespace
-
 std::vector<uint16_t> PackSwizzled(const uint16_t* matrix, uint32_t rows, uint32_t cols, uint32_t tile_rows,
                                    Swizzle swizzle) {
   const uint32_t row_elems = RowBytes(swizzle) / 2;
@@ -30,7 +29,7 @@ std::vector<uint16_t> PackSwizzled(const uint16_t* matrix, uint32_t rows, uint32
   std::vector<uint16_t> image(tiles * slabs * tile_rows * row_elems, 0);
   for (uint32_t r = 0; r < rows; ++r) {
     for (uint32_t c = 0; c < cols; ++c) {
-      image[ImageOffset(cols, tile_rows, swizzle, r, c) / 2] = matrix[uint64_t{r} * cols + c];
+      image[SwizzledImageOffset(cols, tile_rows, swizzle, r, c) / 2] = matrix[uint64_t{r} * cols + c];
     }
   }
   return image;
@@ -39,7 +38,7 @@ std::vector<uint16_t> PackSwizzled(const uint16_t* matrix, uint32_t rows, uint32
 uint16_t UnpackSwizzled(const std::vector<uint16_t>& image, uint32_t rows, uint32_t cols, uint32_t tile_rows,
                         Swizzle swizzle, uint32_t r, uint32_t c) {
   (void)rows;
-  return image[ImageOffset(cols, tile_rows, swizzle, r, c) / 2];
+  return image[SwizzledImageOffset(cols, tile_rows, swizzle, r, c) / 2];
 }
 
 }  // namespace loom::isa

@@ -54,6 +54,8 @@ static_assert(SwizzledOffset<Swizzle::k32B>(4, 0) == 4 * 32 + 16 && SwizzledOffs
 // tile_rows must be a multiple of 8 (whole atoms).
 std::vector<uint16_t> PackSwizzled(const uint16_t* matrix, uint32_t rows, uint32_t cols, uint32_t tile_rows,
                                    Swizzle swizzle);
+// Byte offset in a PackSwizzled image of element (r, c) of the matrix.
+uint64_t SwizzledImageOffset(uint32_t cols, uint32_t tile_rows, Swizzle swizzle, uint32_t r, uint32_t c);
 // Element (r, c) of the matrix PackSwizzled was given, read back from its image.
 uint16_t UnpackSwizzled(const std::vector<uint16_t>& image, uint32_t rows, uint32_t cols, uint32_t tile_rows,
                         Swizzle swizzle, uint32_t r, uint32_t c);

@@ -59,6 +59,10 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
       // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
       // isa::ValidateInstruction, which the compiler and every schedule load run.
+      if (inst.op() == isa::Opcode::GEMM && p.page_bytes < isa::kGemmSlabBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": a GEMM slab is ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
+      }
       if (isa::ActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
                                                        " bytes of activation ring, the SM has ", p.activation_bytes));
@@ -97,6 +101,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
+    for (const isa::Instruction& inst : q) m->tensor_ops_ |= inst.op() == isa::Opcode::GEMM;
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -196,6 +201,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.activation_bytes = program_.activation_bytes;
   params.activation_slots = program_.activation_slots;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
+  params.tensor_ops = tensor_ops_ ? 1 : 0;
   params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");

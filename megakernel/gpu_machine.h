@@ -21,7 +21,7 @@ struct GpuProgram {
   uint32_t num_barriers = 0;
   uint32_t page_bytes = 16384;
   uint32_t num_pages = 11;
-  uint32_t activation_bytes = 48128;  // the activation ring
+  uint32_t activation_bytes = 47104;  // the activation ring
   uint32_t activation_slots = 1;
 };
 
@@ -58,6 +58,7 @@ class GpuMachine {
 
  private:
   GpuMachine() = default;
+  bool tensor_ops_ = false;  // the program has GEMM instructions (KernelParams::tensor_ops)
   absl::Status CheckError(const char* what) const;
 
   GpuProgram program_;

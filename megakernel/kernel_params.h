@@ -74,15 +74,20 @@ struct KernelParams {
   // matvecs compute on stale pages. Shows what compute and the dependency
   // chain cost with weight loading taken away. Results are garbage.
   uint32_t skip_weight_loads;
+  // Nonzero when the program has tensor-core instructions (GEMM): the launcher picks the kernel variant
+  // that runs them (decode programs run the one without, which keeps their registers free of spills).
+  uint32_t tensor_ops;
   TraceEvent* trace;  // [num_steps][total instructions], or null
   DeviceError* error; // mapped host memory, or null
 };
 
 // Shared memory one block needs: mbarriers, the instruction ring, scratch,
 // the activation slots and the page ring.
+// Pages start at a multiple of the largest swizzle atom: wgmma reads swizzled GEMM slabs in place.
+inline constexpr uint32_t kPageAlign = 1024;
 inline constexpr uint32_t SmemFixedBytes() {
   return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 5 * kMaxActivationSlots * 8 +
-         kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + 128 /* page alignment */;
+         kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + kPageAlign;
 }
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
   return SmemFixedBytes() + activation_bytes + page_bytes * num_pages;

@@ -31,6 +31,7 @@
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/megakernel_launch.h"
 #include "megakernel/ops/attention.cuh"
+#include "megakernel/ops/gemm.cuh"
 #include "megakernel/ops/matvec.cuh"
 #include "megakernel/ops/vector_ops.cuh"
 #include "megakernel/pipeline_state.cuh"
@@ -78,7 +79,7 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
   s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);
   const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
-  s.pages = reinterpret_cast<uint8_t*>((pages + 127) & ~uintptr_t{127});
+  s.pages = reinterpret_cast<uint8_t*>((pages + kPageAlign - 1) & ~uintptr_t{kPageAlign - 1});
   return s;
 }
 
@@ -114,6 +115,7 @@ __device__ void Controller(const KernelParams& p, const SharedLayout& s, uint32_
   }
 }
 
+template <bool kTensorOps>
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   PipelineState ring{0, 0, p.num_pages};
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
@@ -121,13 +123,30 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const isa::Instruction& inst = s.inst[w.slot.index];
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
+    GemmPages gemm{nullptr, nullptr, 0};
     if (inst.op() == isa::Opcode::MATVEC) {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
       const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
       total = a.rows * row_bytes;
       tile = p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
+    } else if (kTensorOps && inst.op() == isa::Opcode::GEMM) {
+      // A is an activation: its slabs are read only once the instruction's waits are met (the
+      // loader runs ahead over weights only; everything before this instruction is already issued).
+      for (uint32_t k = 0; k < inst.num_waits; ++k) {
+        WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
+      }
+      FenceProxyAsyncGlobal();
+      gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
+    for (uint32_t i = 0; i < gemm.count; ++i) {
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
+                   w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::GEMM), ring.index, kStuckPageWait));
+      MbarrierArriveExpectTx(&s.full[ring.index], isa::kGemmSlabBytes);
+      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, gemm.Source(i), isa::kGemmSlabBytes,
+                       &s.full[ring.index]);
+      ++ring;
+    }
     for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
       const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
@@ -285,6 +304,9 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
+// kTensorOps: this variant runs the tensor-core opcodes (GEMM). They need many accumulator registers, and in
+// the same consumer loop they push the decode opcodes into spills; decode programs run the variant without them.
+template <bool kTensorOps>
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
@@ -324,6 +346,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
+      case isa::Opcode::GEMM:
+        if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
+        break;
       default: break;
     }
     // Every consumer's stores are issued and its reads of the slots done: hand
@@ -346,6 +371,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
   }
 }
 
+template <bool kTensorOps>
 __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_constant__ KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const SharedLayout s = Carve(smem, p);
@@ -374,11 +400,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   __syncthreads();
   if (warp < kConsumerWarps) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-    Consumers(p, s, sm, threadIdx.x);
+    Consumers<kTensorOps>(p, s, sm, threadIdx.x);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
     if (threadIdx.x % 32 == 0) {
-      if (warp == kLoaderWarp) Loader(p, s, sm);
+      if (warp == kLoaderWarp) Loader<kTensorOps>(p, s, sm);
       if (warp == kStorerWarp) Storer(p, s, sm);
       if (warp == kControllerWarp) Controller(p, s, sm);
       if (warp == kActivationWarp) ActivationLoader(p, s, sm);
@@ -389,16 +415,17 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
 }  // namespace
 
 cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
-  static uint32_t configured_smem = 0;
-  if (configured_smem < smem_bytes) {
-    cudaError_t e = cudaFuncSetAttribute(Megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  static uint32_t configured_smem[2] = {0, 0};
+  const bool tensor_ops = params.tensor_ops != 0;
+  void* kernel = tensor_ops ? reinterpret_cast<void*>(Megakernel<true>) : reinterpret_cast<void*>(Megakernel<false>);
+  if (configured_smem[tensor_ops] < smem_bytes) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
-    configured_smem = smem_bytes;
+    configured_smem[tensor_ops] = smem_bytes;
   }
   // Cooperative launch: fails, instead of hanging, if the blocks cannot all be resident.
   void* args[] = {const_cast<KernelParams*>(&params)};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(Megakernel), dim3(num_sms), dim3(kBlockThreads), args,
-                                     smem_bytes, stream);
+  return cudaLaunchCooperativeKernel(kernel, dim3(num_sms), dim3(kBlockThreads), args, smem_bytes, stream);
 }
 
 }  // namespace loom::megakernel

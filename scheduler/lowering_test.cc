@@ -153,7 +153,7 @@ TEST(Lowering, WideInputsGetALargerActivationRing) {
   EXPECT_LE(SmemTotalBytes(s->options().smem()), kMaxSmemBytes);
   EXPECT_LT(s->options().smem().num_pages(), 11u);
   CompileOptions fixed;
-  fixed.mutable_smem()->set_activation_bytes(48128);
+  fixed.mutable_smem()->set_activation_bytes(47104);
   s = Compile(*g, "8b-ish", fixed);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("'layers.0.down,layers.0.mlp_residual': its input of 14336 floats needs"),

@@ -11,7 +11,7 @@ namespace loom::scheduler {
 // Shared memory one block may use on an H100 (the 227 KB opt-in limit).
 inline constexpr uint32_t kMaxSmemBytes = 227 * 1024;
 // What the device interpreter keeps beside pages and activations (instruction ring, mbarriers, scratch).
-inline constexpr uint32_t kSmemReserveBytes = 4096;
+inline constexpr uint32_t kSmemReserveBytes = 5120;
 inline constexpr uint32_t kMaxActivationSlots = 4;
 
 // Shared memory a block needs for `smem`: pages, the activation ring and the reserve.

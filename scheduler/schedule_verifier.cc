@@ -263,6 +263,10 @@ absl::Status VerifySchedule(const Schedule& s) {
       if (absl::Status st = isa::ValidateInstruction(inst, infos); !st.ok()) {
         return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
       }
+      if (inst.op() == isa::Opcode::GEMM && smem.page_bytes() < isa::kGemmSlabBytes) {
+        return Fail(absl::StrCat(Where(s, sm, i), ": a GEMM slab is ", isa::kGemmSlabBytes, " bytes, a page ",
+                                 smem.page_bytes()));
+      }
       const isa::Footprint f = isa::InstructionFootprint(inst, s.max_seq());
       if (f.smem_bytes > smem.activation_bytes()) {
         return Fail(absl::StrCat(Where(s, sm, i), " needs ", f.smem_bytes, " bytes of activation buffer; the SM has ",

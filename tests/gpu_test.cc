@@ -12,6 +12,7 @@
 #include "graph/dtype.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
+#include "instructions/swizzle.h"
 #include "instructions/isa.h"
 #include "megakernel/gpu_backend.h"
 #include "megakernel/gpu_machine.h"
@@ -206,6 +207,54 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
         }
         b.RunAndCompare({Make(isa::Opcode::MATVEC, a)}, what);
       }
+    }
+  }
+}
+
+// GEMM output tiles on wgmma, every tile of C at ragged M, N and K (zero padding in the swizzled images), with
+// and without bias and residual; the tiles of one C share an SM's page ring, so slabs of consecutive
+// instructions follow each other through it.
+TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t m, n, k; };
+  const std::vector<Case> cases = {{1, 64, 64},   {7, 100, 100},   {64, 128, 256}, {129, 300, 1000},
+                                   {200, 130, 64}, {128, 256, 640}, {33, 17, 8}};
+  for (const Case& c : cases) {
+    for (bool extras : {false, true}) {
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<uint16_t> a(uint64_t{c.m} * c.k), w(uint64_t{c.n} * c.k);
+      for (uint16_t& v : a) v = graph::FloatToBf16(d(b.rng()));
+      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
+      const std::vector<uint16_t> a_image = isa::PackSwizzled(a.data(), c.m, c.k, isa::kGemmTileM, isa::Swizzle::k128B);
+      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), c.n, c.k, isa::kGemmTileN, isa::Swizzle::k128B);
+      isa::GemmArgs g{};
+      g.a = b.Arena(a_image.size(), graph::BF16);
+      g.weight = b.Weight(w_image.size());
+      std::copy(a_image.begin(), a_image.end(), b.Data<uint16_t>(g.a));
+      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.out = b.Output(uint64_t{c.m} * c.n);
+      g.m = c.m;
+      g.n = c.n;
+      g.k = c.k;
+      g.bias = g.residual = isa::kNoTensor;
+      if (extras) {
+        g.bias = b.Weight(c.n);
+        b.FillRandom(g.bias);
+        g.residual = b.Arena(uint64_t{c.m} * c.n);
+        b.FillRandom(g.residual);
+      }
+      std::vector<isa::Instruction> queue;
+      for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
+          g.m_tile = mt;
+          g.n_tile = nt;
+          queue.push_back(Make(isa::Opcode::GEMM, g));
+        }
+      }
+      b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k, extras ? " bias+residual" : "",
+                                          " seed ", seed));
     }
   }
 }

@@ -15,9 +15,11 @@ import sys
 import tempfile
 
 import transformers
-from transformers import AutoConfig
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 MAJOR = int(transformers.__version__.split(".")[0])
+CLASSES = {"llama": (LlamaConfig, "LlamaForCausalLM"), "mistral": (MistralConfig, "MistralForCausalLM"),
+           "qwen2": (Qwen2Config, "Qwen2ForCausalLM"), "qwen3": (Qwen3Config, "Qwen3ForCausalLM")}
 LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
 
@@ -87,9 +89,8 @@ def main():
         else:
             kwargs["rope_theta"] = theta
             kwargs["rope_scaling"] = rope
-        config = AutoConfig.for_model(model_type, **kwargs)
-        config.architectures = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[model_type]]
+        config_class, architecture = CLASSES[model_type]
+        config = config_class(architectures=[architecture], **kwargs)
         with tempfile.TemporaryDirectory() as tmp:
             config.save_pretrained(tmp)
             with open(os.path.join(tmp, "config.json")) as f:

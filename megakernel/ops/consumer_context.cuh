@@ -34,10 +34,12 @@ struct ConsumerContext {
   uint32_t step;
 
   // Waits until the next page of the ring is full; returns it.
-  __device__ __forceinline__ const uint8_t* AcquirePage() const {
-    MbarrierWait(&full[ring.index], ring.phase,
-                 {error, sm, index, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait});
-    return pages + static_cast<size_t>(ring.index) * page_bytes;
+  __device__ __forceinline__ const uint8_t* AcquirePage() const { return WaitPage(ring); }
+  // Waits until the page at `at` (at or after the oldest held one) is full; returns it. Opcodes that hold
+  // several pages at once (GEMM) walk their own position ahead of `ring`.
+  __device__ __forceinline__ const uint8_t* WaitPage(const PipelineState& at) const {
+    MbarrierWait(&full[at.index], at.phase, {error, sm, index, 0, at.index, kStuckPageWait});
+    return pages + static_cast<size_t>(at.index) * page_bytes;
   }
   // This thread is done with the current page: every consumer thread arrives
   // itself (release), so each read is ordered before the bulk copy that refills

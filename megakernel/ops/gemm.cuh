@@ -1,0 +1,83 @@
+// GEMM on the device: one 128 x 128 output tile of C = A · Wᵀ on the tensor
+// cores (isa::GemmArgs). The weight loader streams the tile's K slabs through
+// the page ring, A slab then W slab (each one 16 KB bulk copy of the swizzled
+// image into one page), after the instruction's waits are met (A is an
+// activation). Consumer warpgroup g multiplies rows [64g, 64g + 64) of each A
+// slab with the W slab on wgmma, keeping one slab in flight: the pages of slab
+// s are released once slab s+1 is issued and slab s has completed. Epilogue in
+// registers: bias, residual, guarded stores of the tile's rows and columns.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/tile/slab_mma.cuh"
+
+namespace loom::megakernel {
+
+// The pages a GEMM streams, in ring order: for each K slab, its A slab, then its W slab.
+struct GemmPages {
+  const uint8_t* a;  // the tile's first A slab
+  const uint8_t* w;  // the tile's first W slab
+  uint32_t count;
+
+  __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
+    return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
+  }
+};
+
+__device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
+  const uint32_t slabs = isa::GemmSlabs(g.k);
+  return {m.ptr<uint8_t>(g.a) + static_cast<uint64_t>(g.m_tile) * slabs * isa::kGemmSlabBytes,
+          m.ptr<uint8_t>(g.weight) + static_cast<uint64_t>(g.n_tile) * slabs * isa::kGemmSlabBytes, 2 * slabs};
+}
+
+// Inlined into the tensor-core variant of the consumer loop only (Consumers<true>): its 64 accumulator registers
+// would push the decode opcodes of a shared loop into spills, and a call would serialise the wgmma pipeline.
+__device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
+  using Slab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
+  static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
+  static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
+  const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
+  const uint32_t slabs = isa::GemmSlabs(g.k);
+  tile::Accumulator<isa::kGemmTileN> acc;
+  acc.Zero();
+  PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
+  for (uint32_t s = 0; s < slabs; ++s) {
+    const Slab a{ctx.WaitPage(next)};
+    ++next;
+    const Slab w{ctx.WaitPage(next)};
+    ++next;
+    tile::WgmmaFence();
+    tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
+    tile::WgmmaCommit();
+    if (s > 0) {  // slab s-1 is done: its two pages go back to the loader
+      tile::WgmmaWait<1>();
+      ctx.ReleasePage();
+      ctx.ReleasePage();
+    }
+  }
+  tile::WgmmaWait<0>();
+  ctx.ReleasePage();
+  ctx.ReleasePage();
+
+  const isa::MachineView& m = ctx.machine;
+  float* out = m.ptr<float>(g.out);
+  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
+  const float* residual = g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr;
+  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+#pragma unroll
+  for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; ++i) {
+    const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
+    const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+    if (r < g.m && c < g.n) {
+      float v = acc.d[i];
+      if (bias != nullptr) v += __bfloat162float(bias[c]);
+      const uint64_t at = static_cast<uint64_t>(r) * g.n + c;
+      if (residual != nullptr) v += residual[at];
+      out[at] = v;
+    }
+  }
+}
+
+}  // namespace loom::megakernel
