@@ -3,6 +3,7 @@
 // tiles dealt to the SMs round-robin in row-major tile order. Per shape: the
 // median kernel time of --repeats launches after a warm-up (CUDA events), the
 // TFLOP/s, and a spot check of 64 random outputs against a float CPU product.
+// --group_m picks the tile order (row-major, or Triton's grouped order).
 // Compare with tools/torch_gemm_baseline.py (cuBLAS) run in the same call.
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,9 @@
 ABSL_FLAG(std::string, shapes, "4096x4096x4096", "';'-separated MxNxK shapes");
 ABSL_FLAG(int32_t, repeats, 10, "timed launches per shape (median reported)");
 ABSL_FLAG(int32_t, num_sms, 132, "SMs to deal the tiles to");
+ABSL_FLAG(int32_t, group_m, 8,
+          "tile order: 0 = row-major; G = groups of G tile rows, column by column inside a group (so the tiles "
+          "that run at the same time share A rows and W columns in L2)");
 
 namespace loom {
 namespace {
@@ -49,15 +53,22 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   p.arena_bytes = c_offset + uint64_t{m} * n * 4;
   const uint32_t sms = static_cast<uint32_t>(absl::GetFlag(FLAGS_num_sms));
   p.queues.resize(sms);
-  uint32_t tile = 0;
-  for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
-    for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt, ++tile) {
-      isa::Instruction inst{};
-      inst.opcode = static_cast<uint8_t>(isa::Opcode::GEMM);
-      inst.signal = isa::kNoBarrier;
-      inst.as<isa::GemmArgs>() = {0, 1, 2, m, n, k, mt, nt, isa::kNoTensor, isa::kNoTensor};
-      p.queues[tile % sms].push_back(inst);
+  const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmTiles(n);
+  const bool grouped = absl::GetFlag(FLAGS_group_m) > 0;
+  const uint32_t group = grouped ? static_cast<uint32_t>(absl::GetFlag(FLAGS_group_m)) : 1;
+  for (uint32_t tile = 0; tile < mtiles * ntiles; ++tile) {
+    uint32_t mt = tile / ntiles, nt = tile % ntiles;
+    if (grouped) {  // Triton's GROUP_SIZE_M order
+      const uint32_t first_m = tile / (group * ntiles) * group, rows = std::min(group, mtiles - first_m);
+      const uint32_t in_group = tile - first_m * ntiles;
+      mt = first_m + in_group % rows;
+      nt = in_group / rows;
     }
+    isa::Instruction inst{};
+    inst.opcode = static_cast<uint8_t>(isa::Opcode::GEMM);
+    inst.signal = isa::kNoBarrier;
+    inst.as<isa::GemmArgs>() = {0, 1, 2, m, n, k, mt, nt, isa::kNoTensor, isa::kNoTensor};
+    p.queues[tile % sms].push_back(inst);
   }
   std::vector<uint8_t> weights(w_image.size() * 2);
   std::memcpy(weights.data(), w_image.data(), weights.size());
