@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "megakernel/tile/row_ops.cuh"
 #include "megakernel/tile/slab_mma.cuh"
 
 namespace loom::megakernel::tile {
@@ -55,6 +56,45 @@ __global__ void __launch_bounds__(128 * kWarpgroups) TileProductKernel(const uin
 #pragma unroll
   for (uint32_t i = 0; i < Accumulator<N>::kRegs; ++i) {
     c[(warpgroup * 64 + Accumulator<N>::Row(t, i)) * N + Accumulator<N>::Col(t, i)] = acc.d[i];
+  }
+}
+
+__global__ void __launch_bounds__(128) AttentionTileKernel(const uint4* q_image, const uint4* k_image,
+                                                           const uint4* vt_image, float scale, float* o) {
+  using Slab = SmemSlab<64, isa::Swizzle::k128B>;
+  extern __shared__ uint8_t raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kAlign - 1) / kAlign * kAlign);
+  const uint4* images[3] = {q_image, k_image, vt_image};
+  for (uint32_t m = 0; m < 3; ++m) {
+    for (uint32_t i = threadIdx.x; i < Slab::kBytes / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(smem + m * Slab::kBytes)[i] = images[m][i];
+    }
+  }
+  FenceProxyAsyncShared();
+  __syncthreads();
+  const Slab q{smem}, k{smem + Slab::kBytes}, vt{smem + 2 * Slab::kBytes};
+  const uint32_t t = threadIdx.x;
+  Accumulator<64> s;  // scores of 64 queries x 64 keys
+  WgmmaFence();
+  SlabMma(s, q, 0, k, false);
+  WgmmaCommit();
+  WgmmaWait<0>();
+  const RowPair max = RowMax(s);
+  Exp2Rows(s, max, scale * 1.4426950408889634f);  // softmax numerators, log2(e) folded into the scale
+  const RowPair sum = RowSum(s);
+  Accumulator<64> out;  // 64 queries x 64 dims
+  uint32_t p[4][4];
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) ToOperandA(s, j, p[j]);
+  WgmmaFence();  // the registers of P were written by this warpgroup
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) MmaAsyncRegA<64>(out.d, p[j], vt.Descriptor(0, j), j > 0 ? 1u : 0u);
+  WgmmaCommit();
+  WgmmaWait<0>();
+  ScaleRows(out, RowPair{{1.0f / sum.v[0], 1.0f / sum.v[1]}});
+#pragma unroll
+  for (uint32_t i = 0; i < Accumulator<64>::kRegs; ++i) {
+    o[Accumulator<64>::Row(t, i) * 64 + Accumulator<64>::Col(t, i)] = out.d[i];
   }
 }
 
@@ -118,6 +158,31 @@ absl::StatusOr<std::vector<float>> RunTileProduct(const std::vector<uint16_t>& a
     return absl::InternalError(absl::StrCat("tile product kernel: ", cudaGetErrorString(cudaGetLastError())));
   }
   cudaMemcpy(out.data(), cp, out.size() * 4, cudaMemcpyDeviceToHost);
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> RunAttentionTile(const std::vector<uint16_t>& q_image,
+                                                    const std::vector<uint16_t>& k_image,
+                                                    const std::vector<uint16_t>& vt_image, float scale) {
+  constexpr size_t kElems = 64 * 64;
+  if (q_image.size() != kElems || k_image.size() != kElems || vt_image.size() != kElems) {
+    return absl::InvalidArgumentError("RunAttentionTile: 64 x 64 images");
+  }
+  DeviceBuffer q(kElems * 2), k(kElems * 2), vt(kElems * 2), o(kElems * 4);
+  if (!q.ok() || !k.ok() || !vt.ok() || !o.ok()) return absl::InternalError("cudaMalloc");
+  cudaMemcpy(q.get(), q_image.data(), kElems * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(k.get(), k_image.data(), kElems * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(vt.get(), vt_image.data(), kElems * 2, cudaMemcpyHostToDevice);
+  cudaMemset(o.get(), 0xff, kElems * 4);  // poisoned
+  const size_t smem = 3 * kElems * 2 + kAlign;
+  cudaFuncSetAttribute(AttentionTileKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  AttentionTileKernel<<<1, 128, smem>>>(static_cast<const uint4*>(q.get()), static_cast<const uint4*>(k.get()),
+                                        static_cast<const uint4*>(vt.get()), scale, static_cast<float*>(o.get()));
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("attention tile kernel: ", cudaGetErrorString(cudaGetLastError())));
+  }
+  std::vector<float> out(kElems);
+  cudaMemcpy(out.data(), o.get(), kElems * 4, cudaMemcpyDeviceToHost);
   return out;
 }
 
