@@ -60,38 +60,59 @@ __global__ void __launch_bounds__(128 * kWarpgroups) TileProductKernel(const uin
 }
 
 __global__ void __launch_bounds__(128) AttentionTileKernel(const uint4* q_image, const uint4* k_image,
-                                                           const uint4* vt_image, float scale, float* o) {
+                                                           const uint4* vt_image, uint32_t keys, uint32_t q0,
+                                                           float scale, float* o) {
   using Slab = SmemSlab<64, isa::Swizzle::k128B>;
   extern __shared__ uint8_t raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kAlign - 1) / kAlign * kAlign);
-  const uint4* images[3] = {q_image, k_image, vt_image};
-  for (uint32_t m = 0; m < 3; ++m) {
-    for (uint32_t i = threadIdx.x; i < Slab::kBytes / 16; i += blockDim.x) {
-      reinterpret_cast<uint4*>(smem + m * Slab::kBytes)[i] = images[m][i];
-    }
+  const uint32_t tiles = keys / 64;
+  uint8_t* k_base = smem + Slab::kBytes;
+  uint8_t* vt_base = k_base + tiles * Slab::kBytes;
+  for (uint32_t i = threadIdx.x; i < Slab::kBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = q_image[i];
+  for (uint32_t i = threadIdx.x; i < tiles * Slab::kBytes / 16; i += blockDim.x) {
+    reinterpret_cast<uint4*>(k_base)[i] = k_image[i];
+    reinterpret_cast<uint4*>(vt_base)[i] = vt_image[i];
   }
   FenceProxyAsyncShared();
   __syncthreads();
-  const Slab q{smem}, k{smem + Slab::kBytes}, vt{smem + 2 * Slab::kBytes};
+  const Slab q{smem};
   const uint32_t t = threadIdx.x;
-  Accumulator<64> s;  // scores of 64 queries x 64 keys
-  WgmmaFence();
-  SlabMma(s, q, 0, k, false);
-  WgmmaCommit();
-  WgmmaWait<0>();
-  const RowPair max = RowMax(s);
-  Exp2Rows(s, max, scale * 1.4426950408889634f);  // softmax numerators, log2(e) folded into the scale
-  const RowPair sum = RowSum(s);
-  Accumulator<64> out;  // 64 queries x 64 dims
-  uint32_t p[4][4];
+  const float log2_scale = scale * 1.4426950408889634f;  // exp(x * scale) = exp2(x * log2_scale)
+  RowPair m{{-INFINITY, -INFINITY}}, l{{0.0f, 0.0f}};
+  Accumulator<64> out;
+  out.Zero();
+  const uint32_t last_tile = (q0 + 63) / 64;  // tiles past the diagonal hold only masked keys
+  for (uint32_t j = 0; j <= last_tile && j < tiles; ++j) {
+    Accumulator<64> s;  // scores of the 64 queries x this tile's 64 keys
+    WgmmaFence();
+    SlabMma(s, q, 0, Slab{k_base + j * Slab::kBytes}, false);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    if (64 * j + 63 > q0) {  // the tile crosses the diagonal: mask keys after each query's position
 #pragma unroll
-  for (uint32_t j = 0; j < 4; ++j) ToOperandA(s, j, p[j]);
-  WgmmaFence();  // the registers of P were written by this warpgroup
+      for (uint32_t i = 0; i < Accumulator<64>::kRegs; ++i) {
+        if (64 * j + Accumulator<64>::Col(t, i) > q0 + Accumulator<64>::Row(t, i)) s.d[i] = -INFINITY;
+      }
+    }
+    const RowPair tile_max = RowMax(s);
+    const RowPair m_new{{fmaxf(m.v[0], tile_max.v[0]), fmaxf(m.v[1], tile_max.v[1])}};
+    const RowPair correction{{exp2f((m.v[0] - m_new.v[0]) * log2_scale), exp2f((m.v[1] - m_new.v[1]) * log2_scale)}};
+    Exp2Rows(s, m_new, log2_scale);
+    const RowPair tile_sum = RowSum(s);
+    l = {{l.v[0] * correction.v[0] + tile_sum.v[0], l.v[1] * correction.v[1] + tile_sum.v[1]}};
+    m = m_new;
+    ScaleRows(out, correction);
+    uint32_t p[4][4];
 #pragma unroll
-  for (uint32_t j = 0; j < 4; ++j) MmaAsyncRegA<64>(out.d, p[j], vt.Descriptor(0, j), j > 0 ? 1u : 0u);
-  WgmmaCommit();
-  WgmmaWait<0>();
-  ScaleRows(out, RowPair{{1.0f / sum.v[0], 1.0f / sum.v[1]}});
+    for (uint32_t k = 0; k < 4; ++k) ToOperandA(s, k, p[k]);
+    WgmmaFence();  // P's registers and the rescaled accumulators were written by this warpgroup
+    const Slab vt{vt_base + j * Slab::kBytes};
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k) MmaAsyncRegA<64>(out.d, p[k], vt.Descriptor(0, k), 1u);
+    WgmmaCommit();
+    WgmmaWait<0>();
+  }
+  ScaleRows(out, RowPair{{1.0f / l.v[0], 1.0f / l.v[1]}});
 #pragma unroll
   for (uint32_t i = 0; i < Accumulator<64>::kRegs; ++i) {
     o[Accumulator<64>::Row(t, i) * 64 + Accumulator<64>::Col(t, i)] = out.d[i];
@@ -163,26 +184,32 @@ absl::StatusOr<std::vector<float>> RunTileProduct(const std::vector<uint16_t>& a
 
 absl::StatusOr<std::vector<float>> RunAttentionTile(const std::vector<uint16_t>& q_image,
                                                     const std::vector<uint16_t>& k_image,
-                                                    const std::vector<uint16_t>& vt_image, float scale) {
-  constexpr size_t kElems = 64 * 64;
-  if (q_image.size() != kElems || k_image.size() != kElems || vt_image.size() != kElems) {
-    return absl::InvalidArgumentError("RunAttentionTile: 64 x 64 images");
+                                                    const std::vector<uint16_t>& vt_image, uint32_t keys,
+                                                    uint32_t q0, float scale) {
+  constexpr size_t kTile = 64 * 64;
+  if (keys == 0 || keys % 64 != 0 || q0 + 64 > keys || q_image.size() != kTile ||
+      k_image.size() != keys * 64ull || vt_image.size() != keys * 64ull) {
+    return absl::InvalidArgumentError("RunAttentionTile: sizes do not match");
   }
-  DeviceBuffer q(kElems * 2), k(kElems * 2), vt(kElems * 2), o(kElems * 4);
+  DeviceBuffer q(kTile * 2), k(keys * 128ull), vt(keys * 128ull), o(kTile * 4);
   if (!q.ok() || !k.ok() || !vt.ok() || !o.ok()) return absl::InternalError("cudaMalloc");
-  cudaMemcpy(q.get(), q_image.data(), kElems * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(k.get(), k_image.data(), kElems * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(vt.get(), vt_image.data(), kElems * 2, cudaMemcpyHostToDevice);
-  cudaMemset(o.get(), 0xff, kElems * 4);  // poisoned
-  const size_t smem = 3 * kElems * 2 + kAlign;
-  cudaFuncSetAttribute(AttentionTileKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaMemcpy(q.get(), q_image.data(), kTile * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(k.get(), k_image.data(), keys * 128ull, cudaMemcpyHostToDevice);
+  cudaMemcpy(vt.get(), vt_image.data(), keys * 128ull, cudaMemcpyHostToDevice);
+  cudaMemset(o.get(), 0xff, kTile * 4);  // poisoned
+  const size_t smem = kTile * 2 + 2 * keys * 128ull + kAlign;
+  if (cudaFuncSetAttribute(AttentionTileKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess) {
+    return absl::InvalidArgumentError("RunAttentionTile: too many keys for one block's shared memory");
+  }
   AttentionTileKernel<<<1, 128, smem>>>(static_cast<const uint4*>(q.get()), static_cast<const uint4*>(k.get()),
-                                        static_cast<const uint4*>(vt.get()), scale, static_cast<float*>(o.get()));
+                                        static_cast<const uint4*>(vt.get()), keys, q0, scale,
+                                        static_cast<float*>(o.get()));
   if (cudaDeviceSynchronize() != cudaSuccess) {
     return absl::InternalError(absl::StrCat("attention tile kernel: ", cudaGetErrorString(cudaGetLastError())));
   }
-  std::vector<float> out(kElems);
-  cudaMemcpy(out.data(), o.get(), kElems * 4, cudaMemcpyDeviceToHost);
+  std::vector<float> out(kTile);
+  cudaMemcpy(out.data(), o.get(), kTile * 4, cudaMemcpyDeviceToHost);
   return out;
 }
 

@@ -16,12 +16,15 @@ absl::StatusOr<std::vector<float>> RunTileProduct(const std::vector<uint16_t>& a
                                                   const std::vector<uint16_t>& b_image, uint32_t warpgroups,
                                                   uint32_t n, uint32_t k, isa::Swizzle swizzle);
 
-// One query tile of attention on the tile layer, for tests: O = softmax(Q·Kᵀ · scale) · V for 64 queries,
-// 64 keys and head_dim 64, with S = Q·Kᵀ on wgmma, the softmax on the accumulator rows (RowMax, Exp2Rows,
-// RowSum), P converted to bf16 A fragments in registers and O = P·V on wgmma with A from registers. q_image
-// and k_image: PackSwizzled(q or k [64, 64], tile_rows 64, 128B); vt_image: the same of Vᵀ [64 dims, 64 keys].
+// One query tile of causal flash attention on the tile layer, for tests: for 64 queries at positions
+// q0 .. q0 + 63 and keys 0 .. keys - 1 (a multiple of 64), query i sees keys [0, q0 + i]. Key tiles of 64 are
+// streamed with an online softmax in registers: S = Q·Kᵀ on wgmma, the causal mask from the accumulator's
+// columns, running row max and sum with the output rescaled, P as bf16 A fragments, O += P·V on wgmma with A
+// from registers; tiles past the diagonal are skipped. head_dim 64. q_image: PackSwizzled(q [64, 64], 64,
+// 128B); k_image: PackSwizzled(k [keys, 64], 64, 128B); vt_image: PackSwizzled(Vᵀ [64, keys], 64, 128B).
 absl::StatusOr<std::vector<float>> RunAttentionTile(const std::vector<uint16_t>& q_image,
                                                     const std::vector<uint16_t>& k_image,
-                                                    const std::vector<uint16_t>& vt_image, float scale);
+                                                    const std::vector<uint16_t>& vt_image, uint32_t keys,
+                                                    uint32_t q0, float scale);
 
 }  // namespace loom::megakernel::tile
