@@ -396,6 +396,24 @@ LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
   return uint64_t{GemmTiles(rows)} * GemmSlabs(k) * kGemmSlabBytes;
 }
 
+// Rows of an f32 matrix [m, k] as the bf16 operand image a GEMM reads as A
+// (isa::PackSwizzled layout: 128-byte swizzle, 128-row tiles, zeros past m and
+// k): tiles [tile_begin, tile_begin + tiles) of it, each row optionally
+// RMS-normalised first (x * rsqrt(mean(x²) + eps) * norm_weight), so a norm and
+// the layout change a prefill GEMM needs are one instruction.
+struct PackRowsArgs {
+  uint32_t input;        // f32 [m, k]
+  uint32_t out;          // bf16 image of GemmImageBytes(m, k)
+  uint32_t m;
+  uint32_t k;
+  uint32_t tile_begin;
+  uint32_t tiles;
+  uint32_t norm_weight;  // bf16 [k] or kNoTensor
+  float norm_eps;
+  static constexpr const char* kFields[] = {"input", "out", "m", "k", "tile_begin", "tiles", "norm_weight",
+                                            "norm_eps"};
+};
+
 // Bytes of an SM's activation ring one instruction takes on the device (0: the
 // opcode reads its inputs from global memory), a multiple of 16.
 LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {

@@ -189,6 +189,19 @@ void Validate(const GemmArgs& a, Checker& c) {
   if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
 }
 
+void Validate(const PackRowsArgs& a, Checker& c) {
+  c.Require(a.m > 0 && a.k > 0 && a.tiles > 0, "m, k and tiles must be positive");
+  c.Require(U(a.tile_begin) + a.tiles <= GemmTiles(a.m),
+            absl::StrCat("tiles [", a.tile_begin, ", ", U(a.tile_begin) + a.tiles, ") outside the ", GemmTiles(a.m),
+                         " row tiles"));
+  c.Tensor("input", a.input, F32, U(a.m) * a.k);
+  c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.k) / 2);
+  if (a.norm_weight != kNoTensor) {
+    c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
+    c.Require(a.norm_eps > 0, "norm_eps must be positive");
+  }
+}
+
 // ---- footprints -----------------------------------------------------------
 
 Footprint Cost(const EmbedArgs& a, uint32_t) { return {2ull * a.hidden, 4ull * a.hidden + 16, 0, 0}; }
@@ -222,6 +235,10 @@ Footprint Cost(const SiluMulArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 
 Footprint Cost(const AddArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 1ull * a.count}; }
 Footprint Cost(const ArgmaxPartialArgs& a, uint32_t) { return {0, 4ull * a.count + 8, 0, a.count}; }
 Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) { return {0, 8ull * a.num_partials + 16, 0, a.num_partials}; }
+Footprint Cost(const PackRowsArgs& a, uint32_t) {
+  const uint64_t elements = uint64_t{a.tiles} * kGemmTileM * GemmSlabs(a.k) * kGemmSlabK;
+  return {0, 6 * elements, 0, 3 * elements};
+}
 Footprint Cost(const GemmArgs& a, uint32_t) {
   const uint64_t slabs = GemmSlabs(a.k);
   return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
@@ -433,6 +450,22 @@ void Reference(const ArgmaxReduceArgs& a, const MachineView& m) {
   }
   if (next >= state[kStatePromptLength]) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
   state[kStatePosition] = next;
+}
+
+void Reference(const PackRowsArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
+  const uint32_t width = GemmSlabs(a.k) * kGemmSlabK;
+  std::vector<float> row(a.k);
+  for (uint32_t r = a.tile_begin * kGemmTileM; r < (a.tile_begin + a.tiles) * kGemmTileM; ++r) {
+    if (r < a.m) {
+      std::copy(in + uint64_t{r} * a.k, in + uint64_t{r} * a.k + a.k, row.begin());
+      if (a.norm_weight != kNoTensor) RmsNormInto(row.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, row.data());
+    }
+    for (uint32_t c = 0; c < width; ++c) {
+      image[Swizzled128Offset(a.k, kGemmTileM, r, c) / 2] = r < a.m && c < a.k ? graph::FloatToBf16(row[c]) : 0;
+    }
+  }
 }
 
 void Reference(const GemmArgs& a, const MachineView& m) {

@@ -15,4 +15,5 @@
   V(ADD, AddArgs)                \
   V(ARGMAX_PARTIAL, ArgmaxPartialArgs) \
   V(ARGMAX_REDUCE, ArgmaxReduceArgs) \
-  V(GEMM, GemmArgs)
+  V(GEMM, GemmArgs) \
+  V(PACK_ROWS, PackRowsArgs)

@@ -48,6 +48,15 @@ static_assert(SwizzledOffset<Swizzle::k128B>(0, 16) == 16 && SwizzledOffset<Swiz
 static_assert(SwizzledOffset<Swizzle::k64B>(2, 0) == 2 * 64 + 16 && SwizzledOffset<Swizzle::k64B>(1, 16) == 64 + 16);
 static_assert(SwizzledOffset<Swizzle::k32B>(4, 0) == 4 * 32 + 16 && SwizzledOffset<Swizzle::k32B>(3, 16) == 3 * 32 + 16);
 
+// Byte offset of element (r, c) in a PackSwizzled image with 128-byte swizzle (the tensor-core operand layout),
+// usable on the device: tiles of `tile_rows` rows, ceil(cols / 64) slabs each.
+LOOM_HD uint64_t Swizzled128Offset(uint32_t cols, uint32_t tile_rows, uint32_t r, uint32_t c) {
+  constexpr uint32_t kRowElems = SwizzleTraits<Swizzle::k128B>::kRowElems;
+  const uint64_t slabs = (cols + kRowElems - 1) / kRowElems;
+  return (r / tile_rows * slabs + c / kRowElems) * (uint64_t{tile_rows} * 128) +
+         SwizzledOffset<Swizzle::k128B>(r % tile_rows, (c % kRowElems) * 2);
+}
+
 // Packs a row-major bf16 matrix [rows, cols] as swizzled K-slabs: for each tile
 // of `tile_rows` rows (zero rows past `rows`), its ceil(cols / kRowElems) slabs
 // in K order (zero columns past `cols`), each tile_rows * kRowBytes bytes.

@@ -33,6 +33,7 @@
 #include "megakernel/ops/attention.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/ops/matvec.cuh"
+#include "megakernel/ops/pack_rows.cuh"
 #include "megakernel/ops/vector_ops.cuh"
 #include "megakernel/pipeline_state.cuh"
 
@@ -346,6 +347,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
+      case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
         break;

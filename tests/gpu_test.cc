@@ -67,6 +67,9 @@ class OpBench {
     program.activation_bytes = kActivationBytes;
     program.num_pages = 10;  // a 48 KB activation ring leaves room for 10 pages
     program.activation_slots = 4;  // instructions share the ring: allocation, wrap-around and release are exercised
+    for (const isa::Instruction& inst : queue) {  // barriers the queue uses (one SM: they order its instructions)
+      if (inst.signal != isa::kNoBarrier) program.num_barriers = std::max(program.num_barriers, inst.signal + 1);
+    }
     std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
     isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
                           static_cast<uint32_t>(table_.size())};
@@ -255,6 +258,67 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
       }
       b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k, extras ? " bias+residual" : "",
                                           " seed ", seed));
+    }
+  }
+}
+
+// PACK_ROWS (f32 rows, optionally RMS-normalised, to the GEMM's bf16 operand image) then GEMM on it, the GEMM
+// waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K.
+TEST(GpuOpcodes, PackRowsThenGemm) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t m, n, k; };
+  for (const Case& c : {Case{1, 128, 64}, Case{7, 100, 100}, Case{129, 256, 576}, Case{300, 128, 2048}}) {
+    for (bool norm : {false, true}) {
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      isa::PackRowsArgs p{};
+      p.input = b.Arena(uint64_t{c.m} * c.k);
+      b.FillRandom(p.input, -2.0f, 2.0f);
+      p.out = b.Arena(isa::GemmImageBytes(c.m, c.k) / 2, graph::BF16);
+      b.FillRandom(p.out);  // stale bytes: the packing must write every element, padding included
+      p.m = c.m;
+      p.k = c.k;
+      p.norm_weight = isa::kNoTensor;
+      if (norm) {
+        p.norm_weight = b.Weight(c.k);
+        b.FillRandom(p.norm_weight, 0.5f, 1.5f);
+        p.norm_eps = 1e-5f;
+      }
+      std::vector<isa::Instruction> queue;
+      const uint32_t m_tiles = isa::GemmTiles(c.m);
+      for (uint32_t t = 0; t < m_tiles; t += 2) {  // two row tiles per instruction, one at the end
+        p.tile_begin = t;
+        p.tiles = std::min(2u, m_tiles - t);
+        isa::Instruction inst = Make(isa::Opcode::PACK_ROWS, p);
+        inst.signal = 0;
+        queue.push_back(inst);
+      }
+      const uint32_t packs = static_cast<uint32_t>(queue.size());
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<uint16_t> w(uint64_t{c.n} * c.k);
+      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
+      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), c.n, c.k, isa::kGemmTileN, isa::Swizzle::k128B);
+      isa::GemmArgs g{};
+      g.a = p.out;
+      g.weight = b.Weight(w_image.size());
+      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.out = b.Output(uint64_t{c.m} * c.n);
+      g.m = c.m;
+      g.n = c.n;
+      g.k = c.k;
+      g.bias = g.residual = isa::kNoTensor;
+      for (uint32_t mt = 0; mt < m_tiles; ++mt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
+          g.m_tile = mt;
+          g.n_tile = nt;
+          isa::Instruction inst = Make(isa::Opcode::GEMM, g);
+          inst.num_waits = 1;
+          inst.waits[0] = {0, packs | (packs << 16)};  // every packing of this step
+          queue.push_back(inst);
+        }
+      }
+      b.RunAndCompare(queue, absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", " + GEMM, M ", c.m, " N ", c.n,
+                                          " K ", c.k, " seed ", seed));
     }
   }
 }
