@@ -386,8 +386,15 @@ struct GemmArgs {
   uint32_t n_tile;
   uint32_t bias;      // bf16 [n] or kNoTensor
   uint32_t residual;  // f32 [m, n] or kNoTensor
+  uint32_t epilogue;  // GemmEpilogue
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
-                                            "residual"};
+                                            "residual", "epilogue"};
+};
+enum GemmEpilogue : uint32_t {
+  kGemmStoreF32 = 0,         // out f32 [m, n] as above
+  kGemmSiluMulToImage = 1,   // W rows interleave (gate, up) pairs (ROWS_INTERLEAVE_PAIRS): out is the bf16 A
+                             // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
+  kNumGemmEpilogues = 2,
 };
 LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }

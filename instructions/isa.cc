@@ -184,7 +184,16 @@ void Validate(const GemmArgs& a, Checker& c) {
                          " output tiles"));
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
-  c.Tensor("out", a.out, F32, U(a.m) * a.n);
+  c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
+  if (a.epilogue == kGemmSiluMulToImage) {
+    // The image's K padding must be zero for the GEMM that reads it; with n / 2 a multiple of the slab there is
+    // none (every real intermediate size is a multiple of 64).
+    c.Require(a.n % (2 * kGemmSlabK) == 0 && a.residual == kNoTensor,
+              absl::StrCat("SiLU-mul pairs need n a multiple of ", 2 * kGemmSlabK, " and no residual"));
+    c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.n / 2) / 2);
+  } else {
+    c.Tensor("out", a.out, F32, U(a.m) * a.n);
+  }
   if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
   if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
 }
@@ -475,11 +484,21 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     return graph::Bf16ToFloat(image[SwizzledImageOffset(a.k, kGemmTileM, Swizzle::k128B, r, c) / 2]);
   };
   float* out = m.ptr<float>(a.out);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
   for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
+    float gate = 0.0f;
     for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
       float acc = 0.0f;
       for (uint32_t x = 0; x < a.k; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
       if (a.bias != kNoTensor) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      if (a.epilogue == kGemmSiluMulToImage) {
+        if (col % 2 == 0) {
+          gate = acc;
+        } else {
+          image[Swizzled128Offset(a.n / 2, kGemmTileM, r, col / 2) / 2] = graph::FloatToBf16(Silu(gate) * acc);
+        }
+        continue;
+      }
       if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
       out[uint64_t{r} * a.n + col] = acc;
     }

@@ -10,7 +10,9 @@
 
 #include <cuda_bf16.h>
 
+#include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/matvec.cuh"  // Silu
 #include "megakernel/tile/slab_mma.cuh"
 
 namespace loom::megakernel {
@@ -66,6 +68,22 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   const float* residual = g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+  if (g.epilogue == isa::kGemmSiluMulToImage) {
+    // Registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even: a (gate, up) pair.
+    uint8_t* image = m.ptr<uint8_t>(g.out);
+#pragma unroll
+    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; i += 2) {
+      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
+      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+      if (r < g.m && c < g.n) {
+        float gate = acc.d[i], up = acc.d[i + 1];
+        if (bias != nullptr) gate += __bfloat162float(bias[c]), up += __bfloat162float(bias[c + 1]);
+        *reinterpret_cast<__nv_bfloat16*>(image + isa::Swizzled128Offset(g.n / 2, isa::kGemmTileM, r, c / 2)) =
+            __float2bfloat16(Silu(gate) * up);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; ++i) {
     const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
