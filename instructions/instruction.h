@@ -387,14 +387,26 @@ struct GemmArgs {
   uint32_t bias;      // bf16 [n] or kNoTensor
   uint32_t residual;  // f32 [m, n] or kNoTensor
   uint32_t epilogue;  // GemmEpilogue
+  // kGemmRopeKvAppend only (as MATVEC's kEpilogueRopeKvAppend, one row per token):
+  uint32_t k_cache;     // f32 [kv_heads, max_seq, head_dim]
+  uint32_t v_cache;
+  uint32_t step_state;  // row r is the token at position state[position] + r
+  uint32_t rope_table;  // f32 [head_dim / 2 + 1]
+  uint32_t heads_per_group;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
-                                            "residual", "epilogue"};
+                                            "residual", "epilogue", "k_cache", "v_cache", "step_state",
+                                            "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq"};
 };
 enum GemmEpilogue : uint32_t {
   kGemmStoreF32 = 0,         // out f32 [m, n] as above
   kGemmSiluMulToImage = 1,   // W rows interleave (gate, up) pairs (ROWS_INTERLEAVE_PAIRS): out is the bf16 A
                              // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
-  kNumGemmEpilogues = 2,
+  kGemmRopeKvAppend = 2,     // W rows in the grouped QKV layout (QkvGroupedRow): per token row, q rotated into
+                             // out f32 [m, heads * head_dim], k rotated and v into the caches at its position
+  kNumGemmEpilogues = 3,
 };
 LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }

@@ -185,7 +185,18 @@ void Validate(const GemmArgs& a, Checker& c) {
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
   c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
-  if (a.epilogue == kGemmSiluMulToImage) {
+  if (a.epilogue == kGemmRopeKvAppend) {
+    const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
+    c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
+              "RoPE layout needs an even head_dim and positive head counts");
+    c.Require(a.n == (U(a.heads_per_group) + 2) * kv_rows, "n must be the grouped q|k|v rows");
+    c.Require(a.residual == kNoTensor, "no residual with the RoPE epilogue");
+    c.Tensor("out", a.out, F32, U(a.m) * a.heads_per_group * kv_rows);
+    c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+    c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
+    c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+    c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
+  } else if (a.epilogue == kGemmSiluMulToImage) {
     // The image's K padding must be zero for the GEMM that reads it; with n / 2 a multiple of the slab there is
     // none (every real intermediate size is a multiple of 64).
     c.Require(a.n % (2 * kGemmSlabK) == 0 && a.residual == kNoTensor,
@@ -485,12 +496,17 @@ void Reference(const GemmArgs& a, const MachineView& m) {
   };
   float* out = m.ptr<float>(a.out);
   uint16_t* image = m.ptr<uint16_t>(a.out);
+  std::vector<float> row_values(kGemmTileN);
   for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
     float gate = 0.0f;
     for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
       float acc = 0.0f;
       for (uint32_t x = 0; x < a.k; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
       if (a.bias != kNoTensor) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      if (a.epilogue == kGemmRopeKvAppend) {
+        row_values[col - a.n_tile * kGemmTileN] = acc;
+        continue;
+      }
       if (a.epilogue == kGemmSiluMulToImage) {
         if (col % 2 == 0) {
           gate = acc;
@@ -501,6 +517,25 @@ void Reference(const GemmArgs& a, const MachineView& m) {
       }
       if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
       out[uint64_t{r} * a.n + col] = acc;
+    }
+    if (a.epilogue == kGemmRopeKvAppend) {  // the tile's columns of this token, pair by pair
+      const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition] + static_cast<int32_t>(r);
+      const float* table = m.ptr<float>(a.rope_table);
+      const uint32_t half = a.head_dim / 2, q_width = a.heads_per_group * a.num_kv_heads * a.head_dim;
+      for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); col += 2) {
+        float v0 = row_values[col - a.n_tile * kGemmTileN], v1 = row_values[col + 1 - a.n_tile * kGemmTileN];
+        const QkvRow q = QkvGroupedRow(col, a.heads_per_group, a.head_dim);
+        if (q.kind != kQkvV) RotatePair(&v0, &v1, q.dim, pos, table, half);
+        if (q.kind == kQkvQ) {
+          out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim] = v0;
+          out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim + half] = v1;
+        } else if (pos < static_cast<int32_t>(a.max_seq)) {
+          float* cache = m.ptr<float>(q.kind == kQkvK ? a.k_cache : a.v_cache) +
+                         (uint64_t{q.head} * a.max_seq + pos) * a.head_dim;
+          cache[q.dim] = v0;
+          cache[q.kind == kQkvK ? q.dim + half : q.dim + 1] = v1;
+        }
+      }
     }
   }
 }

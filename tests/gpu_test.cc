@@ -329,6 +329,59 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
   }
 }
 
+// The QKV projection of a prefill on the tensor cores: GEMM over the grouped q|k|v rows with the RoPE +
+// KV-append epilogue (token row r at position state + r), with and without q/k/v biases.
+TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t m : {7u, 200u}) {
+    for (bool biased : {false, true}) {
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      constexpr uint32_t kGroup = 4, kKv = 2, kDim = 64, kHidden = 256, kSeq = 256;
+      constexpr uint32_t kN = (kGroup + 2) * kKv * kDim;
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      std::vector<uint16_t> a(uint64_t{m} * kHidden), w(uint64_t{kN} * kHidden);
+      for (uint16_t& v : a) v = graph::FloatToBf16(d(b.rng()));
+      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
+      const std::vector<uint16_t> a_image = isa::PackSwizzled(a.data(), m, kHidden, isa::kGemmTileM, isa::Swizzle::k128B);
+      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), kN, kHidden, isa::kGemmTileN, isa::Swizzle::k128B);
+      isa::GemmArgs g{};
+      g.a = b.Arena(a_image.size(), graph::BF16);
+      std::copy(a_image.begin(), a_image.end(), b.Data<uint16_t>(g.a));
+      g.weight = b.Weight(w_image.size());
+      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.out = b.Output(uint64_t{m} * kGroup * kKv * kDim);
+      g.m = m;
+      g.n = kN;
+      g.k = kHidden;
+      g.bias = biased ? b.Weight(kN) : isa::kNoTensor;
+      if (biased) b.FillRandom(g.bias);
+      g.residual = isa::kNoTensor;
+      g.epilogue = isa::kGemmRopeKvAppend;
+      g.k_cache = b.Output(kKv * kSeq * kDim);
+      g.v_cache = b.Output(kKv * kSeq * kDim);
+      g.step_state = b.Arena(4, graph::I32);
+      b.SetState(g.step_state, 3, static_cast<int32_t>(m) + 3);
+      g.rope_table = b.Weight(kDim / 2 + 1, graph::F32);
+      b.FillRandom(g.rope_table, 0.001f, 1.0f);
+      g.heads_per_group = kGroup;
+      g.num_kv_heads = kKv;
+      g.head_dim = kDim;
+      g.max_seq = kSeq;
+      std::vector<isa::Instruction> queue;
+      for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(kN); ++nt) {
+          g.m_tile = mt;
+          g.n_tile = nt;
+          queue.push_back(Make(isa::Opcode::GEMM, g));
+        }
+      }
+      b.RunAndCompare(queue, absl::StrCat("GEMM RoPE + KV append, ", m, " tokens", biased ? ", biases" : "",
+                                          " seed ", seed));
+    }
+  }
+}
+
 // A prefill MLP block on the tensor cores: PACK_ROWS (RMSNorm) -> GEMM over interleaved gate/up rows with the
 // SiLU-mul epilogue writing the next GEMM's operand image -> GEMM down-proj + residual, each stage behind the
 // previous one's barrier.

@@ -12,7 +12,7 @@
 
 #include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
-#include "megakernel/ops/matvec.cuh"  // Silu
+#include "megakernel/ops/matvec.cuh"  // Silu, RotatePairDevice
 #include "megakernel/tile/slab_mma.cuh"
 
 namespace loom::megakernel {
@@ -68,6 +68,36 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   const float* residual = g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+  if (g.epilogue == isa::kGemmRopeKvAppend) {
+    // Registers 2p, 2p+1 hold columns (c, c + 1) of one token row, c even: a rotation pair of a q or k head
+    // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
+    const float* table = m.ptr<float>(g.rope_table);
+    const uint32_t half = g.head_dim / 2, q_width = g.heads_per_group * g.num_kv_heads * g.head_dim;
+    const float factor = table[half];
+    const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
+#pragma unroll 4
+    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; i += 2) {
+      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
+      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+      if (r >= g.m || c >= g.n) continue;
+      float v0 = acc.d[i], v1 = acc.d[i + 1];
+      if (bias != nullptr) v0 += __bfloat162float(bias[c]), v1 += __bfloat162float(bias[c + 1]);
+      const int32_t pos = pos0 + static_cast<int32_t>(r);
+      const isa::QkvRow q = isa::QkvGroupedRow(c, g.heads_per_group, g.head_dim);
+      if (q.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, q.dim, pos, table, factor);
+      if (q.kind == isa::kQkvQ) {
+        float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
+        dst[q.dim] = v0;
+        dst[q.dim + half] = v1;
+      } else if (pos < static_cast<int32_t>(g.max_seq)) {
+        float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) +
+                       (static_cast<uint64_t>(q.head) * g.max_seq + pos) * g.head_dim;
+        cache[q.dim] = v0;
+        cache[q.kind == isa::kQkvK ? q.dim + half : q.dim + 1] = v1;
+      }
+    }
+    return;
+  }
   if (g.epilogue == isa::kGemmSiluMulToImage) {
     // Registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even: a (gate, up) pair.
     uint8_t* image = m.ptr<uint8_t>(g.out);
