@@ -135,6 +135,25 @@ TEST(DecoderModel, FoldersThatLieAreRejected) {
   EXPECT_FALSE(LoadModel(testing::TempDir() + "/no_such_model").ok());
 }
 
+TEST(DecoderModel, TensorsTheConfigDoesNotUseAreNoted) {
+  absl::StatusOr<Model> m = LoadModel("random:tiny");
+  ASSERT_TRUE(m.ok());
+  const std::string dir = testing::TempDir() + "/tiny_extra";
+  ASSERT_TRUE(ExportModel(*m, dir).ok());
+  // The folder says attention_bias false but carries a bias (transformers would skip it too).
+  std::vector<std::pair<std::string, const HostTensor*>> tensors;
+  for (const auto& [name, shape] : DecoderWeightShapes(m->config)) tensors.emplace_back(name, &m->weights.at(name));
+  const HostTensor bias = HostTensor::Zeros(BF16, {256});
+  tensors.emplace_back("model.layers.0.self_attn.q_proj.bias", &bias);
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  absl::StatusOr<Model> back = LoadModel(dir);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->notes.size(), 1u);
+  EXPECT_NE(back->notes[0].find("tensors config.json does not use, ignored: model.layers.0.self_attn.q_proj.bias"),
+            std::string::npos)
+      << back->notes[0];
+}
+
 TEST(DecoderModel, ShardedIndexIsFollowed) {
   absl::StatusOr<Model> m = LoadModel("random:tiny");
   ASSERT_TRUE(m.ok());

@@ -1,5 +1,6 @@
 #include "graph/model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -93,6 +94,23 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
   }
   for (const std::string& dtype : converted) {
     notes->push_back(absl::StrCat("weights stored as ", dtype, " are rounded to bf16 (Loom computes from bf16 weights)"));
+  }
+  // Tensors the config does not use (transformers skips them too, with a warning): say so, never silently.
+  std::set<std::string> used;
+  for (const Source& source : sources) used.insert(source.name);
+  std::vector<std::string> unused;
+  for (const auto& [path, file] : opened) {
+    for (const auto& [name, entry] : file->header().tensors) {
+      if (!used.contains(name)) unused.push_back(name);
+    }
+  }
+  if (!unused.empty()) {
+    std::sort(unused.begin(), unused.end());
+    constexpr size_t kShown = 5;
+    const size_t more = unused.size() > kShown ? unused.size() - kShown : 0;
+    unused.resize(std::min(unused.size(), kShown));
+    notes->push_back(absl::StrCat(dir, ": tensors config.json does not use, ignored: ", absl::StrJoin(unused, ", "),
+                                  more > 0 ? absl::StrCat(" (and ", more, " more)") : ""));
   }
   if (!load) return absl::OkStatus();
   Progress progress(absl::StrCat("reading weights from ", dir), total_bytes);
