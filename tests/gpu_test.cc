@@ -226,7 +226,7 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
   const std::vector<Case> cases = {{1, 64, 64},   {7, 100, 100},   {64, 128, 256}, {129, 300, 1000},
-                                   {200, 130, 64}, {128, 256, 640}, {33, 17, 8}};
+                                   {200, 130, 64}, {128, 256, 640}, {33, 17, 8},   {1000, 200, 320}};
   for (const Case& c : cases) {
     for (bool extras : {false, true}) {
       const uint32_t seed = Seed();
