@@ -26,7 +26,7 @@ constexpr const char* kHarmlessFields[] = {
     "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
     "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "tf_legacy_loss", "architectures_note", "auto_map", "model_type"};
+    "begin_suppress_tokens", "tf_legacy_loss", "model_type"};
 
 std::string Show(const nlohmann::json& v) {
   std::string s = v.dump();
@@ -207,7 +207,9 @@ absl::Status HfConfigReader::Error(const std::string& key, const std::string& wh
 }
 
 absl::Status HfConfigReader::Error(const std::string& why) const {
-  return absl::InvalidArgumentError(absl::StrCat(path_, ": ", prefix_.empty() ? "" : absl::StrCat("'", prefix_.substr(0, prefix_.size() - 1), "': "), why));
+  // Inside a nested object, name it: "<file>: 'rope_scaling': <why>".
+  const std::string where = prefix_.empty() ? "" : absl::StrCat("'", prefix_.substr(0, prefix_.size() - 1), "': ");
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": ", where, why));
 }
 
 absl::Status HfConfigReader::Int(const std::string& key, int* out) {
