@@ -154,6 +154,30 @@ TEST(DecoderModel, TensorsTheConfigDoesNotUseAreNoted) {
       << back->notes[0];
 }
 
+// F32 weights (as a float32 save_pretrained writes them) load, rounded to bf16, with a note saying so.
+TEST(DecoderModel, Float32WeightsLoadWithANote) {
+  absl::StatusOr<Model> m = LoadModel("random:tiny-qwen3");
+  ASSERT_TRUE(m.ok());
+  const std::string dir = testing::TempDir() + "/qwen3_f32";
+  ASSERT_TRUE(ExportModel(*m, dir).ok());
+  std::vector<HostTensor> wide;
+  wide.reserve(m->weights.size());
+  std::vector<std::pair<std::string, const HostTensor*>> tensors;
+  for (const auto& [name, shape] : DecoderWeightShapes(m->config)) {
+    const HostTensor& t = m->weights.at(name);
+    HostTensor f = HostTensor::Zeros(F32, t.shape);
+    for (int64_t i = 0; i < t.size(); ++i) f.f32[i] = t.Get(i);
+    wide.push_back(std::move(f));
+    tensors.emplace_back(name, &wide.back());
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  absl::StatusOr<Model> back = LoadModel(dir);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->notes.size(), 1u);
+  EXPECT_NE(back->notes[0].find("weights stored as F32 are rounded to bf16"), std::string::npos) << back->notes[0];
+  for (const auto& [name, t] : m->weights) EXPECT_EQ(t.bf16, back->weights.at(name).bf16) << name;  // exact
+}
+
 TEST(DecoderModel, ShardedIndexIsFollowed) {
   absl::StatusOr<Model> m = LoadModel("random:tiny");
   ASSERT_TRUE(m.ok());
