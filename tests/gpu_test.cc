@@ -119,6 +119,17 @@ class OpBench {
     }
   }
   std::mt19937& rng() { return rng_; }
+  // A random bf16 matrix [rows, cols] (uniform in +-scale) as a GEMM operand image (isa::PackSwizzled: 128-row
+  // tiles of 128-byte swizzled K slabs), in the weights (W) or the arena (A). The references read the image.
+  uint32_t RandomOperandImage(uint32_t region, uint32_t rows, uint32_t cols, float scale = 1.0f) {
+    std::uniform_real_distribution<float> d(-scale, scale);
+    std::vector<uint16_t> m(uint64_t{rows} * cols);
+    for (uint16_t& v : m) v = graph::FloatToBf16(d(rng_));
+    const std::vector<uint16_t> image = isa::PackSwizzled(m.data(), rows, cols, isa::kGemmTileM, isa::Swizzle::k128B);
+    const uint32_t id = Add(region, image.size(), graph::BF16);
+    std::copy(image.begin(), image.end(), Data<uint16_t>(id));
+    return id;
+  }
 
  private:
   uint8_t* Bytes(uint32_t id) {
@@ -231,17 +242,9 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
     for (bool extras : {false, true}) {
       const uint32_t seed = Seed();
       OpBench b(seed);
-      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-      std::vector<uint16_t> a(uint64_t{c.m} * c.k), w(uint64_t{c.n} * c.k);
-      for (uint16_t& v : a) v = graph::FloatToBf16(d(b.rng()));
-      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
-      const std::vector<uint16_t> a_image = isa::PackSwizzled(a.data(), c.m, c.k, isa::kGemmTileM, isa::Swizzle::k128B);
-      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), c.n, c.k, isa::kGemmTileN, isa::Swizzle::k128B);
       isa::GemmArgs g{};
-      g.a = b.Arena(a_image.size(), graph::BF16);
-      g.weight = b.Weight(w_image.size());
-      std::copy(a_image.begin(), a_image.end(), b.Data<uint16_t>(g.a));
-      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.a = b.RandomOperandImage(isa::kArenaRegion, c.m, c.k);
+      g.weight = b.RandomOperandImage(isa::kWeightRegion, c.n, c.k);
       g.out = b.Output(uint64_t{c.m} * c.n);
       g.m = c.m;
       g.n = c.n;
@@ -299,14 +302,9 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
         queue.push_back(inst);
       }
       const uint32_t packs = static_cast<uint32_t>(queue.size());
-      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-      std::vector<uint16_t> w(uint64_t{c.n} * c.k);
-      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
-      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), c.n, c.k, isa::kGemmTileN, isa::Swizzle::k128B);
       isa::GemmArgs g{};
       g.a = p.out;
-      g.weight = b.Weight(w_image.size());
-      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.weight = b.RandomOperandImage(isa::kWeightRegion, c.n, c.k);
       g.out = b.Output(uint64_t{c.m} * c.n);
       g.m = c.m;
       g.n = c.n;
@@ -339,17 +337,9 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       OpBench b(seed);
       constexpr uint32_t kGroup = 4, kKv = 2, kDim = 64, kHidden = 256, kSeq = 256;
       constexpr uint32_t kN = (kGroup + 2) * kKv * kDim;
-      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-      std::vector<uint16_t> a(uint64_t{m} * kHidden), w(uint64_t{kN} * kHidden);
-      for (uint16_t& v : a) v = graph::FloatToBf16(d(b.rng()));
-      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()));
-      const std::vector<uint16_t> a_image = isa::PackSwizzled(a.data(), m, kHidden, isa::kGemmTileM, isa::Swizzle::k128B);
-      const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), kN, kHidden, isa::kGemmTileN, isa::Swizzle::k128B);
       isa::GemmArgs g{};
-      g.a = b.Arena(a_image.size(), graph::BF16);
-      std::copy(a_image.begin(), a_image.end(), b.Data<uint16_t>(g.a));
-      g.weight = b.Weight(w_image.size());
-      std::copy(w_image.begin(), w_image.end(), b.Data<uint16_t>(g.weight));
+      g.a = b.RandomOperandImage(isa::kArenaRegion, m, kHidden);
+      g.weight = b.RandomOperandImage(isa::kWeightRegion, kN, kHidden);
       g.out = b.Output(uint64_t{m} * kGroup * kKv * kDim);
       g.m = m;
       g.n = kN;
@@ -391,15 +381,6 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
   for (const Case& c : {Case{7, 256, 512}, Case{200, 576, 1536}}) {
     const uint32_t seed = Seed();
     OpBench b(seed);
-    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-    auto weight_image = [&](uint32_t rows, uint32_t cols) {
-      std::vector<uint16_t> w(uint64_t{rows} * cols);
-      for (uint16_t& v : w) v = graph::FloatToBf16(d(b.rng()) * 0.1f);
-      const std::vector<uint16_t> image = isa::PackSwizzled(w.data(), rows, cols, isa::kGemmTileN, isa::Swizzle::k128B);
-      const uint32_t id = b.Weight(image.size());
-      std::copy(image.begin(), image.end(), b.Data<uint16_t>(id));
-      return id;
-    };
     const uint32_t x = b.Arena(uint64_t{c.m} * c.hidden);
     b.FillRandom(x);
     isa::PackRowsArgs p{x, b.Arena(isa::GemmImageBytes(c.m, c.hidden) / 2, graph::BF16), c.m, c.hidden, 0,
@@ -411,7 +392,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
     queue.push_back(pack);
     isa::GemmArgs up{};  // rows interleave (gate, up)
     up.a = p.out;
-    up.weight = weight_image(2 * c.inter, c.hidden);
+    up.weight = b.RandomOperandImage(isa::kWeightRegion, 2 * c.inter, c.hidden, 0.1f);
     up.out = b.Arena(isa::GemmImageBytes(c.m, c.inter) / 2, graph::BF16);
     up.m = c.m;
     up.n = 2 * c.inter;
@@ -430,7 +411,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
     }
     isa::GemmArgs down{};
     down.a = up.out;
-    down.weight = weight_image(c.hidden, c.inter);
+    down.weight = b.RandomOperandImage(isa::kWeightRegion, c.hidden, c.inter, 0.1f);
     down.out = b.Output(uint64_t{c.m} * c.hidden);
     down.m = c.m;
     down.n = c.hidden;
