@@ -2,12 +2,14 @@
 // be checked by hand.
 #include "instructions/isa.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
 #include <tuple>
 
 #include "graph/dtype.h"
+#include "instructions/swizzle.h"
 #include "gtest/gtest.h"
 
 namespace loom::isa {
@@ -180,6 +182,89 @@ TEST(IsaReference, ArgmaxReduceForcesPromptThenGeneratesAndStopsAtCapacity) {
   ExecuteReference(inst, m);
   EXPECT_EQ(st[kStatePosition], 3);
   EXPECT_EQ(st[kStateOverflow], 1);
+}
+
+}  // namespace
+}  // namespace loom::isa
+
+namespace loom::isa {
+namespace {
+
+std::vector<uint16_t> RandomBf16(std::mt19937& rng, uint64_t n) {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) x = graph::FloatToBf16(d(rng));
+  return v;
+}
+
+// The GEMM reference reads the swizzled images; it must equal a plain product of the matrices they hold
+// (so the GPU test, which compares the device with this reference, compares it with the real product).
+TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
+  constexpr uint32_t kM = 130, kN = 200, kK = 100;
+  std::mt19937 rng(11);
+  const std::vector<uint16_t> a = RandomBf16(rng, kM * kK), w = RandomBf16(rng, kN * kK), bias = RandomBf16(rng, kN);
+  const std::vector<uint16_t> a_image = PackSwizzled(a.data(), kM, kK, kGemmTileM, Swizzle::k128B);
+  const std::vector<uint16_t> w_image = PackSwizzled(w.data(), kN, kK, kGemmTileN, Swizzle::k128B);
+  TestMachine tm;
+  const uint32_t ta = tm.Add(kArenaRegion, a_image.size() * 2, graph::BF16);
+  const uint32_t tw = tm.Add(kWeightRegion, w_image.size() * 2, graph::BF16);
+  const uint32_t tb = tm.Add(kWeightRegion, kN * 2, graph::BF16);
+  const uint32_t tr = tm.Add(kArenaRegion, kM * kN * 4, graph::F32);
+  const uint32_t out = tm.Add(kArenaRegion, kM * kN * 4, graph::F32);
+  MachineView m = tm.view();
+  std::copy(a_image.begin(), a_image.end(), m.ptr<uint16_t>(ta));
+  std::copy(w_image.begin(), w_image.end(), m.ptr<uint16_t>(tw));
+  std::copy(bias.begin(), bias.end(), m.ptr<uint16_t>(tb));
+  for (uint32_t i = 0; i < kM * kN; ++i) m.ptr<float>(tr)[i] = static_cast<float>(i % 7) - 3.0f;
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::GEMM);
+  GemmArgs& g = inst.as<GemmArgs>();
+  g = {ta, tw, out, kM, kN, kK, 0, 0, tb, tr, kGemmStoreF32};
+  std::vector<TensorInfo> infos;
+  for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
+  for (uint32_t mt = 0; mt < GemmTiles(kM); ++mt) {
+    for (uint32_t nt = 0; nt < GemmTiles(kN); ++nt) {
+      g.m_tile = mt;
+      g.n_tile = nt;
+      ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
+      ExecuteReference(inst, m);
+    }
+  }
+  for (uint32_t r = 0; r < kM; ++r) {
+    for (uint32_t c = 0; c < kN; ++c) {
+      float want = 0.0f;
+      for (uint32_t x = 0; x < kK; ++x) want += graph::Bf16ToFloat(a[r * kK + x]) * graph::Bf16ToFloat(w[c * kK + x]);
+      want += graph::Bf16ToFloat(bias[c]) + m.ptr<float>(tr)[r * kN + c];
+      ASSERT_NEAR(m.ptr<float>(out)[r * kN + c], want, 1e-4) << r << "," << c;
+    }
+  }
+  g.m_tile = 2;  // only tiles 0..1 exist for 130 rows
+  EXPECT_EQ(ValidateInstruction(inst, infos).message(), "GEMM: tile (2, 1) outside the 2 x 2 output tiles");
+  g.m_tile = 0;
+  g.epilogue = kGemmSiluMulToImage;  // 200 / 2 = 100 is not a whole slab: its image would need zero padding
+  EXPECT_NE(ValidateInstruction(inst, infos).message().find("SiLU-mul pairs need n a multiple of 128"),
+            std::string::npos);
+}
+
+// PACK_ROWS writes exactly the image PackSwizzled makes of the bf16 rows, padding zeroed over stale bytes.
+TEST(IsaReference, PackRowsWritesThePackSwizzledImage) {
+  constexpr uint32_t kM = 150, kK = 72;
+  std::mt19937 rng(5);
+  const std::vector<uint16_t> rows = RandomBf16(rng, kM * kK);  // exact in bf16: no rounding in the check
+  TestMachine tm;
+  const uint32_t in = tm.Add(kArenaRegion, kM * kK * 4, graph::F32);
+  const uint64_t image_elems = GemmImageBytes(kM, kK) / 2;
+  const uint32_t out = tm.Add(kArenaRegion, image_elems * 2, graph::BF16);
+  MachineView m = tm.view();
+  for (uint32_t i = 0; i < kM * kK; ++i) m.ptr<float>(in)[i] = graph::Bf16ToFloat(rows[i]);
+  std::fill(m.ptr<uint16_t>(out), m.ptr<uint16_t>(out) + image_elems, uint16_t{0x7fc0});  // stale NaNs
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::PACK_ROWS);
+  inst.as<PackRowsArgs>() = {in, out, kM, kK, 0, GemmTiles(kM), kNoTensor, 0.0f};
+  ExecuteReference(inst, m);
+  const std::vector<uint16_t> want = PackSwizzled(rows.data(), kM, kK, kGemmTileM, Swizzle::k128B);
+  ASSERT_EQ(want.size(), image_elems);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), m.ptr<uint16_t>(out)));
 }
 
 }  // namespace
