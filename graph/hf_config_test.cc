@@ -92,6 +92,18 @@ TEST(HfConfig, RopeTypes) {
   EXPECT_FLOAT_EQ(c->rope.yarn().attention_factor(), 1.0f);
   j["rope_scaling"]["attention_factor"] = 0.5;
   EXPECT_FLOAT_EQ(Parse(j)->rope.yarn().attention_factor(), 0.5f);
+  // As Qwen2.5's model card has users add it, then as transformers writes it back (both keys).
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  ASSERT_TRUE(Parse(j).ok());
+  EXPECT_EQ(Parse(j)->rope.yarn().factor(), 4.0f);
+  j["rope_scaling"]["rope_type"] = "yarn";
+  std::vector<std::string> unused;
+  ASSERT_TRUE(Parse(j, &unused).ok());
+  EXPECT_TRUE(unused.empty()) << unused[0];
+  j["rope_scaling"]["type"] = "linear";
+  EXPECT_NE(Error(j).find("field 'rope_scaling.type' = \"linear\": disagrees with rope_type \"yarn\""),
+            std::string::npos)
+      << Error(j);
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};  // original defaults to max_position_embeddings
   EXPECT_EQ(Parse(j)->rope.yarn().original_max_position(), 131072);
   j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
