@@ -1,0 +1,103 @@
+// Host side of split-KV decode attention: ATTN_PARTIAL and ATTN_REDUCE.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include "instructions/opcode_host.h"
+
+namespace loom::isa::ref {
+
+void Validate(const AttnPartialArgs& a, Checker& c) {
+  c.Require(a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0 && a.kv_head < a.num_kv_heads,
+            "bad kv_head / head counts");
+  c.Require(a.num_splits > 0 && a.split < a.num_splits, "split outside num_splits");
+  c.Require(a.head_dim > 0 && a.scale > 0, "head_dim and scale must be positive");
+  // What the device implementation covers (one thread per head dimension slice, accumulators per group head).
+  c.Require(a.head_dim % 4 == 0 && kAttnThreads % a.head_dim == 0,
+            absl::StrCat("head_dim ", a.head_dim, " must divide ", kAttnThreads, " and be a multiple of 4"));
+  c.Require(a.num_kv_heads == 0 || a.num_heads / a.num_kv_heads <= kAttnMaxGroupHeads,
+            absl::StrCat(a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads,
+                         " query heads share a KV head; at most ", kAttnMaxGroupHeads, " can"));
+  const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
+  c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
+  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
+  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+  c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
+  c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
+}
+
+void Validate(const AttnReduceArgs& a, Checker& c) {
+  c.Require(a.num_splits > 0 && a.head_dim > 0 && a.head_count > 0, "sizes must be positive");
+  c.Require(U(a.head_begin) + a.head_count <= a.num_heads, "heads outside num_heads");
+  c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
+  c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
+  c.Tensor("out", a.out, F32, U(a.num_heads) * a.head_dim);
+}
+
+Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
+  const uint64_t positions = (U(context) + a.num_splits - 1) / a.num_splits;
+  const uint64_t group = a.num_heads / a.num_kv_heads;
+  Footprint f;
+  f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
+  f.smem_bytes = AttnPartialActivationBytes(static_cast<uint32_t>(group), a.head_dim, static_cast<uint32_t>(positions));
+  f.flops = 4 * group * positions * a.head_dim;
+  return f;
+}
+
+Footprint Cost(const AttnReduceArgs& a, uint32_t) {
+  const uint64_t n = U(a.num_splits) * a.head_count * (a.head_dim + 2);
+  return {0, 4 * n + 4ull * a.head_count * a.head_dim, 0, 2 * n};
+}
+
+void Reference(const AttnPartialArgs& a, const MachineView& m) {
+  const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[kStatePosition]) + 1;
+  uint32_t begin, end;
+  SplitRange(length, a.split, a.num_splits, &begin, &end);
+  const uint32_t group = a.num_heads / a.num_kv_heads;
+  const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  std::vector<float> scores(end - begin);
+  for (uint32_t h = a.kv_head * group; h < (a.kv_head + 1) * group; ++h) {
+    const float* q = m.ptr<float>(a.q) + h * a.head_dim;
+    float max_score = -INFINITY;
+    for (uint32_t p = begin; p < end; ++p) {
+      float s = 0.0f;
+      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * kc[p * a.head_dim + d];
+      scores[p - begin] = s * a.scale;
+      max_score = std::max(max_score, scores[p - begin]);
+    }
+    float* o = m.ptr<float>(a.partial_o) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * a.head_dim;
+    for (uint32_t d = 0; d < a.head_dim; ++d) o[d] = 0.0f;
+    float l = 0.0f;
+    for (uint32_t p = begin; p < end; ++p) {
+      const float e = std::exp(scores[p - begin] - max_score);
+      l += e;
+      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * vc[p * a.head_dim + d];
+    }
+    float* ml = m.ptr<float>(a.partial_ml) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * 2;
+    ml[0] = max_score;
+    ml[1] = l;
+  }
+}
+
+void Reference(const AttnReduceArgs& a, const MachineView& m) {
+  const float* po = m.ptr<float>(a.partial_o);
+  const float* pml = m.ptr<float>(a.partial_ml);
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t h = a.head_begin; h < a.head_begin + a.head_count; ++h) {
+    float global_max = -INFINITY;
+    for (uint32_t s = 0; s < a.num_splits; ++s) global_max = std::max(global_max, pml[(s * a.num_heads + h) * 2]);
+    float denom = 0.0f;
+    std::vector<float> acc(a.head_dim, 0.0f);
+    for (uint32_t s = 0; s < a.num_splits; ++s) {
+      const float m_s = pml[(s * a.num_heads + h) * 2];
+      if (m_s == -INFINITY) continue;  // empty split
+      const float w = std::exp(m_s - global_max);
+      denom += w * pml[(s * a.num_heads + h) * 2 + 1];
+      for (uint32_t d = 0; d < a.head_dim; ++d) acc[d] += w * po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
+    }
+    for (uint32_t d = 0; d < a.head_dim; ++d) out[h * a.head_dim + d] = denom > 0 ? acc[d] / denom : 0.0f;
+  }
+}
+
+}  // namespace loom::isa::ref

@@ -1,0 +1,135 @@
+// Host side of the tensor-core opcodes: GEMM (every epilogue) and PACK_ROWS, over swizzled operand images.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "instructions/swizzle.h"
+#include "instructions/opcode_host.h"
+
+namespace loom::isa::ref {
+
+void Validate(const GemmArgs& a, Checker& c) {
+  c.Require(a.m > 0 && a.n > 0 && a.k > 0, "m, n and k must be positive");
+  c.Require(a.m_tile < GemmTiles(a.m) && a.n_tile < GemmTiles(a.n),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(a.m), " x ", GemmTiles(a.n),
+                         " output tiles"));
+  c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
+  c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
+  c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
+  if (a.epilogue == kGemmRopeKvAppend) {
+    const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
+    c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
+              "RoPE layout needs an even head_dim and positive head counts");
+    c.Require(a.n == (U(a.heads_per_group) + 2) * kv_rows, "n must be the grouped q|k|v rows");
+    c.Require(a.residual == kNoTensor, "no residual with the RoPE epilogue");
+    c.Tensor("out", a.out, F32, U(a.m) * a.heads_per_group * kv_rows);
+    c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+    c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
+    c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+    c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
+  } else if (a.epilogue == kGemmSiluMulToImage) {
+    // The image's K padding must be zero for the GEMM that reads it; with n / 2 a multiple of the slab there is
+    // none (every real intermediate size is a multiple of 64).
+    c.Require(a.n % (2 * kGemmSlabK) == 0 && a.residual == kNoTensor,
+              absl::StrCat("SiLU-mul pairs need n a multiple of ", 2 * kGemmSlabK, " and no residual"));
+    c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.n / 2) / 2);
+  } else {
+    c.Tensor("out", a.out, F32, U(a.m) * a.n);
+  }
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
+  if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
+}
+
+void Validate(const PackRowsArgs& a, Checker& c) {
+  c.Require(a.m > 0 && a.k > 0 && a.tiles > 0, "m, k and tiles must be positive");
+  c.Require(U(a.tile_begin) + a.tiles <= GemmTiles(a.m),
+            absl::StrCat("tiles [", a.tile_begin, ", ", U(a.tile_begin) + a.tiles, ") outside the ", GemmTiles(a.m),
+                         " row tiles"));
+  c.Tensor("input", a.input, F32, U(a.m) * a.k);
+  c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.k) / 2);
+  if (a.norm_weight != kNoTensor) {
+    c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
+    c.Require(a.norm_eps > 0, "norm_eps must be positive");
+  }
+}
+
+Footprint Cost(const PackRowsArgs& a, uint32_t) {
+  const uint64_t elements = uint64_t{a.tiles} * kGemmTileM * GemmSlabs(a.k) * kGemmSlabK;
+  return {0, 6 * elements, 0, 3 * elements};
+}
+
+Footprint Cost(const GemmArgs& a, uint32_t) {
+  const uint64_t slabs = GemmSlabs(a.k);
+  return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
+          2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+}
+
+void Reference(const PackRowsArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
+  const uint32_t width = GemmSlabs(a.k) * kGemmSlabK;
+  std::vector<float> row(a.k);
+  for (uint32_t r = a.tile_begin * kGemmTileM; r < (a.tile_begin + a.tiles) * kGemmTileM; ++r) {
+    if (r < a.m) {
+      std::copy(in + uint64_t{r} * a.k, in + uint64_t{r} * a.k + a.k, row.begin());
+      if (a.norm_weight != kNoTensor) RmsNormInto(row.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, row.data());
+    }
+    for (uint32_t c = 0; c < width; ++c) {
+      image[Swizzled128Offset(a.k, kGemmTileM, r, c) / 2] = r < a.m && c < a.k ? graph::FloatToBf16(row[c]) : 0;
+    }
+  }
+}
+
+void Reference(const GemmArgs& a, const MachineView& m) {
+  const uint16_t* image_a = m.ptr<uint16_t>(a.a);
+  const uint16_t* image_w = m.ptr<uint16_t>(a.weight);
+  auto at = [&](const uint16_t* image, uint32_t r, uint32_t c) {
+    return graph::Bf16ToFloat(image[SwizzledImageOffset(a.k, kGemmTileM, Swizzle::k128B, r, c) / 2]);
+  };
+  float* out = m.ptr<float>(a.out);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
+  std::vector<float> row_values(kGemmTileN);
+  for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
+    float gate = 0.0f;
+    for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
+      float acc = 0.0f;
+      for (uint32_t x = 0; x < a.k; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
+      if (a.bias != kNoTensor) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      if (a.epilogue == kGemmRopeKvAppend) {
+        row_values[col - a.n_tile * kGemmTileN] = acc;
+        continue;
+      }
+      if (a.epilogue == kGemmSiluMulToImage) {
+        if (col % 2 == 0) {
+          gate = acc;
+        } else {
+          image[Swizzled128Offset(a.n / 2, kGemmTileM, r, col / 2) / 2] = graph::FloatToBf16(Silu(gate) * acc);
+        }
+        continue;
+      }
+      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
+      out[uint64_t{r} * a.n + col] = acc;
+    }
+    if (a.epilogue == kGemmRopeKvAppend) {  // the tile's columns of this token, pair by pair
+      const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition] + static_cast<int32_t>(r);
+      const float* table = m.ptr<float>(a.rope_table);
+      const uint32_t half = a.head_dim / 2, q_width = a.heads_per_group * a.num_kv_heads * a.head_dim;
+      for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); col += 2) {
+        float v0 = row_values[col - a.n_tile * kGemmTileN], v1 = row_values[col + 1 - a.n_tile * kGemmTileN];
+        const QkvRow q = QkvGroupedRow(col, a.heads_per_group, a.head_dim);
+        if (q.kind != kQkvV) RotatePair(&v0, &v1, q.dim, pos, table, half);
+        if (q.kind == kQkvQ) {
+          out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim] = v0;
+          out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim + half] = v1;
+        } else if (pos < static_cast<int32_t>(a.max_seq)) {
+          float* cache = m.ptr<float>(q.kind == kQkvK ? a.k_cache : a.v_cache) +
+                         (uint64_t{q.head} * a.max_seq + pos) * a.head_dim;
+          cache[q.dim] = v0;
+          cache[q.kind == kQkvK ? q.dim + half : q.dim + 1] = v1;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace loom::isa::ref

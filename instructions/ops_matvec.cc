@@ -1,0 +1,124 @@
+// Host side of MATVEC: validation, footprint, float32 reference (every prologue and epilogue).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include "instructions/opcode_host.h"
+
+namespace loom::isa::ref {
+
+void Validate(const MatvecArgs& a, Checker& c) {
+  c.Require(a.rows > 0 && a.k > 0, "rows and k must be positive");
+  // x arrives by bulk copy (16-byte multiples) and is read as float4.
+  c.Require(a.k % 4 == 0, absl::StrCat("k = ", a.k, " must be a multiple of 4"));
+  c.Require(U(a.rows) * MatvecRowStride(a.k) < (uint64_t{1} << 32),
+            absl::StrCat("a tile of ", a.rows, " x ", a.k, " is too large (32-bit element indices)"));
+  c.Require(a.prologue <= kPrologueRmsNorm, absl::StrCat("unknown prologue ", a.prologue));
+  c.Require(a.epilogue < kNumEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
+  c.Tensor("weight", a.weight, BF16, (U(a.row_begin) + a.rows) * MatvecRowStride(a.k));
+  c.Tensor("input", a.input, F32, a.k);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, U(a.row_begin) + a.rows);
+  if (a.prologue == kPrologueRmsNorm) {
+    c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
+    c.Require(a.norm_eps > 0, "norm_eps must be positive");
+  }
+  const uint64_t end = U(a.row_begin) + a.rows;
+  switch (a.epilogue) {
+    case kEpilogueStore:
+    case kEpilogueArgmaxPartial:
+      c.Tensor("out", a.out, F32, end);
+      if (a.epilogue == kEpilogueArgmaxPartial) c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
+      break;
+    case kEpilogueResidualAdd:
+      c.Tensor("out", a.out, F32, end);
+      c.Tensor("residual", a.residual, F32, end);
+      break;
+    case kEpilogueSiluMul:
+      c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "SiLU-mul tiles must hold whole (gate, up) pairs");
+      c.Tensor("out", a.out, F32, end / 2);
+      break;
+    case kEpilogueRopeKvAppend: {
+      const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
+      c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
+                "RoPE layout needs an even head_dim and positive head counts");
+      c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "RoPE tiles must hold whole rotation pairs");
+      c.Require(end <= (U(a.heads_per_group) + 2) * kv_rows, "tile runs past the q|k|v rows");
+      c.Tensor("out", a.out, F32, U(a.heads_per_group) * kv_rows);
+      c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+      c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
+      c.Tensor("step_state", a.step_state, I32, kStepStateWords);
+      c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
+      break;
+    }
+  }
+}
+
+Footprint Cost(const MatvecArgs& a, uint32_t) {
+  Footprint f;
+  f.weight_bytes = 2ull * a.rows * MatvecRowStride(a.k) + (a.bias != kNoTensor ? 2ull * a.rows : 0);
+  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
+  f.smem_bytes = MatvecActivationBytes(a.rows, a.k);
+  f.flops = 2ull * a.rows * a.k;
+  return f;
+}
+
+void Reference(const MatvecArgs& a, const MachineView& m) {
+  std::vector<float> x(m.ptr<float>(a.input), m.ptr<float>(a.input) + a.k);
+  if (a.prologue == kPrologueRmsNorm) RmsNormInto(x.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, x.data());
+  std::vector<float> y(a.rows);
+  const uint64_t stride = MatvecRowStride(a.k);
+  const uint16_t* w = m.ptr<uint16_t>(a.weight) + a.row_begin * stride;
+  for (uint32_t r = 0; r < a.rows; ++r) {
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[r * stride + j]);
+    y[r] = acc;
+    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
+  }
+  float* out = m.ptr<float>(a.out);
+  switch (a.epilogue) {
+    case kEpilogueStore:
+      for (uint32_t r = 0; r < a.rows; ++r) out[a.row_begin + r] = y[r];
+      break;
+    case kEpilogueResidualAdd: {
+      const float* residual = m.ptr<float>(a.residual);
+      for (uint32_t r = 0; r < a.rows; ++r) out[a.row_begin + r] = residual[a.row_begin + r] + y[r];
+      break;
+    }
+    case kEpilogueSiluMul:
+      for (uint32_t r = 0; r < a.rows; r += 2) out[(a.row_begin + r) / 2] = Silu(y[r]) * y[r + 1];
+      break;
+    case kEpilogueArgmaxPartial: {
+      float best = -INFINITY;
+      uint32_t best_row = a.row_begin;
+      for (uint32_t r = 0; r < a.rows; ++r) {
+        out[a.row_begin + r] = y[r];
+        if (y[r] > best) best = y[r], best_row = a.row_begin + r;
+      }
+      m.ptr<float>(a.partials)[2 * a.tile_index] = best;
+      m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
+      break;
+    }
+    case kEpilogueRopeKvAppend: {
+      const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
+      const float* table = m.ptr<float>(a.rope_table);
+      const uint32_t half = a.head_dim / 2;
+      for (uint32_t r = 0; r < a.rows; r += 2) {
+        const QkvRow row = QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
+        if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, table, half);
+        float* dst = row.kind == kQkvQ ? out
+                     : row.kind == kQkvK ? m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim
+                                         : m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+        const uint32_t base = row.kind == kQkvQ ? row.head * a.head_dim : 0;
+        if (row.kind == kQkvV) {  // v rows keep their order: r, r+1 are dims d, d+1
+          dst[row.dim] = y[r];
+          dst[row.dim + 1] = y[r + 1];
+        } else {  // the pair (j, j + half)
+          dst[base + row.dim] = y[r];
+          dst[base + row.dim + half] = y[r + 1];
+        }
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace loom::isa::ref
