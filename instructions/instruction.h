@@ -124,16 +124,20 @@ static_assert(sizeof(Instruction) == kInstructionBytes);
 // schedule's tensor table. kFields names them (for loom inspect and errors).
 // ---------------------------------------------------------------------------
 
-// out[0:hidden] = table[tokens[state[position]], :]        (bf16 -> f32)
+// out[r, 0:hidden] = table[tokens[state[position] + r], :] for r in [row_begin, row_begin + rows)  (bf16 -> f32)
+// (decode: one row; a prefill pass embeds its prompt rows in chunks)
 struct EmbedArgs {
   uint32_t table;  // bf16 [vocab, row_stride] (a packed weight, shared with a tied LM head)
   uint32_t tokens; // i32 [max_seq + 1]: token at each position
   uint32_t step_state;
-  uint32_t out;  // f32 [hidden]
+  uint32_t out;  // f32 [row_begin + rows, hidden]
   uint32_t hidden;
   uint32_t vocab;
   uint32_t row_stride;  // elements between rows of the table (>= hidden)
-  static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab", "row_stride"};
+  uint32_t row_begin;
+  uint32_t rows;
+  static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab", "row_stride",
+                                            "row_begin", "rows"};
 };
 
 // out = x * rsqrt(mean(x^2) + eps) * weight
@@ -433,6 +437,46 @@ struct PackRowsArgs {
                                             "norm_eps"};
 };
 
+// Causal flash attention of a prefill pass on the tensor cores: query rows
+// [row_tile * 128, +128) of one query head (row r is the token at position
+// state[position] + r) against every key at or before its position, read from
+// the KV cache (which the pass's QKV GEMM has just appended to, and which holds
+// whatever an earlier pass or decode put before it). The weight loader streams
+// each 64-key tile of f32 K then V rows through the page ring (one page holds
+// 16384 / (4 * head_dim) keys); the consumers convert each tile to bf16 K and
+// Vᵀ slabs (double-buffered in the activation slot), then each warpgroup runs
+// 64 query rows: S = Q·Kᵀ (Q as register fragments), online softmax, O += P·V.
+// out is the O-projection GEMM's A image (bf16, PackSwizzled layout, 128-row
+// tiles) of [rows, num_heads * head_dim]: head h fills columns [h * hd, +hd).
+inline constexpr uint32_t kFlashRows = 128;  // query rows per instruction: 64 per consumer warpgroup
+inline constexpr uint32_t kFlashKeys = 64;   // keys per tile
+struct FlashAttnArgs {
+  uint32_t q;  // f32 [rows, num_heads * head_dim], rotated
+  uint32_t k_cache;  // f32 [kv_heads, max_seq, head_dim]
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t out;
+  uint32_t rows;
+  uint32_t row_tile;
+  uint32_t head;
+  uint32_t num_heads;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;  // 64 or 128
+  uint32_t max_seq;
+  float scale;
+  static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "out", "rows", "row_tile",
+                                            "head", "num_heads", "num_kv_heads", "head_dim", "max_seq", "scale"};
+};
+// One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, aligned to the swizzle atom.
+LOOM_HD uint32_t FlashBufferBytes(uint32_t head_dim) { return 2 * kFlashKeys * head_dim * 2; }
+inline constexpr uint32_t kSwizzleAtomAlign = 1024;
+LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) { return 2 * FlashBufferBytes(head_dim) + kSwizzleAtomAlign; }
+// Keys the tiles of one instruction cover: positions [0, last] with last the position of its last row.
+LOOM_HD uint32_t FlashKeyTiles(uint32_t start, const FlashAttnArgs& a) {
+  const uint32_t end_row = (a.row_tile + 1) * kFlashRows < a.rows ? (a.row_tile + 1) * kFlashRows : a.rows;
+  return (start + end_row - 1) / kFlashKeys + 1;
+}
+
 // Bytes of an SM's activation ring one instruction takes on the device (0: the
 // opcode reads its inputs from global memory), a multiple of 16.
 LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
@@ -445,6 +489,8 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     const uint32_t group = a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads;
     const uint32_t positions = a.num_splits == 0 ? 0 : (a.max_seq + a.num_splits - 1) / a.num_splits;
     bytes = AttnPartialActivationBytes(group, a.head_dim, positions);
+  } else if (inst.op() == Opcode::FLASH_ATTN) {
+    bytes = FlashActivationBytes(inst.as<FlashAttnArgs>().head_dim);
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

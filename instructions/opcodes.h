@@ -16,4 +16,5 @@
   V(ARGMAX_PARTIAL, ArgmaxPartialArgs) \
   V(ARGMAX_REDUCE, ArgmaxReduceArgs) \
   V(GEMM, GemmArgs) \
-  V(PACK_ROWS, PackRowsArgs)
+  V(PACK_ROWS, PackRowsArgs) \
+  V(FLASH_ATTN, FlashAttnArgs)

@@ -9,10 +9,11 @@ namespace loom::isa::ref {
 void Validate(const EmbedArgs& a, Checker& c) {
   c.Require(a.hidden > 0 && a.vocab > 0, "hidden and vocab must be positive");
   c.Require(a.row_stride >= a.hidden, "row_stride must be at least hidden");
+  c.Require(a.rows > 0, "rows must be positive");
   c.Tensor("table", a.table, BF16, U(a.vocab) * a.row_stride);
-  c.Tensor("tokens", a.tokens, I32, 1);
+  c.Tensor("tokens", a.tokens, I32, U(a.row_begin) + a.rows);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
-  c.Tensor("out", a.out, F32, a.hidden);
+  c.Tensor("out", a.out, F32, (U(a.row_begin) + a.rows) * a.hidden);
 }
 
 void Validate(const RmsNormArgs& a, Checker& c) {
@@ -66,7 +67,9 @@ void Validate(const ArgmaxReduceArgs& a, Checker& c) {
   c.Tensor("tokens", a.tokens, I32, U(a.max_seq) + 1);
 }
 
-Footprint Cost(const EmbedArgs& a, uint32_t) { return {2ull * a.hidden, 4ull * a.hidden + 16, 0, 0}; }
+Footprint Cost(const EmbedArgs& a, uint32_t) {
+  return {2ull * a.hidden * a.rows, (4ull * a.hidden + 4) * a.rows + 16, 0, 0};
+}
 
 Footprint Cost(const RmsNormArgs& a, uint32_t) { return {2ull * a.n, 8ull * a.n, 0, 4ull * a.n}; }
 
@@ -85,11 +88,13 @@ Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) { return {0, 8ull * a.num_pa
 
 void Reference(const EmbedArgs& a, const MachineView& m) {
   const int32_t* state = m.ptr<int32_t>(a.step_state);
-  int32_t token = m.ptr<int32_t>(a.tokens)[state[kStatePosition]];
-  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
-  const uint16_t* row = m.ptr<uint16_t>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
-  float* out = m.ptr<float>(a.out);
-  for (uint32_t i = 0; i < a.hidden; ++i) out[i] = graph::Bf16ToFloat(row[i]);
+  for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
+    int32_t token = m.ptr<int32_t>(a.tokens)[state[kStatePosition] + static_cast<int32_t>(r)];
+    if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
+    const uint16_t* row = m.ptr<uint16_t>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
+    float* out = m.ptr<float>(a.out) + uint64_t{r} * a.hidden;
+    for (uint32_t i = 0; i < a.hidden; ++i) out[i] = graph::Bf16ToFloat(row[i]);
+  }
 }
 
 void Reference(const RmsNormArgs& a, const MachineView& m) {

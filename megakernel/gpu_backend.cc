@@ -106,6 +106,34 @@ absl::StatusOr<float> GpuDecoder::Run(int steps, bool trace) {
   return machine_->Run(static_cast<uint32_t>(steps), trace);
 }
 
+absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass) {
+  if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
+      pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
+    return absl::InvalidArgumentError("not a prefill pass of this schedule");
+  }
+  absl::StatusOr<int32_t> start = position();
+  if (!start.ok()) return start.status();
+  const uint32_t rows = pass.prefill().rows();
+  if (*start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("position ", *start, " + ", rows,
+                                              " prompt rows exceeds the KV cache of ", schedule_.max_seq()));
+  }
+  absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
+  if (!program.ok()) return program.status();
+  if (absl::Status s = machine_->ReserveArena(pass.arena_bytes()); !s.ok()) return s;
+  const uint64_t pass_state = pass.tensors(pass.prefill().state()).offset();
+  int32_t state[isa::kStepStateWords] = {};
+  state[isa::kStatePosition] = *start + static_cast<int32_t>(rows) - 1;
+  state[isa::kStatePromptLength] = prompt_length_;
+  if (absl::Status s = machine_->WriteArena(pass_state, state, sizeof(state)); !s.ok()) return s;
+  absl::StatusOr<float> ms = machine_->RunOnce(*program);
+  if (!ms.ok()) return ms;
+  if (absl::Status s = machine_->ReadArena(pass_state, state, sizeof(state)); !s.ok()) return s;
+  if (state[isa::kStateOverflow] != 0) return absl::OutOfRangeError("prefill: the KV cache overflowed");
+  if (absl::Status s = SetPosition(state[isa::kStatePosition]); !s.ok()) return s;
+  return ms;
+}
+
 absl::StatusOr<int32_t> GpuDecoder::position() const {
   int32_t position = 0;
   const uint64_t offset = schedule_.tensors(schedule_.io().step_state()).offset() + 4 * isa::kStatePosition;
@@ -141,18 +169,25 @@ absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const
   if (!decoder.ok()) return decoder.status();
   GpuDecoder& d = **decoder;
   if (absl::Status s = d.Reset(prompt); !s.ok()) return s;
+  GpuRunResult result;
+  if (options.prefill != nullptr) {
+    absl::StatusOr<float> ms = d.Prefill(*options.prefill);
+    if (!ms.ok()) return ms.status();
+    result.prefill_ms = *ms;
+    steps -= static_cast<int>(options.prefill->prefill().rows());  // each prompt row was a step
+  }
+  result.decode_steps = steps;
   const int per_launch = options.steps_per_launch > 0 ? options.steps_per_launch : steps;
   const bool trace = !options.trace_path.empty();
-  GpuRunResult result;
   double total_ms = 0;
   std::vector<TraceEvent> all_events;
-  for (int done = 0; done < steps; done += per_launch) {
+  for (int done = 0; done < steps; done += std::max(per_launch, 1)) {
     absl::StatusOr<float> ms = d.Run(std::min(per_launch, steps - done), trace);
     if (!ms.ok()) return ms.status();
     total_ms += *ms;
     if (trace) all_events.insert(all_events.end(), d.machine().trace().begin(), d.machine().trace().end());
   }
-  result.ms_per_token = total_ms / steps;
+  result.ms_per_token = steps > 0 ? total_ms / steps : 0;
   absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
   absl::StatusOr<std::vector<float>> logits = d.logits();
   if (!tokens.ok()) return tokens.status();

@@ -13,14 +13,18 @@
 namespace loom::megakernel {
 
 struct GpuRunOptions {
-  std::string trace_path;    // Chrome trace JSON of every instruction (empty: no trace)
+  std::string trace_path;    // Chrome trace JSON of every decode instruction (empty: no trace)
   int steps_per_launch = 0;  // 0: every step in one launch
+  // A prefill pass of the prompt (scheduler::CompilePrefill): run first, then the remaining steps decode.
+  const scheduler::Schedule* prefill = nullptr;
 };
 
 struct GpuRunResult {
   std::vector<int32_t> tokens;  // prompt + generated
   std::vector<float> logits;    // of the last step
-  double ms_per_token = 0;
+  double ms_per_token = 0;      // decode steps (after the prefill, if any)
+  double prefill_ms = 0;        // the prefill pass's kernel time
+  int decode_steps = 0;
   std::string summary;          // trace summary, when tracing
 };
 
@@ -36,6 +40,10 @@ class GpuDecoder {
   absl::Status Reset(const std::vector<int32_t>& prompt);
   // Moves the position back (or forward, over tokens already in the cache) without touching the KV cache.
   absl::Status SetPosition(int32_t position);
+  // Runs a prefill pass of this schedule (scheduler::CompilePrefill) once: its rows, at positions
+  // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
+  // moves past them. Returns the kernel time in ms.
+  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass);
   // Decodes `steps` steps in one launch; returns the kernel time in ms.
   absl::StatusOr<float> Run(int steps, bool trace = false);
   absl::StatusOr<int32_t> position() const;

@@ -59,9 +59,9 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
       // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
       // isa::ValidateInstruction, which the compiler and every schedule load run.
-      if (inst.op() == isa::Opcode::GEMM && p.page_bytes < isa::kGemmSlabBytes) {
+      if ((inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN) && p.page_bytes < isa::kGemmSlabBytes) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": a GEMM slab is ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
+            absl::StrCat(where, ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
       }
       if (isa::ActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
-    for (const isa::Instruction& inst : q) m->tensor_ops_ |= inst.op() == isa::Opcode::GEMM;
+    for (const isa::Instruction& inst : q) m->tensor_ops_ |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -227,6 +227,93 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
     LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
               "reading the trace");
   }
+  return ms;
+}
+
+}  // namespace loom::megakernel
+
+namespace loom::megakernel {
+
+absl::Status GpuMachine::ReserveArena(uint64_t bytes) {
+  if (bytes <= program_.arena_bytes) return absl::OkStatus();
+  if (absl::Status s = CheckDeviceMemory(0, bytes - program_.arena_bytes); !s.ok()) return s;
+  uint8_t* grown = nullptr;
+  LOOM_CUDA(cudaMalloc(&grown, bytes), "growing the arena");
+  LOOM_CUDA(cudaMemset(grown + program_.arena_bytes, 0, bytes - program_.arena_bytes), "growing the arena");
+  LOOM_CUDA(cudaMemcpy(grown, arena_, program_.arena_bytes, cudaMemcpyDeviceToDevice), "growing the arena");
+  cudaFree(arena_);
+  arena_ = grown;
+  program_.arena_bytes = bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other) {
+  if (other.queues.size() != program_.queues.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a program for ", other.queues.size(), " SMs on a machine of ",
+                                                   program_.queues.size()));
+  }
+  if (absl::Status s = CheckProgramForDevice(other); !s.ok()) return s;
+  const uint32_t smem = SmemBytes(other.page_bytes, other.num_pages, other.activation_bytes);
+  if (absl::Status s = ReserveArena(other.arena_bytes); !s.ok()) return s;
+  std::vector<isa::Instruction> all;
+  std::vector<uint32_t> begin;
+  bool tensor_ops = false;
+  for (const auto& q : other.queues) {
+    for (const isa::Instruction& inst : q) {
+      tensor_ops |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
+    }
+    begin.push_back(static_cast<uint32_t>(all.size()));
+    all.insert(all.end(), q.begin(), q.end());
+  }
+  begin.push_back(static_cast<uint32_t>(all.size()));
+  // Device copies of the program, freed on every path out.
+  struct Buffers {
+    void* p[4] = {nullptr, nullptr, nullptr, nullptr};
+    ~Buffers() {
+      for (void* b : p) cudaFree(b);
+    }
+  } buf;
+  LOOM_CUDA(cudaMalloc(&buf.p[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
+  LOOM_CUDA(cudaMemcpy(buf.p[0], all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice), "queues");
+  LOOM_CUDA(cudaMalloc(&buf.p[1], begin.size() * 4), "queue offsets");
+  LOOM_CUDA(cudaMemcpy(buf.p[1], begin.data(), begin.size() * 4, cudaMemcpyHostToDevice), "queue offsets");
+  LOOM_CUDA(cudaMalloc(&buf.p[2], std::max<size_t>(other.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
+  LOOM_CUDA(cudaMemcpy(buf.p[2], other.tensors.data(), other.tensors.size() * sizeof(isa::TensorDesc),
+                       cudaMemcpyHostToDevice),
+            "tensors");
+  LOOM_CUDA(cudaMalloc(&buf.p[3], std::max<uint32_t>(other.num_barriers, 1) * 4), "barrier counters");
+  LOOM_CUDA(cudaMemset(buf.p[3], 0, std::max<uint32_t>(other.num_barriers, 1) * 4), "barrier counters");
+
+  KernelParams params{};
+  params.instructions = static_cast<isa::Instruction*>(buf.p[0]);
+  params.queue_begin = static_cast<uint32_t*>(buf.p[1]);
+  params.machine = {{weights_, arena_}, static_cast<isa::TensorDesc*>(buf.p[2]),
+                    static_cast<uint32_t>(other.tensors.size())};
+  params.counters = static_cast<uint32_t*>(buf.p[3]);
+  params.first_step = 0;
+  params.num_steps = 1;
+  params.page_bytes = other.page_bytes;
+  params.num_pages = other.num_pages;
+  params.activation_bytes = other.activation_bytes;
+  params.activation_slots = other.activation_slots;
+  params.tensor_ops = tensor_ops ? 1 : 0;
+  DeviceError* error_device = nullptr;
+  LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
+  params.error = error_device;
+  cudaEvent_t start, stop;
+  LOOM_CUDA(cudaEventCreate(&start), "event");
+  LOOM_CUDA(cudaEventCreate(&stop), "event");
+  cudaEventRecord(start);
+  cudaError_t launch = LaunchMegakernel(params, num_sms(), smem, nullptr);
+  cudaEventRecord(stop);
+  cudaError_t sync = cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (absl::Status s = CheckError("prefill pass"); !s.ok()) return s;
+  if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
+  if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
   return ms;
 }
 

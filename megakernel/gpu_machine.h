@@ -45,6 +45,12 @@ class GpuMachine {
   // Runs `steps` decode steps in one launch; returns the kernel's time in ms
   // (CUDA events). Barrier counters carry on from the previous run.
   absl::StatusOr<float> Run(uint32_t steps, bool trace);
+  // Runs another program once (one step, its own barrier counters from zero) over this machine's weights and
+  // arena: a prefill pass, whose tensor table extends this program's with scratch past its arena (the arena
+  // grows, keeping its contents). Checked against the device like Create's. Returns the kernel's time in ms.
+  absl::StatusOr<float> RunOnce(const GpuProgram& other);
+  // Grows the arena to `bytes` (new bytes zero), keeping its contents.
+  absl::Status ReserveArena(uint64_t bytes);
   // Diagnostic for benchmarks: later runs skip every weight load (matvecs read
   // stale pages; results are garbage) to time compute and dependencies alone.
   void SetSkipWeightLoads(bool skip) { skip_weight_loads_ = skip; }

@@ -31,6 +31,7 @@
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/megakernel_launch.h"
 #include "megakernel/ops/attention.cuh"
+#include "megakernel/ops/flash_attention.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/ops/matvec.cuh"
 #include "megakernel/ops/pack_rows.cuh"
@@ -125,27 +126,41 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
     GemmPages gemm{nullptr, nullptr, 0};
+    FlashPages flash{nullptr, nullptr, 64, 0, 0};
+    const uint32_t opcode = inst.opcode;
     if (inst.op() == isa::Opcode::MATVEC) {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
       const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
       total = a.rows * row_bytes;
       tile = p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
-    } else if (kTensorOps && inst.op() == isa::Opcode::GEMM) {
-      // A is an activation: its slabs are read only once the instruction's waits are met (the
-      // loader runs ahead over weights only; everything before this instruction is already issued).
+    } else if (kTensorOps && (inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN)) {
+      // A GEMM's A and attention's K / V are activations: their pages are read only once the instruction's
+      // waits are met (the loader runs ahead over weights only; everything before this instruction is issued).
       for (uint32_t k = 0; k < inst.num_waits; ++k) {
         WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
       }
       FenceProxyAsyncGlobal();
-      gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
+      if (inst.op() == isa::Opcode::GEMM) gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
+      else flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
     for (uint32_t i = 0; i < gemm.count; ++i) {
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
-                   w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::GEMM), ring.index, kStuckPageWait));
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
       MbarrierArriveExpectTx(&s.full[ring.index], isa::kGemmSlabBytes);
       BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, gemm.Source(i), isa::kGemmSlabBytes,
                        &s.full[ring.index]);
+      ++ring;
+    }
+    for (uint32_t i = 0; i < flash.count; ++i) {
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
+      const uint32_t bytes = flash.Bytes(i);
+      if (bytes == 0) {  // keys past the cache: nothing to copy, the consumers zero them
+        MbarrierArrive(&s.full[ring.index]);
+      } else {
+        MbarrierArriveExpectTx(&s.full[ring.index], bytes);
+        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, flash.Source(i), bytes,
+                         &s.full[ring.index]);
+      }
       ++ring;
     }
     for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
@@ -305,7 +320,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
-// kTensorOps: this variant runs the tensor-core opcodes (GEMM). They need many accumulator registers, and in
+// kTensorOps: this variant runs the tensor-core opcodes (GEMM, FLASH_ATTN). They need many accumulator registers, and in
 // the same consumer loop they push the decode opcodes into spills; decode programs run the variant without them.
 template <bool kTensorOps>
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
@@ -350,6 +365,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
+        break;
+      case isa::Opcode::FLASH_ATTN:
+        if constexpr (kTensorOps) RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx);
         break;
       default: break;
     }

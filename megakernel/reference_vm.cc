@@ -56,17 +56,22 @@ absl::Status ReferenceVm::Run(int steps) {
     return absl::OutOfRangeError(absl::StrCat("position ", position(), " + ", steps, " steps exceeds the KV cache of ",
                                               schedule_.max_seq()));
   }
-  const isa::MachineView machine{{weights_.data(), arena_bytes()}, table_.data(),
-                                 static_cast<uint32_t>(table_.size())};
-  const uint32_t first = next_step_;
+  RunQueues(decoded_, table_, counters_.get(), next_step_, steps);
+  next_step_ += static_cast<uint32_t>(steps);
+  return absl::OkStatus();
+}
+
+void ReferenceVm::RunQueues(const scheduler::DecodedSchedule& d, const std::vector<isa::TensorDesc>& table,
+                            std::atomic<uint32_t>* counters, uint32_t first, int steps) {
+  const isa::MachineView machine{{weights_.data(), arena_bytes()}, table.data(), static_cast<uint32_t>(table.size())};
   std::vector<std::thread> sms;
-  for (size_t sm = 0; sm < decoded_.queues.size(); ++sm) {
-    sms.emplace_back([this, sm, first, steps, &machine] {
-      const std::vector<isa::Instruction>& queue = decoded_.queues[sm];
+  for (size_t sm = 0; sm < d.queues.size(); ++sm) {
+    sms.emplace_back([sm, first, steps, &machine, &d, counters] {
+      const std::vector<isa::Instruction>& queue = d.queues[sm];
       for (uint32_t step = first; step < first + static_cast<uint32_t>(steps); ++step) {
         for (const isa::Instruction& inst : queue) {
           for (int w = 0; w < inst.num_waits; ++w) {
-            std::atomic<uint32_t>& counter = counters_[inst.waits[w].barrier()];
+            std::atomic<uint32_t>& counter = counters[inst.waits[w].barrier()];
             const uint32_t target = inst.waits[w].target(step);
             for (uint32_t v = counter.load(std::memory_order_acquire); !isa::Reached(v, target);
                  v = counter.load(std::memory_order_acquire)) {
@@ -75,15 +80,46 @@ absl::Status ReferenceVm::Run(int steps) {
           }
           isa::ExecuteReference(inst, machine);
           if (inst.signal != isa::kNoBarrier) {
-            counters_[inst.signal].fetch_add(1, std::memory_order_release);
-            counters_[inst.signal].notify_all();
+            counters[inst.signal].fetch_add(1, std::memory_order_release);
+            counters[inst.signal].notify_all();
           }
         }
       }
     });
   }
   for (std::thread& t : sms) t.join();
-  next_step_ += static_cast<uint32_t>(steps);
+}
+
+absl::Status ReferenceVm::Prefill(const scheduler::Schedule& pass) {
+  if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
+      pass.weight_bytes() != schedule_.weight_bytes()) {
+    return absl::InvalidArgumentError("not a prefill pass of this schedule");
+  }
+  const int32_t start = position();
+  const uint32_t rows = pass.prefill().rows();
+  if (start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("position ", start, " + ", rows, " prompt rows exceeds the KV cache of ",
+                                              schedule_.max_seq()));
+  }
+  absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(pass);
+  if (!decoded.ok()) return decoded.status();
+  if (pass.arena_bytes() > arena_.size() * 8) arena_.resize((pass.arena_bytes() + 7) / 8, 0);
+  std::vector<isa::TensorDesc> table;
+  for (const scheduler::Tensor& t : pass.tensors()) {
+    table.push_back({t.offset(), t.bytes(),
+                     t.region() == scheduler::WEIGHTS ? uint32_t{isa::kWeightRegion} : uint32_t{isa::kArenaRegion},
+                     static_cast<uint32_t>(t.dtype())});
+  }
+  int32_t* state = Arena<int32_t>(schedule_.io().step_state());
+  int32_t* pass_state = reinterpret_cast<int32_t*>(arena_bytes() + pass.tensors(pass.prefill().state()).offset());
+  pass_state[isa::kStatePosition] = start + static_cast<int32_t>(rows) - 1;
+  pass_state[isa::kStatePromptLength] = state[isa::kStatePromptLength];
+  pass_state[isa::kStateOverflow] = 0;
+  std::unique_ptr<std::atomic<uint32_t>[]> counters(new std::atomic<uint32_t>[pass.barriers_size()]);
+  for (int b = 0; b < pass.barriers_size(); ++b) counters[b].store(0);
+  RunQueues(*decoded, table, counters.get(), 0, 1);
+  state[isa::kStatePosition] = pass_state[isa::kStatePosition];
+  state[isa::kStateOverflow] = pass_state[isa::kStateOverflow];
   return absl::OkStatus();
 }
 

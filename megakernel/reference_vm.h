@@ -28,6 +28,11 @@ class ReferenceVm {
   // Runs `steps` decode steps (all SM threads, barrier counters carry on).
   absl::Status Run(int steps);
 
+  // Runs a prefill pass (scheduler::CompilePrefill of this schedule) once: its rows, at positions
+  // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
+  // moves past them, as that many decode steps would.
+  absl::Status Prefill(const scheduler::Schedule& pass);
+
   int32_t position() const;
   bool overflowed() const;
   // tokens[0, position] : the prompt followed by the generated tokens.
@@ -42,6 +47,10 @@ class ReferenceVm {
     return reinterpret_cast<T*>(arena_bytes() + schedule_.tensors(tensor).offset());
   }
   uint8_t* arena_bytes() const { return reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(arena_.data())); }
+
+  // Runs the queues for steps [first, first + steps) on `counters` (one thread per SM).
+  void RunQueues(const scheduler::DecodedSchedule& d, const std::vector<isa::TensorDesc>& table,
+                 std::atomic<uint32_t>* counters, uint32_t first, int steps);
 
   scheduler::Schedule schedule_;
   scheduler::DecodedSchedule decoded_;

@@ -10,6 +10,7 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/lowering.h"
 #include "scheduler/options.h"
+#include "scheduler/prefill.h"
 #include "scheduler/schedule_verifier.h"
 
 namespace loom::scheduler {
@@ -30,6 +31,14 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
   if (absl::Status s = ValidateOptions(resolved); !s.ok()) return s;
   absl::StatusOr<Program> program = LowerDecodeGraph(graph, resolved);
   if (!program.ok()) return program.status();
+  // The prefill pass's weights: by default when the graph has a prefill lowering, an error when asked for.
+  if (!options.has_prefill() || options.prefill()) {
+    if (absl::Status s = PrefillSupported(graph); s.ok()) {
+      if (absl::Status a = AddPrefillWeights(graph, &*program); !a.ok()) return a;
+    } else if (options.has_prefill()) {
+      return s;
+    }
+  }
   for (Node& node : program->nodes) node.cost_ns = CostOf(node.inst, resolved.cost()).total_ns();
   const std::vector<std::vector<int>> queues = AssignToSms(*program, resolved);
 

@@ -238,6 +238,8 @@ absl::Status Lowering::LowerEmbedding(const OpDef& op) {
   a.hidden = static_cast<uint32_t>(graph_.tensor(table).shape(1));
   a.vocab = static_cast<uint32_t>(graph_.tensor(table).shape(0));
   a.row_stride = isa::MatvecRowStride(a.hidden);  // the table is packed as the (tied) LM head's matvec weight
+  a.row_begin = 0;
+  a.rows = 1;
   Emit(Make(Opcode::EMBED, a), barrier, waits, op.name(), group);
   ready_[op.outputs(0)] = {{barrier}};
   return absl::OkStatus();

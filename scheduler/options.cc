@@ -53,6 +53,8 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (c->hbm_gbps() <= 0) c->set_hbm_gbps(kDefaultHbmGbps);
   if (c->sm_gbps() <= 0) c->set_sm_gbps(c->hbm_gbps() / o.num_sms());
   if (c->sm_gflops() <= 0) c->set_sm_gflops(kDefaultSmGflops);
+  // ~475 TFLOP/s measured for the GEMM opcode on 132 SMs (docs/performance.md).
+  if (c->sm_tensor_gflops() <= 0) c->set_sm_tensor_gflops(3600);
   if (c->instruction_overhead_ns() <= 0) c->set_instruction_overhead_ns(kDefaultOverheadNs);
   if (c->barrier_latency_ns() <= 0) c->set_barrier_latency_ns(kDefaultBarrierLatencyNs);
   if (c->context_length() == 0) c->set_context_length(kDefaultContext);

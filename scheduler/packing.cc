@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/progress.h"
 #include "instructions/instruction.h"
+#include "instructions/swizzle.h"
 
 namespace loom::scheduler {
 
@@ -38,11 +39,20 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       src.push_back(&w->second);
       rows += static_cast<uint64_t>(w->second.size()) / cols;
     }
-    if (rows * stride * 2 != dst.bytes()) {
+    const bool image = p.tile_rows() > 0;
+    if (image && (p.tile_rows() != isa::kGemmTileM || stride != cols ||
+                  isa::GemmImageBytes(static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)) != dst.bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': not a ", isa::kGemmTileM,
+                                                     "-row operand image of ", rows, " x ", cols));
+    }
+    if (!image && rows * stride * 2 != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
                                                      " rows, the tensor has room for ", dst.bytes() / (stride * 2)));
     }
-    uint8_t* out = region.data() + dst.offset();  // zero-filled: the padding stays zero
+    // Row-major rows go straight to the region (zero-filled: the padding stays zero); an image's rows are
+    // ordered first, then swizzled.
+    std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
+    uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
       std::memcpy(out + packed_row * stride * 2, t->bf16.data() + row * cols, row_bytes);
     };
@@ -80,6 +90,12 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       }
       default:
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
+    }
+    if (image) {
+      const std::vector<uint16_t> swizzled =
+          isa::PackSwizzled(reinterpret_cast<const uint16_t*>(ordered.data()), static_cast<uint32_t>(rows),
+                            static_cast<uint32_t>(cols), isa::kGemmTileM, isa::Swizzle::k128B);
+      std::memcpy(region.data() + dst.offset(), swizzled.data(), dst.bytes());
     }
     progress.Add(dst.bytes());
   }

@@ -47,7 +47,17 @@ absl::Status CheckTensors(const Schedule& s, std::vector<isa::TensorInfo>* infos
       return Fail(absl::StrCat(where, " [", t.offset(), ", +", t.bytes(), ") overflows the ", Region_Name(t.region()),
                                " region of ", limit, " bytes"));
     }
-    if (t.region() == ARENA) arena.emplace_back(t.offset(), t.offset() + t.bytes());
+    if (!t.view_of().empty()) {  // a range inside an earlier arena tensor
+      int parent = -1;
+      for (int j = 0; j < i; ++j) parent = s.tensors(j).name() == t.view_of() ? j : parent;
+      if (parent < 0 || t.region() != ARENA || s.tensors(parent).region() != ARENA ||
+          t.offset() < s.tensors(parent).offset() ||
+          t.offset() + t.bytes() > s.tensors(parent).offset() + s.tensors(parent).bytes()) {
+        return Fail(absl::StrCat(where, " is not inside the arena tensor '", t.view_of(), "' it views"));
+      }
+    } else if (t.region() == ARENA) {
+      arena.emplace_back(t.offset(), t.offset() + t.bytes());
+    }
     infos->push_back({t.name(), t.dtype(), elements});
   }
   std::sort(arena.begin(), arena.end());
@@ -84,7 +94,12 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
       return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a bf16 tensor in WEIGHTS"));
     }
     const uint64_t stride = p.row_stride() > 0 ? p.row_stride() : p.cols();
-    if (p.cols() == 0 || stride < p.cols() || infos[id].elements % stride != 0 || p.sources_size() == 0) {
+    if (p.tile_rows() != 0 && (p.tile_rows() != isa::kGemmTileM || infos[id].elements % (isa::kGemmSlabBytes / 2) != 0)) {
+      return Fail(absl::StrCat("packing of '", p.tensor(), "' is not a whole number of ", isa::kGemmTileM,
+                               "-row operand image slabs"));
+    }
+    if (p.cols() == 0 || stride < p.cols() || (p.tile_rows() == 0 && infos[id].elements % stride != 0) ||
+        p.sources_size() == 0) {
       return Fail(absl::StrCat("packing of '", p.tensor(), "' has no sources or a bad column count / row stride"));
     }
   }
@@ -110,12 +125,13 @@ absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
     return n;
   }();
   size_t executed = 0;
-  const size_t goal = per_step_total * kStepsToSimulate;
+  const int steps = s.has_prefill() ? 1 : kStepsToSimulate;  // a prefill pass runs once
+  const size_t goal = per_step_total * steps;
   while (executed < goal) {
     bool progress = false;
     for (uint32_t sm = 0; sm < sms; ++sm) {
       const auto& q = d.queues[sm];
-      while (!q.empty() && done[sm] < q.size() * kStepsToSimulate) {
+      while (!q.empty() && done[sm] < q.size() * steps) {
         const uint32_t step = static_cast<uint32_t>(done[sm] / q.size());
         const isa::Instruction& inst = q[done[sm] % q.size()];
         bool ready = true;
@@ -132,7 +148,7 @@ absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
     if (!progress) {
       for (uint32_t sm = 0; sm < sms; ++sm) {
         const auto& q = d.queues[sm];
-        if (q.empty() || done[sm] >= q.size() * kStepsToSimulate) continue;
+        if (q.empty() || done[sm] >= q.size() * steps) continue;
         const uint32_t step = static_cast<uint32_t>(done[sm] / q.size());
         const size_t index = done[sm] % q.size();
         const isa::Instruction& inst = q[index];
@@ -186,7 +202,7 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
     if (succ[i].empty()) sinks.push_back(static_cast<int>(i));
   }
   auto name = [&](int i) { return Where(s, where[i].first, where[i].second); };
-  if (sources.size() != 1) {
+  if (sources.size() != 1 && !s.has_prefill()) {  // a prefill pass runs once: it may start anywhere
     return Fail(absl::StrCat("step order: ", name(sources.size() > 1 ? sources[1] : 0),
                              " does not depend on the step's first instruction (", sources.size(),
                              " instructions start a step)"));
@@ -199,7 +215,7 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
   // Check the DAG is acyclic and the last instruction is what the next step waits on.
   std::vector<int> indegree(n);
   for (size_t i = 0; i < n; ++i) indegree[i] = static_cast<int>(pred[i].size());
-  std::deque<int> ready = {sources[0]};
+  std::deque<int> ready(sources.begin(), sources.end());
   size_t seen = 0;
   while (!ready.empty()) {
     const int i = ready.front();
@@ -216,7 +232,7 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
     first_waits_on_last |= first.waits[w].previous_step() && first.waits[w].barrier() == nodes[sinks[0]]->signal &&
                            first.waits[w].count() == first.waits[w].stride();
   }
-  if (!first_waits_on_last) {
+  if (!first_waits_on_last && !s.has_prefill()) {
     return Fail(absl::StrCat("step order: the step's first instruction, ", name(sources[0]),
                              ", does not wait for the previous step's last, ", name(sinks[0])));
   }
@@ -263,8 +279,9 @@ absl::Status VerifySchedule(const Schedule& s) {
       if (absl::Status st = isa::ValidateInstruction(inst, infos); !st.ok()) {
         return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
       }
-      if (inst.op() == isa::Opcode::GEMM && smem.page_bytes() < isa::kGemmSlabBytes) {
-        return Fail(absl::StrCat(Where(s, sm, i), ": a GEMM slab is ", isa::kGemmSlabBytes, " bytes, a page ",
+      if ((inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN) &&
+          smem.page_bytes() < isa::kGemmSlabBytes) {
+        return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ",
                                  smem.page_bytes()));
       }
       const isa::Footprint f = isa::InstructionFootprint(inst, s.max_seq());

@@ -46,8 +46,8 @@ class OpBench {
   uint32_t Weight(uint64_t elements, graph::DType dtype = graph::BF16) { return Add(isa::kWeightRegion, elements, dtype); }
   uint32_t Arena(uint64_t elements, graph::DType dtype = graph::F32) { return Add(isa::kArenaRegion, elements, dtype); }
   // Output tensors are poisoned with NaN and compared after the run.
-  uint32_t Output(uint64_t elements) {
-    const uint32_t id = Arena(elements);
+  uint32_t Output(uint64_t elements, graph::DType dtype = graph::F32) {
+    const uint32_t id = Arena(elements, dtype);
     std::memset(Bytes(id), 0xff, table_[id].bytes);
     outputs_.push_back(id);
     return id;
@@ -71,6 +71,12 @@ class OpBench {
     program.arena_bytes = arena_.size();
     program.activation_bytes = kActivationBytes;
     program.num_pages = 10;  // a 48 KB activation ring leaves room for 10 pages
+    for (const isa::Instruction& inst : queue) {  // FLASH_ATTN at head_dim 128 takes 65 KB: 8 pages beside it
+      if (isa::ActivationBytes(inst) > program.activation_bytes) {
+        program.activation_bytes = isa::ActivationBytes(inst);
+        program.num_pages = 8;
+      }
+    }
     program.activation_slots = 4;  // instructions share the ring: allocation, wrap-around and release are exercised
     for (const isa::Instruction& inst : queue) {  // barriers the queue uses (one SM: they order its instructions)
       if (inst.signal != isa::kNoBarrier) program.num_barriers = std::max(program.num_barriers, inst.signal + 1);
@@ -88,12 +94,25 @@ class OpBench {
     std::vector<uint8_t> got(arena_.size());
     ASSERT_TRUE((*m)->ReadArena(0, got.data(), got.size()).ok());
     for (uint32_t id : outputs_) {
-      const float* g = reinterpret_cast<const float*>(got.data() + table_[id].offset);
-      const float* e = reinterpret_cast<const float*>(expected_arena.data() + table_[id].offset);
+      std::vector<float> g(table_[id].bytes / 4), e(table_[id].bytes / 4);
+      if (table_[id].dtype == graph::BF16) {  // bf16 outputs (operand images) compared as floats
+        g.resize(table_[id].bytes / 2);
+        e.resize(table_[id].bytes / 2);
+        for (uint64_t i = 0; i < g.size(); ++i) {
+          uint16_t gv, ev;
+          std::memcpy(&gv, got.data() + table_[id].offset + 2 * i, 2);
+          std::memcpy(&ev, expected_arena.data() + table_[id].offset + 2 * i, 2);
+          g[i] = graph::Bf16ToFloat(gv);
+          e[i] = graph::Bf16ToFloat(ev);
+        }
+      } else {
+        std::memcpy(g.data(), got.data() + table_[id].offset, g.size() * 4);
+        std::memcpy(e.data(), expected_arena.data() + table_[id].offset, e.size() * 4);
+      }
       double num = 0, den = 0;
       size_t nan = 0;
       size_t infinite_mismatch = 0;
-      for (uint64_t i = 0; i < table_[id].bytes / 4; ++i) {
+      for (uint64_t i = 0; i < g.size(); ++i) {
         if (std::isnan(g[i]) != std::isnan(e[i])) ++nan;
         if (std::isnan(e[i]) || g[i] == e[i]) continue;  // NaN: left poisoned by both; equal: incl. -inf maxima
         if (std::isinf(e[i]) || std::isinf(g[i])) {
@@ -372,6 +391,56 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
   }
 }
 
+// FLASH_ATTN: causal prefill attention on the tensor cores against the f32 reference (which rounds q, K and V
+// to bf16 as the tensor cores read them; P is bf16 on the device only, hence the looser tolerance), every
+// (row tile, head) of a prompt of P rows after `start` cached positions, GQA groups 1 / 4 / 8, head_dim 64 and
+// 128. Cache rows past the prompt are NaN: a key tile reaching past the last position must not read them.
+TEST(GpuOpcodes, FlashAttentionPrefill) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t rows, head_dim, group, kv_heads, start; };
+  const std::vector<Case> cases = {{1, 64, 1, 2, 0},    {17, 128, 4, 2, 0},  {64, 64, 8, 1, 0},
+                                   {129, 128, 1, 3, 40}, {1000, 128, 4, 2, 0}, {300, 64, 8, 1, 700},
+                                   {2048, 64, 1, 2, 0},  {2048, 128, 8, 1, 0}};
+  for (const Case& c : cases) {
+    const uint32_t seed = Seed();
+    OpBench b(seed);
+    const uint32_t heads = c.group * c.kv_heads, hd = c.head_dim;
+    const uint32_t max_seq = c.start + c.rows + 37;  // not a multiple of the 64-key tile
+    isa::FlashAttnArgs a{};
+    a.q = b.Arena(uint64_t{c.rows} * heads * hd);
+    b.FillRandom(a.q, -2.0f, 2.0f);
+    a.k_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
+    a.v_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
+    b.FillRandom(a.k_cache, -2.0f, 2.0f);
+    b.FillRandom(a.v_cache);
+    for (uint32_t g = 0; g < c.kv_heads; ++g) {
+      for (uint64_t i = (uint64_t{g} * max_seq + c.start + c.rows) * hd; i < uint64_t{g + 1} * max_seq * hd; ++i) {
+        b.Data<float>(a.k_cache)[i] = NAN;
+        b.Data<float>(a.v_cache)[i] = NAN;
+      }
+    }
+    a.step_state = b.Arena(4, graph::I32);
+    b.SetState(a.step_state, static_cast<int32_t>(c.start), static_cast<int32_t>(c.start + c.rows));
+    a.out = b.Output(isa::GemmImageBytes(c.rows, heads * hd) / 2, graph::BF16);
+    a.rows = c.rows;
+    a.num_heads = heads;
+    a.num_kv_heads = c.kv_heads;
+    a.head_dim = hd;
+    a.max_seq = max_seq;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    std::vector<isa::Instruction> queue;
+    for (uint32_t t = 0; t * isa::kFlashRows < c.rows; ++t) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        a.row_tile = t;
+        a.head = h;
+        queue.push_back(Make(isa::Opcode::FLASH_ATTN, a));
+      }
+    }
+    b.RunAndCompare(queue, absl::StrCat("FLASH_ATTN P ", c.rows, " head_dim ", hd, " group ", c.group, " start ",
+                                        c.start, " seed ", seed), 1e-2);
+  }
+}
+
 // A prefill MLP block on the tensor cores: PACK_ROWS (RMSNorm) -> GEMM over interleaved gate/up rows with the
 // SiLU-mul epilogue writing the next GEMM's operand image -> GEMM down-proj + residual, each stage behind the
 // previous one's barrier.
@@ -478,7 +547,9 @@ TEST(GpuOpcodes, VectorOpcodes) {
   for (uint32_t i = 0; i <= kSeq; ++i) b.Data<int32_t>(tokens)[i] = static_cast<int32_t>(b.rng()() % kVocab);
   const uint32_t state = b.Arena(4, graph::I32);
   b.SetState(state, 3, 2);
-  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(kHidden), kHidden, kVocab, kStride}));
+  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(kHidden), kHidden, kVocab, kStride, 0, 1}));
+  // EMBED of several prompt rows (a prefill pass)
+  queue.push_back(Make(isa::Opcode::EMBED, isa::EmbedArgs{table, tokens, state, b.Output(7 * kHidden), kHidden, kVocab, kStride, 2, 5}));
   // RMS_NORM
   const uint32_t x = b.Arena(kN), w = b.Weight(kN);
   b.FillRandom(x);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "scheduler/compiler.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
+#include "scheduler/prefill.h"
 #include "scheduler/simulator.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -49,6 +51,9 @@ ABSL_FLAG(bool, check, false, "run: also decode with the op-by-op oracle and com
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
+ABSL_FLAG(bool, prefill, true,
+          "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
+          "prompt token, as before)");
 ABSL_FLAG(std::string, logits_out, "",
           "run: write every step's logits here (float32, steps x vocab, little-endian); runs one step per launch");
 
@@ -67,7 +72,7 @@ const std::vector<Command>& Commands() {
        {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed"}},
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
-       {"model", "tokens", "prompt", "backend", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
+       {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
         "policy", "granularity", "unfuse", "max_seq", "seed"}},
       {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
   };
@@ -297,9 +302,33 @@ int RunCommand() {
                                                    schedule->max_seq(), "; raise --max_seq")));
   }
 
-  std::vector<int32_t> tokens;
-  double ms_per_token = 0;
+  // The prompt's prefill pass, lowered for its exact length.
+  std::optional<scheduler::Schedule> pass;
   const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
+  if (absl::GetFlag(FLAGS_prefill) && !logits_out.empty()) {
+    std::fprintf(stderr, "note: --logits_out keeps every prompt position's logits: the prompt runs token by token\n");
+  } else if (absl::GetFlag(FLAGS_prefill)) {
+    if (!scheduler::HasPrefillWeights(*schedule)) {
+      const absl::Status why = scheduler::PrefillSupported(model->graph);
+      std::fprintf(stderr, "note: no prefill pass (%s); the prompt runs token by token\n",
+                   why.ok() ? "compiled with prefill off" : std::string(why.message()).c_str());
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<scheduler::Schedule> p = scheduler::CompilePrefill(model->graph, *schedule,
+                                                                        static_cast<uint32_t>(prompt->size()));
+      if (!p.ok()) return Fail(p.status());
+      pass = *std::move(p);
+      int instructions = 0;
+      for (const scheduler::SmQueue& q : pass->queues()) instructions += q.instructions_size();
+      std::fprintf(stderr, "prefill pass of %zu tokens: %d instructions, lowered in %.1f ms\n", prompt->size(),
+                   instructions,
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  const int decode_steps = pass ? new_tokens - 1 : steps;
+
+  std::vector<int32_t> tokens;
+  double ms_per_token = 0, prefill_ms = 0;
   std::string all_logits;  // steps x vocab float32
   auto keep_logits = [&](const std::vector<float>& l) {
     all_logits.append(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
@@ -326,30 +355,47 @@ int RunCommand() {
         megakernel::ReferenceVm::Create(*schedule, model->weights);
     if (!vm.ok()) return Fail(vm.status());
     if (absl::Status s = (*vm)->Reset(*prompt); !s.ok()) return Fail(s);
+    if (pass) {
+      const auto start = std::chrono::steady_clock::now();
+      if (absl::Status s = (*vm)->Prefill(*pass); !s.ok()) return Fail(s);
+      prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    }
     const auto start = std::chrono::steady_clock::now();
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; step < decode_steps; ++step) {
       if (absl::Status s = (*vm)->Run(1); !s.ok()) return Fail(s);
       if (!logits_out.empty()) keep_logits((*vm)->logits());
-      if ((step + 1) % 8 == 0 || step + 1 == steps) std::fprintf(stderr, "\r  step %d/%d", step + 1, steps);
+      if ((step + 1) % 8 == 0 || step + 1 == decode_steps) {
+        std::fprintf(stderr, "\r  step %d/%d", step + 1, decode_steps);
+      }
     }
     std::fprintf(stderr, "\n");
-    ms_per_token = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps;
+    ms_per_token = decode_steps == 0 ? 0
+                                     : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                                               .count() /
+                                           decode_steps;
     tokens = (*vm)->tokens();
   } else {
     megakernel::GpuRunOptions gpu;
     gpu.trace_path = absl::GetFlag(FLAGS_trace);
     gpu.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+    gpu.prefill = pass ? &*pass : nullptr;
     absl::StatusOr<megakernel::GpuRunResult> r = megakernel::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
     if (!r.ok()) return Fail(r.status());
     tokens = r->tokens;
     ms_per_token = r->ms_per_token;
+    prefill_ms = r->prefill_ms;
     if (!r->summary.empty()) std::printf("%s", r->summary.c_str());
   }
   if (!logits_out.empty()) {
     if (absl::Status s = WriteFileAtomically(logits_out, all_logits); !s.ok()) return Fail(s);
   }
   std::printf("tokens: %s\n", Join(tokens, prompt->size()).c_str());
-  std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), ms_per_token, steps);
+  if (pass) {
+    std::printf("%s backend: prefill of %zu tokens %.3f ms, then %.3f ms/token over %d decode steps\n",
+                backend.c_str(), prompt->size(), prefill_ms, ms_per_token, decode_steps);
+  } else {
+    std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), ms_per_token, steps);
+  }
   if (absl::GetFlag(FLAGS_check)) {
     absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*model, *prompt, new_tokens);
     if (!oracle.ok()) return Fail(oracle.status());

@@ -12,11 +12,14 @@ namespace loom::megakernel {
 
 __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
-  int32_t token = m.ptr<int32_t>(a.tokens)[m.ptr<int32_t>(a.step_state)[isa::kStatePosition]];
-  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
-  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
-  float* out = m.ptr<float>(a.out);
-  for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
+  const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
+  for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
+    int32_t token = m.ptr<int32_t>(a.tokens)[pos + static_cast<int32_t>(r)];
+    if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
+    const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
+    float* out = m.ptr<float>(a.out) + static_cast<uint64_t>(r) * a.hidden;
+    for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
+  }
 }
 
 __device__ __forceinline__ void RunRmsNorm(const isa::RmsNormArgs& a, ConsumerContext& ctx) {

@@ -1,0 +1,193 @@
+// FLASH_ATTN on the device (isa::FlashAttnArgs): causal prefill attention of
+// 128 query rows of one head on the tensor cores.
+//
+// The weight loader streams, for each 64-key tile, its f32 K rows then its V
+// rows from the KV cache through the page ring (FlashPagesOf). All 256 consumer
+// threads convert a tile into bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs in
+// the 128-byte swizzle (two buffers in the activation slot, so one named barrier
+// per tile suffices), then warpgroup g runs its 64 query rows: S = Q·Kᵀ with Q in
+// register fragments, causal mask, online softmax (row max / sum / exp2 in
+// registers), O += P·V with P converted to A fragments. Tiles past a warpgroup's
+// last row are converted but not computed.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "instructions/swizzle.h"
+#include "megakernel/mbarrier.cuh"
+#include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/tile/row_ops.cuh"
+#include "megakernel/tile/smem_tile.cuh"
+
+namespace loom::megakernel {
+
+// The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
+// (16 KB each: 16384 / (4 * head_dim) keys of f32 rows), clamped to the cache's max_seq rows.
+struct FlashPages {
+  const float* k;  // the KV head's first cache row
+  const float* v;
+  uint32_t head_dim, max_seq, count;
+
+  __device__ __forceinline__ uint32_t PagesPerTensor() const { return head_dim / 64; }
+  __device__ __forceinline__ uint32_t FirstKey(uint32_t i) const {
+    const uint32_t per_tile = 2 * PagesPerTensor();
+    return (i / per_tile) * isa::kFlashKeys + (i % PagesPerTensor()) * (4096 / head_dim);
+  }
+  __device__ __forceinline__ const void* Source(uint32_t i) const {
+    const bool is_v = (i % (2 * PagesPerTensor())) >= PagesPerTensor();
+    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim;
+  }
+  __device__ __forceinline__ uint32_t Bytes(uint32_t i) const {
+    const uint32_t key = FirstKey(i), keys = 4096 / head_dim;
+    const uint32_t n = key >= max_seq ? 0 : (max_seq - key < keys ? max_seq - key : keys);
+    return n * head_dim * 4;
+  }
+};
+
+__device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m) {
+  const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
+  const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads);
+  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim;
+  return {m.ptr<float>(a.k_cache) + row, m.ptr<float>(a.v_cache) + row, a.head_dim, a.max_seq,
+          isa::FlashKeyTiles(start, a) * 2 * (a.head_dim / 64)};
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <uint32_t HD>
+__device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
+  using KSlab = tile::SmemSlab<isa::kFlashKeys, isa::Swizzle::k128B>;  // 64 keys x 64 dims
+  using VSlab = tile::SmemSlab<HD, isa::Swizzle::k128B>;               // HD dims x 64 keys
+  using Acc = tile::Accumulator<HD>;
+  using Scores = tile::Accumulator<isa::kFlashKeys>;
+  static_assert(KSlab::kK == 64 && VSlab::kK == isa::kFlashKeys, "a slab row is 64 bf16");
+  static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 query rows each");
+  constexpr uint32_t kPages = HD / 64;        // pages per tensor per key tile
+  constexpr uint32_t kPageKeys = 4096 / HD;   // keys per 16 KB page of f32 rows
+  constexpr uint32_t kKBytes = isa::kFlashKeys * HD * 2;
+  static_assert(kPageKeys % 8 == 0 && 2 * kKBytes == 2 * isa::kFlashKeys * HD * 2, "layout");
+
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t wg = ctx.tid / 128, t = ctx.tid % 128;
+  const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
+  const uint32_t row0 = a.row_tile * isa::kFlashRows + wg * 64;
+  const bool active = row0 < a.rows;
+  const uint32_t wg_end = active ? (row0 + 64 < a.rows ? row0 + 64 : a.rows) : row0;
+  const uint32_t valid_keys = start + a.rows;  // cache rows [0, start + rows) hold keys
+  const uint32_t tiles = isa::FlashKeyTiles(start, a);
+  const uint32_t wg_tiles = active ? (start + wg_end - 1) / isa::kFlashKeys + 1 : 0;
+  uint8_t* slot = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(ctx.act) + isa::kSwizzleAtomAlign - 1) & ~uintptr_t{isa::kSwizzleAtomAlign - 1});
+
+  // Q rows of this warpgroup as bf16 A fragments (zeros past the prompt).
+  const uint32_t q_width = a.num_heads * HD;
+  const float* q = m.ptr<float>(a.q) + a.head * HD;
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (uint32_t j = 0; j < HD / 16; ++j) {
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) {
+      const uint32_t i = 8 * j + 2 * e, r = row0 + Scores::Row(t, i);
+      float2 v = make_float2(0.0f, 0.0f);
+      if (r < a.rows) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(r) * q_width + Acc::Col(t, i));
+      qf[j][e] = PackBf16(v.x, v.y);
+    }
+  }
+
+  const float log2_scale = a.scale * 1.4426950408889634f;  // exp(x * scale) = exp2(x * log2_scale)
+  tile::RowPair row_max{{-INFINITY, -INFINITY}}, row_sum{{0.0f, 0.0f}};
+  Acc o;
+  o.Zero();
+  for (uint32_t j = 0; j < tiles; ++j) {
+    uint8_t* kbuf = slot + (j % 2) * isa::FlashBufferBytes(HD);
+    uint8_t* vbuf = kbuf + kKBytes;
+    const uint32_t key0 = j * isa::kFlashKeys;
+    // K rows -> K slabs, 8 dims (16 bytes of bf16) per store.
+    for (uint32_t p = 0; p < kPages; ++p) {
+      const float* page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      for (uint32_t ch = ctx.tid; ch < kPageKeys * HD / 8; ch += kConsumerThreads) {
+        const uint32_t key = p * kPageKeys + ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+        uint4 packed = make_uint4(0, 0, 0, 0);
+        if (key0 + key < valid_keys) {
+          const float4 x0 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0);
+          const float4 x1 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0 + 4);
+          packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
+        }
+        *reinterpret_cast<uint4*>(kbuf + isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0)) = packed;
+      }
+      ctx.ReleasePage();
+    }
+    // V rows -> Vᵀ slab: 8 keys of one dim per store (threads of a warp take consecutive dims).
+    for (uint32_t p = 0; p < kPages; ++p) {
+      const float* page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      for (uint32_t ch = ctx.tid; ch < HD * kPageKeys / 8; ch += kConsumerThreads) {
+        const uint32_t d = ch % HD, k_local = (ch / HD) * 8, key = p * kPageKeys + k_local;
+        float v[8];
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? page[(k_local + e) * HD + d] : 0.0f;
+        *reinterpret_cast<uint4*>(vbuf + isa::Swizzled128Offset(isa::kFlashKeys, HD, d, key)) =
+            make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]), PackBf16(v[4], v[5]), PackBf16(v[6], v[7]));
+      }
+      ctx.ReleasePage();
+    }
+    tile::FenceProxyAsyncShared();  // generic stores, read next by wgmma
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    if (j >= wg_tiles) continue;
+
+    Scores s;
+    tile::WgmmaFence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < HD / 16; ++kk) {
+      tile::MmaAsyncRegA<isa::kFlashKeys>(s.d, qf[kk], KSlab{kbuf + (kk / 4) * KSlab::kBytes}.Descriptor(0, kk % 4),
+                                          kk > 0 ? 1u : 0u);
+    }
+    tile::WgmmaCommit();
+    tile::WgmmaWait<0>();
+    const uint32_t first_pos = start + row0;
+    if (key0 + isa::kFlashKeys - 1 > first_pos) {  // the tile crosses the diagonal of some row
+#pragma unroll
+      for (uint32_t i = 0; i < Scores::kRegs; ++i) {
+        if (key0 + Scores::Col(t, i) > first_pos + Scores::Row(t, i)) s.d[i] = -INFINITY;
+      }
+    }
+    const tile::RowPair tile_max = tile::RowMax(s);
+    const tile::RowPair m_new{{fmaxf(row_max.v[0], tile_max.v[0]), fmaxf(row_max.v[1], tile_max.v[1])}};
+    const tile::RowPair correction{{exp2f((row_max.v[0] - m_new.v[0]) * log2_scale),
+                                    exp2f((row_max.v[1] - m_new.v[1]) * log2_scale)}};
+    tile::Exp2Rows(s, m_new, log2_scale);
+    const tile::RowPair tile_sum = tile::RowSum(s);
+    row_sum = {{row_sum.v[0] * correction.v[0] + tile_sum.v[0], row_sum.v[1] * correction.v[1] + tile_sum.v[1]}};
+    row_max = m_new;
+    tile::ScaleRows(o, correction);
+    uint32_t pf[isa::kFlashKeys / 16][4];
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::ToOperandA(s, kk, pf[kk]);
+    tile::WgmmaFence();  // P and the rescaled accumulators were written by this warpgroup's registers
+    const VSlab vt{vbuf};
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::MmaAsyncRegA<HD>(o.d, pf[kk], vt.Descriptor(0, kk), 1u);
+    tile::WgmmaCommit();
+    tile::WgmmaWait<0>();
+  }
+  if (!active) return;
+  tile::ScaleRows(o, tile::RowPair{{1.0f / row_sum.v[0], 1.0f / row_sum.v[1]}});
+  uint8_t* image = m.ptr<uint8_t>(a.out);
+#pragma unroll
+  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+    const uint32_t r = row0 + Acc::Row(t, i);
+    if (r < a.rows && start + r < a.max_seq) {
+      *reinterpret_cast<uint32_t*>(image + isa::Swizzled128Offset(q_width, isa::kGemmTileM, r, a.head * HD + Acc::Col(t, i))) =
+          PackBf16(o.d[i], o.d[i + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
+  if (a.head_dim == 64) RunFlashAttnTile<64>(a, ctx);
+  else RunFlashAttnTile<128>(a, ctx);
+}
+
+}  // namespace loom::megakernel

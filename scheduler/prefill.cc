@@ -1,0 +1,625 @@
+#include "scheduler/prefill.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/dtype.h"
+#include "graph/rope.h"
+#include "instructions/isa.h"
+#include "scheduler/assign.h"
+#include "scheduler/compiler.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/decoded_schedule.h"
+#include "scheduler/options.h"
+#include "scheduler/schedule_verifier.h"
+
+namespace loom::scheduler {
+namespace {
+
+using graph::OpDef;
+
+constexpr uint64_t kAlign = 256;
+constexpr uint32_t kEmbedRowsPerInstruction = 16;
+constexpr uint32_t kMaxPagesPerSm = 32;  // the megakernel's page mbarriers
+
+struct Linear {
+  std::string weight, bias;  // graph weight names (bias may be empty)
+  uint32_t n = 0, k = 0;
+};
+
+// One decoder layer of the graph, by graph names.
+struct Layer {
+  std::string norm1;
+  float eps1 = 0;
+  Linear q, k, v, o, gate, up, down;
+  std::string k_cache, v_cache;
+  graph::RopeAttrs rope;
+  uint32_t heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0;
+  std::string norm2;
+  float eps2 = 0;
+};
+
+struct Plan {
+  std::string table;
+  uint32_t hidden = 0, vocab = 0;
+  std::vector<Layer> layers;
+  std::string final_norm;
+  float final_eps = 0;
+  std::string lm_head;
+};
+
+absl::Status Refuse(const OpDef& op, const std::string& why) {
+  return absl::UnimplementedError(
+      absl::StrCat("prefill: op '", op.name(), "' (", graph::OpType_Name(op.type()), "): ", why));
+}
+
+std::vector<const OpDef*> ConsumersOfType(const graph::Graph& g, const std::string& t, graph::OpType type) {
+  std::vector<const OpDef*> out;
+  for (const OpDef* op : g.consumers(t)) {
+    if (op->type() == type) out.push_back(op);
+  }
+  return out;
+}
+
+Linear LinearOf(const graph::Graph& g, const OpDef& op) {
+  Linear l;
+  l.weight = op.inputs(1);
+  if (op.inputs_size() > 2) l.bias = op.inputs(2);
+  l.n = static_cast<uint32_t>(g.tensor(l.weight).shape(0));
+  l.k = static_cast<uint32_t>(g.tensor(l.weight).shape(1));
+  return l;
+}
+
+// The LINEAR producing `t` from `input`, or an error naming what is there instead.
+absl::StatusOr<const OpDef*> LinearFrom(const graph::Graph& g, const std::string& t, const std::string& input,
+                                        const OpDef& user) {
+  const OpDef* p = g.producer(t);
+  if (p != nullptr && p->type() == graph::RMS_NORM) {
+    return Refuse(*p, "per-head q/k norms have no prefill epilogue yet (the prompt runs token by token)");
+  }
+  if (p == nullptr || p->type() != graph::LINEAR || p->inputs(0) != input) {
+    return Refuse(user, absl::StrCat("input '", t, "' is not a projection of the layer's normed input"));
+  }
+  return p;
+}
+
+absl::StatusOr<Plan> ParsePlan(const graph::Graph& g) {
+  Plan plan;
+  const OpDef* embed = nullptr;
+  for (const OpDef& op : g.def().ops()) {
+    if (op.type() == graph::EMBEDDING) embed = &op;
+  }
+  if (embed == nullptr) return absl::UnimplementedError("prefill: the graph has no EMBEDDING");
+  plan.table = embed->inputs(0);
+  plan.vocab = static_cast<uint32_t>(g.tensor(plan.table).shape(0));
+  plan.hidden = static_cast<uint32_t>(g.tensor(plan.table).shape(1));
+  std::string x = embed->outputs(0);
+  while (true) {
+    std::vector<const OpDef*> norms = ConsumersOfType(g, x, graph::RMS_NORM);
+    if (norms.size() != 1 || norms[0]->norm().group_size() != 0) {
+      return absl::UnimplementedError(absl::StrCat("prefill: the residual stream '", x,
+                                                   "' does not feed exactly one RMSNorm of whole rows"));
+    }
+    const OpDef& norm = *norms[0];
+    const std::string h = norm.outputs(0);
+    std::vector<const OpDef*> linears = ConsumersOfType(g, h, graph::LINEAR);
+    if (linears.size() == 1) {  // the final norm and the LM head
+      const OpDef& head = *linears[0];
+      if (ConsumersOfType(g, head.outputs(0), graph::ARGMAX).size() != 1) {
+        return Refuse(head, "the last projection must feed the ARGMAX of a decode step");
+      }
+      if (head.inputs_size() > 2) return Refuse(head, "an LM head with a bias has no lowering");
+      plan.final_norm = norm.inputs(1);
+      plan.final_eps = norm.norm().eps();
+      plan.lm_head = head.inputs(1);
+      return plan;
+    }
+    Layer l;
+    l.norm1 = norm.inputs(1);
+    l.eps1 = norm.norm().eps();
+    // The attention these projections feed (through RoPE for q and k).
+    const OpDef* attn = nullptr;
+    for (const OpDef* lin : linears) {
+      for (const OpDef* c : g.consumers(lin->outputs(0))) {
+        if (c->type() == graph::RMS_NORM) {
+          return Refuse(*c, "per-head q/k norms have no prefill epilogue yet (the prompt runs token by token)");
+        }
+        if (c->type() == graph::ATTENTION) attn = c;
+        if (c->type() == graph::ROPE) {
+          for (const OpDef* a : ConsumersOfType(g, c->outputs(0), graph::ATTENTION)) attn = a;
+        }
+      }
+    }
+    if (attn == nullptr || linears.size() != 3) {
+      return Refuse(norm, "its output does not feed the q, k and v projections of one attention");
+    }
+    const graph::AttentionAttrs& at = attn->attention();
+    if (!at.causal()) return Refuse(*attn, "only causal attention has a prefill lowering");
+    l.heads = at.num_heads();
+    l.kv_heads = at.num_kv_heads();
+    l.head_dim = at.head_dim();
+    l.scale = at.scale() > 0 ? at.scale() : 1.0f / std::sqrt(static_cast<float>(at.head_dim()));
+    const OpDef* rope_q = g.producer(attn->inputs(0));
+    const OpDef* rope_k = g.producer(attn->inputs(1));
+    if (rope_q == nullptr || rope_k == nullptr || rope_q->type() != graph::ROPE || rope_k->type() != graph::ROPE ||
+        rope_q->rope().SerializeAsString() != rope_k->rope().SerializeAsString()) {
+      return Refuse(*attn, "q and k must come from RoPE ops with the same attributes");
+    }
+    l.rope = rope_q->rope();
+    absl::StatusOr<const OpDef*> q = LinearFrom(g, rope_q->inputs(0), h, *rope_q);
+    if (!q.ok()) return q.status();
+    absl::StatusOr<const OpDef*> k = LinearFrom(g, rope_k->inputs(0), h, *rope_k);
+    if (!k.ok()) return k.status();
+    absl::StatusOr<const OpDef*> v = LinearFrom(g, attn->inputs(2), h, *attn);
+    if (!v.ok()) return v.status();
+    l.q = LinearOf(g, **q);
+    l.k = LinearOf(g, **k);
+    l.v = LinearOf(g, **v);
+    if (l.q.bias.empty() != l.k.bias.empty() || l.q.bias.empty() != l.v.bias.empty()) {
+      return Refuse(**q, "q, k and v must all have biases or none");
+    }
+    l.k_cache = attn->inputs(3);
+    l.v_cache = attn->inputs(4);
+    // o-proj + residual
+    std::vector<const OpDef*> o = ConsumersOfType(g, attn->outputs(0), graph::LINEAR);
+    if (o.size() != 1) return Refuse(*attn, "its output must feed one projection");
+    l.o = LinearOf(g, *o[0]);
+    std::vector<const OpDef*> add1 = ConsumersOfType(g, o[0]->outputs(0), graph::ADD);
+    if (add1.size() != 1 || (add1[0]->inputs(0) != x && add1[0]->inputs(1) != x)) {
+      return Refuse(*o[0], "its output must be added to the layer's residual stream");
+    }
+    const std::string x1 = add1[0]->outputs(0);
+    // MLP: norm -> gate, up -> SiLU-mul -> down + residual
+    std::vector<const OpDef*> norms2 = ConsumersOfType(g, x1, graph::RMS_NORM);
+    if (norms2.size() != 1) return Refuse(*add1[0], "its output must feed one RMSNorm");
+    l.norm2 = norms2[0]->inputs(1);
+    l.eps2 = norms2[0]->norm().eps();
+    const std::string h2 = norms2[0]->outputs(0);
+    std::vector<const OpDef*> mlp = ConsumersOfType(g, h2, graph::LINEAR);
+    const OpDef* silu = mlp.empty() ? nullptr : [&]() -> const OpDef* {
+      std::vector<const OpDef*> s = ConsumersOfType(g, mlp[0]->outputs(0), graph::SILU_MUL);
+      return s.size() == 1 ? s[0] : nullptr;
+    }();
+    if (mlp.size() != 2 || silu == nullptr) return Refuse(*norms2[0], "its output must feed gate and up projections");
+    absl::StatusOr<const OpDef*> gate = LinearFrom(g, silu->inputs(0), h2, *silu);
+    if (!gate.ok()) return gate.status();
+    absl::StatusOr<const OpDef*> up = LinearFrom(g, silu->inputs(1), h2, *silu);
+    if (!up.ok()) return up.status();
+    l.gate = LinearOf(g, **gate);
+    l.up = LinearOf(g, **up);
+    if (l.gate.bias.empty() != l.up.bias.empty()) return Refuse(*silu, "gate and up must both have biases or neither");
+    std::vector<const OpDef*> down = ConsumersOfType(g, silu->outputs(0), graph::LINEAR);
+    if (down.size() != 1) return Refuse(*silu, "its output must feed one projection");
+    l.down = LinearOf(g, *down[0]);
+    std::vector<const OpDef*> add2 = ConsumersOfType(g, down[0]->outputs(0), graph::ADD);
+    if (add2.size() != 1 || (add2[0]->inputs(0) != x1 && add2[0]->inputs(1) != x1)) {
+      return Refuse(*down[0], "its output must be added to the residual stream");
+    }
+    // What the tensor-core opcodes cover.
+    if (l.head_dim != 64 && l.head_dim != 128) {
+      return Refuse(*attn, absl::StrCat("head_dim ", l.head_dim, ": the flash-attention tiles cover 64 and 128"));
+    }
+    if (l.gate.n % isa::kGemmSlabK != 0) {
+      return Refuse(*silu, absl::StrCat("intermediate size ", l.gate.n, " is not a multiple of ", isa::kGemmSlabK,
+                                        " (the SiLU-mul epilogue writes whole operand slabs)"));
+    }
+    plan.layers.push_back(std::move(l));
+    x = add2[0]->outputs(0);
+  }
+}
+
+std::string Name(const std::string& prefix, const std::vector<std::string>& sources) {
+  return absl::StrCat(prefix, absl::StrJoin(sources, "+"));
+}
+
+// Adds a packed WEIGHTS tensor unless one of that name exists.
+void AddPacked(Program* p, const std::string& name, const std::vector<std::string>& sources, RowOrder order,
+               uint64_t rows, uint64_t cols, bool image, uint32_t head_dim = 0, uint32_t kv_heads = 0) {
+  for (const Tensor& t : p->tensors) {
+    if (t.name() == name) return;
+  }
+  Tensor t;
+  t.set_name(name);
+  t.set_dtype(graph::BF16);
+  t.set_region(WEIGHTS);
+  const uint64_t elements = image ? isa::GemmImageBytes(static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)) / 2
+                                  : rows * cols;
+  if (image) {
+    t.add_shape(static_cast<int64_t>(elements));
+  } else {
+    t.add_shape(static_cast<int64_t>(rows));
+    t.add_shape(static_cast<int64_t>(cols));
+  }
+  t.set_bytes(elements * 2);
+  t.set_offset((p->weight_bytes + kAlign - 1) / kAlign * kAlign);
+  p->weight_bytes = t.offset() + t.bytes();
+  p->tensors.push_back(t);
+  PackedWeight w;
+  w.set_tensor(name);
+  for (const std::string& s : sources) w.add_sources(s);
+  w.set_order(order);
+  w.set_cols(cols);
+  w.set_row_stride(cols);
+  w.set_head_dim(head_dim);
+  w.set_num_kv_heads(kv_heads);
+  w.set_tile_rows(image ? isa::kGemmTileM : 0);
+  p->packing.push_back(w);
+}
+
+// The images and vectors of one layer, by name.
+struct LayerWeights {
+  std::vector<std::string> qkv, qkv_bias, gate_up, gate_up_bias;
+};
+LayerWeights WeightsOf(const Layer& l) {
+  LayerWeights w;
+  w.qkv = {l.q.weight, l.k.weight, l.v.weight};
+  if (!l.q.bias.empty()) w.qkv_bias = {l.q.bias, l.k.bias, l.v.bias};
+  w.gate_up = {l.gate.weight, l.up.weight};
+  if (!l.gate.bias.empty()) w.gate_up_bias = {l.gate.bias, l.up.bias};
+  return w;
+}
+
+}  // namespace
+
+absl::Status PrefillSupported(const graph::Graph& graph) { return ParsePlan(graph).status(); }
+
+bool HasPrefillWeights(const Schedule& decode) {
+  for (const PackedWeight& p : decode.packing()) {
+    if (p.tile_rows() > 0) return true;
+  }
+  return false;
+}
+
+absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program) {
+  absl::StatusOr<Plan> plan = ParsePlan(graph);
+  if (!plan.ok()) return plan.status();
+  for (const Layer& l : plan->layers) {
+    const LayerWeights w = WeightsOf(l);
+    const uint64_t qkv_rows = uint64_t{l.q.n} + l.k.n + l.v.n;
+    AddPacked(program, Name("image:", w.qkv), w.qkv, ROWS_QKV_GROUPED, qkv_rows, l.q.k, true, l.head_dim, l.kv_heads);
+    if (!w.qkv_bias.empty()) {
+      AddPacked(program, Name("bias:", w.qkv_bias), w.qkv_bias, ROWS_QKV_GROUPED, qkv_rows, 1, false, l.head_dim,
+                l.kv_heads);
+    }
+    AddPacked(program, Name("image:", {l.o.weight}), {l.o.weight}, ROWS_IDENTITY, l.o.n, l.o.k, true);
+    if (!l.o.bias.empty()) AddPacked(program, Name("bias:", {l.o.bias}), {l.o.bias}, ROWS_IDENTITY, l.o.n, 1, false);
+    AddPacked(program, Name("image:", w.gate_up), w.gate_up, ROWS_INTERLEAVE_PAIRS, 2ull * l.gate.n, l.gate.k, true);
+    if (!w.gate_up_bias.empty()) {
+      AddPacked(program, Name("bias:", w.gate_up_bias), w.gate_up_bias, ROWS_INTERLEAVE_PAIRS, 2ull * l.gate.n, 1,
+                false);
+    }
+    AddPacked(program, Name("image:", {l.down.weight}), {l.down.weight}, ROWS_IDENTITY, l.down.n, l.down.k, true);
+    if (!l.down.bias.empty()) {
+      AddPacked(program, Name("bias:", {l.down.bias}), {l.down.bias}, ROWS_IDENTITY, l.down.n, 1, false);
+    }
+    AddPacked(program, Name("vec:", {l.norm1}), {l.norm1}, ROWS_IDENTITY, plan->hidden, 1, false);
+    AddPacked(program, Name("vec:", {l.norm2}), {l.norm2}, ROWS_IDENTITY, plan->hidden, 1, false);
+  }
+  AddPacked(program, Name("vec:", {plan->final_norm}), {plan->final_norm}, ROWS_IDENTITY, plan->hidden, 1, false);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Builds the pass: nodes with one barrier per stage, scratch tensors past the decode arena.
+class PrefillBuilder {
+ public:
+  PrefillBuilder(const Schedule& decode, uint32_t rows) : decode_(decode), rows_(rows) {
+    for (int i = 0; i < decode.tensors_size(); ++i) {
+      p_.tensors.push_back(decode.tensors(i));
+      ids_[decode.tensors(i).name()] = static_cast<uint32_t>(i);
+    }
+    p_.weight_bytes = decode.weight_bytes();
+    p_.arena_bytes = decode.arena_bytes();
+  }
+
+  absl::StatusOr<uint32_t> Find(const std::string& name) const {
+    auto it = ids_.find(name);
+    if (it == ids_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prefill: the schedule has no tensor '", name,
+          "' (compiled without the prefill weights: CompileOptions.prefill, or from another model)"));
+    }
+    return it->second;
+  }
+  uint32_t Scratch(const std::string& name, graph::DType dtype, std::vector<int64_t> shape,
+                   const std::string& view_of = "", uint64_t view_offset = 0) {
+    Tensor t;
+    t.set_name(name);
+    t.set_dtype(dtype);
+    t.set_region(ARENA);
+    uint64_t elements = 1;
+    for (int64_t d : shape) t.add_shape(d), elements *= d;
+    t.set_bytes(elements * graph::DTypeSize(dtype));
+    if (view_of.empty()) {
+      t.set_offset((p_.arena_bytes + kAlign - 1) / kAlign * kAlign);
+      p_.arena_bytes = t.offset() + t.bytes();
+    } else {
+      t.set_offset(p_.tensors[ids_.at(view_of)].offset() + view_offset);
+      t.set_view_of(view_of);
+    }
+    p_.tensors.push_back(t);
+    ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
+    return ids_[name];
+  }
+  uint32_t Stage(const std::string& name) {
+    Barrier b;
+    b.set_name(name);
+    p_.barriers.push_back(b);
+    p_.groups.push_back(name);
+    return static_cast<uint32_t>(p_.barriers.size() - 1);
+  }
+  template <typename Args>
+  void Emit(isa::Opcode op, const Args& args, uint32_t stage, std::optional<uint32_t> after, const std::string& name) {
+    Node node;
+    node.inst.opcode = static_cast<uint8_t>(op);
+    node.inst.as<Args>() = args;
+    node.inst.signal = stage;
+    if (after) {
+      node.inst.num_waits = 1;
+      node.inst.waits[0] = {*after, 0};
+    }
+    node.op = name;
+    node.group = static_cast<int>(stage);
+    p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
+    p_.nodes.push_back(node);
+  }
+  Program& program() { return p_; }
+
+ private:
+  const Schedule& decode_;
+  uint32_t rows_;
+  Program p_;
+  absl::flat_hash_map<std::string, uint32_t> ids_;
+};
+
+// The rope table the decode schedule holds for `rope` (a compile-time constant: found by its values).
+absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::RopeAttrs& rope) {
+  const std::vector<float> table = graph::RopeTable(rope);
+  for (const Constant& c : decode.constants()) {
+    if (c.values_size() == static_cast<int>(table.size()) && std::equal(table.begin(), table.end(), c.values().begin())) {
+      return c.tensor();
+    }
+  }
+  return absl::FailedPreconditionError("prefill: the schedule has no rope table for the graph's RoPE");
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows) {
+  absl::StatusOr<Plan> plan = ParsePlan(graph);
+  if (!plan.ok()) return plan.status();
+  if (rows == 0 || rows > decode.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("prefill of ", rows, " rows: the KV cache holds ", decode.max_seq()));
+  }
+  PrefillBuilder b(decode, rows);
+  const uint32_t P = rows, hidden = plan->hidden, tiles_m = isa::GemmTiles(P);
+#define LOOM_FIND(var, name)                              \
+  uint32_t var;                                           \
+  {                                                       \
+    absl::StatusOr<uint32_t> found = b.Find(name);        \
+    if (!found.ok()) return found.status();               \
+    var = *found;                                         \
+  }
+  const uint32_t tokens = decode.io().tokens(), state = decode.io().step_state();
+  LOOM_FIND(table, absl::StrCat("packed:", plan->table));
+  LOOM_FIND(lm_head, absl::StrCat("packed:", plan->lm_head));
+  LOOM_FIND(final_norm, Name("vec:", {plan->final_norm}));
+  uint32_t widest_q = 0, widest_inter = 0;
+  for (const Layer& l : plan->layers) widest_q = std::max(widest_q, l.heads * l.head_dim);
+  for (const Layer& l : plan->layers) widest_inter = std::max(widest_inter, l.gate.n);
+  const uint32_t x = b.Scratch("prefill.x", graph::F32, {P, hidden});
+  const uint32_t image_h = b.Scratch("prefill.normed", graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(P, hidden) / 2)});
+  const uint32_t q_rows = b.Scratch("prefill.q", graph::F32, {P, widest_q});
+  const uint32_t image_attn =
+      b.Scratch("prefill.attention", graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(P, widest_q) / 2)});
+  const uint32_t image_s =
+      b.Scratch("prefill.mlp", graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(P, widest_inter) / 2)});
+  const uint32_t last_row = b.Scratch("prefill.last_row", graph::F32, {hidden}, "prefill.x", uint64_t{P - 1} * hidden * 4);
+  const uint32_t pass_state = b.Scratch("prefill.state", graph::I32, {isa::kStepStateWords});
+
+  // Embedding, in chunks of rows.
+  uint32_t prev = b.Stage("embed");
+  for (uint32_t r = 0; r < P; r += kEmbedRowsPerInstruction) {
+    isa::EmbedArgs e{table, tokens, state, x, hidden, plan->vocab, isa::MatvecRowStride(hidden), r,
+                     std::min(kEmbedRowsPerInstruction, P - r)};
+    b.Emit(isa::Opcode::EMBED, e, prev, std::nullopt, "embed");
+  }
+  auto pack = [&](const std::string& name, uint32_t norm, float eps, uint32_t after) {
+    const uint32_t stage = b.Stage(name);
+    for (uint32_t t = 0; t < tiles_m; ++t) {
+      isa::PackRowsArgs a{x, image_h, P, hidden, t, 1, norm, eps};
+      b.Emit(isa::Opcode::PACK_ROWS, a, stage, after, name);
+    }
+    return stage;
+  };
+  // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2.
+  auto gemm = [&](const std::string& name, isa::GemmArgs g, uint32_t after) {
+    const uint32_t stage = b.Stage(name);
+    for (uint32_t n = 0; n < isa::GemmTiles(g.n); ++n) {
+      for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
+        g.m_tile = m;
+        g.n_tile = n;
+        b.Emit(isa::Opcode::GEMM, g, stage, after, name);
+      }
+    }
+    return stage;
+  };
+  auto bias_of = [&](const std::vector<std::string>& sources) -> absl::StatusOr<uint32_t> {
+    if (sources.empty() || sources[0].empty()) return isa::kNoTensor;
+    return b.Find(Name("bias:", sources));
+  };
+  for (size_t li = 0; li < plan->layers.size(); ++li) {
+    const Layer& l = plan->layers[li];
+    const LayerWeights w = WeightsOf(l);
+    const std::string n = absl::StrCat("layers.", li, ".");
+    LOOM_FIND(norm1, Name("vec:", {l.norm1}));
+    LOOM_FIND(norm2, Name("vec:", {l.norm2}));
+    LOOM_FIND(w_qkv, Name("image:", w.qkv));
+    LOOM_FIND(w_o, Name("image:", {l.o.weight}));
+    LOOM_FIND(w_gu, Name("image:", w.gate_up));
+    LOOM_FIND(w_down, Name("image:", {l.down.weight}));
+    LOOM_FIND(k_cache, l.k_cache);
+    LOOM_FIND(v_cache, l.v_cache);
+    absl::StatusOr<std::string> rope_name = RopeTableName(decode, l.rope);
+    if (!rope_name.ok()) return rope_name.status();
+    LOOM_FIND(rope, *rope_name);
+    absl::StatusOr<uint32_t> b_qkv = bias_of(w.qkv_bias), b_o = bias_of({l.o.bias}), b_gu = bias_of(w.gate_up_bias),
+                             b_down = bias_of({l.down.bias});
+    for (const auto* s : {&b_qkv, &b_o, &b_gu, &b_down}) {
+      if (!s->ok()) return s->status();
+    }
+    const uint32_t q_width = l.heads * l.head_dim;
+
+    uint32_t stage = pack(n + "attn_norm", norm1, l.eps1, prev);
+    isa::GemmArgs qkv{};
+    qkv.a = image_h;
+    qkv.weight = w_qkv;
+    qkv.out = q_rows;
+    qkv.m = P;
+    qkv.n = l.q.n + l.k.n + l.v.n;
+    qkv.k = hidden;
+    qkv.bias = *b_qkv;
+    qkv.residual = isa::kNoTensor;
+    qkv.epilogue = isa::kGemmRopeKvAppend;
+    qkv.k_cache = k_cache;
+    qkv.v_cache = v_cache;
+    qkv.step_state = state;
+    qkv.rope_table = rope;
+    qkv.heads_per_group = l.heads / l.kv_heads;
+    qkv.num_kv_heads = l.kv_heads;
+    qkv.head_dim = l.head_dim;
+    qkv.max_seq = decode.max_seq();
+    stage = gemm(n + "qkv", qkv, stage);
+
+    const uint32_t flash = b.Stage(n + "attn");
+    for (uint32_t t = 0; t * isa::kFlashRows < P; ++t) {
+      for (uint32_t h = 0; h < l.heads; ++h) {
+        isa::FlashAttnArgs f{q_rows, k_cache, v_cache, state, image_attn, P, t, h, l.heads, l.kv_heads, l.head_dim,
+                             decode.max_seq(), l.scale};
+        b.Emit(isa::Opcode::FLASH_ATTN, f, flash, stage, n + "attn");
+      }
+    }
+    isa::GemmArgs o{};
+    o.a = image_attn;
+    o.weight = w_o;
+    o.out = x;
+    o.residual = x;  // in place: each element is read, then written, by the same thread
+    o.m = P;
+    o.n = hidden;
+    o.k = q_width;
+    o.bias = *b_o;
+    o.epilogue = isa::kGemmStoreF32;
+    stage = gemm(n + "o", o, flash);
+
+    stage = pack(n + "mlp_norm", norm2, l.eps2, stage);
+    isa::GemmArgs gu{};
+    gu.a = image_h;
+    gu.weight = w_gu;
+    gu.out = image_s;
+    gu.residual = isa::kNoTensor;
+    gu.m = P;
+    gu.n = 2 * l.gate.n;
+    gu.k = hidden;
+    gu.bias = *b_gu;
+    gu.epilogue = isa::kGemmSiluMulToImage;
+    stage = gemm(n + "gate_up", gu, stage);
+    isa::GemmArgs down{};
+    down.a = image_s;
+    down.weight = w_down;
+    down.out = x;
+    down.residual = x;
+    down.m = P;
+    down.n = hidden;
+    down.k = l.gate.n;
+    down.bias = *b_down;
+    down.epilogue = isa::kGemmStoreF32;
+    prev = gemm(n + "down", down, stage);
+  }
+
+  // The last row: final norm + LM head with argmax partials (as a decode step), then the reduce.
+  const uint32_t vocab = plan->vocab, num_sms = decode.num_sms();
+  const uint32_t tile_rows = std::max<uint32_t>(16, (vocab + num_sms - 1) / num_sms + 1) / 2 * 2;
+  const uint32_t tiles = (vocab + tile_rows - 1) / tile_rows;
+  const uint32_t partials = b.Scratch("prefill.partials", graph::F32, {tiles, 2});
+  const uint32_t head = b.Stage("logits");
+  for (uint32_t t = 0; t < tiles; ++t) {
+    isa::MatvecArgs a{};
+    a.weight = lm_head;
+    a.row_begin = t * tile_rows;
+    a.rows = std::min(tile_rows, vocab - a.row_begin);
+    a.k = hidden;
+    a.input = last_row;
+    a.prologue = isa::kPrologueRmsNorm;
+    a.norm_weight = final_norm;
+    a.norm_eps = plan->final_eps;
+    a.epilogue = isa::kEpilogueArgmaxPartial;
+    a.out = decode.io().logits();
+    a.residual = isa::kNoTensor;
+    a.partials = partials;
+    a.tile_index = t;
+    a.bias = isa::kNoTensor;
+    b.Emit(isa::Opcode::MATVEC, a, head, prev, "logits");
+  }
+  const uint32_t end = b.Stage("next_token");
+  b.Emit(isa::Opcode::ARGMAX_REDUCE, isa::ArgmaxReduceArgs{partials, tiles, pass_state, tokens, decode.max_seq()}, end,
+         head, "next_token");
+#undef LOOM_FIND
+
+  Program& p = b.program();
+  for (Node& node : p.nodes) {
+    for (int i = 0; i < node.inst.num_waits; ++i) {
+      isa::Wait& wait = node.inst.waits[i];
+      const uint32_t signals = p.barriers[wait.barrier()].signals_per_step();
+      wait.count_and_stride = signals | (signals << 16);
+    }
+  }
+  // Shared memory: the widest FLASH_ATTN buffers (or LM head tile), pages for the rest.
+  CompileOptions options = decode.options();
+  uint32_t activation = 0;
+  for (const Node& node : p.nodes) activation = std::max(activation, isa::ActivationBytes(node.inst));
+  SmemConfig* smem = options.mutable_smem();
+  smem->set_page_bytes(isa::kGemmSlabBytes);
+  smem->set_activation_bytes(activation);
+  smem->set_activation_slots(1);
+  smem->set_num_pages(kMaxPagesPerSm);
+  while (smem->num_pages() > 2 && SmemTotalBytes(*smem) > kMaxSmemBytes) smem->set_num_pages(smem->num_pages() - 1);
+  for (Node& node : p.nodes) node.cost_ns = CostOf(node.inst, options.cost()).total_ns();
+  const std::vector<std::vector<int>> queues = AssignToSms(p, options);
+
+  Schedule s;
+  s.set_format_version(kScheduleFormatVersion);
+  s.set_model(absl::StrCat(decode.model(), " prefill of ", P, " rows"));
+  *s.mutable_options() = options;
+  s.set_num_sms(decode.num_sms());
+  for (const std::vector<int>& queue : queues) {
+    SmQueue* q = s.add_queues();
+    for (int index : queue) {
+      const Node& node = p.nodes[index];
+      Instruction* inst = q->add_instructions();
+      *inst = EncodeInstruction(node.inst);
+      inst->set_op(node.op);
+      inst->set_cost_ns(node.cost_ns);
+    }
+  }
+  for (Barrier& barrier : p.barriers) *s.add_barriers() = std::move(barrier);
+  for (Tensor& t : p.tensors) *s.add_tensors() = std::move(t);
+  *s.mutable_io() = decode.io();
+  s.set_weight_bytes(decode.weight_bytes());
+  s.set_arena_bytes(p.arena_bytes);
+  s.set_max_seq(decode.max_seq());
+  s.set_vocab_size(decode.vocab_size());
+  s.mutable_prefill()->set_rows(P);
+  s.mutable_prefill()->set_state(pass_state);
+  if (absl::Status st = VerifySchedule(s); !st.ok()) {
+    return absl::InternalError(absl::StrCat("prefill pass failed verification: ", st.message()));
+  }
+  return s;
+}
+
+}  // namespace loom::scheduler

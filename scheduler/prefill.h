@@ -1,0 +1,44 @@
+// Prefill: a prompt of P tokens in ONE pass of tensor-core instructions, which
+// fills the KV cache and produces the first new token; decode then carries on
+// from it. Per layer:
+//
+//   PACK_ROWS (RMSNorm)          x [P, hidden] f32 -> bf16 operand image
+//   GEMM q|k|v, RoPE + KV append  -> rotated q [P, heads * hd], K / V rows into the cache
+//   FLASH_ATTN                    -> the O-projection's operand image
+//   GEMM o + residual             -> x (in place)
+//   PACK_ROWS (RMSNorm)
+//   GEMM gate|up, SiLU-mul        -> the down-projection's operand image
+//   GEMM down + residual          -> x (in place)
+//
+// then the last row's final norm + LM head as MATVEC tiles with argmax partials
+// and ARGMAX_REDUCE, as a decode step ends. The weights each GEMM streams are
+// packed at compile time (AddPrefillWeights: operand images beside the decode
+// weights); the pass itself is lowered at run time for the prompt's exact length
+// (CompilePrefill), as a Schedule whose tensor table extends the decode
+// schedule's (same weights, same KV cache, scratch past the decode arena).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "scheduler/program.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::scheduler {
+
+// OK when the decode graph has a prefill lowering; otherwise why not, naming the op or shape.
+absl::Status PrefillSupported(const graph::Graph& graph);
+
+// Compile time: adds what a prefill pass streams (GEMM operand images of the projections, their biases in the
+// images' row order) to a lowered decode program's WEIGHTS and packing plan.
+absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program);
+
+// True when `decode` was compiled with the prefill weights.
+bool HasPrefillWeights(const Schedule& decode);
+
+// Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step
+// state) for a decode schedule compiled from `graph` with the prefill weights. Verified.
+absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows);
+
+}  // namespace loom::scheduler
