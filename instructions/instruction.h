@@ -445,7 +445,7 @@ struct PackRowsArgs {
 // each 64-key tile of f32 K then V rows through the page ring (one page holds
 // 16384 / (4 * head_dim) keys); the consumers convert each tile to bf16 K and
 // Vᵀ slabs (double-buffered in the activation slot), then each warpgroup runs
-// 64 query rows: S = Q·Kᵀ (Q as register fragments), online softmax, O += P·V.
+// 64 query rows: S = Q·Kᵀ (Q as bf16 slabs in the slot), online softmax, O += P·V.
 // out is the O-projection GEMM's A image (bf16, PackSwizzled layout, 128-row
 // tiles) of [rows, num_heads * head_dim]: head h fills columns [h * hd, +hd).
 inline constexpr uint32_t kFlashRows = 128;  // query rows per instruction: 64 per consumer warpgroup
@@ -467,10 +467,14 @@ struct FlashAttnArgs {
   static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "out", "rows", "row_tile",
                                             "head", "num_heads", "num_kv_heads", "head_dim", "max_seq", "scale"};
 };
-// One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, aligned to the swizzle atom.
+// One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, then the bf16 Q slabs of
+// the 128 query rows [128, hd], aligned to the swizzle atom.
 LOOM_HD uint32_t FlashBufferBytes(uint32_t head_dim) { return 2 * kFlashKeys * head_dim * 2; }
+LOOM_HD uint32_t FlashQueryBytes(uint32_t head_dim) { return kFlashRows * head_dim * 2; }
 inline constexpr uint32_t kSwizzleAtomAlign = 1024;
-LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) { return 2 * FlashBufferBytes(head_dim) + kSwizzleAtomAlign; }
+LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) {
+  return 2 * FlashBufferBytes(head_dim) + FlashQueryBytes(head_dim) + kSwizzleAtomAlign;
+}
 // Keys the tiles of one instruction cover: positions [0, last] with last the position of its last row.
 LOOM_HD uint32_t FlashKeyTiles(uint32_t start, const FlashAttnArgs& a) {
   const uint32_t end_row = (a.row_tile + 1) * kFlashRows < a.rows ? (a.row_tile + 1) * kFlashRows : a.rows;

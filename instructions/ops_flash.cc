@@ -1,6 +1,7 @@
 // Host side of FLASH_ATTN: causal prefill attention over the KV cache, its output
-// in the O-projection GEMM's operand image. The reference rounds q, K and V to
-// bf16 as the device's tensor-core operands are, and keeps the softmax in f32.
+// in the O-projection GEMM's operand image. The reference follows the device's
+// arithmetic: q, K, V and P rounded to bf16 as the tensor cores read them, the
+// online softmax over 64-key tiles in f32.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -42,26 +43,38 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
   const float* kc = m.ptr<float>(a.k_cache) + uint64_t{kv} * a.max_seq * hd;
   const float* vc = m.ptr<float>(a.v_cache) + uint64_t{kv} * a.max_seq * hd;
   uint16_t* image = m.ptr<uint16_t>(a.out);
-  std::vector<float> q(hd), scores, o(hd);
+  // The device's order: 64-key tiles, a running max, exp2 with log2(e) folded into the scale, P rounded to bf16
+  // for P·V while the row sum keeps it in f32.
+  const float log2_scale = a.scale * 1.4426950408889634f;
+  std::vector<float> q(hd), o(hd), s(kFlashKeys);
   const uint32_t end = std::min(a.rows, (a.row_tile + 1) * kFlashRows);
   for (uint32_t r = a.row_tile * kFlashRows; r < end; ++r) {
     const int64_t pos = start + static_cast<int64_t>(r);
     if (pos >= a.max_seq) break;
     for (uint32_t d = 0; d < hd; ++d) q[d] = bf(m.ptr<float>(a.q)[uint64_t{r} * q_width + a.head * hd + d]);
-    scores.assign(pos + 1, 0.0f);
-    float best = -INFINITY;
-    for (int64_t p = 0; p <= pos; ++p) {
-      float s = 0.0f;
-      for (uint32_t d = 0; d < hd; ++d) s += q[d] * bf(kc[p * hd + d]);
-      scores[p] = s;
-      best = std::max(best, s);
-    }
-    float sum = 0.0f;
-    for (float& s : scores) sum += (s = std::exp((s - best) * a.scale));
+    float row_max = -INFINITY, row_sum = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
-    for (int64_t p = 0; p <= pos; ++p) {
-      for (uint32_t d = 0; d < hd; ++d) o[d] += scores[p] * bf(vc[p * hd + d]);
+    for (int64_t key0 = 0; key0 <= pos; key0 += kFlashKeys) {
+      const int64_t keys = std::min<int64_t>(kFlashKeys, pos + 1 - key0);
+      float tile_max = -INFINITY;
+      for (int64_t k = 0; k < keys; ++k) {
+        float dot = 0.0f;
+        for (uint32_t d = 0; d < hd; ++d) dot += q[d] * bf(kc[(key0 + k) * hd + d]);
+        s[k] = dot;
+        tile_max = std::max(tile_max, dot);
+      }
+      const float m_new = std::max(row_max, tile_max);
+      const float correction = std::exp2((row_max - m_new) * log2_scale);
+      row_sum *= correction;
+      for (float& x : o) x *= correction;
+      for (int64_t k = 0; k < keys; ++k) {
+        const float p = std::exp2((s[k] - m_new) * log2_scale);
+        row_sum += p;
+        for (uint32_t d = 0; d < hd; ++d) o[d] += bf(p) * bf(vc[(key0 + k) * hd + d]);
+      }
+      row_max = m_new;
     }
+    const float sum = row_sum;
     for (uint32_t d = 0; d < hd; ++d) {
       image[Swizzled128Offset(q_width, kGemmTileM, r, a.head * hd + d) / 2] = graph::FloatToBf16(o[d] / sum);
     }

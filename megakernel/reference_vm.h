@@ -33,6 +33,11 @@ class ReferenceVm {
   // moves past them, as that many decode steps would.
   absl::Status Prefill(const scheduler::Schedule& pass);
 
+  // A copy of arena bytes (tests compare them with the GPU's).
+  std::vector<uint8_t> ReadArena(uint64_t offset, uint64_t bytes) const {
+    return std::vector<uint8_t>(arena_bytes() + offset, arena_bytes() + offset + bytes);
+  }
+
   int32_t position() const;
   bool overflowed() const;
   // tokens[0, position] : the prompt followed by the generated tokens.

@@ -6,9 +6,9 @@
 // threads convert a tile into bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs in
 // the 128-byte swizzle (two buffers in the activation slot, so one named barrier
 // per tile suffices), then warpgroup g runs its 64 query rows: S = Q·Kᵀ with Q in
-// register fragments, causal mask, online softmax (row max / sum / exp2 in
-// registers), O += P·V with P converted to A fragments. Tiles past a warpgroup's
-// last row are converted but not computed.
+// bf16 slabs beside them (converted once), causal mask, online softmax (row max /
+// sum / exp2 in registers), O += P·V with P converted to A fragments. Tiles past
+// a warpgroup's last row are converted but not computed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,23 +22,24 @@
 namespace loom::megakernel {
 
 // The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
-// (16 KB each: 16384 / (4 * head_dim) keys of f32 rows), clamped to the cache's max_seq rows.
+// (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128), clamped to the cache's max_seq rows.
+inline constexpr uint32_t kFlashPageKeys = 32;  // keys per page: 16 KB of f32 rows at head_dim 128
 struct FlashPages {
   const float* k;  // the KV head's first cache row
   const float* v;
   uint32_t head_dim, max_seq, count;
 
-  __device__ __forceinline__ uint32_t PagesPerTensor() const { return head_dim / 64; }
+  static constexpr uint32_t PagesPerTensor() { return isa::kFlashKeys / kFlashPageKeys; }
   __device__ __forceinline__ uint32_t FirstKey(uint32_t i) const {
     const uint32_t per_tile = 2 * PagesPerTensor();
-    return (i / per_tile) * isa::kFlashKeys + (i % PagesPerTensor()) * (4096 / head_dim);
+    return (i / per_tile) * isa::kFlashKeys + (i % PagesPerTensor()) * kFlashPageKeys;
   }
   __device__ __forceinline__ const void* Source(uint32_t i) const {
     const bool is_v = (i % (2 * PagesPerTensor())) >= PagesPerTensor();
     return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim;
   }
   __device__ __forceinline__ uint32_t Bytes(uint32_t i) const {
-    const uint32_t key = FirstKey(i), keys = 4096 / head_dim;
+    const uint32_t key = FirstKey(i), keys = kFlashPageKeys;
     const uint32_t n = key >= max_seq ? 0 : (max_seq - key < keys ? max_seq - key : keys);
     return n * head_dim * 4;
   }
@@ -49,7 +50,7 @@ __device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, 
   const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads);
   const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim;
   return {m.ptr<float>(a.k_cache) + row, m.ptr<float>(a.v_cache) + row, a.head_dim, a.max_seq,
-          isa::FlashKeyTiles(start, a) * 2 * (a.head_dim / 64)};
+          isa::FlashKeyTiles(start, a) * 2 * FlashPages::PagesPerTensor()};
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -65,8 +66,8 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   using Scores = tile::Accumulator<isa::kFlashKeys>;
   static_assert(KSlab::kK == 64 && VSlab::kK == isa::kFlashKeys, "a slab row is 64 bf16");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 query rows each");
-  constexpr uint32_t kPages = HD / 64;        // pages per tensor per key tile
-  constexpr uint32_t kPageKeys = 4096 / HD;   // keys per 16 KB page of f32 rows
+  constexpr uint32_t kPages = FlashPages::PagesPerTensor();  // pages per tensor per key tile
+  constexpr uint32_t kPageKeys = kFlashPageKeys;
   constexpr uint32_t kKBytes = isa::kFlashKeys * HD * 2;
   static_assert(kPageKeys % 8 == 0 && 2 * kKBytes == 2 * isa::kFlashKeys * HD * 2, "layout");
 
@@ -82,19 +83,21 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   uint8_t* slot = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(ctx.act) + isa::kSwizzleAtomAlign - 1) & ~uintptr_t{isa::kSwizzleAtomAlign - 1});
 
-  // Q rows of this warpgroup as bf16 A fragments (zeros past the prompt).
+  // Q rows of this warpgroup -> its bf16 Q slabs (zeros past the prompt), read by the score wgmma from shared
+  // memory; written before the first tile's barrier, which publishes them with the tile.
+  using QSlab = tile::SmemSlab<64, isa::Swizzle::k128B>;
+  uint8_t* qbuf = slot + 2 * isa::FlashBufferBytes(HD) + wg * (HD / 64) * QSlab::kBytes;
   const uint32_t q_width = a.num_heads * HD;
   const float* q = m.ptr<float>(a.q) + a.head * HD;
-  uint32_t qf[HD / 16][4];
-#pragma unroll
-  for (uint32_t j = 0; j < HD / 16; ++j) {
-#pragma unroll
-    for (uint32_t e = 0; e < 4; ++e) {
-      const uint32_t i = 8 * j + 2 * e, r = row0 + Scores::Row(t, i);
-      float2 v = make_float2(0.0f, 0.0f);
-      if (r < a.rows) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(r) * q_width + Acc::Col(t, i));
-      qf[j][e] = PackBf16(v.x, v.y);
+  for (uint32_t ch = t; ch < 64 * HD / 8; ch += 128) {
+    const uint32_t r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (row0 + r < a.rows) {
+      const float* src = q + static_cast<uint64_t>(row0 + r) * q_width + d0;
+      const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+      packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
     }
+    *reinterpret_cast<uint4*>(qbuf + isa::Swizzled128Offset(HD, 64, r, d0)) = packed;
   }
 
   const float log2_scale = a.scale * 1.4426950408889634f;  // exp(x * scale) = exp2(x * log2_scale)
@@ -141,11 +144,12 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
     tile::WgmmaFence();
 #pragma unroll
     for (uint32_t kk = 0; kk < HD / 16; ++kk) {
-      tile::MmaAsyncRegA<isa::kFlashKeys>(s.d, qf[kk], KSlab{kbuf + (kk / 4) * KSlab::kBytes}.Descriptor(0, kk % 4),
-                                          kk > 0 ? 1u : 0u);
+      tile::MmaAsync<isa::kFlashKeys>(s.d, QSlab{qbuf + (kk / 4) * QSlab::kBytes}.Descriptor(0, kk % 4),
+                                      KSlab{kbuf + (kk / 4) * KSlab::kBytes}.Descriptor(0, kk % 4), kk > 0 ? 1u : 0u);
     }
     tile::WgmmaCommit();
     tile::WgmmaWait<0>();
+    tile::FenceRegisters(s.d);
     const uint32_t first_pos = start + row0;
     if (key0 + isa::kFlashKeys - 1 > first_pos) {  // the tile crosses the diagonal of some row
 #pragma unroll
@@ -165,12 +169,20 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
     uint32_t pf[isa::kFlashKeys / 16][4];
 #pragma unroll
     for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::ToOperandA(s, kk, pf[kk]);
-    tile::WgmmaFence();  // P and the rescaled accumulators were written by this warpgroup's registers
+    // P and the rescaled accumulators are written by ordinary instructions: pinned before the wgmma fence, so
+    // the compiler cannot sink those writes past it (the tensor cores would read the old values).
+    tile::FenceRegisters(o.d);
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
+    tile::WgmmaFence();
     const VSlab vt{vbuf};
 #pragma unroll
     for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::MmaAsyncRegA<HD>(o.d, pf[kk], vt.Descriptor(0, kk), 1u);
     tile::WgmmaCommit();
     tile::WgmmaWait<0>();
+    tile::FenceRegisters(o.d);
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
   }
   if (!active) return;
   tile::ScaleRows(o, tile::RowPair{{1.0f / row_sum.v[0], 1.0f / row_sum.v[1]}});

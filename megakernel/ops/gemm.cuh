@@ -50,6 +50,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     ++next;
     const Slab w{ctx.WaitPage(next)};
     ++next;
+    tile::FenceRegisters(acc.d);
     tile::WgmmaFence();
     tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
     tile::WgmmaCommit();
@@ -60,6 +61,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     }
   }
   tile::WgmmaWait<0>();
+  tile::FenceRegisters(acc.d);
   ctx.ReleasePage();
   ctx.ReleasePage();
 

@@ -24,6 +24,22 @@ __device__ __forceinline__ void WgmmaWait() {
 // Shared memory written with ordinary stores, read next by wgmma or the copy engine.
 __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Pins registers that an in-flight wgmma reads (A fragments) or writes (accumulators). wgmma runs after its asm
+// statement has "returned", so without this the compiler may sink ordinary writes of those registers past the
+// wgmma fence, or copy, move or reuse them between the issue and the wait, and the tensor cores read or write
+// stale ones. Call on the accumulators and A fragments BEFORE WgmmaFence (after the code that wrote them), and
+// after the WgmmaWait that retires them.
+template <uint32_t N>
+__device__ __forceinline__ void FenceRegisters(float (&r)[N]) {
+#pragma unroll
+  for (uint32_t i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <uint32_t N>
+__device__ __forceinline__ void FenceRegisters(uint32_t (&r)[N]) {
+#pragma unroll
+  for (uint32_t i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
 // One m64nNk16 bf16 -> f32 wgmma: d (+)= A · Bᵀ; accumulate = 0 overwrites d.
 template <uint32_t N>
 __device__ __forceinline__ void MmaAsync(float (&d)[N / 2], uint64_t a, uint64_t b, uint32_t accumulate);
