@@ -369,6 +369,16 @@ class PrefillBuilder {
     p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
     p_.nodes.push_back(node);
   }
+  // An instruction with its waits already set.
+  void EmitRaw(const isa::Instruction& inst, uint32_t stage, const std::string& name) {
+    Node node;
+    node.inst = inst;
+    node.inst.signal = stage;
+    node.op = name;
+    node.group = static_cast<int>(stage);
+    p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
+    p_.nodes.push_back(node);
+  }
   Program& program() { return p_; }
 
  private:
@@ -391,7 +401,8 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 
 }  // namespace
 
-absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows) {
+absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+                                        bool all_logits) {
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
@@ -567,8 +578,41 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     b.Emit(isa::Opcode::MATVEC, a, head, prev, "logits");
   }
   const uint32_t end = b.Stage("next_token");
-  b.Emit(isa::Opcode::ARGMAX_REDUCE, isa::ArgmaxReduceArgs{partials, tiles, pass_state, tokens, decode.max_seq()}, end,
-         head, "next_token");
+  isa::Instruction reduce{};  // waits on the last row's logits, and on every row's with all_logits
+  reduce.opcode = static_cast<uint8_t>(isa::Opcode::ARGMAX_REDUCE);
+  reduce.as<isa::ArgmaxReduceArgs>() = {partials, tiles, pass_state, tokens, decode.max_seq()};
+  reduce.num_waits = 1;
+  reduce.waits[0] = {head, 0};
+  if (all_logits) {
+    const uint32_t rows_stage = b.Stage("all_logits");
+    const uint32_t logits = b.Scratch("prefill.logits", graph::F32, {P, vocab});
+    for (uint32_t r = 0; r < P; ++r) {
+      const uint32_t in = b.Scratch(absl::StrCat("prefill.row.", r), graph::F32, {hidden}, "prefill.x",
+                                    uint64_t{r} * hidden * 4);
+      const uint32_t out = b.Scratch(absl::StrCat("prefill.logits.", r), graph::F32, {vocab}, "prefill.logits",
+                                     uint64_t{r} * vocab * 4);
+      for (uint32_t t = 0; t < tiles; ++t) {
+        isa::MatvecArgs a{};
+        a.weight = lm_head;
+        a.row_begin = t * tile_rows;
+        a.rows = std::min(tile_rows, vocab - a.row_begin);
+        a.k = hidden;
+        a.input = in;
+        a.prologue = isa::kPrologueRmsNorm;
+        a.norm_weight = final_norm;
+        a.norm_eps = plan->final_eps;
+        a.epilogue = isa::kEpilogueStore;
+        a.out = out;
+        a.residual = isa::kNoTensor;
+        a.partials = isa::kNoTensor;
+        a.bias = isa::kNoTensor;
+        b.Emit(isa::Opcode::MATVEC, a, rows_stage, prev, "all_logits");
+      }
+    }
+    reduce.num_waits = 2;
+    reduce.waits[1] = {rows_stage, 0};
+  }
+  b.EmitRaw(reduce, end, "next_token");
 #undef LOOM_FIND
 
   Program& p = b.program();

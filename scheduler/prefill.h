@@ -39,6 +39,9 @@ bool HasPrefillWeights(const Schedule& decode);
 
 // Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step
 // state) for a decode schedule compiled from `graph` with the prefill weights. Verified.
-absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows);
+// With all_logits, the pass also writes every row's logits to its tensor "prefill.logits" [rows, vocab] (the LM
+// head streamed once per row: a diagnostic for comparing prompt positions, not for speed).
+absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+                                        bool all_logits = false);
 
 }  // namespace loom::scheduler

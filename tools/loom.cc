@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include "graph/proto_file.h"
 #include "instructions/isa.h"
 #include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
 #include "megakernel/reference_vm.h"
 #include "scheduler/compiler.h"
 #include "scheduler/decoded_schedule.h"
@@ -55,7 +57,8 @@ ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
           "prompt token, as before)");
 ABSL_FLAG(std::string, logits_out, "",
-          "run: write every step's logits here (float32, steps x vocab, little-endian); runs one step per launch");
+          "run: write every position's logits here (float32, (prompt + tokens - 1) x vocab, little-endian): the "
+          "prefill pass computes every prompt row's, then one decode step per launch");
 
 namespace loom {
 namespace {
@@ -305,17 +308,16 @@ int RunCommand() {
   // The prompt's prefill pass, lowered for its exact length.
   std::optional<scheduler::Schedule> pass;
   const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
-  if (absl::GetFlag(FLAGS_prefill) && !logits_out.empty()) {
-    std::fprintf(stderr, "note: --logits_out keeps every prompt position's logits: the prompt runs token by token\n");
-  } else if (absl::GetFlag(FLAGS_prefill)) {
+  if (absl::GetFlag(FLAGS_prefill)) {
     if (!scheduler::HasPrefillWeights(*schedule)) {
       const absl::Status why = scheduler::PrefillSupported(model->graph);
       std::fprintf(stderr, "note: no prefill pass (%s); the prompt runs token by token\n",
                    why.ok() ? "compiled with prefill off" : std::string(why.message()).c_str());
     } else {
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<scheduler::Schedule> p = scheduler::CompilePrefill(model->graph, *schedule,
-                                                                        static_cast<uint32_t>(prompt->size()));
+      // --logits_out keeps every prompt position's logits: the pass computes them all (the LM head once per row).
+      absl::StatusOr<scheduler::Schedule> p = scheduler::CompilePrefill(
+          model->graph, *schedule, static_cast<uint32_t>(prompt->size()), !logits_out.empty());
       if (!p.ok()) return Fail(p.status());
       pass = *std::move(p);
       int instructions = 0;
@@ -333,12 +335,34 @@ int RunCommand() {
   auto keep_logits = [&](const std::vector<float>& l) {
     all_logits.append(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
   };
+  // The pass's logits of every prompt row (steps 0 .. prompt - 1 of a token-by-token run).
+  auto keep_pass_logits = [&](auto read) -> absl::Status {
+    for (const scheduler::Tensor& t : pass->tensors()) {
+      if (t.name() != "prefill.logits") continue;
+      std::string bytes(t.bytes(), '\0');
+      if (absl::Status s = read(t.offset(), bytes.data(), t.bytes()); !s.ok()) return s;
+      all_logits += bytes;
+      return absl::OkStatus();
+    }
+    return absl::InternalError("the prefill pass has no prefill.logits");
+  };
   if (backend == "gpu" && !logits_out.empty()) {
     absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> d = megakernel::GpuDecoder::Create(*schedule, model->weights);
     if (!d.ok()) return Fail(d.status());
     if (absl::Status s = (*d)->Reset(*prompt); !s.ok()) return Fail(s);
     double total = 0;
-    for (int step = 0; step < steps; ++step) {
+    if (pass) {
+      absl::StatusOr<float> ms = (*d)->Prefill(*pass);
+      if (!ms.ok()) return Fail(ms.status());
+      prefill_ms = *ms;
+      if (absl::Status s = keep_pass_logits([&](uint64_t offset, void* data, uint64_t bytes) {
+            return (*d)->machine().ReadArena(offset, data, bytes);
+          });
+          !s.ok()) {
+        return Fail(s);
+      }
+    }
+    for (int step = 0; step < decode_steps; ++step) {
       absl::StatusOr<float> ms = (*d)->Run(1);
       if (!ms.ok()) return Fail(ms.status());
       total += *ms;
@@ -349,7 +373,7 @@ int RunCommand() {
     absl::StatusOr<std::vector<int32_t>> t = (*d)->tokens();
     if (!t.ok()) return Fail(t.status());
     tokens = *t;
-    ms_per_token = total / steps;
+    ms_per_token = decode_steps > 0 ? total / decode_steps : 0;
   } else if (backend == "cpu") {
     absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm =
         megakernel::ReferenceVm::Create(*schedule, model->weights);
@@ -359,6 +383,16 @@ int RunCommand() {
       const auto start = std::chrono::steady_clock::now();
       if (absl::Status s = (*vm)->Prefill(*pass); !s.ok()) return Fail(s);
       prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (!logits_out.empty()) {
+        if (absl::Status s = keep_pass_logits([&](uint64_t offset, void* data, uint64_t bytes) {
+              const std::vector<uint8_t> b = (*vm)->ReadArena(offset, bytes);
+              std::memcpy(data, b.data(), bytes);
+              return absl::OkStatus();
+            });
+            !s.ok()) {
+          return Fail(s);
+        }
+      }
     }
     const auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < decode_steps; ++step) {
