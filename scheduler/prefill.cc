@@ -584,18 +584,34 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   reduce.num_waits = 1;
   reduce.waits[0] = {head, 0};
   if (all_logits) {
-    const uint32_t rows_stage = b.Stage("all_logits");
+    // Tiles as wide as the activation ring holds (it is at least the widest FLASH_ATTN's); a barrier counts at
+    // most kMaxSignalsPerStep signals, so the rows are split over up to three stages the reduce waits on.
+    uint32_t ring = 0;
+    for (const Layer& l : plan->layers) ring = std::max(ring, isa::FlashActivationBytes(l.head_dim));
+    const uint32_t wide_rows =
+        std::min<uint32_t>(vocab, (ring - 4 * isa::MatvecRowStride(hidden)) / 8 / 2 * 2);
+    const uint32_t wide_tiles = (vocab + wide_rows - 1) / wide_rows;
+    const uint32_t rows_per_stage = isa::kMaxSignalsPerStep / wide_tiles;
+    if (P > 3 * rows_per_stage) {
+      return absl::OutOfRangeError(absl::StrCat("prefill: every row's logits for ", P, " rows: at most ",
+                                                3 * rows_per_stage, " rows"));
+    }
     const uint32_t logits = b.Scratch("prefill.logits", graph::F32, {P, vocab});
+    uint32_t rows_stage = 0;
     for (uint32_t r = 0; r < P; ++r) {
+      if (r % rows_per_stage == 0) {
+        rows_stage = b.Stage(absl::StrCat("all_logits.", r / rows_per_stage));
+        reduce.waits[reduce.num_waits++] = {rows_stage, 0};
+      }
       const uint32_t in = b.Scratch(absl::StrCat("prefill.row.", r), graph::F32, {hidden}, "prefill.x",
                                     uint64_t{r} * hidden * 4);
       const uint32_t out = b.Scratch(absl::StrCat("prefill.logits.", r), graph::F32, {vocab}, "prefill.logits",
                                      uint64_t{r} * vocab * 4);
-      for (uint32_t t = 0; t < tiles; ++t) {
+      for (uint32_t t = 0; t < wide_tiles; ++t) {
         isa::MatvecArgs a{};
         a.weight = lm_head;
-        a.row_begin = t * tile_rows;
-        a.rows = std::min(tile_rows, vocab - a.row_begin);
+        a.row_begin = t * wide_rows;
+        a.rows = std::min(wide_rows, vocab - a.row_begin);
         a.k = hidden;
         a.input = in;
         a.prologue = isa::kPrologueRmsNorm;
@@ -609,8 +625,6 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
         b.Emit(isa::Opcode::MATVEC, a, rows_stage, prev, "all_logits");
       }
     }
-    reduce.num_waits = 2;
-    reduce.waits[1] = {rows_stage, 0};
   }
   b.EmitRaw(reduce, end, "next_token");
 #undef LOOM_FIND
