@@ -1,0 +1,158 @@
+// prefill_bench: time to first token with the one-pass prefill, and a long prompt + generation end to end,
+// against Loom's own token-by-token prefill, on one GPU in one process (weights resident, as a server keeps them).
+//   1. TTFT per prompt length P (--prompts): wall clock from the prompt's token ids to the first new token on
+//      the host: lowering the pass for P rows, uploading it, the kernel, reading the token back. Median of
+//      --repeats after a warm-up, fresh random prompts; the kernel's own time (CUDA events) beside it.
+//   2. --e2e_prompt tokens then --e2e_tokens generated: prefill pass + decode in one launch, against the prompt
+//      consumed by decode steps (one launch for prompt and generation). Wall clock, median of --repeats.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "graph/model.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
+#include "scheduler/compiler.h"
+#include "scheduler/prefill.h"
+
+ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or a Hugging Face folder");
+ABSL_FLAG(std::string, prompts, "128,512,2048", "comma-separated prompt lengths for time to first token");
+ABSL_FLAG(int32_t, repeats, 5, "timed runs per measurement (median reported)");
+ABSL_FLAG(int32_t, max_seq, 4096, "KV-cache capacity");
+ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
+ABSL_FLAG(int32_t, e2e_tokens, 128, "end to end: tokens generated");
+
+namespace loom {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "prefill_bench: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Main() {
+  std::string why;
+  if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
+  graph::ModelOptions mo;
+  mo.max_seq = absl::GetFlag(FLAGS_max_seq);
+  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  if (!model.ok()) return Fail(model.status());
+  scheduler::CompileOptions options;
+  options.set_max_seq(absl::GetFlag(FLAGS_max_seq));
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), options);
+  if (!s.ok()) return Fail(s.status());
+  if (!scheduler::HasPrefillWeights(*s)) return Fail(scheduler::PrefillSupported(model->graph));
+  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
+  if (!decoder.ok()) return Fail(decoder.status());
+  megakernel::GpuDecoder& d = **decoder;
+  std::mt19937 rng(11);
+  auto random_prompt = [&](int n) {
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = static_cast<int32_t>(rng() % s->vocab_size());
+    return p;
+  };
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+
+  std::printf("model %s, %u SMs\n\ntime to first token (weights resident):\n", absl::GetFlag(FLAGS_model).c_str(),
+              s->num_sms());
+  std::printf("%8s %12s %12s %12s %14s %16s\n", "prompt", "TTFT ms", "kernel ms", "lower ms", "instructions",
+              "tensor TFLOP/s");
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_prompts), ',', absl::SkipEmpty())) {
+    int p;
+    if (!absl::SimpleAtoi(text, &p) || p < 1 || p >= absl::GetFlag(FLAGS_max_seq)) {
+      return Fail(absl::InvalidArgumentError("--prompts: each length must be in [1, max_seq)"));
+    }
+    std::vector<double> ttft, kernel, lower;
+    int instructions = 0;
+    for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
+      const std::vector<int32_t> prompt = random_prompt(p);
+      const auto t0 = Clock::now();
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, p);
+      if (!pass.ok()) return Fail(pass.status());
+      const auto t1 = Clock::now();
+      if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
+      absl::StatusOr<float> ms = d.Prefill(*pass);
+      if (!ms.ok()) return Fail(ms.status());
+      absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
+      if (!tokens.ok()) return Fail(tokens.status());
+      const auto t2 = Clock::now();
+      if (static_cast<int>(tokens->size()) != p + 1) return Fail(absl::InternalError("no first token"));
+      if (r == 0) {
+        for (const scheduler::SmQueue& q : pass->queues()) instructions += q.instructions_size();
+        continue;
+      }
+      ttft.push_back(Ms(t0, t2));
+      kernel.push_back(*ms);
+      lower.push_back(Ms(t0, t1));
+    }
+    // 2 flops per parameter per row (embeddings aside) + causal attention: 2 * 2 * P^2 / 2 * hd * heads per layer.
+    const graph::DecoderConfig& c = model->config;
+    const double linear = 2.0 * (c.Parameters() - double(c.vocab_size) * c.hidden_size) * p;
+    const double attention = 2.0 * double(p) * p * c.head_dim * c.num_heads * c.num_layers;
+    std::printf("%8d %12.3f %12.3f %12.3f %14d %16.1f\n", p, Median(ttft), Median(kernel), Median(lower),
+                instructions, (linear + attention) / (Median(kernel) * 1e-3) / 1e12);
+  }
+
+  const int e2e_prompt = absl::GetFlag(FLAGS_e2e_prompt), e2e_tokens = absl::GetFlag(FLAGS_e2e_tokens);
+  if (e2e_prompt > 0) {
+    if (e2e_prompt + e2e_tokens >= absl::GetFlag(FLAGS_max_seq)) {
+      return Fail(absl::OutOfRangeError("--e2e_prompt + --e2e_tokens exceed --max_seq"));
+    }
+    std::vector<double> with_prefill, token_by_token;
+    std::vector<int32_t> first, second;
+    for (int r = 0; r < repeats + 1; ++r) {
+      const std::vector<int32_t> prompt = random_prompt(e2e_prompt);
+      auto t0 = Clock::now();
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, e2e_prompt);
+      if (!pass.ok()) return Fail(pass.status());
+      if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
+      if (absl::StatusOr<float> ms = d.Prefill(*pass); !ms.ok()) return Fail(ms.status());
+      if (absl::StatusOr<float> ms = d.Run(e2e_tokens - 1); !ms.ok()) return Fail(ms.status());
+      absl::StatusOr<std::vector<int32_t>> a = d.tokens();
+      if (!a.ok()) return Fail(a.status());
+      auto t1 = Clock::now();
+      if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
+      if (absl::StatusOr<float> ms = d.Run(e2e_prompt - 1 + e2e_tokens); !ms.ok()) return Fail(ms.status());
+      absl::StatusOr<std::vector<int32_t>> b = d.tokens();
+      if (!b.ok()) return Fail(b.status());
+      auto t2 = Clock::now();
+      if (r == 0) continue;
+      with_prefill.push_back(Ms(t0, t1));
+      token_by_token.push_back(Ms(t1, t2));
+      first = *a, second = *b;
+    }
+    int same = 0;
+    for (int i = e2e_prompt; i < e2e_prompt + e2e_tokens; ++i) same += first[i] == second[i];
+    std::printf("\n%d-token prompt + %d generated tokens, end to end (wall clock, median of %d):\n", e2e_prompt,
+                e2e_tokens, repeats);
+    std::printf("  prefill pass + decode:        %10.2f ms\n", Median(with_prefill));
+    std::printf("  token-by-token prefill:       %10.2f ms  (%.1fx)\n", Median(token_by_token),
+                Median(token_by_token) / Median(with_prefill));
+    std::printf("  generated tokens identical in both (last run): %d/%d\n", same, e2e_tokens);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return loom::Main();
+}
