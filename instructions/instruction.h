@@ -400,9 +400,14 @@ struct GemmArgs {
   uint32_t num_kv_heads;
   uint32_t head_dim;
   uint32_t max_seq;
+  // Split K: this instruction multiplies K slabs [slab_begin, slab_begin + slab_count) only (slab_count 0: all
+  // of them), for kGemmAccumulateF32, which adds its partial product into out.
+  uint32_t slab_begin;
+  uint32_t slab_count;
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
                                             "residual", "epilogue", "k_cache", "v_cache", "step_state",
-                                            "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq"};
+                                            "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
+                                            "slab_begin", "slab_count"};
 };
 enum GemmEpilogue : uint32_t {
   kGemmStoreF32 = 0,         // out f32 [m, n] as above
@@ -410,9 +415,20 @@ enum GemmEpilogue : uint32_t {
                              // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
   kGemmRopeKvAppend = 2,     // W rows in the grouped QKV layout (QkvGroupedRow): per token row, q rotated into
                              // out f32 [m, heads * head_dim], k rotated and v into the caches at its position
-  kNumGemmEpilogues = 3,
+  kGemmAccumulateF32 = 3,    // out f32 [m, n] += this instruction's K slabs' product (+ bias from the split holding
+                             // slab 0), atomically: split-K over instructions, and a residual add when out holds
+                             // the residual stream (the sum's order, and so its last bits, vary run to run)
+  kNumGemmEpilogues = 4,
 };
 LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
+// The K slabs one GEMM instruction multiplies: [begin, begin + count).
+struct GemmSlabRange {
+  uint32_t begin, count;
+};
+template <typename Args>
+LOOM_HD GemmSlabRange GemmSlabsOf(const Args& g) {
+  return {g.slab_begin, g.slab_count == 0 ? GemmSlabs(g.k) - g.slab_begin : g.slab_count};
+}
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }
 // Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).
 LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
@@ -421,19 +437,20 @@ LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
 
 // Rows of an f32 matrix [m, k] as the bf16 operand image a GEMM reads as A
 // (isa::PackSwizzled layout: 128-byte swizzle, 128-row tiles, zeros past m and
-// k): tiles [tile_begin, tile_begin + tiles) of it, each row optionally
-// RMS-normalised first (x * rsqrt(mean(x²) + eps) * norm_weight), so a norm and
-// the layout change a prefill GEMM needs are one instruction.
+// k): rows [row_begin, row_begin + rows) of it (rows past m, up to the last
+// tile's end, written as zeros), each row optionally RMS-normalised first
+// (x * rsqrt(mean(x²) + eps) * norm_weight), so a norm and the layout change a
+// prefill GEMM needs are one instruction; a pass spreads a matrix over many.
 struct PackRowsArgs {
   uint32_t input;        // f32 [m, k]
   uint32_t out;          // bf16 image of GemmImageBytes(m, k)
   uint32_t m;
   uint32_t k;
-  uint32_t tile_begin;
-  uint32_t tiles;
+  uint32_t row_begin;
+  uint32_t rows;
   uint32_t norm_weight;  // bf16 [k] or kNoTensor
   float norm_eps;
-  static constexpr const char* kFields[] = {"input", "out", "m", "k", "tile_begin", "tiles", "norm_weight",
+  static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
                                             "norm_eps"};
 };
 

@@ -260,7 +260,7 @@ TEST(IsaReference, PackRowsWritesThePackSwizzledImage) {
   std::fill(m.ptr<uint16_t>(out), m.ptr<uint16_t>(out) + image_elems, uint16_t{0x7fc0});  // stale NaNs
   Instruction inst{};
   inst.opcode = static_cast<uint8_t>(Opcode::PACK_ROWS);
-  inst.as<PackRowsArgs>() = {in, out, kM, kK, 0, GemmTiles(kM), kNoTensor, 0.0f};
+  inst.as<PackRowsArgs>() = {in, out, kM, kK, 0, GemmTiles(kM) * kGemmTileM, kNoTensor, 0.0f};
   ExecuteReference(inst, m);
   const std::vector<uint16_t> want = PackSwizzled(rows.data(), kM, kK, kGemmTileM, Swizzle::k128B);
   ASSERT_EQ(want.size(), image_elems);

@@ -1,5 +1,6 @@
 // Host side of the tensor-core opcodes: GEMM (every epilogue) and PACK_ROWS, over swizzled operand images.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -16,6 +17,11 @@ void Validate(const GemmArgs& a, Checker& c) {
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
   c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
+  c.Require(U(a.slab_begin) + (a.slab_count == 0 ? 1 : a.slab_count) <= GemmSlabs(a.k),
+            absl::StrCat("K slabs [", a.slab_begin, ", +", a.slab_count, ") outside the ", GemmSlabs(a.k)));
+  c.Require(a.epilogue == kGemmAccumulateF32 || (a.slab_begin == 0 && a.slab_count == 0),
+            "only the accumulating epilogue may take part of K");
+  if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {
     const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
     c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
@@ -41,9 +47,9 @@ void Validate(const GemmArgs& a, Checker& c) {
 }
 
 void Validate(const PackRowsArgs& a, Checker& c) {
-  c.Require(a.m > 0 && a.k > 0 && a.tiles > 0, "m, k and tiles must be positive");
-  c.Require(U(a.tile_begin) + a.tiles <= GemmTiles(a.m),
-            absl::StrCat("tiles [", a.tile_begin, ", ", U(a.tile_begin) + a.tiles, ") outside the ", GemmTiles(a.m),
+  c.Require(a.m > 0 && a.k > 0 && a.rows > 0, "m, k and rows must be positive");
+  c.Require(U(a.row_begin) + a.rows <= U(GemmTiles(a.m)) * kGemmTileM,
+            absl::StrCat("rows [", a.row_begin, ", ", U(a.row_begin) + a.rows, ") outside the ", GemmTiles(a.m),
                          " row tiles"));
   c.Tensor("input", a.input, F32, U(a.m) * a.k);
   c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.k) / 2);
@@ -54,12 +60,12 @@ void Validate(const PackRowsArgs& a, Checker& c) {
 }
 
 Footprint Cost(const PackRowsArgs& a, uint32_t) {
-  const uint64_t elements = uint64_t{a.tiles} * kGemmTileM * GemmSlabs(a.k) * kGemmSlabK;
+  const uint64_t elements = uint64_t{a.rows} * GemmSlabs(a.k) * kGemmSlabK;
   return {0, 6 * elements, 0, 3 * elements};
 }
 
 Footprint Cost(const GemmArgs& a, uint32_t) {
-  const uint64_t slabs = GemmSlabs(a.k);
+  const uint64_t slabs = GemmSlabsOf(a).count;
   return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
           2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
 }
@@ -69,7 +75,7 @@ void Reference(const PackRowsArgs& a, const MachineView& m) {
   uint16_t* image = m.ptr<uint16_t>(a.out);
   const uint32_t width = GemmSlabs(a.k) * kGemmSlabK;
   std::vector<float> row(a.k);
-  for (uint32_t r = a.tile_begin * kGemmTileM; r < (a.tile_begin + a.tiles) * kGemmTileM; ++r) {
+  for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
     if (r < a.m) {
       std::copy(in + uint64_t{r} * a.k, in + uint64_t{r} * a.k + a.k, row.begin());
       if (a.norm_weight != kNoTensor) RmsNormInto(row.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, row.data());
@@ -93,8 +99,14 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     float gate = 0.0f;
     for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
       float acc = 0.0f;
-      for (uint32_t x = 0; x < a.k; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
-      if (a.bias != kNoTensor) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      const GemmSlabRange slabs = GemmSlabsOf(a);
+      const uint32_t x_end = std::min(a.k, (slabs.begin + slabs.count) * kGemmSlabK);
+      for (uint32_t x = slabs.begin * kGemmSlabK; x < x_end; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
+      if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
+        std::atomic_ref<float>(out[uint64_t{r} * a.n + col]).fetch_add(acc);
+        continue;
+      }
       if (a.epilogue == kGemmRopeKvAppend) {
         row_values[col - a.n_tile * kGemmTileN] = acc;
         continue;

@@ -106,7 +106,7 @@ absl::StatusOr<float> GpuDecoder::Run(int steps, bool trace) {
   return machine_->Run(static_cast<uint32_t>(steps), trace);
 }
 
-absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass) {
+absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
     return absl::InvalidArgumentError("not a prefill pass of this schedule");
@@ -126,7 +126,7 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass) {
   state[isa::kStatePosition] = *start + static_cast<int32_t>(rows) - 1;
   state[isa::kStatePromptLength] = prompt_length_;
   if (absl::Status s = machine_->WriteArena(pass_state, state, sizeof(state)); !s.ok()) return s;
-  absl::StatusOr<float> ms = machine_->RunOnce(*program);
+  absl::StatusOr<float> ms = machine_->RunOnce(*program, trace);
   if (!ms.ok()) return ms;
   if (absl::Status s = machine_->ReadArena(pass_state, state, sizeof(state)); !s.ok()) return s;
   if (state[isa::kStateOverflow] != 0) return absl::OutOfRangeError("prefill: the KV cache overflowed");

@@ -43,7 +43,7 @@ class GpuDecoder {
   // Runs a prefill pass of this schedule (scheduler::CompilePrefill) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them. Returns the kernel time in ms.
-  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass);
+  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false);
   // Decodes `steps` steps in one launch; returns the kernel time in ms.
   absl::StatusOr<float> Run(int steps, bool trace = false);
   absl::StatusOr<int32_t> position() const;

@@ -247,7 +247,7 @@ absl::Status GpuMachine::ReserveArena(uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other) {
+absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
   if (other.queues.size() != program_.queues.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a program for ", other.queues.size(), " SMs on a machine of ",
                                                    program_.queues.size()));
@@ -297,6 +297,13 @@ absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other) {
   params.activation_bytes = other.activation_bytes;
   params.activation_slots = other.activation_slots;
   params.tensor_ops = tensor_ops ? 1 : 0;
+  if (trace && trace_capacity_ < all.size()) {
+    cudaFree(trace_device_);
+    trace_device_ = nullptr;
+    LOOM_CUDA(cudaMalloc(&trace_device_, all.size() * sizeof(TraceEvent)), "allocating the trace");
+    trace_capacity_ = all.size();
+  }
+  params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
   params.error = error_device;
@@ -314,6 +321,12 @@ absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other) {
   if (absl::Status s = CheckError("prefill pass"); !s.ok()) return s;
   if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
   if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
+  if (trace) {
+    trace_.resize(all.size());
+    LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
+              "reading the trace");
+    queue_begin_other_ = begin;
+  }
   return ms;
 }
 

@@ -48,7 +48,8 @@ class GpuMachine {
   // Runs another program once (one step, its own barrier counters from zero) over this machine's weights and
   // arena: a prefill pass, whose tensor table extends this program's with scratch past its arena (the arena
   // grows, keeping its contents). Checked against the device like Create's. Returns the kernel's time in ms.
-  absl::StatusOr<float> RunOnce(const GpuProgram& other);
+  // With `trace`, trace() and queue_begin() then describe this run of `other`.
+  absl::StatusOr<float> RunOnce(const GpuProgram& other, bool trace = false);
   // Grows the arena to `bytes` (new bytes zero), keeping its contents.
   absl::Status ReserveArena(uint64_t bytes);
   // Diagnostic for benchmarks: later runs skip every weight load (matvecs read
@@ -57,6 +58,8 @@ class GpuMachine {
   // Per instruction of the last traced run: [step][concatenated queue index].
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const std::vector<uint32_t>& queue_begin() const { return queue_begin_; }
+  // The queue offsets of the last traced RunOnce.
+  const std::vector<uint32_t>& queue_begin_other() const { return queue_begin_other_; }
   uint32_t num_sms() const { return static_cast<uint32_t>(program_.queues.size()); }
   // The WEIGHTS region on the device (for bandwidth probes over the same bytes).
   const uint8_t* weights_device() const { return weights_; }
@@ -69,6 +72,7 @@ class GpuMachine {
 
   GpuProgram program_;
   std::vector<uint32_t> queue_begin_;
+  std::vector<uint32_t> queue_begin_other_;
   uint32_t smem_bytes_ = 0;
   uint32_t next_step_ = 0;
   bool skip_weight_loads_ = false;

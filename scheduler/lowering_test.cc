@@ -129,6 +129,7 @@ TEST(Lowering, OddWidthsCompileToPaddedRows) {
     absl::StatusOr<Schedule> s = Compile(*g, "odd", CompileOptions());
     ASSERT_TRUE(s.ok()) << hidden << ": " << s.status();
     for (const PackedWeight& p : s->packing()) {
+      if (p.tile_rows() > 0) continue;  // a prefill GEMM's operand image: zero padding inside its slabs
       if (p.cols() > 1) EXPECT_EQ(p.row_stride() % 256, 0u) << p.tensor();
       if (p.cols() == static_cast<uint64_t>(hidden)) EXPECT_EQ(p.row_stride(), (hidden + 255) / 256 * 256u);
     }

@@ -1,6 +1,9 @@
 #include "scheduler/prefill.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -23,7 +26,11 @@ namespace {
 using graph::OpDef;
 
 constexpr uint64_t kAlign = 256;
-constexpr uint32_t kEmbedRowsPerInstruction = 16;
+// Small enough that a stage of a short prompt still spreads over many SMs (a warp per row).
+constexpr uint32_t kEmbedRowsPerInstruction = 4;
+constexpr uint32_t kPackRowsPerInstruction = 16;
+constexpr uint32_t kMaxKSplits = 16;
+static_assert(isa::kGemmTileM % kPackRowsPerInstruction == 0);
 constexpr uint32_t kMaxPagesPerSm = 32;  // the megakernel's page mbarriers
 
 struct Linear {
@@ -402,7 +409,9 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 }  // namespace
 
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
-                                        bool all_logits) {
+                                        const PrefillOptions& prefill_options) {
+  const bool all_logits = prefill_options.all_logits;
+  const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
@@ -443,20 +452,35 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   }
   auto pack = [&](const std::string& name, uint32_t norm, float eps, uint32_t after) {
     const uint32_t stage = b.Stage(name);
-    for (uint32_t t = 0; t < tiles_m; ++t) {
-      isa::PackRowsArgs a{x, image_h, P, hidden, t, 1, norm, eps};
+    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += kPackRowsPerInstruction) {
+      isa::PackRowsArgs a{x, image_h, P, hidden, r, kPackRowsPerInstruction, norm, eps};
       b.Emit(isa::Opcode::PACK_ROWS, a, stage, after, name);
     }
     return stage;
   };
-  // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2.
+  // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2. A residual GEMM
+  // (out += A·Wᵀ in place) with fewer tiles than SMs is split over K as well (a short prompt's O- and down-proj
+  // would otherwise run on a few SMs through all of K), each split adding its part atomically.
   auto gemm = [&](const std::string& name, isa::GemmArgs g, uint32_t after) {
     const uint32_t stage = b.Stage(name);
+    const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmTiles(g.n), slabs = isa::GemmSlabs(g.k);
+    uint32_t splits = 1;
+    if (g.residual == g.out && tiles < decode.num_sms()) {
+      splits = std::min({slabs, (decode.num_sms() + tiles - 1) / tiles, kMaxKSplits});
+      g.epilogue = isa::kGemmAccumulateF32;
+      g.residual = isa::kNoTensor;
+    }
     for (uint32_t n = 0; n < isa::GemmTiles(g.n); ++n) {
       for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
-        g.m_tile = m;
-        g.n_tile = n;
-        b.Emit(isa::Opcode::GEMM, g, stage, after, name);
+        for (uint32_t s = 0; s < splits; ++s) {
+          g.m_tile = m;
+          g.n_tile = n;
+          if (splits > 1) {
+            g.slab_begin = slabs * s / splits;
+            g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
+          }
+          b.Emit(isa::Opcode::GEMM, g, stage, after, name);
+        }
       }
     }
     return stage;
@@ -647,8 +671,10 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   smem->set_activation_slots(1);
   smem->set_num_pages(kMaxPagesPerSm);
   while (smem->num_pages() > 2 && SmemTotalBytes(*smem) > kMaxSmemBytes) smem->set_num_pages(smem->num_pages() - 1);
+  const auto t_emit = std::chrono::steady_clock::now();
   for (Node& node : p.nodes) node.cost_ns = CostOf(node.inst, options.cost()).total_ns();
   const std::vector<std::vector<int>> queues = AssignToSms(p, options);
+  const auto t_assign = std::chrono::steady_clock::now();
 
   Schedule s;
   s.set_format_version(kScheduleFormatVersion);
@@ -674,8 +700,16 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   s.set_vocab_size(decode.vocab_size());
   s.mutable_prefill()->set_rows(P);
   s.mutable_prefill()->set_state(pass_state);
-  if (absl::Status st = VerifySchedule(s); !st.ok()) {
-    return absl::InternalError(absl::StrCat("prefill pass failed verification: ", st.message()));
+  const auto t_build = std::chrono::steady_clock::now();
+  if (prefill_options.verify) {
+    if (absl::Status st = VerifySchedule(s); !st.ok()) {
+      return absl::InternalError(absl::StrCat("prefill pass failed verification: ", st.message()));
+    }
+  }
+  if (getenv("LOOM_PREFILL_TIMING")) {
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    std::fprintf(stderr, "prefill lowering: emit %.1f ms, assign %.1f, build %.1f, verify %.1f\n", ms(t0, t_emit),
+                 ms(t_emit, t_assign), ms(t_assign, t_build), ms(t_build, std::chrono::steady_clock::now()));
   }
   return s;
 }

@@ -37,11 +37,19 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program);
 // True when `decode` was compiled with the prefill weights.
 bool HasPrefillWeights(const Schedule& decode);
 
+struct PrefillOptions {
+  // Also write every row's logits to the pass's tensor "prefill.logits" [rows, vocab] (the LM head streamed once
+  // per row: a diagnostic for comparing prompt positions, not for speed).
+  bool all_logits = false;
+  // Run VerifySchedule on the pass (tensors, every instruction's arguments, deadlock freedom): about as long as
+  // the rest of the lowering. The tests verify passes of every shape they run; `loom run` skips it unless --check.
+  bool verify = true;
+};
+
 // Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step
-// state) for a decode schedule compiled from `graph` with the prefill weights. Verified.
-// With all_logits, the pass also writes every row's logits to its tensor "prefill.logits" [rows, vocab] (the LM
-// head streamed once per row: a diagnostic for comparing prompt positions, not for speed).
+// state) for a decode schedule compiled from `graph` with the prefill weights. A pass depends on the row count
+// only (not the tokens or the start position): a runtime may keep one per prompt length.
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
-                                        bool all_logits = false);
+                                        const PrefillOptions& options = {});
 
 }  // namespace loom::scheduler

@@ -321,9 +321,9 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       }
       std::vector<isa::Instruction> queue;
       const uint32_t m_tiles = isa::GemmTiles(c.m);
-      for (uint32_t t = 0; t < m_tiles; t += 2) {  // two row tiles per instruction, one at the end
-        p.tile_begin = t;
-        p.tiles = std::min(2u, m_tiles - t);
+      for (uint32_t r = 0; r < m_tiles * isa::kGemmTileM; r += 40) {  // 40 rows per instruction, ragged end
+        p.row_begin = r;
+        p.rows = std::min(40u, m_tiles * isa::kGemmTileM - r);
         isa::Instruction inst = Make(isa::Opcode::PACK_ROWS, p);
         inst.signal = 0;
         queue.push_back(inst);
@@ -463,7 +463,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
     const uint32_t x = b.Arena(uint64_t{c.m} * c.hidden);
     b.FillRandom(x);
     isa::PackRowsArgs p{x, b.Arena(isa::GemmImageBytes(c.m, c.hidden) / 2, graph::BF16), c.m, c.hidden, 0,
-                        isa::GemmTiles(c.m), b.Weight(c.hidden), 1e-5f};
+                        isa::GemmTiles(c.m) * isa::kGemmTileM, b.Weight(c.hidden), 1e-5f};
     b.FillRandom(p.norm_weight, 0.5f, 1.5f);
     std::vector<isa::Instruction> queue;
     isa::Instruction pack = Make(isa::Opcode::PACK_ROWS, p);

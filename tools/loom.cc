@@ -49,7 +49,8 @@ ABSL_FLAG(bool, instructions, false, "inspect: also list every instruction with 
 ABSL_FLAG(int32_t, tokens, 16, "run: tokens to generate after the prompt");
 ABSL_FLAG(std::string, prompt, "1", "run: comma-separated prompt token ids");
 ABSL_FLAG(std::string, backend, "cpu", "run: cpu (reference VM) or gpu (the persistent megakernel)");
-ABSL_FLAG(bool, check, false, "run: also decode with the op-by-op oracle and compare tokens");
+ABSL_FLAG(bool, check, false,
+          "run: also verify the prefill pass and decode with the op-by-op oracle, comparing tokens");
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
@@ -316,8 +317,11 @@ int RunCommand() {
     } else {
       const auto start = std::chrono::steady_clock::now();
       // --logits_out keeps every prompt position's logits: the pass computes them all (the LM head once per row).
-      absl::StatusOr<scheduler::Schedule> p = scheduler::CompilePrefill(
-          model->graph, *schedule, static_cast<uint32_t>(prompt->size()), !logits_out.empty());
+      scheduler::PrefillOptions po;
+      po.all_logits = !logits_out.empty();
+      po.verify = absl::GetFlag(FLAGS_check);
+      absl::StatusOr<scheduler::Schedule> p =
+          scheduler::CompilePrefill(model->graph, *schedule, static_cast<uint32_t>(prompt->size()), po);
       if (!p.ok()) return Fail(p.status());
       pass = *std::move(p);
       int instructions = 0;

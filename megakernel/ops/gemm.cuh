@@ -30,8 +30,10 @@ struct GemmPages {
 
 __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
-  return {m.ptr<uint8_t>(g.a) + static_cast<uint64_t>(g.m_tile) * slabs * isa::kGemmSlabBytes,
-          m.ptr<uint8_t>(g.weight) + static_cast<uint64_t>(g.n_tile) * slabs * isa::kGemmSlabBytes, 2 * slabs};
+  const isa::GemmSlabRange range = isa::GemmSlabsOf(g);
+  return {m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(g.m_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
+          m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(g.n_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
+          2 * range.count};
 }
 
 // Inlined into the tensor-core variant of the consumer loop only (Consumers<true>): its 64 accumulator registers
@@ -41,7 +43,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
-  const uint32_t slabs = isa::GemmSlabs(g.k);
+  const uint32_t slabs = isa::GemmSlabsOf(g).count;
   tile::Accumulator<isa::kGemmTileN> acc;
   acc.Zero();
   PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
@@ -112,6 +114,19 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
         if (bias != nullptr) gate += __bfloat162float(bias[c]), up += __bfloat162float(bias[c + 1]);
         *reinterpret_cast<__nv_bfloat16*>(image + isa::Swizzled128Offset(g.n / 2, isa::kGemmTileM, r, c / 2)) =
             __float2bfloat16(Silu(gate) * up);
+      }
+    }
+    return;
+  }
+  if (g.epilogue == isa::kGemmAccumulateF32) {
+    const bool first = g.slab_begin == 0;
+#pragma unroll
+    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; ++i) {
+      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
+      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+      if (r < g.m && c < g.n) {
+        const float v = acc.d[i] + (first && bias != nullptr ? __bfloat162float(bias[c]) : 0.0f);
+        atomicAdd(out + static_cast<uint64_t>(r) * g.n + c, v);
       }
     }
     return;

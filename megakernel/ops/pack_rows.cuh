@@ -19,7 +19,7 @@ __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, Consumer
   uint8_t* image = m.ptr<uint8_t>(a.out);
   const __nv_bfloat16* w = a.norm_weight != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.norm_weight) : nullptr;
   const uint32_t chunks = isa::GemmSlabs(a.k) * isa::kGemmSlabK / 8;  // of the padded row
-  const uint32_t first = a.tile_begin * isa::kGemmTileM, end = first + a.tiles * isa::kGemmTileM;
+  const uint32_t first = a.row_begin, end = a.row_begin + a.rows;
   for (uint32_t r = first + ctx.warp; r < end; r += kConsumerWarps) {
     const float* x = in + static_cast<uint64_t>(r) * a.k;
     float scale = 1.0f;
