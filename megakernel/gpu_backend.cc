@@ -68,7 +68,9 @@ absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::
   return d;
 }
 
-GpuDecoder::~GpuDecoder() = default;
+GpuDecoder::~GpuDecoder() {
+  passes_.clear();  // device buffers, before the machine
+}
 
 absl::Status GpuDecoder::Reset(const std::vector<int32_t>& prompt) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
@@ -82,7 +84,8 @@ absl::Status GpuDecoder::Reset(const std::vector<int32_t>& prompt) {
                                                      schedule_.vocab_size()));
     }
   }
-  if (absl::Status s = machine_->ZeroArena(); !s.ok()) return s;
+  // The decode schedule's tensors (KV cache, state); a prefill pass's scratch needs no clearing.
+  if (absl::Status s = machine_->ZeroArena(schedule_.arena_bytes()); !s.ok()) return s;
   const scheduler::Tensor& tokens = schedule_.tensors(schedule_.io().tokens());
   if (absl::Status s = machine_->WriteArena(tokens.offset(), prompt.data(), prompt.size() * 4); !s.ok()) return s;
   prompt_length_ = static_cast<int32_t>(prompt.size());
@@ -106,6 +109,14 @@ absl::StatusOr<float> GpuDecoder::Run(int steps, bool trace) {
   return machine_->Run(static_cast<uint32_t>(steps), trace);
 }
 
+struct GpuDecoder::CachedPass {
+  uint32_t rows;
+  int instructions;
+  uint64_t arena_bytes;
+  std::unique_ptr<GpuMachine::OnceProgram> program;
+};
+constexpr size_t kCachedPasses = 8;
+
 absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
@@ -118,15 +129,28 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
     return absl::OutOfRangeError(absl::StrCat("position ", *start, " + ", rows,
                                               " prompt rows exceeds the KV cache of ", schedule_.max_seq()));
   }
-  absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
-  if (!program.ok()) return program.status();
+  int instructions = 0;
+  for (const scheduler::SmQueue& q : pass.queues()) instructions += q.instructions_size();
+  CachedPass* cached = nullptr;
+  for (const auto& c : passes_) {
+    if (c->rows == rows && c->instructions == instructions && c->arena_bytes == pass.arena_bytes()) cached = c.get();
+  }
+  if (cached == nullptr || trace) {
+    absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
+    if (!program.ok()) return program.status();
+    absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*program);
+    if (!up.ok()) return up.status();
+    if (passes_.size() >= kCachedPasses) passes_.erase(passes_.begin());
+    passes_.push_back(std::make_unique<CachedPass>(CachedPass{rows, instructions, pass.arena_bytes(), *std::move(up)}));
+    cached = passes_.back().get();
+  }
   if (absl::Status s = machine_->ReserveArena(pass.arena_bytes()); !s.ok()) return s;
   const uint64_t pass_state = pass.tensors(pass.prefill().state()).offset();
   int32_t state[isa::kStepStateWords] = {};
   state[isa::kStatePosition] = *start + static_cast<int32_t>(rows) - 1;
   state[isa::kStatePromptLength] = prompt_length_;
   if (absl::Status s = machine_->WriteArena(pass_state, state, sizeof(state)); !s.ok()) return s;
-  absl::StatusOr<float> ms = machine_->RunOnce(*program, trace);
+  absl::StatusOr<float> ms = machine_->RunOnce(*cached->program, trace);
   if (!ms.ok()) return ms;
   if (absl::Status s = machine_->ReadArena(pass_state, state, sizeof(state)); !s.ok()) return s;
   if (state[isa::kStateOverflow] != 0) return absl::OutOfRangeError("prefill: the KV cache overflowed");

@@ -55,6 +55,9 @@ class GpuDecoder {
   GpuDecoder() = default;
   scheduler::Schedule schedule_;
   std::unique_ptr<GpuMachine> machine_;
+  // Prefill passes already uploaded, by (rows, instructions, arena bytes): a pass depends on its row count only.
+  struct CachedPass;
+  std::vector<std::unique_ptr<CachedPass>> passes_;
   int32_t prompt_length_ = 0;
 };
 

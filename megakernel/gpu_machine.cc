@@ -156,6 +156,11 @@ absl::Status GpuMachine::ReadArena(uint64_t offset, void* data, uint64_t bytes) 
   return absl::OkStatus();
 }
 
+absl::Status GpuMachine::ZeroArena(uint64_t bytes) {
+  LOOM_CUDA(cudaMemset(arena_, 0, std::min(bytes, program_.arena_bytes)), "clearing the arena");
+  return absl::OkStatus();
+}
+
 absl::Status GpuMachine::ZeroArena() {
   LOOM_CUDA(cudaMemset(arena_, 0, std::max<uint64_t>(program_.arena_bytes, 16)), "clearing the arena");
   return absl::OkStatus();
@@ -247,61 +252,76 @@ absl::Status GpuMachine::ReserveArena(uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
+GpuMachine::OnceProgram::~OnceProgram() {
+  for (void* b : buffers) cudaFree(b);
+}
+
+absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(const GpuProgram& other) const {
   if (other.queues.size() != program_.queues.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a program for ", other.queues.size(), " SMs on a machine of ",
                                                    program_.queues.size()));
   }
   if (absl::Status s = CheckProgramForDevice(other); !s.ok()) return s;
-  const uint32_t smem = SmemBytes(other.page_bytes, other.num_pages, other.activation_bytes);
-  if (absl::Status s = ReserveArena(other.arena_bytes); !s.ok()) return s;
+  auto up = std::make_unique<OnceProgram>();
+  up->smem = SmemBytes(other.page_bytes, other.num_pages, other.activation_bytes);
+  up->arena_bytes = other.arena_bytes;
+  up->num_tensors = static_cast<uint32_t>(other.tensors.size());
+  up->num_barriers = std::max<uint32_t>(other.num_barriers, 1);
+  up->page_bytes = other.page_bytes;
+  up->num_pages = other.num_pages;
+  up->activation_bytes = other.activation_bytes;
+  up->activation_slots = other.activation_slots;
   std::vector<isa::Instruction> all;
-  std::vector<uint32_t> begin;
-  bool tensor_ops = false;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
-      tensor_ops |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
+      up->tensor_ops |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
     }
-    begin.push_back(static_cast<uint32_t>(all.size()));
+    up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
-  begin.push_back(static_cast<uint32_t>(all.size()));
-  // Device copies of the program, freed on every path out.
-  struct Buffers {
-    void* p[4] = {nullptr, nullptr, nullptr, nullptr};
-    ~Buffers() {
-      for (void* b : p) cudaFree(b);
-    }
-  } buf;
-  LOOM_CUDA(cudaMalloc(&buf.p[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
-  LOOM_CUDA(cudaMemcpy(buf.p[0], all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice), "queues");
-  LOOM_CUDA(cudaMalloc(&buf.p[1], begin.size() * 4), "queue offsets");
-  LOOM_CUDA(cudaMemcpy(buf.p[1], begin.data(), begin.size() * 4, cudaMemcpyHostToDevice), "queue offsets");
-  LOOM_CUDA(cudaMalloc(&buf.p[2], std::max<size_t>(other.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
-  LOOM_CUDA(cudaMemcpy(buf.p[2], other.tensors.data(), other.tensors.size() * sizeof(isa::TensorDesc),
+  up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
+  void** buf = up->buffers;
+  LOOM_CUDA(cudaMalloc(&buf[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
+  LOOM_CUDA(cudaMemcpy(buf[0], all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice), "queues");
+  LOOM_CUDA(cudaMalloc(&buf[1], up->queue_begin.size() * 4), "queue offsets");
+  LOOM_CUDA(cudaMemcpy(buf[1], up->queue_begin.data(), up->queue_begin.size() * 4, cudaMemcpyHostToDevice),
+            "queue offsets");
+  LOOM_CUDA(cudaMalloc(&buf[2], std::max<size_t>(other.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
+  LOOM_CUDA(cudaMemcpy(buf[2], other.tensors.data(), other.tensors.size() * sizeof(isa::TensorDesc),
                        cudaMemcpyHostToDevice),
             "tensors");
-  LOOM_CUDA(cudaMalloc(&buf.p[3], std::max<uint32_t>(other.num_barriers, 1) * 4), "barrier counters");
-  LOOM_CUDA(cudaMemset(buf.p[3], 0, std::max<uint32_t>(other.num_barriers, 1) * 4), "barrier counters");
+  LOOM_CUDA(cudaMalloc(&buf[3], up->num_barriers * 4), "barrier counters");
+  return up;
+}
 
+absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
+  absl::StatusOr<std::unique_ptr<OnceProgram>> up = Upload(other);
+  if (!up.ok()) return up.status();
+  return RunOnce(**up, trace);
+}
+
+absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
+  if (absl::Status s = ReserveArena(up.arena_bytes); !s.ok()) return s;
+  LOOM_CUDA(cudaMemset(up.buffers[3], 0, up.num_barriers * 4), "barrier counters");
+  const uint64_t total = up.queue_begin.back();
+  const uint32_t smem = up.smem;
   KernelParams params{};
-  params.instructions = static_cast<isa::Instruction*>(buf.p[0]);
-  params.queue_begin = static_cast<uint32_t*>(buf.p[1]);
-  params.machine = {{weights_, arena_}, static_cast<isa::TensorDesc*>(buf.p[2]),
-                    static_cast<uint32_t>(other.tensors.size())};
-  params.counters = static_cast<uint32_t*>(buf.p[3]);
+  params.instructions = static_cast<isa::Instruction*>(up.buffers[0]);
+  params.queue_begin = static_cast<uint32_t*>(up.buffers[1]);
+  params.machine = {{weights_, arena_}, static_cast<isa::TensorDesc*>(up.buffers[2]), up.num_tensors};
+  params.counters = static_cast<uint32_t*>(up.buffers[3]);
   params.first_step = 0;
   params.num_steps = 1;
-  params.page_bytes = other.page_bytes;
-  params.num_pages = other.num_pages;
-  params.activation_bytes = other.activation_bytes;
-  params.activation_slots = other.activation_slots;
-  params.tensor_ops = tensor_ops ? 1 : 0;
-  if (trace && trace_capacity_ < all.size()) {
+  params.page_bytes = up.page_bytes;
+  params.num_pages = up.num_pages;
+  params.activation_bytes = up.activation_bytes;
+  params.activation_slots = up.activation_slots;
+  params.tensor_ops = up.tensor_ops ? 1 : 0;
+  if (trace && trace_capacity_ < total) {
     cudaFree(trace_device_);
     trace_device_ = nullptr;
-    LOOM_CUDA(cudaMalloc(&trace_device_, all.size() * sizeof(TraceEvent)), "allocating the trace");
-    trace_capacity_ = all.size();
+    LOOM_CUDA(cudaMalloc(&trace_device_, total * sizeof(TraceEvent)), "allocating the trace");
+    trace_capacity_ = total;
   }
   params.trace = trace ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
@@ -322,10 +342,10 @@ absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
   if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
   if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
   if (trace) {
-    trace_.resize(all.size());
+    trace_.resize(total);
     LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
               "reading the trace");
-    queue_begin_other_ = begin;
+    queue_begin_other_ = up.queue_begin;
   }
   return ms;
 }

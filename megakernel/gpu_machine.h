@@ -41,6 +41,8 @@ class GpuMachine {
   absl::Status WriteArena(uint64_t offset, const void* data, uint64_t bytes);
   absl::Status ReadArena(uint64_t offset, void* data, uint64_t bytes) const;
   absl::Status ZeroArena();
+  // Zeroes the arena's first `bytes` only (a decode schedule's tensors, not a prefill pass's scratch after them).
+  absl::Status ZeroArena(uint64_t bytes);
 
   // Runs `steps` decode steps in one launch; returns the kernel's time in ms
   // (CUDA events). Barrier counters carry on from the previous run.
@@ -48,8 +50,20 @@ class GpuMachine {
   // Runs another program once (one step, its own barrier counters from zero) over this machine's weights and
   // arena: a prefill pass, whose tensor table extends this program's with scratch past its arena (the arena
   // grows, keeping its contents). Checked against the device like Create's. Returns the kernel's time in ms.
-  // With `trace`, trace() and queue_begin() then describe this run of `other`.
+  // With `trace`, trace() and queue_begin_other() then describe this run of `other`.
   absl::StatusOr<float> RunOnce(const GpuProgram& other, bool trace = false);
+  // A program uploaded for RunOnce, to run many times (a prefill pass per prompt length).
+  struct OnceProgram {
+    ~OnceProgram();
+    void* buffers[4] = {nullptr, nullptr, nullptr, nullptr};  // instructions, queue offsets, tensors, counters
+    std::vector<uint32_t> queue_begin;
+    uint64_t arena_bytes = 0;
+    uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
+             activation_slots = 1;
+    bool tensor_ops = false;
+  };
+  absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;
+  absl::StatusOr<float> RunOnce(const OnceProgram& program, bool trace = false);
   // Grows the arena to `bytes` (new bytes zero), keeping its contents.
   absl::Status ReserveArena(uint64_t bytes);
   // Diagnostic for benchmarks: later runs skip every weight load (matvecs read

@@ -128,6 +128,7 @@ def run_loom(args, folder, prompt, tokens, logits_path=None):
            "--prompt=" + ",".join(map(str, prompt))]
     if logits_path:
         cmd.append(f"--logits_out={logits_path}")
+    cmd.append(f"--prefill={args.prefill}")
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         own = [l for l in out.stderr.splitlines() if l.startswith("loom:")]
@@ -211,6 +212,9 @@ def main():
     ap.add_argument("--backend", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--workdir", default="/tmp/hf_matrix")
     ap.add_argument("--max-rel-error", type=float, default=1e-3)
+    ap.add_argument("--prefill", default="false", choices=["true", "false"],
+                    help="Loom consumes the prompt in one prefill pass (bf16 tensor-core GEMMs: pass a looser "
+                         "--max-rel-error) or token by token (float32, the default here)")
     ap.add_argument("--shard-size", default="2GB", help="save_pretrained's max_shard_size (transformers 5's default "
                     "of 50GB would never shard; 2GB shards every model from ~1B up)")
     ap.add_argument("--markdown", default="", help="also write the table here")

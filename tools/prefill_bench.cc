@@ -8,6 +8,8 @@
 //      consumed by decode steps (one launch for prompt and generation). Wall clock, median of --repeats.
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <string>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -129,6 +131,36 @@ int Main() {
     megakernel::TraceInput in{&*program, &d.machine().queue_begin_other(), &d.machine().trace(), 1, 0};
     if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
     std::printf("\nprefill of %d tokens, traced:\n%s", last_pass, megakernel::TraceSummary(in).c_str());
+    // Per stage (graph op, layers folded together): instructions, SM time busy and waiting, and the stage's span
+    // (first start to last end, summed over layers): what each stage adds to the pass.
+    struct Stage {
+      int count = 0;
+      double busy = 0, wait = 0, span = 0;
+      std::map<std::string, std::pair<uint64_t, uint64_t>> per_layer;  // first start, last end
+    };
+    std::map<std::string, Stage> stages;
+    const std::vector<megakernel::TraceEvent>& ev = d.machine().trace();
+    const std::vector<uint32_t>& begin = d.machine().queue_begin_other();
+    for (int sm = 0; sm < pass->queues_size(); ++sm) {
+      for (int i = 0; i < pass->queues(sm).instructions_size(); ++i) {
+        const std::string& op = pass->queues(sm).instructions(i).op();
+        const size_t dot = op.rfind('.');
+        const std::string name = dot == std::string::npos ? op : op.substr(dot + 1);
+        const megakernel::TraceEvent& e = ev[begin[sm] + i];
+        Stage& st = stages[name];
+        ++st.count;
+        st.busy += static_cast<double>(e.end - e.ready);
+        st.wait += static_cast<double>(e.ready - e.start);
+        auto [it, fresh] = st.per_layer.try_emplace(op, e.start, e.end);
+        if (!fresh) it->second = {std::min(it->second.first, e.start), std::max(it->second.second, e.end)};
+      }
+    }
+    std::printf("\n  %-12s %8s %14s %14s %14s\n", "stage", "count", "busy SM-us", "waiting SM-us", "span us");
+    for (auto& [name, st] : stages) {
+      for (const auto& [op, range] : st.per_layer) st.span += static_cast<double>(range.second - range.first);
+      std::printf("  %-12s %8d %14.0f %14.0f %14.1f\n", name.c_str(), st.count, st.busy / 1e3, st.wait / 1e3,
+                  st.span / 1e3);
+    }
   }
 
   const int e2e_prompt = absl::GetFlag(FLAGS_e2e_prompt), e2e_tokens = absl::GetFlag(FLAGS_e2e_tokens);
