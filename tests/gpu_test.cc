@@ -297,6 +297,44 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   }
 }
 
+// Split-K: each output tile as 3 instructions over uneven K slab ranges, each adding its part (and the bias, from
+// the first) into an output that already holds a residual, as a short prompt's O- and down-projections run.
+TEST(GpuOpcodes, GemmSplitKAccumulates) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t m, n, k; };
+  for (const Case& c : {Case{7, 100, 1000}, Case{129, 256, 8192}, Case{128, 130, 200}}) {
+    const uint32_t seed = Seed();
+    OpBench b(seed);
+    isa::GemmArgs g{};
+    g.a = b.RandomOperandImage(isa::kArenaRegion, c.m, c.k);
+    g.weight = b.RandomOperandImage(isa::kWeightRegion, c.n, c.k);
+    g.out = b.Output(uint64_t{c.m} * c.n);
+    b.FillRandom(g.out);  // the residual stream it adds to
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    g.bias = b.Weight(c.n);
+    b.FillRandom(g.bias);
+    g.residual = isa::kNoTensor;
+    g.epilogue = isa::kGemmAccumulateF32;
+    const uint32_t slabs = isa::GemmSlabs(c.k);
+    std::vector<isa::Instruction> queue;
+    for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
+      for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
+        for (uint32_t s = 0; s < 3; ++s) {
+          g.m_tile = mt;
+          g.n_tile = nt;
+          g.slab_begin = slabs * s * s / 9;  // uneven: 0, 1/9, 4/9 of K
+          g.slab_count = slabs * (s + 1) * (s + 1) / 9 - g.slab_begin;
+          if (g.slab_count == 0) continue;
+          queue.push_back(Make(isa::Opcode::GEMM, g));
+        }
+      }
+    }
+    b.RunAndCompare(queue, absl::StrCat("GEMM split-K M ", c.m, " N ", c.n, " K ", c.k, " seed ", seed));
+  }
+}
+
 // PACK_ROWS (f32 rows, optionally RMS-normalised, to the GEMM's bf16 operand image) then GEMM on it, the GEMM
 // waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K.
 TEST(GpuOpcodes, PackRowsThenGemm) {
