@@ -4,6 +4,7 @@
 // granularities and with every fusion turned off; and the tiny model of every
 // family (padded rows, biases, 7 heads per KV head, YaRN, per-head q/k norms).
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "graph/decode_oracle.h"
@@ -13,6 +14,7 @@
 #include "tests/relative_error.h"
 #include "scheduler/compiler.h"
 #include "scheduler/options.h"
+#include "scheduler/prefill.h"
 
 namespace loom {
 namespace {
@@ -105,6 +107,72 @@ TEST_F(VmOracle, ManyStepsPerRunEqualsOneStepPerRun) {
   ASSERT_TRUE((*vm)->Run(static_cast<int>(kPrompt.size()) - 1 + kNewTokens).ok());
   EXPECT_EQ((*vm)->tokens(), oracle_->tokens);
   EXPECT_FALSE((*vm)->Run(64).ok());  // past the KV cache: refused, not run
+}
+
+// A one-pass prefill of random:tiny (two row tiles, several key tiles), then decode, on the VM against the
+// op-by-op oracle consuming the prompt token by token: the logits of every prompt position (bf16 operand images in
+// the pass: a looser tolerance) and identical greedy tokens. Passes are verified.
+TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
+  graph::ModelOptions mo;
+  mo.max_seq = 256;
+  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  constexpr double kPrefillLogitTolerance = 2e-2;  // measured 3e-3
+  for (int rows : {1, 40, 150}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < rows; ++i) prompt.push_back((i * 7919 + 3) % 1000);
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    for (uint32_t sms : {3u, 132u}) {
+      const std::string what = absl::StrCat(rows, " rows on ", sms, " SMs");
+      scheduler::CompileOptions o;
+      o.set_num_sms(sms);
+      absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
+      ASSERT_TRUE(s.ok()) << s.status();
+      scheduler::PrefillOptions po;
+      po.all_logits = true;
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows, po);
+      ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
+      absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);
+      ASSERT_TRUE(vm.ok());
+      ASSERT_TRUE((*vm)->Reset(prompt).ok());
+      ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+      EXPECT_EQ((*vm)->position(), rows) << what;
+      const scheduler::Tensor* logits = nullptr;
+      for (const scheduler::Tensor& t : pass->tensors()) logits = t.name() == "prefill.logits" ? &t : logits;
+      ASSERT_NE(logits, nullptr);
+      const std::vector<uint8_t> bytes = (*vm)->ReadArena(logits->offset(), logits->bytes());
+      const uint32_t vocab = s->vocab_size();
+      for (int r = 0; r < rows; ++r) {
+        std::vector<float> row(vocab);
+        std::memcpy(row.data(), bytes.data() + uint64_t{4} * vocab * r, 4ull * vocab);
+        ASSERT_LE(RelativeError(row, oracle->logits[r]), kPrefillLogitTolerance) << what << ", position " << r;
+      }
+      ASSERT_TRUE((*vm)->Run(15).ok());
+      EXPECT_EQ((*vm)->tokens(), oracle->tokens) << what;
+    }
+  }
+}
+
+// What the prefill lowering does not cover is refused by name (the prompt then runs token by token).
+TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
+  graph::ModelOptions mo;
+  mo.max_seq = 64;
+  absl::StatusOr<graph::Model> qwen3 = graph::LoadModel("random:tiny-qwen3", mo);
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_NE(scheduler::PrefillSupported(qwen3->graph).message().find("per-head q/k norms"), std::string::npos);
+  absl::StatusOr<graph::Model> mistral = graph::LoadModel("random:tiny-mistral", mo);
+  ASSERT_TRUE(mistral.ok());
+  EXPECT_NE(scheduler::PrefillSupported(mistral->graph).message().find("head_dim 32"), std::string::npos)
+      << scheduler::PrefillSupported(mistral->graph);
+  // Asked for explicitly, compiling refuses; by default it compiles without the prefill weights.
+  scheduler::CompileOptions o;
+  o.set_prefill(true);
+  EXPECT_FALSE(scheduler::Compile(mistral->graph, mistral->spec, o).ok());
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(mistral->graph, mistral->spec, {});
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(scheduler::HasPrefillWeights(*s));
+  EXPECT_FALSE(scheduler::CompilePrefill(mistral->graph, *s, 4).ok());
 }
 
 TEST(VmOracleFamilies, EveryFamilysTinyModelMatchesTheOracleFusedAndUnfused) {
