@@ -374,7 +374,7 @@ class PrefillBuilder {
     node.op = name;
     node.group = static_cast<int>(stage);
     p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
-    p_.nodes.push_back(node);
+    p_.nodes.push_back(std::move(node));
   }
   // An instruction with its waits already set.
   void EmitRaw(const isa::Instruction& inst, uint32_t stage, const std::string& name) {
@@ -683,11 +683,12 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   s.set_num_sms(decode.num_sms());
   for (const std::vector<int>& queue : queues) {
     SmQueue* q = s.add_queues();
+    q->mutable_instructions()->Reserve(static_cast<int>(queue.size()));
     for (int index : queue) {
-      const Node& node = p.nodes[index];
+      Node& node = p.nodes[index];
       Instruction* inst = q->add_instructions();
       *inst = EncodeInstruction(node.inst);
-      inst->set_op(node.op);
+      inst->set_op(std::move(node.op));
       inst->set_cost_ns(node.cost_ns);
     }
   }
