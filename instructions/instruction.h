@@ -396,19 +396,27 @@ struct GemmArgs {
   uint32_t v_cache;
   uint32_t step_state;  // row r is the token at position state[position] + r
   uint32_t rope_table;  // f32 [head_dim / 2 + 1]
-  uint32_t heads_per_group;
-  uint32_t num_kv_heads;
+  // bf16 [2, head_dim]: per-head RMSNorm weights of q then k, applied before RoPE (Qwen3), or kNoTensor. Each
+  // 128-column tile holds whole heads (head_dim divides 128), so a head's norm is a reduction inside the tile.
+  uint32_t qk_norm;
+  uint32_t num_kv_heads;  // query heads per KV head: n / (num_kv_heads * head_dim) - 2 (GemmHeadsPerGroup)
   uint32_t head_dim;
   uint32_t max_seq;
   // Split K: this instruction multiplies K slabs [slab_begin, slab_begin + slab_count) only (slab_count 0: all
   // of them), for kGemmAccumulateF32, which adds its partial product into out.
   uint32_t slab_begin;
   uint32_t slab_count;
+  float norm_eps;  // qk_norm's epsilon
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
                                             "residual", "epilogue", "k_cache", "v_cache", "step_state",
-                                            "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
-                                            "slab_begin", "slab_count"};
+                                            "rope_table", "qk_norm", "num_kv_heads", "head_dim", "max_seq",
+                                            "slab_begin", "slab_count", "norm_eps"};
 };
+template <typename Args>
+LOOM_HD uint32_t GemmHeadsPerGroup(const Args& g) {
+  const uint32_t kv_rows = g.num_kv_heads * g.head_dim;
+  return kv_rows == 0 || g.n / kv_rows < 2 ? 0 : g.n / kv_rows - 2;
+}
 enum GemmEpilogue : uint32_t {
   kGemmStoreF32 = 0,         // out f32 [m, n] as above
   kGemmSiluMulToImage = 1,   // W rows interleave (gate, up) pairs (ROWS_INTERLEAVE_PAIRS): out is the bf16 A

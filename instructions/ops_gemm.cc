@@ -24,11 +24,18 @@ void Validate(const GemmArgs& a, Checker& c) {
   if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {
     const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
-    c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.heads_per_group > 0 && a.num_kv_heads > 0,
+    const uint32_t group = GemmHeadsPerGroup(a);
+    c.Require(a.head_dim > 0 && a.head_dim % 2 == 0 && a.num_kv_heads > 0 && group > 0,
               "RoPE layout needs an even head_dim and positive head counts");
-    c.Require(a.n == (U(a.heads_per_group) + 2) * kv_rows, "n must be the grouped q|k|v rows");
+    c.Require(a.n == (U(group) + 2) * kv_rows, "n must be the grouped q|k|v rows");
     c.Require(a.residual == kNoTensor, "no residual with the RoPE epilogue");
-    c.Tensor("out", a.out, F32, U(a.m) * a.heads_per_group * kv_rows);
+    c.Tensor("out", a.out, F32, U(a.m) * group * kv_rows);
+    if (a.qk_norm != kNoTensor) {
+      c.Require(a.head_dim >= 32 && kGemmTileN % a.head_dim == 0,
+                absl::StrCat("per-head norms need whole heads in a 128-column tile; head_dim ", a.head_dim));
+      c.Require(a.norm_eps > 0, "norm_eps must be positive");
+      c.Tensor("qk_norm", a.qk_norm, BF16, 2ull * a.head_dim);
+    }
     c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
     c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
     c.Tensor("step_state", a.step_state, I32, kStepStateWords);
@@ -125,10 +132,26 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     if (a.epilogue == kGemmRopeKvAppend) {  // the tile's columns of this token, pair by pair
       const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition] + static_cast<int32_t>(r);
       const float* table = m.ptr<float>(a.rope_table);
-      const uint32_t half = a.head_dim / 2, q_width = a.heads_per_group * a.num_kv_heads * a.head_dim;
+      const uint32_t group = GemmHeadsPerGroup(a);
+      const uint32_t half = a.head_dim / 2, q_width = group * a.num_kv_heads * a.head_dim;
+      if (a.qk_norm != kNoTensor) {  // each q and k head of the tile RMS-normed over its head_dim first
+        const uint16_t* w = m.ptr<uint16_t>(a.qk_norm);
+        for (uint32_t h0 = a.n_tile * kGemmTileN; h0 < std::min(a.n, (a.n_tile + 1) * kGemmTileN); h0 += a.head_dim) {
+          const QkvRow head = QkvGroupedRow(h0, group, a.head_dim);
+          if (head.kind == kQkvV) continue;
+          float sum_sq = 0.0f;
+          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) sum_sq += row_values[c - a.n_tile * kGemmTileN] * row_values[c - a.n_tile * kGemmTileN];
+          const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(a.head_dim) + a.norm_eps);
+          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) {
+            const QkvRow q = QkvGroupedRow(c, group, a.head_dim);
+            row_values[c - a.n_tile * kGemmTileN] *=
+                scale * graph::Bf16ToFloat(w[(head.kind == kQkvK ? a.head_dim : 0) + q.dim]);
+          }
+        }
+      }
       for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); col += 2) {
         float v0 = row_values[col - a.n_tile * kGemmTileN], v1 = row_values[col + 1 - a.n_tile * kGemmTileN];
-        const QkvRow q = QkvGroupedRow(col, a.heads_per_group, a.head_dim);
+        const QkvRow q = QkvGroupedRow(col, group, a.head_dim);
         if (q.kind != kQkvV) RotatePair(&v0, &v1, q.dim, pos, table, half);
         if (q.kind == kQkvQ) {
           out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim] = v0;

@@ -49,6 +49,8 @@ struct Layer {
   float scale = 0;
   std::string norm2;
   float eps2 = 0;
+  std::string q_norm, k_norm;  // per-head RMSNorm weights [head_dim] (Qwen3), or empty
+  float qk_eps = 0;
 };
 
 struct Plan {
@@ -82,13 +84,19 @@ Linear LinearOf(const graph::Graph& g, const OpDef& op) {
   return l;
 }
 
+// Through a per-head RMSNorm (group_size > 0) producing `t`, if any: its input, with its weight and eps.
+std::string ThroughHeadNorm(const graph::Graph& g, const std::string& t, std::string* weight, float* eps) {
+  const OpDef* p = g.producer(t);
+  if (p == nullptr || p->type() != graph::RMS_NORM || p->norm().group_size() == 0) return t;
+  *weight = p->inputs(1);
+  *eps = p->norm().eps();
+  return p->inputs(0);
+}
+
 // The LINEAR producing `t` from `input`, or an error naming what is there instead.
 absl::StatusOr<const OpDef*> LinearFrom(const graph::Graph& g, const std::string& t, const std::string& input,
                                         const OpDef& user) {
   const OpDef* p = g.producer(t);
-  if (p != nullptr && p->type() == graph::RMS_NORM) {
-    return Refuse(*p, "per-head q/k norms have no prefill epilogue yet (the prompt runs token by token)");
-  }
   if (p == nullptr || p->type() != graph::LINEAR || p->inputs(0) != input) {
     return Refuse(user, absl::StrCat("input '", t, "' is not a projection of the layer's normed input"));
   }
@@ -133,8 +141,8 @@ absl::StatusOr<Plan> ParsePlan(const graph::Graph& g) {
     const OpDef* attn = nullptr;
     for (const OpDef* lin : linears) {
       for (const OpDef* c : g.consumers(lin->outputs(0))) {
-        if (c->type() == graph::RMS_NORM) {
-          return Refuse(*c, "per-head q/k norms have no prefill epilogue yet (the prompt runs token by token)");
+        if (c->type() == graph::RMS_NORM && c->norm().group_size() > 0) {  // a per-head norm, then RoPE
+          for (const OpDef* r : ConsumersOfType(g, c->outputs(0), graph::ROPE)) c = r;
         }
         if (c->type() == graph::ATTENTION) attn = c;
         if (c->type() == graph::ROPE) {
@@ -158,9 +166,23 @@ absl::StatusOr<Plan> ParsePlan(const graph::Graph& g) {
       return Refuse(*attn, "q and k must come from RoPE ops with the same attributes");
     }
     l.rope = rope_q->rope();
-    absl::StatusOr<const OpDef*> q = LinearFrom(g, rope_q->inputs(0), h, *rope_q);
+    float q_eps = 0, k_eps = 0;
+    const std::string q_in = ThroughHeadNorm(g, rope_q->inputs(0), &l.q_norm, &q_eps);
+    const std::string k_in = ThroughHeadNorm(g, rope_k->inputs(0), &l.k_norm, &k_eps);
+    if (l.q_norm.empty() != l.k_norm.empty() || q_eps != k_eps) {
+      return Refuse(*attn, "q and k must both have per-head norms with the same eps, or neither");
+    }
+    l.qk_eps = q_eps;
+    if (!l.q_norm.empty()) {
+      for (const std::string& w : {l.q_norm, l.k_norm}) {
+        if (graph::NumElements(g.tensor(w)) != at.head_dim()) {
+          return Refuse(*attn, absl::StrCat("per-head norm weight '", w, "' is not [head_dim]"));
+        }
+      }
+    }
+    absl::StatusOr<const OpDef*> q = LinearFrom(g, q_in, h, *rope_q);
     if (!q.ok()) return q.status();
-    absl::StatusOr<const OpDef*> k = LinearFrom(g, rope_k->inputs(0), h, *rope_k);
+    absl::StatusOr<const OpDef*> k = LinearFrom(g, k_in, h, *rope_k);
     if (!k.ok()) return k.status();
     absl::StatusOr<const OpDef*> v = LinearFrom(g, attn->inputs(2), h, *attn);
     if (!v.ok()) return v.status();
@@ -305,6 +327,10 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program) {
       AddPacked(program, Name("bias:", {l.down.bias}), {l.down.bias}, ROWS_IDENTITY, l.down.n, 1, false);
     }
     AddPacked(program, Name("vec:", {l.norm1}), {l.norm1}, ROWS_IDENTITY, plan->hidden, 1, false);
+    if (!l.q_norm.empty()) {
+      AddPacked(program, Name("vec:", {l.q_norm, l.k_norm}), {l.q_norm, l.k_norm}, ROWS_IDENTITY, 2ull * l.head_dim,
+                1, false);
+    }
     AddPacked(program, Name("vec:", {l.norm2}), {l.norm2}, ROWS_IDENTITY, plan->hidden, 1, false);
   }
   AddPacked(program, Name("vec:", {plan->final_norm}), {plan->final_norm}, ROWS_IDENTITY, plan->hidden, 1, false);
@@ -526,7 +552,12 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     qkv.v_cache = v_cache;
     qkv.step_state = state;
     qkv.rope_table = rope;
-    qkv.heads_per_group = l.heads / l.kv_heads;
+    qkv.qk_norm = isa::kNoTensor;
+    if (!l.q_norm.empty()) {
+      LOOM_FIND(qk_norm, Name("vec:", {l.q_norm, l.k_norm}));
+      qkv.qk_norm = qk_norm;
+      qkv.norm_eps = l.qk_eps;
+    }
     qkv.num_kv_heads = l.kv_heads;
     qkv.head_dim = l.head_dim;
     qkv.max_seq = decode.max_seq();

@@ -38,7 +38,7 @@ LONG=$(seq -s, 3 7 900)  # 129 tokens: two row tiles of the prefill pass
   pass "run --check, prefill of 129 tokens" || fail "run --check, prefill of 129 tokens"
 "$LOOM" run --model=random:tiny --tokens=6 --prompt="$LONG" --prefill=false --check 2>/dev/null |
   grep -q "ms/token over 134 steps" && pass "run --prefill=false" || fail "run --prefill=false"
-"$LOOM" run --model=random:tiny-qwen3 --tokens=2 --prompt=5,6,7 2>&1 | grep -q "note: no prefill pass (prefill: op" &&
+"$LOOM" run --model=random:tiny-mistral --tokens=2 --prompt=5,6,7 2>&1 | grep -q "note: no prefill pass (prefill: op.*head_dim 32" &&
   pass "prefill refusal noted" || fail "prefill refusal noted"
 "$LOOM" export --model=random:tiny --out="$WORK/tiny_hf" >/dev/null &&
   "$LOOM" run --model="$WORK/tiny_hf" --tokens=4 2>/dev/null | grep -q "^tokens:" && pass "export + run folder" ||

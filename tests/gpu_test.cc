@@ -393,15 +393,17 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
 }
 
 // The QKV projection of a prefill on the tensor cores: GEMM over the grouped q|k|v rows with the RoPE +
-// KV-append epilogue (token row r at position state + r), with and without q/k/v biases.
+// KV-append epilogue (token row r at position state + r), with and without q/k/v biases, and with Qwen3's
+// per-head q/k RMSNorm (head_dim 64: two heads per 128-column tile; 128: one).
 TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
   SKIP_WITHOUT_GPU();
   for (uint32_t m : {7u, 200u}) {
-    for (bool biased : {false, true}) {
+    for (uint32_t variant = 0; variant < 4; ++variant) {
+      const bool biased = variant % 2 == 1, normed = variant >= 2;
       const uint32_t seed = Seed();
       OpBench b(seed);
-      constexpr uint32_t kGroup = 4, kKv = 2, kDim = 64, kHidden = 256, kSeq = 256;
-      constexpr uint32_t kN = (kGroup + 2) * kKv * kDim;
+      const uint32_t kGroup = 4, kKv = 2, kDim = normed && biased ? 128 : 64, kHidden = 256, kSeq = 256;
+      const uint32_t kN = (kGroup + 2) * kKv * kDim;
       isa::GemmArgs g{};
       g.a = b.RandomOperandImage(isa::kArenaRegion, m, kHidden);
       g.weight = b.RandomOperandImage(isa::kWeightRegion, kN, kHidden);
@@ -419,7 +421,12 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       b.SetState(g.step_state, 3, static_cast<int32_t>(m) + 3);
       g.rope_table = b.Weight(kDim / 2 + 1, graph::F32);
       b.FillRandom(g.rope_table, 0.001f, 1.0f);
-      g.heads_per_group = kGroup;
+      g.qk_norm = isa::kNoTensor;
+      if (normed) {
+        g.qk_norm = b.Weight(2 * kDim);
+        b.FillRandom(g.qk_norm, 0.5f, 1.5f);
+        g.norm_eps = 1e-6f;
+      }
       g.num_kv_heads = kKv;
       g.head_dim = kDim;
       g.max_seq = kSeq;
@@ -432,7 +439,7 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
         }
       }
       b.RunAndCompare(queue, absl::StrCat("GEMM RoPE + KV append, ", m, " tokens", biased ? ", biases" : "",
-                                          " seed ", seed));
+                                          normed ? ", head norms" : "", ", head_dim ", kDim, " seed ", seed));
     }
   }
 }
@@ -706,14 +713,15 @@ TEST_F(GpuSchedules, EveryActivationSlotCountMatchesTheVm) {
 // residual stream after the last layer and the logits of the last prompt row (bf16 operand images on both sides,
 // the device's P·V in bf16: the looser chain tolerance), the first new token, and decode after it.
 TEST_F(GpuSchedules, PrefillMatchesTheVm) {
-  Load("random:tiny", 512);
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {  // tiny-qwen3: per-head q/k norms
+  Load(spec, 512);
   for (uint32_t sms : {132u, 8u}) {
     scheduler::CompileOptions o;
     o.set_num_sms(sms);
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, o);
     ASSERT_TRUE(s.ok()) << s.status();
     for (uint32_t rows : {1u, 20u, 129u, 299u}) {
-      const std::string what = absl::StrCat("prefill of ", rows, " rows on ", sms, " SMs");
+      const std::string what = absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs");
       std::vector<int32_t> prompt;
       for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, rows);
@@ -751,6 +759,7 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
       EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": decode after the prefill";
     }
   }
+}
 }
 
 // Every family's tiny preset (padded rows, biases, 7 heads per KV head, YaRN,

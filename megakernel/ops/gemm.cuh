@@ -13,6 +13,7 @@
 #include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
 #include "megakernel/ops/matvec.cuh"  // Silu, RotatePairDevice
+#include "megakernel/tile/row_ops.cuh"  // QuadSum
 #include "megakernel/tile/slab_mma.cuh"
 
 namespace loom::megakernel {
@@ -76,18 +77,60 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     // Registers 2p, 2p+1 hold columns (c, c + 1) of one token row, c even: a rotation pair of a q or k head
     // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
     const float* table = m.ptr<float>(g.rope_table);
-    const uint32_t half = g.head_dim / 2, q_width = g.heads_per_group * g.num_kv_heads * g.head_dim;
+    const uint32_t group = isa::GemmHeadsPerGroup(g);
+    const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
     const float factor = table[half];
     const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
+    using Acc = tile::Accumulator<isa::kGemmTileN>;
+#pragma unroll
+    for (uint32_t i = 0; i < Acc::kRegs; ++i) {  // biases first: the head norms see them
+      const uint32_t c = col0 + Acc::Col(t, i);
+      if (bias != nullptr && c < g.n) acc.d[i] += __bfloat162float(bias[c]);
+    }
+    if (g.qk_norm != isa::kNoTensor) {
+      // Per-head RMSNorm of q and k heads (Qwen3), before RoPE. The tile holds whole heads (head_dim divides
+      // 128); a thread's registers cover two rows (register pairs (i/2)%2) and, in each head, the columns of its
+      // quad lane: a sum of squares per (row, head slot), then over the quad's 4 lanes.
+      constexpr uint32_t kMaxSlots = isa::kGemmTileN / 32;
+      float sum_sq[2][kMaxSlots] = {};
+#pragma unroll
+      for (uint32_t i = 0; i < Acc::kRegs; ++i) {
+        const uint32_t slot = Acc::Col(t, i) / g.head_dim;
+        const float v = acc.d[i];
+#pragma unroll
+        for (uint32_t s = 0; s < kMaxSlots; ++s) {
+          if (s == slot) sum_sq[(i / 2) % 2][s] += v * v;
+        }
+      }
+      float scale[2][kMaxSlots];
+#pragma unroll
+      for (uint32_t row = 0; row < 2; ++row) {
+#pragma unroll
+        for (uint32_t s = 0; s < kMaxSlots; ++s) {
+          scale[row][s] = rsqrtf(tile::QuadSum(sum_sq[row][s]) / static_cast<float>(g.head_dim) + g.norm_eps);
+        }
+      }
+      const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(g.qk_norm);
+#pragma unroll
+      for (uint32_t i = 0; i < Acc::kRegs; ++i) {
+        const uint32_t c = col0 + Acc::Col(t, i), slot = Acc::Col(t, i) / g.head_dim;
+        if (c >= g.n) continue;
+        const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
+        if (q.kind == isa::kQkvV) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (uint32_t k = 0; k < kMaxSlots; ++k) s = k == slot ? scale[(i / 2) % 2][k] : s;
+        acc.d[i] *= s * __bfloat162float(w[(q.kind == isa::kQkvK ? g.head_dim : 0) + q.dim]);
+      }
+    }
 #pragma unroll 4
-    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; i += 2) {
-      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
-      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+    for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+      const uint32_t r = row0 + Acc::Row(t, i);
+      const uint32_t c = col0 + Acc::Col(t, i);
       if (r >= g.m || c >= g.n) continue;
       float v0 = acc.d[i], v1 = acc.d[i + 1];
-      if (bias != nullptr) v0 += __bfloat162float(bias[c]), v1 += __bfloat162float(bias[c + 1]);
       const int32_t pos = pos0 + static_cast<int32_t>(r);
-      const isa::QkvRow q = isa::QkvGroupedRow(c, g.heads_per_group, g.head_dim);
+      const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
       if (q.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, q.dim, pos, table, factor);
       if (q.kind == isa::kQkvQ) {
         float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
