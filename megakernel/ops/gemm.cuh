@@ -53,7 +53,6 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     ++next;
     const Slab w{ctx.WaitPage(next)};
     ++next;
-    tile::FenceRegisters(acc.d);
     tile::WgmmaFence();
     tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
     tile::WgmmaCommit();
@@ -64,7 +63,6 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     }
   }
   tile::WgmmaWait<0>();
-  tile::FenceRegisters(acc.d);
   ctx.ReleasePage();
   ctx.ReleasePage();
 
