@@ -28,8 +28,8 @@ __device__ __forceinline__ void FenceProxyAsyncShared() { asm volatile("fence.pr
 // statement has "returned", so without this the compiler may sink ordinary writes of those registers past the
 // wgmma fence, or copy, move or reuse them between the issue and the wait, and the tensor cores read or write
 // stale ones. Call on the accumulators and A fragments BEFORE WgmmaFence (after the code that wrote them), and
-// after the WgmmaWait that retires them -- never while a wgmma on them is still in flight: ptxas then waits for it
-// (the GEMM's slab pipeline, which keeps one group in flight across iterations, lost 28% that way).
+// after the WgmmaWait that retires them -- never while a wgmma on them is still in flight (ptxas then waits for
+// it: the GEMM's slab loop, which keeps one group in flight across iterations, does not use them).
 template <uint32_t N>
 __device__ __forceinline__ void FenceRegisters(float (&r)[N]) {
 #pragma unroll
