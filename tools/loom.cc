@@ -56,7 +56,7 @@ ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per ker
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
 ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
-          "prompt token, as before)");
+          "prompt token, without packing the prefill weights)");
 ABSL_FLAG(std::string, logits_out, "",
           "run: write every position's logits here (float32, (prompt + tokens - 1) x vocab, little-endian): the "
           "prefill pass computes every prompt row's, then one decode step per launch");
@@ -286,6 +286,7 @@ std::string Join(const std::vector<int32_t>& v, size_t from) {
 int RunCommand() {
   absl::StatusOr<scheduler::CompileOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
+  if (!absl::GetFlag(FLAGS_prefill)) options->set_prefill(false);  // nor pack the prefill pass's weights
   absl::StatusOr<std::vector<int32_t>> prompt = ParsePrompt();
   if (!prompt.ok()) return Fail(prompt.status());
   const int new_tokens = absl::GetFlag(FLAGS_tokens);
