@@ -188,12 +188,6 @@ absl::Status GpuMachine::CheckError(const char* what) const {
 
 absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   const uint64_t total = queue_begin_.back();
-  if (trace && trace_capacity_ < total * steps) {
-    cudaFree(trace_device_);
-    trace_device_ = nullptr;
-    LOOM_CUDA(cudaMalloc(&trace_device_, total * steps * sizeof(TraceEvent)), "allocating the trace");
-    trace_capacity_ = total * steps;
-  }
   KernelParams params{};
   params.instructions = instructions_;
   params.queue_begin = queue_begin_device_;
@@ -207,28 +201,40 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.activation_slots = program_.activation_slots;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.tensor_ops = tensor_ops_ ? 1 : 0;
-  params.trace = trace ? trace_device_ : nullptr;
+  absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
+  if (!ms.ok()) return ms;
+  next_step_ += steps;
+  return ms;
+}
+
+absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events,
+                                             const char* what) {
+  if (trace_events > 0 && trace_capacity_ < trace_events) {
+    cudaFree(trace_device_);
+    trace_device_ = nullptr;
+    LOOM_CUDA(cudaMalloc(&trace_device_, trace_events * sizeof(TraceEvent)), "allocating the trace");
+    trace_capacity_ = trace_events;
+  }
+  params.trace = trace_events > 0 ? trace_device_ : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
   params.error = error_device;
-
   cudaEvent_t start, stop;
   LOOM_CUDA(cudaEventCreate(&start), "event");
   LOOM_CUDA(cudaEventCreate(&stop), "event");
   cudaEventRecord(start);
-  cudaError_t launch = LaunchMegakernel(params, num_sms(), smem_bytes_, nullptr);
+  cudaError_t launch = LaunchMegakernel(params, num_sms(), smem, nullptr);
   cudaEventRecord(stop);
   cudaError_t sync = cudaEventSynchronize(stop);
   float ms = 0;
   cudaEventElapsedTime(&ms, start, stop);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (absl::Status s = CheckError("debug bound reached"); !s.ok()) return s;
+  if (absl::Status s = CheckError(what); !s.ok()) return s;
   if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
   if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
-  next_step_ += steps;
-  if (trace) {
-    trace_.resize(total * steps);
+  if (trace_events > 0) {
+    trace_.resize(trace_events);
     LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
               "reading the trace");
   }
@@ -317,36 +323,8 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   params.activation_bytes = up.activation_bytes;
   params.activation_slots = up.activation_slots;
   params.tensor_ops = up.tensor_ops ? 1 : 0;
-  if (trace && trace_capacity_ < total) {
-    cudaFree(trace_device_);
-    trace_device_ = nullptr;
-    LOOM_CUDA(cudaMalloc(&trace_device_, total * sizeof(TraceEvent)), "allocating the trace");
-    trace_capacity_ = total;
-  }
-  params.trace = trace ? trace_device_ : nullptr;
-  DeviceError* error_device = nullptr;
-  LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
-  params.error = error_device;
-  cudaEvent_t start, stop;
-  LOOM_CUDA(cudaEventCreate(&start), "event");
-  LOOM_CUDA(cudaEventCreate(&stop), "event");
-  cudaEventRecord(start);
-  cudaError_t launch = LaunchMegakernel(params, num_sms(), smem, nullptr);
-  cudaEventRecord(stop);
-  cudaError_t sync = cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (absl::Status s = CheckError("prefill pass"); !s.ok()) return s;
-  if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
-  if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
-  if (trace) {
-    trace_.resize(total);
-    LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
-              "reading the trace");
-    queue_begin_other_ = up.queue_begin;
-  }
+  absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass");
+  if (ms.ok() && trace) queue_begin_other_ = up.queue_begin;
   return ms;
 }
 

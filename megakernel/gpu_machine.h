@@ -83,6 +83,9 @@ class GpuMachine {
   GpuMachine() = default;
   bool tensor_ops_ = false;  // the program has GEMM instructions (KernelParams::tensor_ops)
   absl::Status CheckError(const char* what) const;
+  // Launches with `params` (error record and trace filled in here), times it with CUDA events, checks the error
+  // record; with trace_events > 0, reads that many trace events into trace_.
+  absl::StatusOr<float> LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events, const char* what);
 
   GpuProgram program_;
   std::vector<uint32_t> queue_begin_;

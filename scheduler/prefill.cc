@@ -614,22 +614,29 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   const uint32_t tiles = (vocab + tile_rows - 1) / tile_rows;
   const uint32_t partials = b.Scratch("prefill.partials", graph::F32, {tiles, 2});
   const uint32_t head = b.Stage("logits");
-  for (uint32_t t = 0; t < tiles; ++t) {
+  // One LM-head tile of rows [row_begin, +rows) for one hidden row `input`, with the final norm as its prologue.
+  auto lm_head_tile = [&](uint32_t row_begin, uint32_t rows, uint32_t input, uint32_t out) {
     isa::MatvecArgs a{};
     a.weight = lm_head;
-    a.row_begin = t * tile_rows;
-    a.rows = std::min(tile_rows, vocab - a.row_begin);
+    a.row_begin = row_begin;
+    a.rows = std::min(rows, vocab - row_begin);
     a.k = hidden;
-    a.input = last_row;
+    a.input = input;
     a.prologue = isa::kPrologueRmsNorm;
     a.norm_weight = final_norm;
     a.norm_eps = plan->final_eps;
-    a.epilogue = isa::kEpilogueArgmaxPartial;
-    a.out = decode.io().logits();
+    a.epilogue = isa::kEpilogueStore;
+    a.out = out;
     a.residual = isa::kNoTensor;
+    a.partials = isa::kNoTensor;
+    a.bias = isa::kNoTensor;
+    return a;
+  };
+  for (uint32_t t = 0; t < tiles; ++t) {
+    isa::MatvecArgs a = lm_head_tile(t * tile_rows, tile_rows, last_row, decode.io().logits());
+    a.epilogue = isa::kEpilogueArgmaxPartial;
     a.partials = partials;
     a.tile_index = t;
-    a.bias = isa::kNoTensor;
     b.Emit(isa::Opcode::MATVEC, a, head, prev, "logits");
   }
   const uint32_t end = b.Stage("next_token");
@@ -663,21 +670,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       const uint32_t out = b.Scratch(absl::StrCat("prefill.logits.", r), graph::F32, {vocab}, "prefill.logits",
                                      uint64_t{r} * vocab * 4);
       for (uint32_t t = 0; t < wide_tiles; ++t) {
-        isa::MatvecArgs a{};
-        a.weight = lm_head;
-        a.row_begin = t * wide_rows;
-        a.rows = std::min(wide_rows, vocab - a.row_begin);
-        a.k = hidden;
-        a.input = in;
-        a.prologue = isa::kPrologueRmsNorm;
-        a.norm_weight = final_norm;
-        a.norm_eps = plan->final_eps;
-        a.epilogue = isa::kEpilogueStore;
-        a.out = out;
-        a.residual = isa::kNoTensor;
-        a.partials = isa::kNoTensor;
-        a.bias = isa::kNoTensor;
-        b.Emit(isa::Opcode::MATVEC, a, rows_stage, prev, "all_logits");
+        b.Emit(isa::Opcode::MATVEC, lm_head_tile(t * wide_rows, wide_rows, in, out), rows_stage, prev, "all_logits");
       }
     }
   }
