@@ -53,7 +53,7 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
     for (int index : queue) {
       const Node& node = program->nodes[index];
       Instruction* inst = q->add_instructions();
-      *inst = EncodeInstruction(node.inst);
+      EncodeInstructionInto(node.inst, inst);
       inst->set_op(node.op);
       inst->set_cost_ns(node.cost_ns);
     }

@@ -5,18 +5,22 @@
 
 namespace loom::scheduler {
 
-Instruction EncodeInstruction(const isa::Instruction& inst) {
-  Instruction proto;
-  proto.set_opcode(isa::OpcodeName(inst.op()));
+void EncodeInstructionInto(const isa::Instruction& inst, Instruction* proto) {
+  proto->set_opcode(isa::OpcodeName(inst.op()));
   for (int i = 0; i < inst.num_waits; ++i) {
-    Wait* w = proto.add_waits();
+    Wait* w = proto->add_waits();
     w->set_barrier(inst.waits[i].barrier());
     w->set_count(inst.waits[i].count());
     w->set_previous_step(inst.waits[i].previous_step());
   }
-  if (inst.signal != isa::kNoBarrier) proto.set_signal(inst.signal);
+  if (inst.signal != isa::kNoBarrier) proto->set_signal(inst.signal);
   const int n = isa::ArgCount(inst.op());
-  proto.mutable_args()->Add(inst.args, inst.args + n);
+  proto->mutable_args()->Add(inst.args, inst.args + n);
+}
+
+Instruction EncodeInstruction(const isa::Instruction& inst) {
+  Instruction proto;
+  EncodeInstructionInto(inst, &proto);
   return proto;
 }
 

@@ -20,6 +20,8 @@ struct DecodedSchedule {
 
 // The proto form of one instruction (waits carry counts; strides come from the barrier table).
 Instruction EncodeInstruction(const isa::Instruction& inst);
+// The same into an existing (empty) message: no copy of a temporary.
+void EncodeInstructionInto(const isa::Instruction& inst, Instruction* proto);
 absl::StatusOr<isa::Instruction> DecodeInstruction(const Instruction& proto, const Schedule& schedule);
 absl::StatusOr<DecodedSchedule> DecodeSchedule(const Schedule& schedule);
 

@@ -507,7 +507,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     for (int index : queue) {
       Node& node = p.nodes[index];
       Instruction* inst = q->add_instructions();
-      *inst = EncodeInstruction(node.inst);
+      EncodeInstructionInto(node.inst, inst);
       inst->set_op(std::move(node.op));
       inst->set_cost_ns(node.cost_ns);
     }
