@@ -11,7 +11,8 @@
 
 namespace loom::scheduler {
 
-inline constexpr uint32_t kScheduleFormatVersion = 2;  // 2: padded matvec rows, biases, rope tables, head norms
+inline constexpr uint32_t kScheduleFormatVersion = 3;  // 2: padded matvec rows, biases, rope tables, head norms;
+                                                       // 3: EMBED rows, GEMM split-K / head norms, prefill passes
 
 // `model` names what was compiled (recorded in the schedule). Options are resolved here.
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options);
