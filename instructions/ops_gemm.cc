@@ -94,11 +94,24 @@ void Reference(const PackRowsArgs& a, const MachineView& m) {
 }
 
 void Reference(const GemmArgs& a, const MachineView& m) {
-  const uint16_t* image_a = m.ptr<uint16_t>(a.a);
-  const uint16_t* image_w = m.ptr<uint16_t>(a.weight);
-  auto at = [&](const uint16_t* image, uint32_t r, uint32_t c) {
-    return graph::Bf16ToFloat(image[SwizzledImageOffset(a.k, kGemmTileM, Swizzle::k128B, r, c) / 2]);
+  // The tile's rows of A and W over its K range, read out of the swizzled images once (floats, row-major).
+  const GemmSlabRange slabs = GemmSlabsOf(a);
+  const uint32_t x_begin = slabs.begin * kGemmSlabK, x_end = std::min(a.k, (slabs.begin + slabs.count) * kGemmSlabK);
+  const uint32_t width = x_end - x_begin;
+  auto unswizzle = [&](const uint16_t* image, uint32_t row0, uint32_t rows) {
+    std::vector<float> values(uint64_t{rows} * width);
+    for (uint32_t r = 0; r < rows; ++r) {
+      for (uint32_t x = x_begin; x < x_end; ++x) {
+        values[uint64_t{r} * width + (x - x_begin)] =
+            graph::Bf16ToFloat(image[SwizzledImageOffset(a.k, kGemmTileM, Swizzle::k128B, row0 + r, x) / 2]);
+      }
+    }
+    return values;
   };
+  const uint32_t row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * kGemmTileN;
+  const std::vector<float> tile_a = unswizzle(m.ptr<uint16_t>(a.a), row0, std::min(a.m, row0 + kGemmTileM) - row0);
+  const std::vector<float> tile_w =
+      unswizzle(m.ptr<uint16_t>(a.weight), col0, std::min(a.n, col0 + kGemmTileN) - col0);
   float* out = m.ptr<float>(a.out);
   uint16_t* image = m.ptr<uint16_t>(a.out);
   std::vector<float> row_values(kGemmTileN);
@@ -106,9 +119,9 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     float gate = 0.0f;
     for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
       float acc = 0.0f;
-      const GemmSlabRange slabs = GemmSlabsOf(a);
-      const uint32_t x_end = std::min(a.k, (slabs.begin + slabs.count) * kGemmSlabK);
-      for (uint32_t x = slabs.begin * kGemmSlabK; x < x_end; ++x) acc += at(image_a, r, x) * at(image_w, col, x);
+      const float* ra = tile_a.data() + uint64_t{r - row0} * width;
+      const float* rw = tile_w.data() + uint64_t{col - col0} * width;
+      for (uint32_t x = 0; x < width; ++x) acc += ra[x] * rw[x];
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
       if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
         std::atomic_ref<float>(out[uint64_t{r} * a.n + col]).fetch_add(acc);
