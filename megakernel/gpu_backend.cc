@@ -135,7 +135,7 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
   for (const auto& c : passes_) {
     if (c->rows == rows && c->instructions == instructions && c->arena_bytes == pass.arena_bytes()) cached = c.get();
   }
-  if (cached == nullptr || trace) {
+  if (cached == nullptr) {
     absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
     if (!program.ok()) return program.status();
     absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*program);

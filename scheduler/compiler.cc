@@ -15,6 +15,40 @@
 
 namespace loom::scheduler {
 
+Schedule AssembleSchedule(Program& program, const CompileOptions& options, const std::string& model) {
+  for (Node& node : program.nodes) node.cost_ns = CostOf(node.inst, options.cost()).total_ns();
+  const std::vector<std::vector<int>> queues = AssignToSms(program, options);
+  Schedule s;
+  s.set_format_version(kScheduleFormatVersion);
+  s.set_model(model);
+  *s.mutable_options() = options;
+  s.set_num_sms(options.num_sms());
+  uint64_t streamed = 0;
+  for (const Node& node : program.nodes) streamed += isa::InstructionFootprint(node.inst, 0).weight_bytes;
+  s.set_weight_bytes_per_step(streamed);
+  for (const std::vector<int>& queue : queues) {
+    SmQueue* q = s.add_queues();
+    q->mutable_instructions()->Reserve(static_cast<int>(queue.size()));
+    for (int index : queue) {
+      Node& node = program.nodes[index];
+      Instruction* inst = q->add_instructions();
+      EncodeInstructionInto(node.inst, inst);
+      inst->set_op(std::move(node.op));
+      inst->set_cost_ns(node.cost_ns);
+    }
+  }
+  for (Barrier& b : program.barriers) *s.add_barriers() = std::move(b);
+  for (Tensor& t : program.tensors) *s.add_tensors() = std::move(t);
+  for (PackedWeight& p : program.packing) *s.add_packing() = std::move(p);
+  for (Constant& c : program.constants) *s.add_constants() = std::move(c);
+  *s.mutable_io() = program.io;
+  s.set_weight_bytes(program.weight_bytes);
+  s.set_arena_bytes(program.arena_bytes);
+  s.set_max_seq(program.max_seq);
+  s.set_vocab_size(program.vocab_size);
+  return s;
+}
+
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options) {
   CompileOptions resolved = ResolveOptions(options);
   // A matvec keeps its whole input vector in the activation ring: wide inputs (an 8B model's 14336-wide
@@ -39,37 +73,7 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
       return s;
     }
   }
-  for (Node& node : program->nodes) node.cost_ns = CostOf(node.inst, resolved.cost()).total_ns();
-  const std::vector<std::vector<int>> queues = AssignToSms(*program, resolved);
-
-  Schedule s;
-  s.set_format_version(kScheduleFormatVersion);
-  s.set_model(model);
-  *s.mutable_options() = resolved;
-  s.set_num_sms(resolved.num_sms());
-  for (const std::vector<int>& queue : queues) {
-    SmQueue* q = s.add_queues();
-    q->mutable_instructions()->Reserve(static_cast<int>(queue.size()));
-    for (int index : queue) {
-      const Node& node = program->nodes[index];
-      Instruction* inst = q->add_instructions();
-      EncodeInstructionInto(node.inst, inst);
-      inst->set_op(node.op);
-      inst->set_cost_ns(node.cost_ns);
-    }
-  }
-  for (Barrier& b : program->barriers) *s.add_barriers() = std::move(b);
-  for (Tensor& t : program->tensors) *s.add_tensors() = std::move(t);
-  for (PackedWeight& p : program->packing) *s.add_packing() = std::move(p);
-  for (Constant& c : program->constants) *s.add_constants() = std::move(c);
-  *s.mutable_io() = program->io;
-  s.set_weight_bytes(program->weight_bytes);
-  s.set_arena_bytes(program->arena_bytes);
-  s.set_max_seq(program->max_seq);
-  s.set_vocab_size(program->vocab_size);
-  uint64_t streamed = 0;
-  for (const Node& node : program->nodes) streamed += isa::InstructionFootprint(node.inst, 0).weight_bytes;
-  s.set_weight_bytes_per_step(streamed);
+  Schedule s = AssembleSchedule(*program, resolved, model);
   if (absl::Status st = VerifySchedule(s); !st.ok()) {
     return absl::InternalError(absl::StrCat("compiled schedule failed verification: ", st.message()));
   }

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "scheduler/program.h"
 #include "scheduler/schedule.pb.h"
 
 namespace loom::scheduler {
@@ -16,6 +17,10 @@ inline constexpr uint32_t kScheduleFormatVersion = 3;  // 2: padded matvec rows,
 
 // `model` names what was compiled (recorded in the schedule). Options are resolved here.
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options);
+
+// Costs a lowered program, assigns it to SMs and assembles the Schedule (queues, barriers, tensors, packing,
+// constants, io, sizes). Consumes the program; the caller verifies.
+Schedule AssembleSchedule(Program& program, const CompileOptions& options, const std::string& model);
 
 // Reads a .pb / .pbtxt schedule and verifies it; errors name the file.
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path);

@@ -1,9 +1,6 @@
 #include "scheduler/prefill.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -138,7 +135,7 @@ namespace {
 // Builds the pass: nodes with one barrier per stage, scratch tensors past the decode arena.
 class PrefillBuilder {
  public:
-  PrefillBuilder(const Schedule& decode, uint32_t rows) : decode_(decode), rows_(rows) {
+  explicit PrefillBuilder(const Schedule& decode) {
     for (int i = 0; i < decode.tensors_size(); ++i) {
       p_.tensors.push_back(decode.tensors(i));
       ids_[decode.tensors(i).name()] = static_cast<uint32_t>(i);
@@ -185,20 +182,16 @@ class PrefillBuilder {
   }
   template <typename Args>
   void Emit(isa::Opcode op, const Args& args, uint32_t stage, std::optional<uint32_t> after, const std::string& name) {
-    Node node;
-    node.inst.opcode = static_cast<uint8_t>(op);
-    node.inst.as<Args>() = args;
-    node.inst.signal = stage;
+    isa::Instruction inst{};
+    inst.opcode = static_cast<uint8_t>(op);
+    inst.as<Args>() = args;
     if (after) {
-      node.inst.num_waits = 1;
-      node.inst.waits[0] = {*after, 0};
+      inst.num_waits = 1;
+      inst.waits[0] = {*after, 0};
     }
-    node.op = name;
-    node.group = static_cast<int>(stage);
-    p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
-    p_.nodes.push_back(std::move(node));
+    EmitRaw(inst, stage, name);
   }
-  // An instruction with its waits already set.
+  // An instruction with its waits already set (counts filled in when the pass is complete).
   void EmitRaw(const isa::Instruction& inst, uint32_t stage, const std::string& name) {
     Node node;
     node.inst = inst;
@@ -206,13 +199,11 @@ class PrefillBuilder {
     node.op = name;
     node.group = static_cast<int>(stage);
     p_.barriers[stage].set_signals_per_step(p_.barriers[stage].signals_per_step() + 1);
-    p_.nodes.push_back(node);
+    p_.nodes.push_back(std::move(node));
   }
   Program& program() { return p_; }
 
  private:
-  const Schedule& decode_;
-  uint32_t rows_;
   Program p_;
   absl::flat_hash_map<std::string, uint32_t> ids_;
 };
@@ -233,13 +224,12 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
   const bool all_logits = prefill_options.all_logits;
-  const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("prefill of ", rows, " rows: the KV cache holds ", decode.max_seq()));
   }
-  PrefillBuilder b(decode, rows);
+  PrefillBuilder b(decode);
   const uint32_t P = rows, hidden = plan->hidden, tiles_m = isa::GemmTiles(P);
 #define LOOM_FIND(var, name)                              \
   uint32_t var;                                           \
@@ -491,46 +481,16 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   smem->set_activation_slots(1);
   smem->set_num_pages(kMaxPagesPerSm);
   while (smem->num_pages() > 2 && SmemTotalBytes(*smem) > kMaxSmemBytes) smem->set_num_pages(smem->num_pages() - 1);
-  const auto t_emit = std::chrono::steady_clock::now();
-  for (Node& node : p.nodes) node.cost_ns = CostOf(node.inst, options.cost()).total_ns();
-  const std::vector<std::vector<int>> queues = AssignToSms(p, options);
-  const auto t_assign = std::chrono::steady_clock::now();
-
-  Schedule s;
-  s.set_format_version(kScheduleFormatVersion);
-  s.set_model(absl::StrCat(decode.model(), " prefill of ", P, " rows"));
-  *s.mutable_options() = options;
-  s.set_num_sms(decode.num_sms());
-  for (const std::vector<int>& queue : queues) {
-    SmQueue* q = s.add_queues();
-    q->mutable_instructions()->Reserve(static_cast<int>(queue.size()));
-    for (int index : queue) {
-      Node& node = p.nodes[index];
-      Instruction* inst = q->add_instructions();
-      EncodeInstructionInto(node.inst, inst);
-      inst->set_op(std::move(node.op));
-      inst->set_cost_ns(node.cost_ns);
-    }
-  }
-  for (Barrier& barrier : p.barriers) *s.add_barriers() = std::move(barrier);
-  for (Tensor& t : p.tensors) *s.add_tensors() = std::move(t);
-  *s.mutable_io() = decode.io();
-  s.set_weight_bytes(decode.weight_bytes());
-  s.set_arena_bytes(p.arena_bytes);
-  s.set_max_seq(decode.max_seq());
-  s.set_vocab_size(decode.vocab_size());
+  p.io = decode.io();
+  p.max_seq = decode.max_seq();
+  p.vocab_size = decode.vocab_size();
+  Schedule s = AssembleSchedule(p, options, absl::StrCat(decode.model(), " prefill of ", P, " rows"));
   s.mutable_prefill()->set_rows(P);
   s.mutable_prefill()->set_state(pass_state);
-  const auto t_build = std::chrono::steady_clock::now();
   if (prefill_options.verify) {
     if (absl::Status st = VerifySchedule(s); !st.ok()) {
       return absl::InternalError(absl::StrCat("prefill pass failed verification: ", st.message()));
     }
-  }
-  if (getenv("LOOM_PREFILL_TIMING")) {
-    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    std::fprintf(stderr, "prefill lowering: emit %.1f ms, assign %.1f, build %.1f, verify %.1f\n", ms(t0, t_emit),
-                 ms(t_emit, t_assign), ms(t_assign, t_build), ms(t_build, std::chrono::steady_clock::now()));
   }
   return s;
 }
