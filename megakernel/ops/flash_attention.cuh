@@ -197,7 +197,9 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   }
 }
 
-__device__ __forceinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
+// Not inlined: its registers (the O accumulator, scores, P fragments) would otherwise be allocated together with
+// the GEMM's in the one consumer loop, and the GEMM's slab loop spilled.
+__device__ __noinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
   if (a.head_dim == 64) RunFlashAttnTile<64>(a, ctx);
   else RunFlashAttnTile<128>(a, ctx);
 }

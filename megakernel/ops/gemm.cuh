@@ -37,6 +37,84 @@ __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const i
           2 * range.count};
 }
 
+// The QKV projection's epilogue (kGemmRopeKvAppend), not inlined: its head-norm reductions would otherwise add
+// registers to the GEMM's slab loop in the shared consumer loop, which then spilled.
+__device__ __noinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const isa::MachineView& m,
+                                                tile::Accumulator<isa::kGemmTileN>& acc, uint32_t t, uint32_t row0,
+                                                uint32_t col0) {
+  float* out = m.ptr<float>(g.out);
+  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
+  // Registers 2p, 2p+1 hold columns (c, c + 1) of one token row, c even: a rotation pair of a q or k head
+  // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
+  const float* table = m.ptr<float>(g.rope_table);
+  const uint32_t group = isa::GemmHeadsPerGroup(g);
+  const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
+  const float factor = table[half];
+  const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
+  using Acc = tile::Accumulator<isa::kGemmTileN>;
+#pragma unroll
+  for (uint32_t i = 0; i < Acc::kRegs; ++i) {  // biases first: the head norms see them
+    const uint32_t c = col0 + Acc::Col(t, i);
+    if (bias != nullptr && c < g.n) acc.d[i] += __bfloat162float(bias[c]);
+  }
+  if (g.qk_norm != isa::kNoTensor) {
+    // Per-head RMSNorm of q and k heads (Qwen3), before RoPE. The tile holds whole heads (head_dim divides
+    // 128); a thread's registers cover two rows (register pairs (i/2)%2) and, in each head, the columns of its
+    // quad lane: a sum of squares per (row, head slot), then over the quad's 4 lanes.
+    constexpr uint32_t kMaxSlots = isa::kGemmTileN / 64;  // head_dim 64 or 128 (validated)
+    float sum_sq[2][kMaxSlots] = {};
+#pragma unroll
+    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
+      const uint32_t slot = Acc::Col(t, i) / g.head_dim;
+      const float v = acc.d[i];
+#pragma unroll
+      for (uint32_t s = 0; s < kMaxSlots; ++s) {
+        if (s == slot) sum_sq[(i / 2) % 2][s] += v * v;
+      }
+    }
+    float scale[2][kMaxSlots];
+#pragma unroll
+    for (uint32_t row = 0; row < 2; ++row) {
+#pragma unroll
+      for (uint32_t s = 0; s < kMaxSlots; ++s) {
+        scale[row][s] = rsqrtf(tile::QuadSum(sum_sq[row][s]) / static_cast<float>(g.head_dim) + g.norm_eps);
+      }
+    }
+    const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(g.qk_norm);
+#pragma unroll
+    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
+      const uint32_t c = col0 + Acc::Col(t, i), slot = Acc::Col(t, i) / g.head_dim;
+      if (c >= g.n) continue;
+      const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
+      if (q.kind == isa::kQkvV) continue;
+      float s = 0.0f;
+#pragma unroll
+      for (uint32_t k = 0; k < kMaxSlots; ++k) s = k == slot ? scale[(i / 2) % 2][k] : s;
+      acc.d[i] *= s * __bfloat162float(w[(q.kind == isa::kQkvK ? g.head_dim : 0) + q.dim]);
+    }
+  }
+#pragma unroll 4
+  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+    const uint32_t r = row0 + Acc::Row(t, i);
+    const uint32_t c = col0 + Acc::Col(t, i);
+    if (r >= g.m || c >= g.n) continue;
+    float v0 = acc.d[i], v1 = acc.d[i + 1];
+    const int32_t pos = pos0 + static_cast<int32_t>(r);
+    const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
+    if (q.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, q.dim, pos, table, factor);
+    if (q.kind == isa::kQkvQ) {
+      float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
+      dst[q.dim] = v0;
+      dst[q.dim + half] = v1;
+    } else if (pos < static_cast<int32_t>(g.max_seq)) {
+      float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) +
+                     (static_cast<uint64_t>(q.head) * g.max_seq + pos) * g.head_dim;
+      cache[q.dim] = v0;
+      cache[q.kind == isa::kQkvK ? q.dim + half : q.dim + 1] = v1;
+    }
+  }
+}
+
 // Inlined into the tensor-core variant of the consumer loop only (Consumers<true>): its 64 accumulator registers
 // would push the decode opcodes of a shared loop into spills, and a call would serialise the wgmma pipeline.
 __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
@@ -72,75 +150,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   const float* residual = g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
   if (g.epilogue == isa::kGemmRopeKvAppend) {
-    // Registers 2p, 2p+1 hold columns (c, c + 1) of one token row, c even: a rotation pair of a q or k head
-    // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
-    const float* table = m.ptr<float>(g.rope_table);
-    const uint32_t group = isa::GemmHeadsPerGroup(g);
-    const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
-    const float factor = table[half];
-    const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
-    using Acc = tile::Accumulator<isa::kGemmTileN>;
-#pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; ++i) {  // biases first: the head norms see them
-      const uint32_t c = col0 + Acc::Col(t, i);
-      if (bias != nullptr && c < g.n) acc.d[i] += __bfloat162float(bias[c]);
-    }
-    if (g.qk_norm != isa::kNoTensor) {
-      // Per-head RMSNorm of q and k heads (Qwen3), before RoPE. The tile holds whole heads (head_dim divides
-      // 128); a thread's registers cover two rows (register pairs (i/2)%2) and, in each head, the columns of its
-      // quad lane: a sum of squares per (row, head slot), then over the quad's 4 lanes.
-      constexpr uint32_t kMaxSlots = isa::kGemmTileN / 32;
-      float sum_sq[2][kMaxSlots] = {};
-#pragma unroll
-      for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-        const uint32_t slot = Acc::Col(t, i) / g.head_dim;
-        const float v = acc.d[i];
-#pragma unroll
-        for (uint32_t s = 0; s < kMaxSlots; ++s) {
-          if (s == slot) sum_sq[(i / 2) % 2][s] += v * v;
-        }
-      }
-      float scale[2][kMaxSlots];
-#pragma unroll
-      for (uint32_t row = 0; row < 2; ++row) {
-#pragma unroll
-        for (uint32_t s = 0; s < kMaxSlots; ++s) {
-          scale[row][s] = rsqrtf(tile::QuadSum(sum_sq[row][s]) / static_cast<float>(g.head_dim) + g.norm_eps);
-        }
-      }
-      const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(g.qk_norm);
-#pragma unroll
-      for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-        const uint32_t c = col0 + Acc::Col(t, i), slot = Acc::Col(t, i) / g.head_dim;
-        if (c >= g.n) continue;
-        const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
-        if (q.kind == isa::kQkvV) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (uint32_t k = 0; k < kMaxSlots; ++k) s = k == slot ? scale[(i / 2) % 2][k] : s;
-        acc.d[i] *= s * __bfloat162float(w[(q.kind == isa::kQkvK ? g.head_dim : 0) + q.dim]);
-      }
-    }
-#pragma unroll 4
-    for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
-      const uint32_t r = row0 + Acc::Row(t, i);
-      const uint32_t c = col0 + Acc::Col(t, i);
-      if (r >= g.m || c >= g.n) continue;
-      float v0 = acc.d[i], v1 = acc.d[i + 1];
-      const int32_t pos = pos0 + static_cast<int32_t>(r);
-      const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
-      if (q.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, q.dim, pos, table, factor);
-      if (q.kind == isa::kQkvQ) {
-        float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
-        dst[q.dim] = v0;
-        dst[q.dim + half] = v1;
-      } else if (pos < static_cast<int32_t>(g.max_seq)) {
-        float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) +
-                       (static_cast<uint64_t>(q.head) * g.max_seq + pos) * g.head_dim;
-        cache[q.dim] = v0;
-        cache[q.kind == isa::kQkvK ? q.dim + half : q.dim + 1] = v1;
-      }
-    }
+    GemmRopeKvEpilogue(g, m, acc, t, row0, col0);
     return;
   }
   if (g.epilogue == isa::kGemmSiluMulToImage) {
