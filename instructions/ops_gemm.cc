@@ -31,7 +31,7 @@ void Validate(const GemmArgs& a, Checker& c) {
     c.Require(a.residual == kNoTensor, "no residual with the RoPE epilogue");
     c.Tensor("out", a.out, F32, U(a.m) * group * kv_rows);
     if (a.qk_norm != kNoTensor) {
-      c.Require(a.head_dim >= 32 && kGemmTileN % a.head_dim == 0,
+      c.Require(a.head_dim >= 64 && kGemmTileN % a.head_dim == 0,
                 absl::StrCat("per-head norms need whole heads in a 128-column tile; head_dim ", a.head_dim));
       c.Require(a.norm_eps > 0, "norm_eps must be positive");
       c.Tensor("qk_norm", a.qk_norm, BF16, 2ull * a.head_dim);
