@@ -500,6 +500,12 @@ inline constexpr uint32_t kSwizzleAtomAlign = 1024;
 LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) {
   return 2 * FlashBufferBytes(head_dim) + FlashQueryBytes(head_dim) + kSwizzleAtomAlign;
 }
+// GEMM's RoPE epilogue stages the f32 tile through its activation slot: 128 rows of kGemmStageStride floats (8
+// floats of padding: the accumulator fragment's float2 stores hit no bank twice in a half-warp).
+inline constexpr uint32_t kGemmStageStride = kGemmTileN + 8;
+LOOM_HD uint32_t GemmActivationBytes(const GemmArgs& g) {
+  return g.epilogue == kGemmRopeKvAppend ? kGemmTileM * kGemmStageStride * 4 : 0;
+}
 // Keys the tiles of one instruction cover: positions [0, last] with last the position of its last row.
 LOOM_HD uint32_t FlashKeyTiles(uint32_t start, const FlashAttnArgs& a) {
   const uint32_t end_row = (a.row_tile + 1) * kFlashRows < a.rows ? (a.row_tile + 1) * kFlashRows : a.rows;
@@ -520,6 +526,8 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     bytes = AttnPartialActivationBytes(group, a.head_dim, positions);
   } else if (inst.op() == Opcode::FLASH_ATTN) {
     bytes = FlashActivationBytes(inst.as<FlashAttnArgs>().head_dim);
+  } else if (inst.op() == Opcode::GEMM) {
+    bytes = GemmActivationBytes(inst.as<GemmArgs>());
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

@@ -73,7 +73,7 @@ Footprint Cost(const PackRowsArgs& a, uint32_t) {
 
 Footprint Cost(const GemmArgs& a, uint32_t) {
   const uint64_t slabs = GemmSlabsOf(a).count;
-  return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
+  return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, GemmActivationBytes(a),
           2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
 }
 

@@ -37,6 +37,8 @@ static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups")
 
 // Named barrier ids (0 is __syncthreads).
 inline constexpr uint32_t kConsumerBarrier = 1;
+// kWarpgroupBarrier + g: consumer warpgroup g's 128 threads alone.
+inline constexpr uint32_t kWarpgroupBarrier = 2;
 
 // Matvec: one 16-byte vector (8 bf16) per lane, so a warp covers a 256-column segment.
 inline constexpr uint32_t kSegmentElems = 256;

@@ -197,9 +197,8 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   }
 }
 
-// Not inlined: its registers (the O accumulator, scores, P fragments) would otherwise be allocated together with
-// the GEMM's in the one consumer loop, and the GEMM's slab loop spilled.
-__device__ __noinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
+// Inlined, like RunGemm (see there): a call would serialise every wgmma of the kernel.
+__device__ __forceinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
   if (a.head_dim == 64) RunFlashAttnTile<64>(a, ctx);
   else RunFlashAttnTile<128>(a, ctx);
 }

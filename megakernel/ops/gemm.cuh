@@ -12,7 +12,7 @@
 
 #include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
-#include "megakernel/ops/matvec.cuh"  // Silu, RotatePairDevice
+#include "megakernel/ops/matvec.cuh"  // Silu, RotatePairAt
 #include "megakernel/tile/row_ops.cuh"  // QuadSum
 #include "megakernel/tile/slab_mma.cuh"
 
@@ -37,26 +37,33 @@ __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const i
           2 * range.count};
 }
 
-// The QKV projection's epilogue (kGemmRopeKvAppend), not inlined: its head-norm reductions would otherwise add
-// registers to the GEMM's slab loop in the shared consumer loop, which then spilled.
-__device__ __noinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const isa::MachineView& m,
-                                                tile::Accumulator<isa::kGemmTileN>& acc, uint32_t t, uint32_t row0,
-                                                uint32_t col0) {
-  float* out = m.ptr<float>(g.out);
-  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
-  // Registers 2p, 2p+1 hold columns (c, c + 1) of one token row, c even: a rotation pair of a q or k head
-  // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
-  const float* table = m.ptr<float>(g.rope_table);
-  const uint32_t group = isa::GemmHeadsPerGroup(g);
-  const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
-  const float factor = table[half];
-  const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
-  using Acc = tile::Accumulator<isa::kGemmTileN>;
+using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
+
+// Every epilogue issues all its global loads (bias, residual, RoPE frequencies, norm weights) before its first
+// store: a store to `out` may alias them (the residual IS out), so a load after a store waits for it, and the
+// tile's 64 loads per thread would each pay a round trip instead of overlapping.
+
+// acc += bias[column] (columns < n).
+__device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* bias, uint32_t n, uint32_t t,
+                                            uint32_t col0) {
+  if (bias == nullptr) return;
 #pragma unroll
-  for (uint32_t i = 0; i < Acc::kRegs; ++i) {  // biases first: the head norms see them
-    const uint32_t c = col0 + Acc::Col(t, i);
-    if (bias != nullptr && c < g.n) acc.d[i] += __bfloat162float(bias[c]);
+  for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
+    const uint32_t c = col0 + GemmAcc::Col(t, i);
+    if (c < n) acc.d[i] += __bfloat162float(bias[c]);
   }
+}
+
+// The QKV projection's epilogue (kGemmRopeKvAppend): bias, Qwen3's per-head q/k RMSNorm, RoPE, KV-cache append.
+// Bias and norms work on the accumulator registers; then the warpgroup's 64 x 128 f32 tile goes through its half
+// of the activation slot (stage, kGemmStageStride floats per row), so the rotation and the stores run as a short
+// loop over (row, column pair) with a thread's pair fixed: fully unrolled over the fragment, the sincos and the
+// QKV layout arithmetic of 32 pairs made the code too large for the instruction cache.
+__device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const isa::MachineView& m, GemmAcc& acc,
+                                                   uint32_t warpgroup, uint32_t t, uint32_t row0, uint32_t col0,
+                                                   float* stage) {
+  const uint32_t group = isa::GemmHeadsPerGroup(g);
+  GemmAddBias(acc, g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr, g.n, t, col0);
   if (g.qk_norm != isa::kNoTensor) {
     // Per-head RMSNorm of q and k heads (Qwen3), before RoPE. The tile holds whole heads (head_dim divides
     // 128); a thread's registers cover two rows (register pairs (i/2)%2) and, in each head, the columns of its
@@ -64,8 +71,8 @@ __device__ __noinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const is
     constexpr uint32_t kMaxSlots = isa::kGemmTileN / 64;  // head_dim 64 or 128 (validated)
     float sum_sq[2][kMaxSlots] = {};
 #pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-      const uint32_t slot = Acc::Col(t, i) / g.head_dim;
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
+      const uint32_t slot = GemmAcc::Col(t, i) / g.head_dim;
       const float v = acc.d[i];
 #pragma unroll
       for (uint32_t s = 0; s < kMaxSlots; ++s) {
@@ -82,8 +89,8 @@ __device__ __noinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const is
     }
     const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(g.qk_norm);
 #pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-      const uint32_t c = col0 + Acc::Col(t, i), slot = Acc::Col(t, i) / g.head_dim;
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
+      const uint32_t c = col0 + GemmAcc::Col(t, i), slot = GemmAcc::Col(t, i) / g.head_dim;
       if (c >= g.n) continue;
       const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
       if (q.kind == isa::kQkvV) continue;
@@ -93,38 +100,62 @@ __device__ __noinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const is
       acc.d[i] *= s * __bfloat162float(w[(q.kind == isa::kQkvK ? g.head_dim : 0) + q.dim]);
     }
   }
-#pragma unroll 4
-  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
-    const uint32_t r = row0 + Acc::Row(t, i);
-    const uint32_t c = col0 + Acc::Col(t, i);
-    if (r >= g.m || c >= g.n) continue;
-    float v0 = acc.d[i], v1 = acc.d[i + 1];
+  // Registers (i, i + 1), i even, are columns (c, c + 1) of one row.
+#pragma unroll
+  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+    *reinterpret_cast<float2*>(stage + GemmAcc::Row(t, i) * isa::kGemmStageStride + GemmAcc::Col(t, i)) =
+        make_float2(acc.d[i], acc.d[i + 1]);
+  }
+  NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
+  // Thread t takes column pair t % 64 of rows t / 64, t / 64 + 2, ...: one rotation pair of a q or k head
+  // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
+  const uint32_t pair = t % 64, c = col0 + 2 * pair;
+  if (c >= g.n) return;  // n is even (the grouped layout), so c + 1 < n too
+  const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
+  const float* table = m.ptr<float>(g.rope_table);
+  const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
+  const float factor = table[half], frequency = q.kind != isa::kQkvV ? table[q.dim] : 0.0f;
+  const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
+  float* out = m.ptr<float>(g.out);
+  float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) + static_cast<uint64_t>(q.head) *
+                                                                                   g.max_seq * g.head_dim;
+  for (uint32_t row = t / 64; row < 64 && row0 + row < g.m; row += 2) {
+    const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
+    const uint32_t r = row0 + row;
     const int32_t pos = pos0 + static_cast<int32_t>(r);
-    const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
-    if (q.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, q.dim, pos, table, factor);
+    float v0 = v.x, v1 = v.y;
+    if (q.kind != isa::kQkvV) RotatePairAt(&v0, &v1, pos, frequency, factor);
     if (q.kind == isa::kQkvQ) {
       float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
       dst[q.dim] = v0;
       dst[q.dim + half] = v1;
     } else if (pos < static_cast<int32_t>(g.max_seq)) {
-      float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) +
-                     (static_cast<uint64_t>(q.head) * g.max_seq + pos) * g.head_dim;
-      cache[q.dim] = v0;
-      cache[q.kind == isa::kQkvK ? q.dim + half : q.dim + 1] = v1;
+      float* dst = cache + static_cast<uint64_t>(pos) * g.head_dim;
+      if (q.kind == isa::kQkvK) {
+        dst[q.dim] = v0;
+        dst[q.dim + half] = v1;
+      } else {
+        *reinterpret_cast<float2*>(dst + q.dim) = make_float2(v0, v1);  // q.dim even
+      }
     }
   }
 }
 
-// Inlined into the tensor-core variant of the consumer loop only (Consumers<true>): its 64 accumulator registers
-// would push the decode opcodes of a shared loop into spills, and a call would serialise the wgmma pipeline.
+// Inlined into the tensor-core variant of the consumer loop only (Consumers<true>), like everything there: a
+// function call anywhere in a kernel that issues wgmma makes ptxas serialise every wgmma of it (C7510), and
+// acc must stay in registers (fully unrolled indexing; never passed to a call), or ptxas serialises the wgmma
+// pipeline again (C7514).
 __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
   using Slab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t slabs = isa::GemmSlabsOf(g).count;
-  tile::Accumulator<isa::kGemmTileN> acc;
+  GemmAcc acc;
   acc.Zero();
+  // Without this, the compiler folds the zeros into the loop (its first iteration), and ptxas serialises every
+  // wgmma for "non-wgmma instructions defining accumulator registers" (C7515) inside the pipeline.
+  tile::FenceRegisters(acc.d);
   PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
   for (uint32_t s = 0; s < slabs; ++s) {
     const Slab a{ctx.WaitPage(next)};
@@ -145,53 +176,74 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   ctx.ReleasePage();
 
   const isa::MachineView& m = ctx.machine;
-  float* out = m.ptr<float>(g.out);
-  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
-  const float* residual = g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
   if (g.epilogue == isa::kGemmRopeKvAppend) {
-    GemmRopeKvEpilogue(g, m, acc, t, row0, col0);
+    GemmRopeKvEpilogue(g, m, acc, warpgroup, t, row0, col0, ctx.act + warpgroup * 64 * isa::kGemmStageStride);
     return;
   }
+  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   if (g.epilogue == isa::kGemmSiluMulToImage) {
+    GemmAddBias(acc, bias, g.n, t, col0);
     // Registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even: a (gate, up) pair.
     uint8_t* image = m.ptr<uint8_t>(g.out);
 #pragma unroll
-    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; i += 2) {
-      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
-      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
+    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
       if (r < g.m && c < g.n) {
-        float gate = acc.d[i], up = acc.d[i + 1];
-        if (bias != nullptr) gate += __bfloat162float(bias[c]), up += __bfloat162float(bias[c + 1]);
         *reinterpret_cast<__nv_bfloat16*>(image + isa::Swizzled128Offset(g.n / 2, isa::kGemmTileM, r, c / 2)) =
-            __float2bfloat16(Silu(gate) * up);
+            __float2bfloat16(Silu(acc.d[i]) * acc.d[i + 1]);
       }
     }
     return;
   }
+  float* out = m.ptr<float>(g.out);
+  // Registers (i, i + 1), i even, are columns (c, c + 1) of one row: one 8-byte access when both are inside and
+  // the row's offset is even.
+  const bool pairs = g.n % 2 == 0;
   if (g.epilogue == isa::kGemmAccumulateF32) {
-    const bool first = g.slab_begin == 0;
+    if (g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
 #pragma unroll
-    for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; ++i) {
-      const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
-      const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
-      if (r < g.m && c < g.n) {
-        const float v = acc.d[i] + (first && bias != nullptr ? __bfloat162float(bias[c]) : 0.0f);
-        atomicAdd(out + static_cast<uint64_t>(r) * g.n + c, v);
+    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
+      float* at = out + static_cast<uint64_t>(r) * g.n + c;
+      if (r >= g.m || c >= g.n) continue;
+      if (pairs) {
+        atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc.d[i], acc.d[i + 1]));
+      } else {
+        atomicAdd(at, acc.d[i]);
+        if (c + 1 < g.n) atomicAdd(at + 1, acc.d[i + 1]);
       }
     }
     return;
   }
+  GemmAddBias(acc, bias, g.n, t, col0);
+  if (g.residual != isa::kNoTensor) {
+    const float* residual = m.ptr<float>(g.residual);
 #pragma unroll
-  for (uint32_t i = 0; i < tile::Accumulator<isa::kGemmTileN>::kRegs; ++i) {
-    const uint32_t r = row0 + tile::Accumulator<isa::kGemmTileN>::Row(t, i);
-    const uint32_t c = col0 + tile::Accumulator<isa::kGemmTileN>::Col(t, i);
-    if (r < g.m && c < g.n) {
-      float v = acc.d[i];
-      if (bias != nullptr) v += __bfloat162float(bias[c]);
-      const uint64_t at = static_cast<uint64_t>(r) * g.n + c;
-      if (residual != nullptr) v += residual[at];
-      out[at] = v;
+    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
+      const float* at = residual + static_cast<uint64_t>(r) * g.n + c;
+      if (r >= g.m || c >= g.n) continue;
+      if (pairs) {
+        const float2 v = *reinterpret_cast<const float2*>(at);
+        acc.d[i] += v.x;
+        acc.d[i + 1] += v.y;
+      } else {
+        acc.d[i] += at[0];
+        if (c + 1 < g.n) acc.d[i + 1] += at[1];
+      }
+    }
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+    const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
+    float* at = out + static_cast<uint64_t>(r) * g.n + c;
+    if (r >= g.m || c >= g.n) continue;
+    if (pairs) {
+      *reinterpret_cast<float2*>(at) = make_float2(acc.d[i], acc.d[i + 1]);
+    } else {
+      at[0] = acc.d[i];
+      if (c + 1 < g.n) at[1] = acc.d[i + 1];
     }
   }
 }

@@ -184,10 +184,9 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint
   }
 }
 
-// Rotates (a, b) by position * table[j]; cos and sin are scaled by `factor` (table[head_dim / 2]).
-__device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position, const float* table,
-                                                 float factor) {
-  const float angle = static_cast<float>(position) * table[j];
+// Rotates (a, b) by position * frequency; cos and sin are scaled by `factor` (the table's entry head_dim / 2).
+__device__ __forceinline__ void RotatePairAt(float* a, float* b, int32_t position, float frequency, float factor) {
+  const float angle = static_cast<float>(position) * frequency;
   float s, c;
   sincosf(angle, &s, &c);
   s *= factor;
@@ -195,6 +194,12 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
   const float x = *a, y = *b;
   *a = x * c - y * s;
   *b = y * c + x * s;
+}
+
+// Rotates (a, b) by position * table[j]; cos and sin are scaled by `factor` (table[head_dim / 2]).
+__device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j, int32_t position, const float* table,
+                                                 float factor) {
+  RotatePairAt(a, b, position, table[j], factor);
 }
 
 // The activation loader has bulk-copied the input into x (f32[k]). With the

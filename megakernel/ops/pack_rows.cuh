@@ -13,6 +13,26 @@
 
 namespace loom::megakernel {
 
+// Loads of kBatch chunks are issued before their stores: a store through the image pointer may alias the input
+// as far as the compiler knows, so a load after a store would wait for it, one round trip per chunk.
+constexpr uint32_t kPackBatch = 8;
+
+__device__ __forceinline__ float PackRowScale(const isa::PackRowsArgs& a, const float* x, uint32_t lane) {
+  float sum_sq = 0.0f;
+  if (a.k % 4 == 0) {  // rows 16-byte aligned
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 16
+    for (uint32_t c = lane; c < a.k / 4; c += 32) {
+      const float4 v = x4[c];
+      sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+#pragma unroll 8
+    for (uint32_t c = lane; c < a.k; c += 32) sum_sq += x[c] * x[c];
+  }
+  return 1.0f / sqrtf(WarpSum(sum_sq) / static_cast<float>(a.k) + a.norm_eps);
+}
+
 __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* in = m.ptr<float>(a.input);
@@ -20,28 +40,53 @@ __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, Consumer
   const __nv_bfloat16* w = a.norm_weight != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.norm_weight) : nullptr;
   const uint32_t chunks = isa::GemmSlabs(a.k) * isa::kGemmSlabK / 8;  // of the padded row
   const uint32_t first = a.row_begin, end = a.row_begin + a.rows;
+  // Chunks of 8 whole columns inside k, 32-byte aligned (k % 8 == 0), load as two float4 and one uint4 of weights.
+  const uint32_t vector_chunks = a.k % 8 == 0 ? a.k / 8 : 0;
   for (uint32_t r = first + ctx.warp; r < end; r += kConsumerWarps) {
     const float* x = in + static_cast<uint64_t>(r) * a.k;
-    float scale = 1.0f;
-    if (w != nullptr && r < a.m) {
-      float sum_sq = 0.0f;
-      for (uint32_t c = ctx.lane; c < a.k; c += 32) sum_sq += x[c] * x[c];
-      scale = 1.0f / sqrtf(WarpSum(sum_sq) / static_cast<float>(a.k) + a.norm_eps);
-    }
-    for (uint32_t ch = ctx.lane; ch < chunks; ch += 32) {
-      __nv_bfloat162 pairs[4];
+    const float scale = w != nullptr && r < a.m ? PackRowScale(a, x, ctx.lane) : 1.0f;
+    for (uint32_t ch0 = 0; ch0 < chunks; ch0 += 32 * kPackBatch) {
+      uint4 packed[kPackBatch];
 #pragma unroll
-      for (uint32_t j = 0; j < 4; ++j) {
-        float v[2];
+      for (uint32_t b = 0; b < kPackBatch; ++b) {
+        const uint32_t ch = ch0 + b * 32 + ctx.lane;
+        __nv_bfloat162 pairs[4];
+        if (r < a.m && ch < vector_chunks) {
+          const float4 lo = reinterpret_cast<const float4*>(x)[2 * ch], hi = reinterpret_cast<const float4*>(x)[2 * ch + 1];
+          float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          if (w != nullptr) {
+            const uint4 wq = reinterpret_cast<const uint4*>(w)[ch];
+            const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wq);
 #pragma unroll
-        for (uint32_t e = 0; e < 2; ++e) {
-          const uint32_t c = ch * 8 + 2 * j + e;
-          v[e] = r < a.m && c < a.k ? x[c] * scale * (w != nullptr ? __bfloat162float(w[c]) : 1.0f) : 0.0f;
+            for (uint32_t j = 0; j < 4; ++j) {
+              const float2 f = __bfloat1622float2(w2[j]);
+              v[2 * j] = v[2 * j] * scale * f.x;  // the reference's order: (x * scale) * w
+              v[2 * j + 1] = v[2 * j + 1] * scale * f.y;
+            }
+          }
+#pragma unroll
+          for (uint32_t j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+        } else {  // past m or k (zeros), or a k that is not a multiple of 8
+#pragma unroll
+          for (uint32_t j = 0; j < 4; ++j) {
+            float v[2];
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) {
+              const uint32_t c = ch * 8 + 2 * j + e;
+              v[e] = r < a.m && c < a.k ? x[c] * scale * (w != nullptr ? __bfloat162float(w[c]) : 1.0f) : 0.0f;
+            }
+            pairs[j] = __floats2bfloat162_rn(v[0], v[1]);
+          }
         }
-        pairs[j] = __floats2bfloat162_rn(v[0], v[1]);
+        packed[b] = *reinterpret_cast<const uint4*>(pairs);
       }
-      *reinterpret_cast<uint4*>(image + isa::Swizzled128Offset(a.k, isa::kGemmTileM, r, ch * 8)) =
-          *reinterpret_cast<const uint4*>(pairs);
+#pragma unroll
+      for (uint32_t b = 0; b < kPackBatch; ++b) {
+        const uint32_t ch = ch0 + b * 32 + ctx.lane;
+        if (ch < chunks) {
+          *reinterpret_cast<uint4*>(image + isa::Swizzled128Offset(a.k, isa::kGemmTileM, r, ch * 8)) = packed[b];
+        }
+      }
     }
   }
 }
