@@ -24,6 +24,13 @@ absl::StatusOr<Graph> Graph::Create(GraphDef def) {
   for (int i = 0; i < graph.def_.ops_size(); ++i) {
     for (const std::string& out : graph.def_.ops(i).outputs()) graph.producer_index_[out] = i;
   }
+  for (int index : graph.topological_order_) {
+    const OpDef& op = graph.def_.ops(index);
+    for (int k = 0; k < op.inputs_size(); ++k) {
+      std::vector<int>& readers = graph.consumer_index_[op.inputs(k)];
+      if (readers.empty() || readers.back() != index) readers.push_back(index);  // an op reading it twice: once
+    }
+  }
   return graph;
 }
 
@@ -50,14 +57,8 @@ const OpDef* Graph::producer(const std::string& name) const {
 
 std::vector<const OpDef*> Graph::consumers(const std::string& name) const {
   std::vector<const OpDef*> result;
-  for (int index : topological_order_) {
-    const OpDef& op = def_.ops(index);
-    for (const std::string& in : op.inputs()) {
-      if (in == name) {
-        result.push_back(&op);
-        break;
-      }
-    }
+  if (auto it = consumer_index_.find(name); it != consumer_index_.end()) {
+    for (int index : it->second) result.push_back(&def_.ops(index));
   }
   return result;
 }

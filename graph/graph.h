@@ -45,6 +45,7 @@ class Graph {
   GraphDef def_;
   absl::flat_hash_map<std::string, int> tensor_index_;
   absl::flat_hash_map<std::string, int> producer_index_;
+  absl::flat_hash_map<std::string, std::vector<int>> consumer_index_;  // op indices, in topological order
   std::vector<int> topological_order_;
 };
 
