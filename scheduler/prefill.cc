@@ -133,6 +133,13 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program) {
 namespace {
 
 // Builds the pass: nodes with one barrier per stage, scratch tensors past the decode arena.
+// A stage's barriers: first + m for the instructions of 128-row tile m when tiled, else first for all.
+struct StageRef {
+  uint32_t first = 0;
+  bool tiled = false;
+  uint32_t Of(uint32_t tile) const { return tiled ? first + tile : first; }
+};
+
 class PrefillBuilder {
  public:
   explicit PrefillBuilder(const Schedule& decode) {
@@ -179,6 +186,13 @@ class PrefillBuilder {
     p_.barriers.push_back(b);
     p_.groups.push_back(name);
     return static_cast<uint32_t>(p_.barriers.size() - 1);
+  }
+  // A stage with one barrier per 128-row tile when `tiled` (the next stage's work on those rows waits for them
+  // alone, not for the whole stage), or one barrier.
+  StageRef Stages(const std::string& name, uint32_t tiles, bool tiled) {
+    const uint32_t first = Stage(tiled && tiles > 1 ? absl::StrCat(name, "/m0") : name);
+    for (uint32_t i = 1; tiled && i < tiles; ++i) Stage(absl::StrCat(name, "/m", i));
+    return {first, tiled};
   }
   template <typename Args>
   void Emit(isa::Opcode op, const Args& args, uint32_t stage, std::optional<uint32_t> after, const std::string& name) {
@@ -256,25 +270,34 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   const uint32_t pass_state = b.Scratch("prefill.state", graph::I32, {isa::kStepStateWords});
 
   // Embedding, in chunks of rows.
-  uint32_t prev = b.Stage("embed");
+  // Every stage but the QKV projection has a barrier per 128-row tile (PrefillOptions.row_tile_barriers): a
+  // stage's instructions on rows [128m, +128) wait for the previous stage's on the same rows. FLASH_ATTN's row
+  // tile t needs the keys of every tile up to t, so it waits for the whole QKV stage.
+  const bool tiled = prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kOn ||
+                     (prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kAuto &&
+                      tiles_m <= kMaxRowTilesForTileBarriers);
+  static_assert(isa::kGemmTileM % kEmbedRowsPerInstruction == 0 && isa::kGemmTileM % kPackRowsPerInstruction == 0 &&
+                    isa::kGemmTileM == isa::kFlashRows,
+                "instructions stay inside one 128-row tile");
+  StageRef prev = b.Stages("embed", tiles_m, tiled);
   for (uint32_t r = 0; r < P; r += kEmbedRowsPerInstruction) {
     isa::EmbedArgs e{table, tokens, state, x, hidden, plan->vocab, isa::MatvecRowStride(hidden), r,
                      std::min(kEmbedRowsPerInstruction, P - r)};
-    b.Emit(isa::Opcode::EMBED, e, prev, std::nullopt, "embed");
+    b.Emit(isa::Opcode::EMBED, e, prev.Of(r / isa::kGemmTileM), std::nullopt, "embed");
   }
-  auto pack = [&](const std::string& name, uint32_t norm, float eps, uint32_t after) {
-    const uint32_t stage = b.Stage(name);
+  auto pack = [&](const std::string& name, uint32_t norm, float eps, StageRef after) {
+    const StageRef stage = b.Stages(name, tiles_m, tiled);
     for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += kPackRowsPerInstruction) {
       isa::PackRowsArgs a{x, image_h, P, hidden, r, kPackRowsPerInstruction, norm, eps};
-      b.Emit(isa::Opcode::PACK_ROWS, a, stage, after, name);
+      b.Emit(isa::Opcode::PACK_ROWS, a, stage.Of(r / isa::kGemmTileM), after.Of(r / isa::kGemmTileM), name);
     }
     return stage;
   };
   // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2. A residual GEMM
   // (out += A·Wᵀ in place) with fewer tiles than SMs is split over K as well (a short prompt's O- and down-proj
   // would otherwise run on a few SMs through all of K), each split adding its part atomically.
-  auto gemm = [&](const std::string& name, isa::GemmArgs g, uint32_t after) {
-    const uint32_t stage = b.Stage(name);
+  auto gemm = [&](const std::string& name, isa::GemmArgs g, StageRef after, bool tiled_stage) {
+    const StageRef stage = b.Stages(name, tiles_m, tiled_stage);
     const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmTiles(g.n), slabs = isa::GemmSlabs(g.k);
     uint32_t splits = 1;
     if (g.residual == g.out && tiles < decode.num_sms()) {
@@ -291,7 +314,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
             g.slab_begin = slabs * s / splits;
             g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
           }
-          b.Emit(isa::Opcode::GEMM, g, stage, after, name);
+          b.Emit(isa::Opcode::GEMM, g, stage.Of(m), after.Of(m), name);
         }
       }
     }
@@ -323,7 +346,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     }
     const uint32_t q_width = l.heads * l.head_dim;
 
-    uint32_t stage = pack(n + "attn_norm", norm1, l.eps1, prev);
+    StageRef stage = pack(n + "attn_norm", norm1, l.eps1, prev);
     isa::GemmArgs qkv{};
     qkv.a = image_h;
     qkv.weight = w_qkv;
@@ -347,14 +370,14 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     qkv.num_kv_heads = l.kv_heads;
     qkv.head_dim = l.head_dim;
     qkv.max_seq = decode.max_seq();
-    stage = gemm(n + "qkv", qkv, stage);
+    stage = gemm(n + "qkv", qkv, stage, false);
 
-    const uint32_t flash = b.Stage(n + "attn");
+    const StageRef flash = b.Stages(n + "attn", tiles_m, tiled);
     for (uint32_t t = 0; t * isa::kFlashRows < P; ++t) {
       for (uint32_t h = 0; h < l.heads; ++h) {
         isa::FlashAttnArgs f{q_rows, k_cache, v_cache, state, image_attn, P, t, h, l.heads, l.kv_heads, l.head_dim,
                              decode.max_seq(), l.scale};
-        b.Emit(isa::Opcode::FLASH_ATTN, f, flash, stage, n + "attn");
+        b.Emit(isa::Opcode::FLASH_ATTN, f, flash.Of(t), stage.Of(t), n + "attn");
       }
     }
     isa::GemmArgs o{};
@@ -367,7 +390,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     o.k = q_width;
     o.bias = *b_o;
     o.epilogue = isa::kGemmStoreF32;
-    stage = gemm(n + "o", o, flash);
+    stage = gemm(n + "o", o, flash, tiled);
 
     stage = pack(n + "mlp_norm", norm2, l.eps2, stage);
     isa::GemmArgs gu{};
@@ -380,7 +403,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     gu.k = hidden;
     gu.bias = *b_gu;
     gu.epilogue = isa::kGemmSiluMulToImage;
-    stage = gemm(n + "gate_up", gu, stage);
+    stage = gemm(n + "gate_up", gu, stage, tiled);
     isa::GemmArgs down{};
     down.a = image_s;
     down.weight = w_down;
@@ -391,7 +414,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     down.k = l.gate.n;
     down.bias = *b_down;
     down.epilogue = isa::kGemmStoreF32;
-    prev = gemm(n + "down", down, stage);
+    // The last layer's down-projection signals one barrier: the LM head (one row) waits on it, and through it the
+    // step's end depends on every instruction.
+    prev = gemm(n + "down", down, stage, tiled && li + 1 < plan->layers.size());
   }
 
   // The last row: final norm + LM head with argmax partials (as a decode step), then the reduce.
@@ -423,7 +448,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     a.epilogue = isa::kEpilogueArgmaxPartial;
     a.partials = partials;
     a.tile_index = t;
-    b.Emit(isa::Opcode::MATVEC, a, head, prev, "logits");
+    b.Emit(isa::Opcode::MATVEC, a, head, prev.Of((P - 1) / isa::kGemmTileM), "logits");
   }
   const uint32_t end = b.Stage("next_token");
   isa::Instruction reduce{};  // waits on the last row's logits, and on every row's with all_logits
@@ -456,7 +481,8 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       const uint32_t out = b.Scratch(absl::StrCat("prefill.logits.", r), graph::F32, {vocab}, "prefill.logits",
                                      uint64_t{r} * vocab * 4);
       for (uint32_t t = 0; t < wide_tiles; ++t) {
-        b.Emit(isa::Opcode::MATVEC, lm_head_tile(t * wide_rows, wide_rows, in, out), rows_stage, prev, "all_logits");
+        b.Emit(isa::Opcode::MATVEC, lm_head_tile(t * wide_rows, wide_rows, in, out), rows_stage,
+               prev.Of(r / isa::kGemmTileM), "all_logits");
       }
     }
   }

@@ -135,6 +135,8 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
       ASSERT_TRUE(s.ok()) << s.status();
       scheduler::PrefillOptions po;
       po.all_logits = true;
+      // On 3 SMs with one barrier per stage, on 132 with one per 128-row tile and stage (auto, for these sizes).
+      if (sms == 3) po.row_tile_barriers = scheduler::PrefillOptions::RowTileBarriers::kOff;
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows, po);
       ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
       absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);

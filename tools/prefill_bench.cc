@@ -32,6 +32,8 @@ ABSL_FLAG(int32_t, repeats, 5, "timed runs per measurement (median reported)");
 ABSL_FLAG(int32_t, max_seq, 4096, "KV-cache capacity");
 ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
 ABSL_FLAG(int32_t, e2e_tokens, 128, "end to end: tokens generated");
+ABSL_FLAG(std::string, row_tile_barriers, "auto",
+          "on: one barrier per 128-row tile and stage; off: one per stage; auto: on for up to 8 row tiles");
 ABSL_FLAG(std::string, trace, "", "write a Chrome trace of the last prompt length's pass here, and print its summary");
 
 namespace loom {
@@ -39,7 +41,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 // As `loom run` lowers a pass (the tests verify passes of every shape they run).
-const scheduler::PrefillOptions kNoVerify = {false, false};
+scheduler::PrefillOptions NoVerify() {
+  scheduler::PrefillOptions o;
+  o.verify = false;
+  const std::string t = absl::GetFlag(FLAGS_row_tile_barriers);
+  using R = scheduler::PrefillOptions::RowTileBarriers;
+  o.row_tile_barriers = t == "on" ? R::kOn : t == "off" ? R::kOff : R::kAuto;
+  return o;
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "prefill_bench: %s\n", std::string(s.message()).c_str());
@@ -54,6 +63,9 @@ double Median(std::vector<double> v) {
 }
 
 int Main() {
+  if (const std::string t = absl::GetFlag(FLAGS_row_tile_barriers); t != "on" && t != "off" && t != "auto") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--row_tile_barriers: '", t, "' is not on, off or auto")));
+  }
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   graph::ModelOptions mo;
@@ -93,7 +105,7 @@ int Main() {
     std::optional<scheduler::Schedule> pass;
     for (int r = 0; r < repeats + 1; ++r) {
       const auto t0 = Clock::now();
-      absl::StatusOr<scheduler::Schedule> lowered = scheduler::CompilePrefill(model->graph, *s, p, kNoVerify);
+      absl::StatusOr<scheduler::Schedule> lowered = scheduler::CompilePrefill(model->graph, *s, p, NoVerify());
       if (!lowered.ok()) return Fail(lowered.status());
       if (r > 0) lower.push_back(Ms(t0, Clock::now()));
       pass = *std::move(lowered);
@@ -122,7 +134,7 @@ int Main() {
     last_pass = p;
   }
   if (!absl::GetFlag(FLAGS_trace).empty()) {
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, last_pass, kNoVerify);
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, last_pass, NoVerify());
     if (!pass.ok()) return Fail(pass.status());
     if (absl::Status st = d.Reset(random_prompt(last_pass)); !st.ok()) return Fail(st);
     if (absl::StatusOr<float> ms = d.Prefill(*pass, true); !ms.ok()) return Fail(ms.status());
@@ -173,7 +185,7 @@ int Main() {
     for (int r = 0; r < repeats + 1; ++r) {
       const std::vector<int32_t> prompt = random_prompt(e2e_prompt);
       auto t0 = Clock::now();
-      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, e2e_prompt, kNoVerify);
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, e2e_prompt, NoVerify());
       if (!pass.ok()) return Fail(pass.status());
       if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
       if (absl::StatusOr<float> ms = d.Prefill(*pass); !ms.ok()) return Fail(ms.status());
