@@ -272,7 +272,13 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   // Embedding, in chunks of rows.
   // Every stage but the QKV projection has a barrier per 128-row tile (PrefillOptions.row_tile_barriers): a
   // stage's instructions on rows [128m, +128) wait for the previous stage's on the same rows. FLASH_ATTN's row
-  // tile t needs the keys of every tile up to t, so it waits for the whole QKV stage.
+  // tile t needs the keys of every tile up to t, so it waits for the whole QKV stage. Write-after-read hazards
+  // on the shared scratch stay ordered through the chains: a layer's norm pack of tile m (writes image_h rows m)
+  // follows the previous layer's down-proj of tile m, which followed every gate/up tile reading those rows; the
+  // QKV stage (writes q rows) follows every norm pack, so every FLASH_ATTN tile of the layer before; FLASH_ATTN
+  // (writes the attention image) follows the whole QKV stage, so every O tile of the layer before; gate/up of
+  // tile m (writes the SiLU image rows m) follows its own layer's FLASH_ATTN via O and the pack, and through the
+  // QKV stage every down tile of the layer before.
   const bool tiled = prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kOn ||
                      (prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kAuto &&
                       tiles_m <= kMaxRowTilesForTileBarriers);
