@@ -144,11 +144,14 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       else flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
-    for (uint32_t i = 0; i < gemm.count; ++i) {
+    const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
+    for (uint32_t i = 0; i < gemm.count; i += gemm_per_page) {
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      MbarrierArriveExpectTx(&s.full[ring.index], isa::kGemmSlabBytes);
-      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, gemm.Source(i), isa::kGemmSlabBytes,
-                       &s.full[ring.index]);
+      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page * isa::kGemmSlabBytes);
+      for (uint32_t j = 0; j < gemm_per_page; ++j) {
+        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
+                         gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
+      }
       ++ring;
     }
     for (uint32_t i = 0; i < flash.count; ++i) {

@@ -23,7 +23,8 @@
 ABSL_FLAG(std::string, shapes, "4096x4096x4096", "';'-separated MxNxK shapes");
 ABSL_FLAG(int32_t, repeats, 10, "timed launches per shape (median reported)");
 ABSL_FLAG(int32_t, num_sms, 132, "SMs to deal the tiles to");
-ABSL_FLAG(int32_t, pages, 11, "16 KB pages in each SM's ring, 2..13 (the prefill pass has 7 to 11)");
+ABSL_FLAG(int32_t, pages, 11, "pages in each SM's ring (the prefill pass has 7 to 11 of 16 KB)");
+ABSL_FLAG(int32_t, page_kb, 16, "page size in KB: 16 (a K slab of A or W per page) or 32 (A and W together)");
 ABSL_FLAG(int32_t, group_m, 8,
           "tile order: 0 = row-major; G = groups of G tile rows, column by column inside a group (so the tiles "
           "that run at the same time share A rows and W columns in L2)");
@@ -55,6 +56,7 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   const uint32_t sms = static_cast<uint32_t>(absl::GetFlag(FLAGS_num_sms));
   p.queues.resize(sms);
   p.num_pages = static_cast<uint32_t>(absl::GetFlag(FLAGS_pages));
+  p.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   p.activation_bytes = 1024;  // GEMM without the RoPE epilogue takes no activation slot
   const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmTiles(n);
   const bool grouped = absl::GetFlag(FLAGS_group_m) > 0;
@@ -107,11 +109,14 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
 int Main() {
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
-  if (absl::GetFlag(FLAGS_pages) < 2 || absl::GetFlag(FLAGS_pages) > 13) {
-    return Fail(absl::InvalidArgumentError("--pages must be 2..13 (13 pages of 16 KB fill an SM's shared memory)"));
+  if (absl::GetFlag(FLAGS_page_kb) != 16 && absl::GetFlag(FLAGS_page_kb) != 32) {
+    return Fail(absl::InvalidArgumentError("--page_kb must be 16 or 32"));
   }
-  std::printf("GEMM opcode in the megakernel (128x128 tiles, bf16 -> f32, %d pages of 16 KB), median of %d launches\n",
-              absl::GetFlag(FLAGS_pages), absl::GetFlag(FLAGS_repeats));
+  if (absl::GetFlag(FLAGS_pages) < 2 || absl::GetFlag(FLAGS_pages) * absl::GetFlag(FLAGS_page_kb) > 13 * 16) {
+    return Fail(absl::InvalidArgumentError("--pages x --page_kb must fit 208 KB of an SM's shared memory"));
+  }
+  std::printf("GEMM opcode in the megakernel (128x128 tiles, bf16 -> f32, %d pages of %d KB), median of %d launches\n",
+              absl::GetFlag(FLAGS_pages), absl::GetFlag(FLAGS_page_kb), absl::GetFlag(FLAGS_repeats));
   for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ';', absl::SkipEmpty())) {
     std::vector<std::string> dims = absl::StrSplit(shape, 'x');
     uint32_t v[3];

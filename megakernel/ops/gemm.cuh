@@ -37,6 +37,11 @@ __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const i
           2 * range.count};
 }
 
+// Ring pages per K slab: 1 when a page holds the A and the W slab (pages of 32 KB or more), else 2.
+__device__ __forceinline__ uint32_t GemmPagesPerSlab(uint32_t page_bytes) {
+  return page_bytes >= 2 * isa::kGemmSlabBytes ? 1 : 2;
+}
+
 using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
 
 // Every epilogue issues all its global loads (bias, residual, RoPE frequencies, norm weights) before its first
@@ -156,24 +161,28 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   // Without this, the compiler folds the zeros into the loop (its first iteration), and ptxas serialises every
   // wgmma for "non-wgmma instructions defining accumulator registers" (C7515) inside the pipeline.
   tile::FenceRegisters(acc.d);
+  // Pages of 32 KB or more hold a slab's A and W together (one page, one wait and one release per slab);
+  // smaller ones hold one slab each, A then W.
+  const uint32_t per_slab = GemmPagesPerSlab(ctx.page_bytes);
   PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
   for (uint32_t s = 0; s < slabs; ++s) {
-    const Slab a{ctx.WaitPage(next)};
+    const uint8_t* first = ctx.WaitPage(next);
     ++next;
-    const Slab w{ctx.WaitPage(next)};
-    ++next;
+    const Slab a{first};
+    const Slab w{per_slab == 1 ? first + isa::kGemmSlabBytes : ctx.WaitPage(next)};
+    if (per_slab == 2) ++next;
     tile::WgmmaFence();
     tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
     tile::WgmmaCommit();
-    if (s > 0) {  // slab s-1 is done: its two pages go back to the loader
+    if (s > 0) {  // slab s-1 is done: its pages go back to the loader
       tile::WgmmaWait<1>();
       ctx.ReleasePage();
-      ctx.ReleasePage();
+      if (per_slab == 2) ctx.ReleasePage();
     }
   }
   tile::WgmmaWait<0>();
   ctx.ReleasePage();
-  ctx.ReleasePage();
+  if (per_slab == 2) ctx.ReleasePage();
 
   const isa::MachineView& m = ctx.machine;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
