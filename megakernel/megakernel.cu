@@ -154,15 +154,21 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       }
       ++ring;
     }
-    for (uint32_t i = 0; i < flash.count; ++i) {
+    // FLASH_ATTN's pages of 32 keys, two to a ring page when it holds 32 KB (FlashPagesPerRingPage).
+    const uint32_t flash_per_page = FlashPagesPerRingPage(p.page_bytes);
+    for (uint32_t i = 0; i < flash.count; i += flash_per_page) {
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      const uint32_t bytes = flash.Bytes(i);
+      uint32_t bytes = 0;
+      for (uint32_t j = 0; j < flash_per_page; ++j) bytes += flash.Bytes(i + j);
       if (bytes == 0) {  // keys past the cache: nothing to copy, the consumers zero them
         MbarrierArrive(&s.full[ring.index]);
       } else {
         MbarrierArriveExpectTx(&s.full[ring.index], bytes);
-        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, flash.Source(i), bytes,
-                         &s.full[ring.index]);
+        for (uint32_t j = 0; j < flash_per_page; ++j) {
+          if (flash.Bytes(i + j) == 0) continue;
+          BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * kFlashPageStride,
+                           flash.Source(i + j), flash.Bytes(i + j), &s.full[ring.index]);
+        }
       }
       ++ring;
     }

@@ -238,6 +238,10 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
   const bool all_logits = prefill_options.all_logits;
+  if (prefill_options.page_bytes != isa::kGemmSlabBytes && prefill_options.page_bytes != 2 * isa::kGemmSlabBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: page_bytes ", prefill_options.page_bytes, " is not ",
+                                                   isa::kGemmSlabBytes, " or ", 2 * isa::kGemmSlabBytes));
+  }
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
@@ -508,7 +512,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   uint32_t activation = 0;
   for (const Node& node : p.nodes) activation = std::max(activation, isa::ActivationBytes(node.inst));
   SmemConfig* smem = options.mutable_smem();
-  smem->set_page_bytes(isa::kGemmSlabBytes);
+  smem->set_page_bytes(prefill_options.page_bytes);
   smem->set_activation_bytes(activation);
   smem->set_activation_slots(1);
   smem->set_num_pages(kMaxPagesPerSm);

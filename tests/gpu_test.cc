@@ -747,9 +747,11 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
       const std::string what = absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs");
       std::vector<int32_t> prompt;
       for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
-      scheduler::PrefillOptions po;  // on 8 SMs with one barrier per stage, on 132 with one per row tile and stage
+      // On 8 SMs with one barrier per stage and 16 KB pages, on 132 with one per row tile and stage and 32 KB pages.
+      scheduler::PrefillOptions po;
       po.row_tile_barriers = sms == 8 ? scheduler::PrefillOptions::RowTileBarriers::kOff
                                       : scheduler::PrefillOptions::RowTileBarriers::kOn;
+      po.page_bytes = sms == 8 ? 16384 : 32768;
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, rows, po);
       ASSERT_TRUE(pass.ok()) << pass.status();
       absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);

@@ -24,6 +24,11 @@ namespace loom::megakernel {
 // The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
 // (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128), clamped to the cache's max_seq rows.
 inline constexpr uint32_t kFlashPageKeys = 32;  // keys per page: 16 KB of f32 rows at head_dim 128
+// A ring page of 32 KB or more holds two of these pages, kFlashPageStride bytes apart (one wait and release).
+inline constexpr uint32_t kFlashPageStride = 16384;
+__device__ __forceinline__ uint32_t FlashPagesPerRingPage(uint32_t page_bytes) {
+  return page_bytes >= 2 * kFlashPageStride ? 2 : 1;
+}
 struct FlashPages {
   const float* k;  // the KV head's first cache row
   const float* v;
@@ -67,6 +72,8 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   static_assert(KSlab::kK == 64 && VSlab::kK == isa::kFlashKeys, "a slab row is 64 bf16");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 query rows each");
   constexpr uint32_t kPages = FlashPages::PagesPerTensor();  // pages per tensor per key tile
+  static_assert(kPages % 2 == 0 && kFlashPageKeys * HD * 4 <= kFlashPageStride, "two pages to a 32 KB ring page");
+  const uint32_t per_ring_page = FlashPagesPerRingPage(ctx.page_bytes);
   constexpr uint32_t kPageKeys = kFlashPageKeys;
   constexpr uint32_t kKBytes = isa::kFlashKeys * HD * 2;
   static_assert(kPageKeys % 8 == 0, "Vᵀ stores take 8 keys of one page");
@@ -109,8 +116,10 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
     uint8_t* vbuf = kbuf + kKBytes;
     const uint32_t key0 = j * isa::kFlashKeys;
     // K rows -> K slabs, 8 dims (16 bytes of bf16) per store.
+    const float* page = nullptr;
     for (uint32_t p = 0; p < kPages; ++p) {
-      const float* page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      else page += kFlashPageStride / 4;
       for (uint32_t ch = ctx.tid; ch < kPageKeys * HD / 8; ch += kConsumerThreads) {
         const uint32_t key = p * kPageKeys + ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
         uint4 packed = make_uint4(0, 0, 0, 0);
@@ -121,11 +130,12 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
         }
         *reinterpret_cast<uint4*>(kbuf + isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0)) = packed;
       }
-      ctx.ReleasePage();
+      if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
     // V rows -> Vᵀ slab: 8 keys of one dim per store (threads of a warp take consecutive dims).
     for (uint32_t p = 0; p < kPages; ++p) {
-      const float* page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      else page += kFlashPageStride / 4;
       for (uint32_t ch = ctx.tid; ch < HD * kPageKeys / 8; ch += kConsumerThreads) {
         const uint32_t d = ch % HD, k_local = (ch / HD) * 8, key = p * kPageKeys + k_local;
         float v[8];
@@ -134,7 +144,7 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
         *reinterpret_cast<uint4*>(vbuf + isa::Swizzled128Offset(isa::kFlashKeys, HD, d, key)) =
             make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]), PackBf16(v[4], v[5]), PackBf16(v[6], v[7]));
       }
-      ctx.ReleasePage();
+      if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
     tile::FenceProxyAsyncShared();  // generic stores, read next by wgmma
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
