@@ -52,10 +52,11 @@ struct PrefillOptions {
   enum class RowTileBarriers { kAuto, kOn, kOff };
   RowTileBarriers row_tile_barriers = RowTileBarriers::kAuto;
   // Ring page size of the pass: 32 KB (two 16 KB pieces per page: a GEMM's A and W slab of one K step, or 64 keys
-  // of FLASH_ATTN's K or V; one wait and one release each) or 16 KB (one piece per page). Measured on the H100
-  // (random:llama-3.2-1b TTFT at P = 128 / 512 / 2048): 2.78 / 4.03 / 12.63 ms with 32 KB against 2.77 / 4.13 /
-  // 13.21 with 16 KB.
-  uint32_t page_bytes = 32768;
+  // of FLASH_ATTN's K or V; one wait and one release each), 16 KB (one piece per page), or 0: 32 KB where at least
+  // 4 such pages fit beside the activation ring (head_dim 64), else 16 KB (head_dim 128: FLASH_ATTN's 97 KB slot
+  // leaves room for 3). Measured on the H100 (random:llama-3.2-1b TTFT at P = 128 / 512 / 2048): 2.78 / 4.03 /
+  // 12.63 ms with 32 KB pages against 2.77 / 4.13 / 13.21 with 16 KB.
+  uint32_t page_bytes = 0;
 };
 inline constexpr uint32_t kMaxRowTilesForTileBarriers = 8;
 

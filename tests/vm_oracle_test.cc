@@ -5,9 +5,16 @@
 // family (padded rows, biases, 7 heads per KV head, YaRN, per-head q/k norms).
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/decode_oracle.h"
+#include "graph/decoder.h"
+#include "graph/hf_config.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
 #include "megakernel/reference_vm.h"
@@ -177,6 +184,50 @@ TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
   ASSERT_TRUE(s.ok());
   EXPECT_FALSE(scheduler::HasPrefillWeights(*s));
   EXPECT_FALSE(scheduler::CompilePrefill(mistral->graph, *s, 4).ok());
+}
+
+// The pass's page size: 32 KB where four such pages fit beside the activation ring (head_dim 64), else 16 KB
+// (head_dim 128: FLASH_ATTN's 97 KB slot); explicit sizes are kept, others refused.
+TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
+  const std::string config = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_configs/transformers5/llama-3.2-3b.json";
+  for (const auto& [spec, page_bytes] : std::vector<std::pair<std::string, uint32_t>>{
+           {"random:tiny", 32768}, {config, 16384}}) {  // head_dim 64; Llama-3.2-3B's shape (head_dim 128)
+    graph::ModelOptions mo;
+    mo.max_seq = 256;
+    mo.load_weights = false;
+    graph::Model m;
+    if (absl::StartsWith(spec, "random:")) {
+      absl::StatusOr<graph::Model> loaded = graph::LoadModel(spec, mo);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      m = *std::move(loaded);
+    } else {  // the config alone: compiling needs no weights
+      std::ifstream in(spec);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::vector<std::string> unused;
+      absl::StatusOr<graph::DecoderConfig> c = graph::ParseHfConfig(text, spec, &unused);
+      ASSERT_TRUE(c.ok()) << c.status();
+      absl::StatusOr<graph::Graph> g = graph::BuildDecoderGraph(*c, mo.max_seq);
+      ASSERT_TRUE(g.ok()) << g.status();
+      m.graph = *std::move(g);
+      m.spec = spec;
+    }
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m.graph, m.spec, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    scheduler::PrefillOptions po;
+    po.verify = false;
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
+    EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes) << spec;
+    EXPECT_GE(pass->options().smem().num_pages(), page_bytes == 32768 ? 4u : 7u) << spec;
+    po.page_bytes = 16384;
+    pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
+    EXPECT_EQ(pass->options().smem().page_bytes(), 16384u) << spec;
+    po.page_bytes = 20000;
+    pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    ASSERT_FALSE(pass.ok());
+    EXPECT_NE(pass.status().message().find("page_bytes 20000"), std::string::npos) << pass.status();
+  }
 }
 
 TEST(VmOracleFamilies, EveryFamilysTinyModelMatchesTheOracleFusedAndUnfused) {
