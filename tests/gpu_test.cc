@@ -68,6 +68,20 @@ class OpBench {
     argmax_values_[id] = values;
     return id;
   }
+  // A GEMM of random bf16 operand images A [m, k] and W [n, k] into a poisoned f32 output [m, n], store epilogue,
+  // no bias or residual; the caller sets the tile.
+  isa::GemmArgs RandomGemm(uint32_t m, uint32_t n, uint32_t k) {
+    isa::GemmArgs g{};
+    g.a = RandomOperandImage(isa::kArenaRegion, m, k);
+    g.weight = RandomOperandImage(isa::kWeightRegion, n, k);
+    g.out = Output(uint64_t{m} * n);
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.bias = g.residual = isa::kNoTensor;
+    g.epilogue = isa::kGemmStoreF32;
+    return g;
+  }
   template <typename T>
   T* Data(uint32_t id) { return reinterpret_cast<T*>(Bytes(id)); }
   void SetState(uint32_t state, int32_t position, int32_t prompt_length) {
@@ -292,14 +306,7 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
     for (bool extras : {false, true}) {
       const uint32_t seed = Seed();
       OpBench b(seed);
-      isa::GemmArgs g{};
-      g.a = b.RandomOperandImage(isa::kArenaRegion, c.m, c.k);
-      g.weight = b.RandomOperandImage(isa::kWeightRegion, c.n, c.k);
-      g.out = b.Output(uint64_t{c.m} * c.n);
-      g.m = c.m;
-      g.n = c.n;
-      g.k = c.k;
-      g.bias = g.residual = isa::kNoTensor;
+      isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
       if (extras) {
         g.bias = b.Weight(c.n);
         b.FillRandom(g.bias);
@@ -328,17 +335,10 @@ TEST(GpuOpcodes, GemmSplitKAccumulates) {
   for (const Case& c : {Case{7, 100, 1000}, Case{129, 256, 8192}, Case{128, 130, 200}}) {
     const uint32_t seed = Seed();
     OpBench b(seed);
-    isa::GemmArgs g{};
-    g.a = b.RandomOperandImage(isa::kArenaRegion, c.m, c.k);
-    g.weight = b.RandomOperandImage(isa::kWeightRegion, c.n, c.k);
-    g.out = b.Output(uint64_t{c.m} * c.n);
+    isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
     b.FillRandom(g.out);  // the residual stream it adds to
-    g.m = c.m;
-    g.n = c.n;
-    g.k = c.k;
     g.bias = b.Weight(c.n);
     b.FillRandom(g.bias);
-    g.residual = isa::kNoTensor;
     g.epilogue = isa::kGemmAccumulateF32;
     const uint32_t slabs = isa::GemmSlabs(c.k);
     std::vector<isa::Instruction> queue;

@@ -48,6 +48,18 @@ using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
 // store: a store to `out` may alias them (the residual IS out), so a load after a store waits for it, and the
 // tile's 64 loads per thread would each pay a round trip instead of overlapping.
 
+// f(i, offset of (r, c) in a row-major [m, n] tensor, c + 1 < n) for each accumulator register pair (i, i + 1) of
+// thread t inside the output (r < m, c < n): columns (c, c + 1) of row r. Fully unrolled (acc stays in registers).
+template <typename F>
+__device__ __forceinline__ void ForEachGemmPair(const isa::GemmArgs& g, uint32_t t, uint32_t row0, uint32_t col0,
+                                                F&& f) {
+#pragma unroll
+  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+    const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
+    if (r < g.m && c < g.n) f(i, static_cast<uint64_t>(r) * g.n + c, c + 1 < g.n);
+  }
+}
+
 // acc += bias[column] (columns < n).
 __device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* bias, uint32_t n, uint32_t t,
                                             uint32_t col0) {
@@ -206,55 +218,42 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     return;
   }
   float* out = m.ptr<float>(g.out);
-  // Registers (i, i + 1), i even, are columns (c, c + 1) of one row: one 8-byte access when both are inside and
-  // the row's offset is even.
+  // One 8-byte access per register pair when n is even (the pair's offset is then even too).
   const bool pairs = g.n % 2 == 0;
   if (g.epilogue == isa::kGemmAccumulateF32) {
     if (g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
-#pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
-      float* at = out + static_cast<uint64_t>(r) * g.n + c;
-      if (r >= g.m || c >= g.n) continue;
+    ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
-        atomicAdd(reinterpret_cast<float2*>(at), make_float2(acc.d[i], acc.d[i + 1]));
+        atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
       } else {
-        atomicAdd(at, acc.d[i]);
-        if (c + 1 < g.n) atomicAdd(at + 1, acc.d[i + 1]);
+        atomicAdd(out + at, acc.d[i]);
+        if (second) atomicAdd(out + at + 1, acc.d[i + 1]);
       }
-    }
+    });
     return;
   }
   GemmAddBias(acc, bias, g.n, t, col0);
   if (g.residual != isa::kNoTensor) {
     const float* residual = m.ptr<float>(g.residual);
-#pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
-      const float* at = residual + static_cast<uint64_t>(r) * g.n + c;
-      if (r >= g.m || c >= g.n) continue;
+    ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
-        const float2 v = *reinterpret_cast<const float2*>(at);
+        const float2 v = *reinterpret_cast<const float2*>(residual + at);
         acc.d[i] += v.x;
         acc.d[i + 1] += v.y;
       } else {
-        acc.d[i] += at[0];
-        if (c + 1 < g.n) acc.d[i + 1] += at[1];
+        acc.d[i] += residual[at];
+        if (second) acc.d[i + 1] += residual[at + 1];
       }
-    }
+    });
   }
-#pragma unroll
-  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-    const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
-    float* at = out + static_cast<uint64_t>(r) * g.n + c;
-    if (r >= g.m || c >= g.n) continue;
+  ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
     if (pairs) {
-      *reinterpret_cast<float2*>(at) = make_float2(acc.d[i], acc.d[i + 1]);
+      *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);
     } else {
-      at[0] = acc.d[i];
-      if (c + 1 < g.n) at[1] = acc.d[i + 1];
+      out[at] = acc.d[i];
+      if (second) out[at + 1] = acc.d[i + 1];
     }
-  }
+  });
 }
 
 }  // namespace loom::megakernel
