@@ -1,9 +1,12 @@
 # Abseil and Protobuf from Debian, linked STATICALLY so that a binary built on a
-# machine with the -dev packages runs on a GPU machine that has neither.
+# machine with the -dev packages runs on a GPU machine that has neither. Not in a
+# LOOM_PYTHON build: Debian's archives use initial-exec thread-locals, which a
+# shared object (the extension module) cannot hold, so that build links them shared.
 #
 # Debian's abslTargets point at the shared objects; every imported absl:: target
 # is redirected to the static archive that sits beside it.
 find_package(absl CONFIG REQUIRED)
+if(NOT LOOM_PYTHON)
 get_directory_property(_loom_imported IMPORTED_TARGETS)
 foreach(_t IN LISTS _loom_imported)
   if(NOT _t MATCHES "^absl::")
@@ -24,10 +27,10 @@ foreach(_t IN LISTS _loom_imported)
 endforeach()
 
 set(Protobuf_USE_STATIC_LIBS ON)
-find_package(Protobuf REQUIRED)
-
 # libstdc++ and libgcc statically too: the GPU machine's may be older or newer.
 add_link_options($<$<LINK_LANGUAGE:CXX>:-static-libstdc++> $<$<LINK_LANGUAGE:CXX>:-static-libgcc>)
+endif()
+find_package(Protobuf REQUIRED)
 
 # loom_proto_library(NAME proto_file...): protoc-generated C++ in the build tree,
 # paths relative to the source root, so `import "graph/graph.proto"` and

@@ -5,6 +5,16 @@
 #include <cstdio>
 
 namespace loom::graph {
+namespace {
+
+ProgressHook& Hook() {
+  static ProgressHook hook;
+  return hook;
+}
+
+}  // namespace
+
+void SetProgressHook(ProgressHook hook) { Hook() = std::move(hook); }
 
 Progress::Progress(std::string label, uint64_t total_bytes)
     : label_(std::move(label)), total_(total_bytes), tty_(isatty(STDERR_FILENO) != 0) {
@@ -19,17 +29,20 @@ double Progress::seconds() const {
 
 void Progress::Add(uint64_t bytes) {
   done_ += bytes;
-  if (!tty_ || total_ < kQuietBytes) return;
+  if (total_ < kQuietBytes || (!tty_ && !Hook())) return;
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_draw_ < std::chrono::milliseconds(200)) return;
+  if (now - last_draw_ < std::chrono::milliseconds(Hook() ? 100 : 200)) return;
   last_draw_ = now;
-  Draw(false);
+  if (Hook()) Hook()(label_, done_, total_, false);
+  else Draw(false);
 }
 
 void Progress::Done() {
   if (finished_) return;
   finished_ = true;
-  if (total_ >= kQuietBytes) Draw(true);
+  if (total_ < kQuietBytes) return;
+  if (Hook()) Hook()(label_, done_, total_, true);
+  else Draw(true);
 }
 
 void Progress::Draw(bool final) {

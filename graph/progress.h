@@ -5,9 +5,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace loom::graph {
+
+// Where progress goes instead of stderr when set (the Python package draws it with tqdm): the label, bytes done,
+// bytes in all, and whether the job is finished; called on the thread doing the work, at most every 100 ms and
+// once when done. Small jobs report nothing either way.
+using ProgressHook = std::function<void(const std::string& label, uint64_t done, uint64_t total, bool finished)>;
+void SetProgressHook(ProgressHook hook);
 
 class Progress {
  public:

@@ -77,6 +77,8 @@ class GpuMachine {
   uint32_t num_sms() const { return static_cast<uint32_t>(program_.queues.size()); }
   // The WEIGHTS region on the device (for bandwidth probes over the same bytes).
   const uint8_t* weights_device() const { return weights_; }
+  // The arena on the device (it moves when ReserveArena grows it).
+  const uint8_t* arena_device() const { return arena_; }
   uint64_t weights_bytes() const { return weights_size_; }
 
  private:

@@ -103,4 +103,45 @@ absl::StatusOr<CompileOptions> LoadOptions(const std::string& path) {
   return options;
 }
 
+absl::StatusOr<CompileOptions> OptionsFromSettings(const OptionSettings& in, absl::string_view prefix) {
+  auto bad = [&](absl::string_view name, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, name, why));
+  };
+  CompileOptions o;
+  if (!in.options_file.empty()) {
+    absl::StatusOr<CompileOptions> loaded = LoadOptions(in.options_file);
+    if (!loaded.ok()) return loaded.status();
+    o = *std::move(loaded);
+  }
+  if (in.num_sms < 0 || in.num_sms > 4096) return bad("num_sms", absl::StrCat(" must be in [0, 4096], not ", in.num_sms));
+  if (in.num_sms > 0) o.set_num_sms(static_cast<uint32_t>(in.num_sms));
+  if (in.max_seq < 0 || in.max_seq > (int64_t{1} << 20)) {
+    return bad("max_seq", absl::StrCat(" must be in [0, 2^20], not ", in.max_seq));
+  }
+  if (in.max_seq > 0) o.set_max_seq(static_cast<uint32_t>(in.max_seq));
+  if (in.policy == "round-robin") o.set_policy(ROUND_ROBIN);
+  else if (in.policy == "lpt") o.set_policy(LPT);
+  else if (in.policy == "critical-path") o.set_policy(CRITICAL_PATH);
+  else if (!in.policy.empty()) {
+    return bad("policy", absl::StrCat(": unknown policy '", in.policy, "' (round-robin, lpt or critical-path)"));
+  }
+  if (in.granularity == "op") o.set_barrier_granularity(PER_OP);
+  else if (in.granularity == "chunk") o.set_barrier_granularity(PER_CHUNK);
+  else if (!in.granularity.empty()) {
+    return bad("granularity", absl::StrCat(": unknown granularity '", in.granularity, "' (op or chunk)"));
+  }
+  for (const std::string& f : in.unfuse) {
+    FusionOptions* fusion = o.mutable_fusion();
+    if (f == "norm") fusion->set_norm_into_matvec(false);
+    else if (f == "qkv") fusion->set_qkv_rope_kv_append(false);
+    else if (f == "residual") fusion->set_residual_add(false);
+    else if (f == "silu") fusion->set_silu_mul(false);
+    else if (f == "argmax") fusion->set_lm_head_argmax(false);
+    else return bad("unfuse", absl::StrCat(": unknown fusion '", f, "' (norm, qkv, residual, silu or argmax)"));
+  }
+  if (in.prefill.has_value()) o.set_prefill(*in.prefill);
+  if (absl::Status s = ValidateOptions(ResolveOptions(o)); !s.ok()) return s;
+  return o;
+}
+
 }  // namespace loom::scheduler

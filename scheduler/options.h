@@ -1,9 +1,13 @@
 // Compiler options: defaults, validation, and reading an options file.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "scheduler/schedule.pb.h"
 
 namespace loom::scheduler {
@@ -32,5 +36,20 @@ void FitActivationRing(uint64_t needed, const CompileOptions& requested, Compile
 absl::Status ValidateOptions(const CompileOptions& resolved);
 // Reads a text-format (.pbtxt) or binary CompileOptions file.
 absl::StatusOr<CompileOptions> LoadOptions(const std::string& path);
+
+// The compile options as the `loom` command's flags and the Python API's keyword arguments name them, so both
+// accept the same values with the same messages. Unset (0, empty) leaves the options file's value or the default.
+struct OptionSettings {
+  std::string options_file;         // a CompileOptions file (.pbtxt or .pb) the others override
+  int64_t num_sms = 0;              // SMs to schedule for
+  std::string policy;               // round-robin, lpt or critical-path
+  std::string granularity;          // op or chunk
+  std::vector<std::string> unfuse;  // fusions to turn off: norm, qkv, residual, silu, argmax
+  int64_t max_seq = 0;              // KV-cache capacity in tokens
+  std::optional<bool> prefill;      // pack the one-pass prefill's weights (unset: where the graph has one)
+};
+// Resolves and validates `settings`; every message starts with the option's name behind `prefix` ("--" for the
+// command's flags, "" for keyword arguments).
+absl::StatusOr<CompileOptions> OptionsFromSettings(const OptionSettings& settings, absl::string_view prefix);
 
 }  // namespace loom::scheduler

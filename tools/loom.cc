@@ -32,6 +32,7 @@
 #include "scheduler/options.h"
 #include "scheduler/prefill.h"
 #include "scheduler/simulator.h"
+#include "scheduler/summary.h"
 
 ABSL_FLAG(std::string, model, "",
           "model to load: random:<preset> (llama-3.2-1b, tiny, tiny-mistral, tiny-qwen2, tiny-qwen3) or a Hugging "
@@ -103,38 +104,14 @@ void PrintHelp(const Command* command) {
 }
 
 absl::StatusOr<scheduler::CompileOptions> OptionsFromFlags() {
-  scheduler::CompileOptions o;
-  if (!absl::GetFlag(FLAGS_options).empty()) {
-    absl::StatusOr<scheduler::CompileOptions> loaded = scheduler::LoadOptions(absl::GetFlag(FLAGS_options));
-    if (!loaded.ok()) return loaded.status();
-    o = *loaded;
-  }
-  if (absl::GetFlag(FLAGS_num_sms) < 0) return absl::InvalidArgumentError("--num_sms must be >= 0");
-  if (absl::GetFlag(FLAGS_num_sms) > 0) o.set_num_sms(absl::GetFlag(FLAGS_num_sms));
-  if (absl::GetFlag(FLAGS_max_seq) < 0) return absl::InvalidArgumentError("--max_seq must be >= 0");
-  if (absl::GetFlag(FLAGS_max_seq) > 0) o.set_max_seq(absl::GetFlag(FLAGS_max_seq));
-  const std::string policy = absl::GetFlag(FLAGS_policy);
-  if (policy == "round-robin") o.set_policy(scheduler::ROUND_ROBIN);
-  else if (policy == "lpt") o.set_policy(scheduler::LPT);
-  else if (policy == "critical-path") o.set_policy(scheduler::CRITICAL_PATH);
-  else if (!policy.empty()) return absl::InvalidArgumentError(absl::StrCat("--policy: unknown policy '", policy, "'"));
-  const std::string granularity = absl::GetFlag(FLAGS_granularity);
-  if (granularity == "op") o.set_barrier_granularity(scheduler::PER_OP);
-  else if (granularity == "chunk") o.set_barrier_granularity(scheduler::PER_CHUNK);
-  else if (!granularity.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--granularity: unknown granularity '", granularity, "'"));
-  }
-  for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_unfuse), ',', absl::SkipEmpty())) {
-    scheduler::FusionOptions* fusion = o.mutable_fusion();
-    if (f == "norm") fusion->set_norm_into_matvec(false);
-    else if (f == "qkv") fusion->set_qkv_rope_kv_append(false);
-    else if (f == "residual") fusion->set_residual_add(false);
-    else if (f == "silu") fusion->set_silu_mul(false);
-    else if (f == "argmax") fusion->set_lm_head_argmax(false);
-    else return absl::InvalidArgumentError(absl::StrCat("--unfuse: unknown fusion '", std::string(f), "'"));
-  }
-  if (absl::Status s = scheduler::ValidateOptions(scheduler::ResolveOptions(o)); !s.ok()) return s;
-  return o;
+  scheduler::OptionSettings settings;
+  settings.options_file = absl::GetFlag(FLAGS_options);
+  settings.num_sms = absl::GetFlag(FLAGS_num_sms);
+  settings.policy = absl::GetFlag(FLAGS_policy);
+  settings.granularity = absl::GetFlag(FLAGS_granularity);
+  settings.unfuse = absl::StrSplit(absl::GetFlag(FLAGS_unfuse), ',', absl::SkipEmpty());
+  settings.max_seq = absl::GetFlag(FLAGS_max_seq);
+  return scheduler::OptionsFromSettings(settings, "--");
 }
 
 absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options) {
@@ -184,83 +161,12 @@ int CompileCommand() {
   return 0;
 }
 
-std::string ArgString(const isa::Instruction& inst) {
-  std::string out;
-  const char* const* names = isa::ArgNames(inst.op());
-  for (int i = 0; i < isa::ArgCount(inst.op()); ++i) absl::StrAppend(&out, i ? " " : "", names[i], "=", inst.args[i]);
-  return out;
-}
-
 int InspectCommand(const std::string& path) {
   absl::StatusOr<scheduler::Schedule> s = scheduler::LoadSchedule(path);
   if (!s.ok()) return Fail(s.status());
-  absl::StatusOr<scheduler::DecodedSchedule> d = scheduler::DecodeSchedule(*s);
-  absl::StatusOr<scheduler::SimulationResult> sim = scheduler::Simulate(*s);
-  if (!d.ok() || !sim.ok()) return Fail(d.ok() ? sim.status() : d.status());
-  std::printf("schedule %s\n  model %s, %u SMs, policy %s, barriers %s, max_seq %u\n", path.c_str(),
-              s->model().c_str(), s->num_sms(), scheduler::SmPolicy_Name(s->options().policy()).c_str(),
-              scheduler::BarrierGranularity_Name(s->options().barrier_granularity()).c_str(), s->max_seq());
-  std::printf("  weights %.1f MB (streamed per step %.1f MB), arena %.1f MB, %d tensors, %d barriers\n",
-              s->weight_bytes() / 1e6, s->weight_bytes_per_step() / 1e6, s->arena_bytes() / 1e6, s->tensors_size(),
-              s->barriers_size());
-  struct PerOpcode {
-    int count = 0;
-    double weight_mb = 0, cost_us = 0;
-  };
-  std::map<std::string, PerOpcode> per_opcode;
-  std::vector<int> counts;
-  std::vector<double> loads;
-  int total = 0;
-  for (uint32_t sm = 0; sm < s->num_sms(); ++sm) {
-    double load = 0;
-    for (size_t i = 0; i < d->queues[sm].size(); ++i) {
-      const isa::Instruction& inst = d->queues[sm][i];
-      PerOpcode& p = per_opcode[isa::OpcodeName(inst.op())];
-      ++p.count;
-      p.weight_mb += isa::InstructionFootprint(inst, s->options().cost().context_length()).weight_bytes / 1e6;
-      p.cost_us += d->cost_ns[sm][i] / 1e3;
-      load += d->cost_ns[sm][i];
-    }
-    counts.push_back(static_cast<int>(d->queues[sm].size()));
-    loads.push_back(load / 1e3);
-    total += static_cast<int>(d->queues[sm].size());
-  }
-  std::printf("\n  instructions per step: %d\n  %-16s %7s %12s %14s\n", total, "opcode", "count", "weights MB",
-              "predicted us");
-  for (const auto& [name, p] : per_opcode) {
-    std::printf("  %-16s %7d %12.2f %14.1f\n", name.c_str(), p.count, p.weight_mb, p.cost_us);
-  }
-  std::sort(counts.begin(), counts.end());
-  std::sort(loads.begin(), loads.end());
-  std::printf("\n  per-SM load: instructions min %d / median %d / max %d; predicted busy us min %.1f / median %.1f / "
-              "max %.1f\n",
-              counts.front(), counts[counts.size() / 2], counts.back(), loads.front(), loads[loads.size() / 2],
-              loads.back());
-  double busy = 0, wait = 0, tail = 0;
-  for (const scheduler::SmTimes& t : sim->sms) busy += t.busy_ns, wait += t.wait_ns, tail += t.tail_ns;
-  const double n = static_cast<double>(sim->sms.size());
-  std::printf("\n  simulated (cost model: %.0f GB/s HBM, %.0f ns barrier latency, context %u):\n",
-              s->options().cost().hbm_gbps(), s->options().cost().barrier_latency_ns(),
-              s->options().cost().context_length());
-  std::printf("    first step %.1f us, steady step %.1f us (%.0f GB/s of weights)\n", sim->first_step_ns / 1e3,
-              sim->steady_step_ns / 1e3, sim->predicted_gbps());
-  std::printf("    per SM, mean over the steady step: busy %.1f us, waiting on barriers %.1f us, tail %.1f us\n",
-              busy / n / 1e3, wait / n / 1e3, tail / n / 1e3);
-  if (absl::GetFlag(FLAGS_instructions)) {
-    for (uint32_t sm = 0; sm < s->num_sms(); ++sm) {
-      std::printf("\n  SM %u:\n", sm);
-      for (size_t i = 0; i < d->queues[sm].size(); ++i) {
-        const isa::Instruction& inst = d->queues[sm][i];
-        std::string waits;
-        for (int w = 0; w < inst.num_waits; ++w) {
-          absl::StrAppend(&waits, w ? "," : "", inst.waits[w].barrier(), inst.waits[w].previous_step() ? "@prev" : "",
-                          ":", inst.waits[w].count());
-        }
-        std::printf("    %4zu %-15s wait[%s] signal %u  %s  op=%s\n", i, isa::OpcodeName(inst.op()), waits.c_str(),
-                    inst.signal, ArgString(inst).c_str(), s->queues(sm).instructions(i).op().c_str());
-      }
-    }
-  }
+  absl::StatusOr<std::string> summary = scheduler::ScheduleSummary(*s, path, absl::GetFlag(FLAGS_instructions));
+  if (!summary.ok()) return Fail(summary.status());
+  std::fputs(summary->c_str(), stdout);
   return 0;
 }
 

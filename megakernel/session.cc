@@ -1,0 +1,172 @@
+#include "megakernel/session.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
+#include "megakernel/reference_vm.h"
+#include "megakernel/trace.h"
+#include "scheduler/prefill.h"
+
+namespace loom::megakernel {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& graph, const scheduler::Schedule& schedule,
+                                                         const graph::WeightStore& weights, Backend backend) {
+  std::unique_ptr<Session> s(new Session);
+  s->backend_ = backend;
+  s->graph_ = graph;
+  s->schedule_ = schedule;
+  if (backend == Backend::kGpu) {
+    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(schedule, weights);
+    if (!d.ok()) return d.status();
+    s->gpu_ = *std::move(d);
+  } else {
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(schedule, weights);
+    if (!vm.ok()) return vm.status();
+    s->vm_ = *std::move(vm);
+  }
+  return s;
+}
+
+Session::~Session() = default;
+
+uint32_t Session::vocab_size() const { return schedule_.vocab_size(); }
+uint32_t Session::max_seq() const { return schedule_.max_seq(); }
+
+absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows) {
+  for (const auto& [r, pass] : passes_) {
+    if (r == rows) return &pass;
+  }
+  scheduler::PrefillOptions options;
+  options.verify = false;  // as `loom run` lowers passes (the tests verify every shape they run)
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(graph_, schedule_, rows, options);
+  if (!pass.ok()) return pass.status();
+  constexpr size_t kKeptPasses = 8;
+  if (passes_.size() >= kKeptPasses) passes_.erase(passes_.begin());
+  passes_.emplace_back(rows, *std::move(pass));
+  return &passes_.back().second;
+}
+
+absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
+  if (prompt.size() >= schedule_.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("a prompt of ", prompt.size(),
+                                              " tokens leaves no room in the KV cache of ", schedule_.max_seq(),
+                                              " (compile with a larger max_seq)"));
+  }
+  if (absl::Status s = vm_ ? vm_->Reset(prompt) : gpu_->Reset(prompt); !s.ok()) return s;
+  used_prefill_ = false;
+  prefill_note_.clear();
+  const scheduler::Schedule* pass = nullptr;
+  if (!prefill) {
+    prefill_note_ = "prefill off";
+  } else if (!scheduler::HasPrefillWeights(schedule_)) {
+    const absl::Status why = scheduler::PrefillSupported(graph_);
+    prefill_note_ = why.ok() ? "compiled without the prefill weights" : std::string(why.message());
+  } else {
+    absl::StatusOr<const scheduler::Schedule*> p = PassFor(static_cast<uint32_t>(prompt.size()));
+    if (p.ok())
+      pass = *p;
+    else
+      prefill_note_ = std::string(p.status().message());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (pass != nullptr) {
+    used_prefill_ = true;
+    if (vm_) {
+      if (absl::Status s = vm_->Prefill(*pass); !s.ok()) return s;
+      prompt_ms_ = MsSince(start);
+    } else {
+      absl::StatusOr<float> ms = gpu_->Prefill(*pass);
+      if (!ms.ok()) return ms.status();
+      prompt_ms_ = *ms;
+    }
+    return absl::OkStatus();
+  }
+  // One decode step per prompt token: step p reads token p and writes token p + 1 (forced inside the prompt).
+  const int steps = static_cast<int>(prompt.size());
+  if (vm_) {
+    if (absl::Status s = vm_->Run(steps); !s.ok()) return s;
+    prompt_ms_ = MsSince(start);
+  } else {
+    absl::StatusOr<float> ms = gpu_->Run(steps);
+    if (!ms.ok()) return ms.status();
+    prompt_ms_ = *ms;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Step(int n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 0, not ", n));
+  absl::StatusOr<int32_t> pos = position();
+  if (!pos.ok()) return pos.status();
+  if (*pos + static_cast<int64_t>(n) >= schedule_.max_seq()) {
+    return absl::OutOfRangeError(absl::StrCat("position ", *pos, " + ", n, " tokens exceeds the KV cache of ",
+                                              schedule_.max_seq(), " (compile with a larger max_seq)"));
+  }
+  if (n == 0) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  if (vm_) {
+    if (absl::Status s = vm_->Run(n); !s.ok()) return s;
+    step_ms_ = MsSince(start);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float> ms = gpu_->Run(n);
+  if (!ms.ok()) return ms.status();
+  step_ms_ = *ms;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_path) {
+  if (!gpu_) {
+    return absl::FailedPreconditionError(
+        "traces are timings of the GPU kernel; this session runs on the CPU reference VM (backend \"gpu\" traces)");
+  }
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, not ", n));
+  absl::StatusOr<int32_t> pos = position();
+  if (!pos.ok()) return pos.status();
+  if (*pos + static_cast<int64_t>(n) >= schedule_.max_seq()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("position ", *pos, " + ", n, " tokens exceeds the KV cache of ", schedule_.max_seq()));
+  }
+  absl::StatusOr<float> ms = gpu_->Run(n, /*trace=*/true);
+  if (!ms.ok()) return ms.status();
+  step_ms_ = *ms;
+  absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule_);
+  if (!program.ok()) return program.status();
+  TraceInput in{&*program, &gpu_->machine().queue_begin(), &gpu_->machine().trace(), static_cast<uint32_t>(n),
+                schedule_.weight_bytes_per_step()};
+  if (absl::Status s = WriteChromeTrace(json_path, in); !s.ok()) return s;
+  return TraceSummary(in);
+}
+
+absl::StatusOr<int32_t> Session::position() const {
+  if (vm_) return vm_->position();
+  return gpu_->position();
+}
+
+absl::StatusOr<std::vector<int32_t>> Session::tokens() const {
+  if (vm_) return vm_->tokens();
+  return gpu_->tokens();
+}
+
+absl::StatusOr<std::vector<float>> Session::logits() const {
+  if (vm_) return vm_->logits();
+  return gpu_->logits();
+}
+
+absl::StatusOr<const float*> Session::device_logits() const {
+  if (!gpu_) return absl::FailedPreconditionError("device logits: this session runs on the CPU reference VM");
+  return reinterpret_cast<const float*>(gpu_->machine().arena_device() +
+                                        schedule_.tensors(schedule_.io().logits()).offset());
+}
+
+}  // namespace loom::megakernel

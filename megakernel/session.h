@@ -1,0 +1,78 @@
+// Session: a compiled decode schedule resident on a backend (the CPU reference
+// VM or the GPU megakernel), generating tokens. A prompt goes in by the
+// one-pass prefill when the schedule carries its weights (token by token
+// otherwise), which yields the first new token; each decode step then yields
+// one more. The Python package's Session is this class.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "graph/host_tensor.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::megakernel {
+
+class GpuDecoder;
+class ReferenceVm;
+
+enum class Backend { kCpu, kGpu };
+
+class Session {
+ public:
+  // `graph` is the decode graph `schedule` was compiled from (prefill passes are lowered from it), `weights` its
+  // weights. The GPU backend uploads them once here.
+  static absl::StatusOr<std::unique_ptr<Session>> Create(const graph::Graph& graph, const scheduler::Schedule& schedule,
+                                                         const graph::WeightStore& weights, Backend backend);
+  ~Session();
+
+  // Loads `prompt` at position 0 and consumes it: one prefill pass when `prefill` and the schedule has its
+  // weights (else, or if the pass cannot be lowered, one decode step per prompt token; prefill_note() says why).
+  // Afterwards tokens() ends with the first new token.
+  absl::Status Start(const std::vector<int32_t>& prompt, bool prefill = true);
+  // Generates `n` more tokens: n decode steps (one kernel launch on the GPU).
+  absl::Status Step(int n);
+  // Like Step, recording every instruction's timing: writes a Chrome trace JSON to `json_path` and returns the
+  // summary (time per opcode, idle gaps, bandwidth). GPU only.
+  absl::StatusOr<std::string> TraceSteps(int n, const std::string& json_path);
+
+  Backend backend() const { return backend_; }
+  // Position of the last token: tokens() has position() + 1 entries.
+  absl::StatusOr<int32_t> position() const;
+  // The prompt followed by every token generated since Start.
+  absl::StatusOr<std::vector<int32_t>> tokens() const;
+  // Logits of the last step (the prefill pass's last row after Start with a pass), copied to the host.
+  absl::StatusOr<std::vector<float>> logits() const;
+  // The same logits in device memory (GPU only): valid until the next Start, Step or TraceSteps.
+  absl::StatusOr<const float*> device_logits() const;
+  uint32_t vocab_size() const;
+  uint32_t max_seq() const;
+  // The last Start: whether a prefill pass consumed the prompt, and if not why (empty when it did).
+  bool used_prefill() const { return used_prefill_; }
+  const std::string& prefill_note() const { return prefill_note_; }
+  // Time of the last Start's prompt and of the last Step / TraceSteps, in ms (kernel time on the GPU, wall clock
+  // on the CPU).
+  double prompt_ms() const { return prompt_ms_; }
+  double step_ms() const { return step_ms_; }
+
+ private:
+  Session() = default;
+  absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows);
+
+  Backend backend_ = Backend::kCpu;
+  graph::Graph graph_;
+  scheduler::Schedule schedule_;
+  std::unique_ptr<ReferenceVm> vm_;
+  std::unique_ptr<GpuDecoder> gpu_;
+  // Prefill passes lowered so far, by prompt length (a pass depends on the length only).
+  std::vector<std::pair<uint32_t, scheduler::Schedule>> passes_;
+  bool used_prefill_ = false;
+  std::string prefill_note_;
+  double prompt_ms_ = 0, step_ms_ = 0;
+};
+
+}  // namespace loom::megakernel

@@ -1,0 +1,132 @@
+"""Models: a decode graph with its weights, and for Hugging Face folders their tokenizer and chat template."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from . import _loom
+from .progress import progress_bars
+from .text import TextCodec
+
+
+class Model:
+    """A model Loom can compile: its graph, configuration and weights (``loom.load``, ``Model.from_graph``).
+
+    Configuration fields (``family``, ``num_layers``, ``hidden_size``, ``num_heads``, ``num_kv_heads``,
+    ``head_dim``, ``intermediate_size``, ``vocab_size``, ``parameters``) read through to the runtime's model.
+    ``text`` is the folder's tokenizer and chat template, or None (``random:`` presets have none).
+    """
+
+    def __init__(self, native: _loom.Model, max_seq: int, text: TextCodec | None = None) -> None:
+        self._native = native
+        self.max_seq = max_seq
+        self.text = text
+
+    @property
+    def spec(self) -> str:
+        return self._native.spec
+
+    @property
+    def notes(self) -> list[str]:
+        """What loading noticed: config fields transformers ignores for this family, weights rounded to bf16."""
+        return list(self._native.notes)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._native, name)
+
+    def __repr__(self) -> str:
+        n = self._native
+        if n.num_layers == 0:
+            return f"loom.Model({self.spec!r}, graph)"
+        size = f"{n.parameters / 1e9:.2f}B" if n.parameters >= 1e9 else f"{n.parameters / 1e6:.1f}M"
+        return (f"loom.Model({self.spec!r}: {n.family}, {size} parameters, {n.num_layers} layers, "
+                f"hidden {n.hidden_size}, {n.num_heads}/{n.num_kv_heads} heads of {n.head_dim}, "
+                f"KV cache {self.max_seq})")
+
+    def export(self, folder: str | os.PathLike[str]) -> None:
+        """Writes config.json and model.safetensors (random:<preset> models): a folder transformers loads."""
+        self._native.export(os.fspath(folder))
+
+    @staticmethod
+    def from_graph(graph: _loom.Graph, weights: Mapping[str, Any]) -> "Model":
+        """A model of a graph built with ``loom.GraphBuilder`` (or read with ``loom.Graph.load``).
+
+        ``weights`` maps every WEIGHT tensor of the graph to an array of its shape: numpy arrays or torch
+        tensors; floating values for bf16 and f32 weights (bf16 ones are rounded), integers for i32.
+        """
+        arrays = {name: _as_array(name, value, _dtype_of(graph, name)) for name, value in weights.items()}
+        native = _loom.model_from_graph(graph, arrays)
+        return Model(native, native.max_seq)
+
+    def oracle(self) -> "Oracle":
+        """The op-by-op float32 evaluator of the graph (every op, no schedule): the reference Loom is tested
+        against. Its state tensors (KV caches) persist from run to run."""
+        return Oracle(self)
+
+
+class Oracle:
+    """``model.oracle()``: ``run(inputs)`` evaluates every op once and returns the graph's outputs by name."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._native = _loom.Oracle(model._native)
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        arrays = {name: _as_array(name, value, None) for name, value in inputs.items()}
+        return dict(self._native.run(arrays))
+
+    def get(self, name: str) -> Any:
+        """Any input, state or activation tensor after the last run, as a numpy array."""
+        return self._native.get(name)
+
+
+def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057, weights: bool = True,
+         progress: bool = True) -> Model:
+    """Loads ``random:<preset>`` (``llama-3.2-1b``, ``tiny``, ``tiny-mistral``, ``tiny-qwen2``, ``tiny-qwen3``:
+    deterministic random weights) or a Hugging Face folder of a llama, mistral, qwen2 or qwen3 model
+    (config.json and one or sharded safetensors; tokenizer.json and the chat template when present).
+
+    ``max_seq`` is the KV-cache capacity in tokens (0: min(max_position_embeddings, 4096)); ``weights=False``
+    reads the configuration and graph only (compiling needs no weights). A progress bar shows loading a large
+    model when ``progress``.
+    """
+    spec = os.fspath(spec)
+    with progress_bars(progress):
+        native = _loom.load_model(spec, max_seq, weights, seed)
+    text = None if spec.startswith("random:") else TextCodec.from_folder(spec)
+    return Model(native, native.max_seq, text)
+
+
+def _dtype_of(graph: _loom.Graph, name: str) -> str | None:
+    for tensor_name, _, dtype, _, _ in graph.tensors():
+        if tensor_name == name:
+            return dtype
+    return None
+
+
+def _as_array(name: str, value: Any, dtype: str | None) -> Any:
+    """A numpy array of ``value`` (numpy, torch, or a nested list): float32 for floating data, int32 for
+    integers; anything else is refused naming the tensor."""
+    import numpy as np
+
+    if type(value).__module__.startswith("torch"):
+        value = value.detach().cpu()
+        if value.is_floating_point():
+            value = value.float()
+        value = value.numpy()
+    array = np.asarray(value)
+    if array.dtype.kind == "f":
+        if dtype == "I32":
+            raise InvalidArgumentError(f"tensor '{name}' is I32: pass integer values, not {array.dtype}")
+        return np.ascontiguousarray(array, dtype=np.float32)
+    if array.dtype.kind in "iu":
+        if dtype in ("BF16", "F32"):
+            return np.ascontiguousarray(array, dtype=np.float32)
+        return np.ascontiguousarray(array, dtype=np.int32)
+    raise InvalidArgumentError(f"tensor '{name}': cannot use an array of {array.dtype} (numbers only)")
+
+
+InvalidArgumentError = _loom.InvalidArgumentError

@@ -1,0 +1,79 @@
+"""Compiling a model into a schedule, and schedules as files."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+from . import _loom
+from .model import Model
+
+# The keyword arguments of loom.compile: the `loom compile` flags of the same names.
+_OPTIONS = ("options", "num_sms", "policy", "granularity", "unfuse", "max_seq", "prefill")
+
+
+class Schedule:
+    """A compiled schedule: per-SM queues of 128-byte instructions, barriers, tensors and the weight packing.
+
+    ``summary()`` is what ``loom inspect`` prints; ``save`` / ``Schedule.load`` write and read schedule files
+    (``.pbtxt`` text or binary ``.pb``). A schedule compiled here remembers its model, so ``loom.Session`` can
+    run it; one read from a file needs ``model=`` with the weights it was compiled for.
+    """
+
+    def __init__(self, native: _loom.Schedule, model: Model | None = None) -> None:
+        self._native = native
+        self.model = model
+
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> "Schedule":
+        """Reads and verifies a schedule file (a hostile one is refused with an error, never run)."""
+        return Schedule(_loom.Schedule.load(os.fspath(path)))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        self._native.save(os.fspath(path))
+
+    def summary(self, instructions: bool = False) -> str:
+        """Instructions per opcode, per-SM load, the simulator's predicted step time (and every instruction)."""
+        return self._native.summary(instructions)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._native, name)
+
+    def __repr__(self) -> str:
+        n = self._native
+        return (f"loom.Schedule({n.model!r}: {n.num_instructions} instructions per step on {n.num_sms} SMs, "
+                f"{n.num_barriers} barriers, KV cache {n.max_seq}, prefill {'on' if n.has_prefill else 'off'})")
+
+
+def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the package's verb, as `loom compile`
+    """Compiles ``model`` (from ``loom.load`` or ``Model.from_graph``) into a verified schedule.
+
+    Options, as the ``loom compile`` flags (same values, same messages): ``options`` (a CompileOptions .pbtxt or
+    .pb file the others override), ``num_sms``, ``policy`` ("round-robin", "lpt", "critical-path"),
+    ``granularity`` ("op", "chunk"), ``unfuse`` (a list of, or comma-separated: "norm", "qkv", "residual",
+    "silu", "argmax"), ``prefill`` (pack the one-pass prefill's weights; default where the graph has one),
+    ``max_seq`` (must be the model's: it is fixed when loading).
+    """
+    if not isinstance(model, Model):
+        raise TypeError(f"compile() takes a loom.Model, not {type(model).__name__}")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise _loom.InvalidArgumentError(
+            f"unknown option '{unknown[0]}' (options: {', '.join(_OPTIONS)})")
+    unfuse = options.get("unfuse") or []
+    if isinstance(unfuse, str):
+        unfuse = [u for u in unfuse.split(",") if u]
+    max_seq = int(options.get("max_seq") or 0)
+    if max_seq and model.max_seq and max_seq != model.max_seq:
+        raise _loom.InvalidArgumentError(
+            f"max_seq: the model was loaded with a KV cache of {model.max_seq}; load it with max_seq={max_seq}")
+    native = _loom.compile(model._native, os.fspath(options.get("options") or ""), int(options.get("num_sms") or 0),
+                           str(options.get("policy") or ""), str(options.get("granularity") or ""),
+                           [str(u) for u in _as_list(unfuse)], max_seq or model.max_seq, options.get("prefill"))
+    return Schedule(native, model)
+
+
+def _as_list(values: Iterable[Any]) -> list[Any]:
+    return list(values)

@@ -1,0 +1,247 @@
+// loom._loom: building graphs from Python (GraphBuilder), graphs as files and
+// text, models from a graph and arrays of weights, and the op-by-op oracle.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common.h"
+#include "google/protobuf/text_format.h"
+#include "graph/evaluator.h"
+#include "graph/graph_builder.h"
+#include "graph/model.h"
+
+namespace loom::python {
+namespace {
+
+using Array = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
+
+// Fills `attrs` from protobuf text format (the fields the keyword arguments do not cover).
+template <typename Proto>
+void MergeText(const std::string& text, Proto* attrs, const char* what) {
+  if (text.empty()) return;
+  if (!google::protobuf::TextFormat::MergeFromString(text, attrs)) {
+    Invalid(absl::StrCat(what, ": cannot parse '", text, "' as ", Proto::descriptor()->full_name(), " text format"));
+  }
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// An array for a tensor of the graph: float32 for bf16 and f32 tensors (bf16 ones are rounded), int32 for i32;
+// its shape must be the tensor's.
+graph::HostTensor ToHost(const graph::TensorDef& def, const nb::handle& value) {
+  Array a;
+  if (!nb::try_cast(value, a)) {
+    Invalid(absl::StrCat("tensor '", def.name(), "': expected a C-contiguous numpy array on the CPU, got ",
+                         nb::str(value.type()).c_str()));
+  }
+  std::vector<int64_t> shape(a.shape_ptr(), a.shape_ptr() + a.ndim());
+  const std::vector<int64_t> want(def.shape().begin(), def.shape().end());
+  if (shape != want) {
+    Invalid(
+        absl::StrCat("tensor '", def.name(), "': shape ", ShapeText(shape), ", the graph declares ", ShapeText(want)));
+  }
+  graph::HostTensor t = graph::HostTensor::Zeros(def);
+  const bool is_int = def.dtype() == graph::I32;
+  if (is_int ? a.dtype() != nb::dtype<int32_t>() : a.dtype() != nb::dtype<float>()) {
+    Invalid(absl::StrCat("tensor '", def.name(), "' is ", graph::DType_Name(def.dtype()), ": pass ",
+                         is_int ? "int32" : "float32", " values"));
+  }
+  const size_t n = static_cast<size_t>(t.size());
+  if (def.dtype() == graph::I32) {
+    std::memcpy(t.i32.data(), a.data(), n * 4);
+  } else if (def.dtype() == graph::F32) {
+    std::memcpy(t.f32.data(), a.data(), n * 4);
+  } else {
+    const float* f = static_cast<const float*>(a.data());
+    for (size_t i = 0; i < n; ++i) t.bf16[i] = graph::FloatToBf16(f[i]);
+  }
+  return t;
+}
+
+nb::object ToNumpy(const graph::HostTensor& t) {
+  const size_t n = static_cast<size_t>(t.size());
+  std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+  if (t.dtype == graph::I32) {
+    auto* data = new std::vector<int32_t>(t.i32);
+    nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+    return nb::cast(nb::ndarray<nb::numpy, int32_t>(data->data(), shape.size(), shape.data(), owner));
+  }
+  auto* data = new std::vector<float>(n);
+  for (size_t i = 0; i < n; ++i) (*data)[i] = t.Get(static_cast<int64_t>(i));
+  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, float>(data->data(), shape.size(), shape.data(), owner));
+}
+
+graph::Model FromGraph(const graph::Graph& g, const nb::dict& weights) {
+  graph::Model m;
+  m.spec = g.def().name();
+  m.graph = g;
+  for (const graph::TensorDef* def : g.TensorsOfKind(graph::WEIGHT)) {
+    if (!weights.contains(def->name().c_str())) {
+      Invalid(absl::StrCat("weights: no array for the graph's weight '", def->name(), "' ",
+                           ShapeText({def->shape().begin(), def->shape().end()})));
+    }
+    m.weights[def->name()] = ToHost(*def, weights[def->name().c_str()]);
+  }
+  for (auto [key, value] : weights) {
+    const std::string name = nb::cast<std::string>(nb::str(key));
+    if (!g.HasTensor(name) || g.tensor(name).kind() != graph::WEIGHT) {
+      Invalid(absl::StrCat("weights: '", name, "' is not a weight of graph '", g.def().name(), "'"));
+    }
+  }
+  return m;
+}
+
+// The oracle over a model: STATE tensors persist from run to run.
+struct Oracle {
+  std::shared_ptr<const graph::Model> model;
+  std::unique_ptr<graph::Evaluator> evaluator;
+};
+
+}  // namespace
+
+void BindGraph(nb::module_& m) {
+  nb::enum_<graph::DType>(m, "DType").value("BF16", graph::BF16).value("F32", graph::F32).value("I32", graph::I32);
+
+  nb::class_<graph::Graph>(m, "Graph", "A verified model graph: tensors and ops.")
+      .def_static(
+          "load", [](const std::filesystem::path& path) { return Unwrap(graph::Graph::Load(path.string())); },
+          nb::arg("path"), "Reads a .pb or .pbtxt graph file and verifies it.")
+      .def(
+          "save", [](const graph::Graph& g, const std::filesystem::path& path) { Check(g.Save(path.string())); },
+          nb::arg("path"))
+      .def_prop_ro("name", [](const graph::Graph& g) { return g.def().name(); })
+      .def_prop_ro("num_ops", [](const graph::Graph& g) { return g.def().ops_size(); })
+      .def(
+          "text",
+          [](const graph::Graph& g) {
+            std::string out;
+            google::protobuf::TextFormat::PrintToString(g.def(), &out);
+            return out;
+          },
+          "The graph in protobuf text format (what a .pbtxt graph file holds).")
+      .def(
+          "tensors",
+          [](const graph::Graph& g) {
+            nb::list out;
+            for (const graph::TensorDef& t : g.def().tensors()) {
+              out.append(nb::make_tuple(t.name(), std::vector<int64_t>(t.shape().begin(), t.shape().end()),
+                                        graph::DType_Name(t.dtype()), graph::TensorKind_Name(t.kind()), t.is_output()));
+            }
+            return out;
+          },
+          "(name, shape, dtype, kind, is_output) of every tensor.");
+
+  nb::class_<graph::GraphBuilder>(m, "GraphBuilder",
+                                  "Builds a graph op by op; each op returns its output's name, build() verifies.")
+      .def(nb::init<std::string>(), nb::arg("name"))
+      .def("input", &graph::GraphBuilder::Input, nb::arg("name"), nb::arg("shape"), nb::arg("dtype"))
+      .def("weight", &graph::GraphBuilder::Weight, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = graph::BF16)
+      .def("state", &graph::GraphBuilder::State, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = graph::F32)
+      .def("embedding", &graph::GraphBuilder::Embedding, nb::arg("out"), nb::arg("table"), nb::arg("ids"))
+      .def("rms_norm", &graph::GraphBuilder::RmsNorm, nb::arg("out"), nb::arg("x"), nb::arg("weight"), nb::arg("eps"),
+           nb::arg("group_size") = 0)
+      .def("layer_norm", &graph::GraphBuilder::LayerNorm, nb::arg("out"), nb::arg("x"), nb::arg("weight"),
+           nb::arg("bias"), nb::arg("eps"))
+      .def("linear", &graph::GraphBuilder::Linear, nb::arg("out"), nb::arg("x"), nb::arg("weight"),
+           nb::arg("bias") = "")
+      .def(
+          "rope",
+          [](graph::GraphBuilder& b, const std::string& out, const std::string& x, const std::string& pos, int head_dim,
+             float theta, const std::string& attrs) {
+            graph::RopeAttrs a;
+            a.set_head_dim(head_dim);
+            a.set_theta(theta);
+            MergeText(attrs, &a, "rope attrs");
+            return b.Rope(out, x, pos, a);
+          },
+          nb::arg("out"), nb::arg("x"), nb::arg("pos"), nb::arg("head_dim"), nb::arg("theta") = 10000.0f,
+          nb::arg("attrs") = "", "attrs: more RopeAttrs fields in text format (llama3_scaling { ... }, yarn { ... }).")
+      .def(
+          "attention",
+          [](graph::GraphBuilder& b, const std::string& out, const std::string& q, const std::string& k,
+             const std::string& v, const std::string& k_cache, const std::string& v_cache, const std::string& pos,
+             int num_heads, int num_kv_heads, int head_dim, float scale, bool causal) {
+            graph::AttentionAttrs a;
+            a.set_num_heads(num_heads);
+            a.set_num_kv_heads(num_kv_heads);
+            a.set_head_dim(head_dim);
+            a.set_scale(scale);
+            a.set_causal(causal);
+            return b.Attention(out, q, k, v, k_cache, v_cache, pos, a);
+          },
+          nb::arg("out"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("k_cache"), nb::arg("v_cache"),
+          nb::arg("pos"), nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("scale") = 0.0f,
+          nb::arg("causal") = true)
+      .def("silu_mul", &graph::GraphBuilder::SiluMul, nb::arg("out"), nb::arg("gate"), nb::arg("up"))
+      .def("add", &graph::GraphBuilder::Add, nb::arg("out"), nb::arg("a"), nb::arg("b"))
+      .def("conv1d", &graph::GraphBuilder::Conv1d, nb::arg("out"), nb::arg("x"), nb::arg("weight"), nb::arg("state"),
+           nb::arg("bias") = "")
+      .def(
+          "conv2d",
+          [](graph::GraphBuilder& b, const std::string& out, const std::string& x, const std::string& w,
+             const std::string& bias, int stride, int pad) {
+            graph::Conv2dAttrs a;
+            a.set_stride_h(stride);
+            a.set_stride_w(stride);
+            a.set_pad_h(pad);
+            a.set_pad_w(pad);
+            return b.Conv2d(out, x, w, bias, a);
+          },
+          nb::arg("out"), nb::arg("x"), nb::arg("weight"), nb::arg("bias") = "", nb::arg("stride") = 1,
+          nb::arg("pad") = 0)
+      .def("argmax", &graph::GraphBuilder::Argmax, nb::arg("out"), nb::arg("x"))
+      .def("mark_output", &graph::GraphBuilder::MarkOutput, nb::arg("name"))
+      .def(
+          "build", [](graph::GraphBuilder& b) { return Unwrap(std::move(b).Build()); },
+          "Verifies and returns the graph (the builder is spent).");
+
+  m.def("model_from_graph", &FromGraph, nb::arg("graph"), nb::arg("weights"),
+        "A model of `graph` with `weights`: name -> float32 array (bf16 weights are rounded), int32 for i32.");
+
+  nb::class_<Oracle>(m, "Oracle", "The op-by-op float32 evaluator of a model's graph; state persists across runs.")
+      .def(
+          "__init__",
+          [](Oracle* o, const graph::Model& model) {
+            auto copy = std::make_shared<const graph::Model>(model);
+            new (o) Oracle{copy, std::make_unique<graph::Evaluator>(copy->graph, copy->weights)};
+          },
+          nb::arg("model"))
+      .def(
+          "run",
+          [](Oracle& o, const nb::dict& inputs) {
+            absl::flat_hash_map<std::string, graph::HostTensor> in;
+            for (const graph::TensorDef* def : o.model->graph.TensorsOfKind(graph::INPUT)) {
+              if (!inputs.contains(def->name().c_str()))
+                Invalid(absl::StrCat("inputs: no array for '", def->name(), "'"));
+              in[def->name()] = ToHost(*def, inputs[def->name().c_str()]);
+            }
+            {
+              nb::gil_scoped_release release;
+              Check(o.evaluator->Run(in));
+            }
+            std::map<std::string, nb::object> out;
+            for (const graph::TensorDef& t : o.model->graph.def().tensors()) {
+              if (t.is_output()) out[t.name()] = ToNumpy(o.evaluator->Get(t.name()));
+            }
+            return out;
+          },
+          nb::arg("inputs"), "Evaluates every op once; returns the graph's outputs by name.")
+      .def(
+          "get",
+          [](const Oracle& o, const std::string& name) {
+            if (!o.model->graph.HasTensor(name)) Invalid(absl::StrCat("no tensor '", name, "' in the graph"));
+            return ToNumpy(o.evaluator->Get(name));
+          },
+          nb::arg("name"), "Any input, state or activation tensor after the last run.");
+}
+
+}  // namespace loom::python

@@ -1,0 +1,126 @@
+// loom._loom: a compiled model resident on the CPU VM or the GPU, generating
+// tokens (megakernel::Session), with its logits as arrays: copied to numpy, or
+// (GPU) a DLPack view of device memory that torch.from_dlpack takes without a copy.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common.h"
+#include "graph/model.h"
+#include "megakernel/session.h"
+
+namespace loom::python {
+namespace {
+
+// The session and what it was made from; closed sessions refuse every call instead of crashing.
+struct PySession {
+  std::unique_ptr<megakernel::Session> session;
+
+  megakernel::Session& get() {
+    if (!session) throw StatusError(absl::FailedPreconditionError("this session is closed"));
+    return *session;
+  }
+};
+
+megakernel::Backend ParseBackend(const std::string& name) {
+  if (name == "cpu") return megakernel::Backend::kCpu;
+  if (name == "gpu") return megakernel::Backend::kGpu;
+  Invalid(absl::StrCat("backend: unknown backend '", name, "' (cpu or gpu)"));
+}
+
+}  // namespace
+
+void BindSession(nb::module_& m) {
+  nb::class_<PySession>(m, "Session", "A compiled model resident on a backend, generating tokens (see loom.Session).")
+      .def(
+          "__init__",
+          [](PySession* s, const graph::Model& model, const scheduler::Schedule& schedule, const std::string& backend) {
+            const megakernel::Backend b = ParseBackend(backend);
+            if (model.weights.empty()) Invalid(absl::StrCat("model '", model.spec, "' was loaded without weights"));
+            if (schedule.vocab_size() != static_cast<uint32_t>(model.config.vocab_size) &&
+                model.config.vocab_size > 0) {
+              Invalid(absl::StrCat("the schedule (", schedule.model(), ", vocabulary ", schedule.vocab_size(),
+                                   ") is not a schedule of model '", model.spec, "' (vocabulary ",
+                                   model.config.vocab_size, ")"));
+            }
+            std::unique_ptr<megakernel::Session> created;
+            {
+              nb::gil_scoped_release release;
+              created = Unwrap(megakernel::Session::Create(model.graph, schedule, model.weights, b));
+            }
+            new (s) PySession{std::move(created)};
+          },
+          nb::arg("model"), nb::arg("schedule"), nb::arg("backend") = "cpu")
+      .def(
+          "start",
+          [](PySession& s, const std::vector<int32_t>& prompt, bool prefill) {
+            megakernel::Session& x = s.get();
+            nb::gil_scoped_release release;
+            Check(x.Start(prompt, prefill));
+          },
+          nb::arg("prompt"), nb::arg("prefill") = true,
+          "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token.")
+      .def(
+          "step",
+          [](PySession& s, int n) {
+            megakernel::Session& x = s.get();
+            nb::gil_scoped_release release;
+            Check(x.Step(n));
+          },
+          nb::arg("n") = 1, "Generates n more tokens (one kernel launch on the GPU).")
+      .def(
+          "trace_steps",
+          [](PySession& s, int n, const std::filesystem::path& path) {
+            megakernel::Session& x = s.get();
+            nb::gil_scoped_release release;
+            return Unwrap(x.TraceSteps(n, path.string()));
+          },
+          nb::arg("n"), nb::arg("json_path"),
+          "GPU: n steps timed per instruction; writes the trace, returns the summary.")
+      .def(
+          "close", [](PySession& s) { s.session.reset(); }, "Frees the session's memory (GPU memory too).")
+      .def_prop_ro("closed", [](const PySession& s) { return !s.session; })
+      .def_prop_ro("backend",
+                   [](PySession& s) {
+                     return s.get().backend() == megakernel::Backend::kGpu ? std::string("gpu") : std::string("cpu");
+                   })
+      .def_prop_ro("position", [](PySession& s) { return Unwrap(s.get().position()); })
+      .def_prop_ro(
+          "tokens", [](PySession& s) { return Unwrap(s.get().tokens()); },
+          "The prompt followed by every token generated since start().")
+      .def_prop_ro("vocab_size", [](PySession& s) { return s.get().vocab_size(); })
+      .def_prop_ro("max_seq", [](PySession& s) { return s.get().max_seq(); })
+      .def_prop_ro("used_prefill", [](PySession& s) { return s.get().used_prefill(); })
+      .def_prop_ro(
+          "prefill_note", [](PySession& s) { return s.get().prefill_note(); },
+          "Why the last prompt went token by token ('' when a prefill pass took it).")
+      .def_prop_ro("prompt_ms", [](PySession& s) { return s.get().prompt_ms(); })
+      .def_prop_ro("step_ms", [](PySession& s) { return s.get().step_ms(); })
+      .def(
+          "logits_host",
+          [](PySession& s) {
+            auto* data = new std::vector<float>(Unwrap(s.get().logits()));
+            nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            const size_t shape[1] = {data->size()};
+            return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), 1, shape, owner);
+          },
+          "The last step's logits, copied to a numpy array.")
+      .def(
+          "logits_device",
+          [](nb::handle self) {
+            PySession& s = nb::cast<PySession&>(self);
+            const float* p = Unwrap(s.get().device_logits());
+            const size_t shape[1] = {s.get().vocab_size()};
+            int device = 0;
+            // Owned by the session object: the view keeps it alive (its memory moves on the next call).
+            return nb::ndarray<float, nb::ndim<1>, nb::device::cuda>(
+                const_cast<float*>(p), 1, shape, self, nullptr, nb::dtype<float>(), nb::device::cuda::value, device);
+          },
+          "GPU: the last step's logits in device memory, a DLPack-capable view valid until the next call.");
+}
+
+}  // namespace loom::python

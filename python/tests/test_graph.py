@@ -1,0 +1,126 @@
+"""Graphs from Python: GraphBuilder, models from numpy / torch weights, the op-by-op oracle; trace pictures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import loom
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (nearest even), as Loom stores bf16 weights."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def mlp_graph() -> loom.Graph:
+    b = loom.GraphBuilder("mlp")
+    x = b.input("x", [2, 8], loom.DType.F32)
+    b.weight("norm", [8])
+    b.weight("gate", [16, 8])
+    b.weight("up", [16, 8])
+    b.weight("down", [8, 16])
+    h = b.rms_norm("h", x, "norm", 1e-5)
+    g = b.linear("g", h, "gate")
+    u = b.linear("u", h, "up")
+    s = b.silu_mul("s", g, u)
+    y = b.linear("y", s, "down")
+    out = b.add("out", x, y)
+    b.mark_output(out)
+    return b.build()
+
+
+def test_builder_and_oracle_against_numpy():
+    rng = np.random.default_rng(7)
+    w = {"norm": rng.uniform(0.5, 1.5, 8), "gate": rng.normal(size=(16, 8)), "up": rng.normal(size=(16, 8)),
+         "down": rng.normal(size=(8, 16))}
+    graph = mlp_graph()
+    assert graph.name == "mlp" and graph.num_ops == 6
+    assert ("x", [2, 8], "F32", "INPUT", False) in graph.tensors()
+    model = loom.Model.from_graph(graph, w)
+    x = rng.normal(size=(2, 8)).astype(np.float32)
+    got = model.oracle().run({"x": x})["out"]
+    wb = {k: bf16(v) for k, v in w.items()}
+    h = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * wb["norm"]
+    g, u = h @ wb["gate"].T, h @ wb["up"].T
+    want = x + (g / (1 + np.exp(-g)) * u) @ wb["down"].T
+    assert got.shape == (2, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_text_and_files(tmp_path):
+    graph = mlp_graph()
+    assert 'name: "mlp"' in graph.text() and "SILU_MUL" in graph.text()
+    graph.save(tmp_path / "mlp.pbtxt")
+    back = loom.Graph.load(str(tmp_path / "mlp.pbtxt"))
+    assert back.text() == graph.text()
+
+
+def test_torch_weights_if_torch_is_here():
+    torch = pytest.importorskip("torch")
+    graph = mlp_graph()
+    w = {"norm": torch.ones(8), "gate": torch.randn(16, 8, dtype=torch.bfloat16), "up": torch.randn(16, 8),
+         "down": torch.randn(8, 16)}
+    model = loom.Model.from_graph(graph, w)
+    out = model.oracle().run({"x": torch.randn(2, 8)})["out"]
+    assert out.shape == (2, 8) and np.isfinite(out).all()
+
+
+def test_bad_weights_and_graphs_are_refused():
+    graph = mlp_graph()
+    good = {"norm": np.ones(8), "gate": np.ones((16, 8)), "up": np.ones((16, 8)), "down": np.ones((8, 16))}
+    with pytest.raises(loom.InvalidArgumentError, match=r"'gate': shape \[8, 16\], the graph declares \[16, 8\]"):
+        loom.Model.from_graph(graph, {**good, "gate": np.ones((8, 16))})
+    with pytest.raises(loom.InvalidArgumentError, match="no array for the graph's weight 'down'"):
+        loom.Model.from_graph(graph, {k: v for k, v in good.items() if k != "down"})
+    with pytest.raises(loom.InvalidArgumentError, match="'bias' is not a weight"):
+        loom.Model.from_graph(graph, {**good, "bias": np.ones(8)})
+    with pytest.raises(loom.InvalidArgumentError, match="numbers only"):
+        loom.Model.from_graph(graph, {**good, "up": np.array([["a"] * 8] * 16)})
+    model = loom.Model.from_graph(graph, good)
+    with pytest.raises(loom.InvalidArgumentError, match="no array for 'x'"):
+        model.oracle().run({})
+    with pytest.raises(loom.InvalidArgumentError, match="shape"):
+        model.oracle().run({"x": np.ones((3, 8))})
+    b = loom.GraphBuilder("broken")
+    b.input("x", [2, 8], loom.DType.F32)
+    b.weight("w", [4, 5])
+    b.linear("y", "x", "w")
+    with pytest.raises(loom.Error, match="y"):
+        b.build()
+
+
+def test_lowering_refuses_what_it_does_not_cover():
+    model = loom.Model.from_graph(mlp_graph(), {"norm": np.ones(8), "gate": np.ones((16, 8)),
+                                                "up": np.ones((16, 8)), "down": np.ones((8, 16))})
+    with pytest.raises(loom.Error):
+        loom.compile(model)
+
+
+def test_trace_png(tmp_path):
+    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": sm, "args": {"name": f"SM {sm}"}} for sm in range(4)]
+    for sm in range(4):
+        for i, op in enumerate(["MATVEC", "ATTN_PARTIAL", "MATVEC"]):
+            events.append({"name": op, "ph": "X", "pid": 0, "tid": sm, "ts": 10.0 * i + sm, "dur": 8.0})
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    pytest.importorskip("matplotlib")
+    from loom.trace import render_png
+
+    render_png(tmp_path / "t.json", tmp_path / "t.png", title="test")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(ValueError, match="no instruction slices"):
+        render_png(tmp_path / "empty.json", tmp_path / "e.png")
+
+
+def test_progress_bars_context(capsys):
+    from loom.progress import progress_bars
+
+    with progress_bars(True):
+        loom.load("random:tiny", max_seq=16)  # small: nothing drawn, and the hook is removed after
+    with progress_bars(False):
+        pass

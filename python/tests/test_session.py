@@ -1,0 +1,147 @@
+"""Sessions on the CPU reference VM (GPU cases skip without a GPU): generation against the C++ CLI, streaming,
+logits, errors, closed sessions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import loom
+from conftest import gpu_or_skip, run_cli
+
+
+def cli_tokens(*flags: str) -> list[int]:
+    r = run_cli("run", "--model=random:tiny", "--max_seq=64", "--backend=cpu", *flags)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("tokens:"))
+    return [int(t) for t in line.split()[1:]]
+
+
+@pytest.mark.parametrize("prefill", [True, False])
+def test_generate_matches_the_cli(tiny_schedule, prefill):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    out = session.generate([5, 17, 42, 7], max_new_tokens=10, prefill=prefill)
+    assert out.new_ids == cli_tokens("--prompt=5,17,42,7", "--tokens=10", f"--prefill={str(prefill).lower()}")
+    assert out.prompt_ids == [5, 17, 42, 7]
+    assert out.ids == out.prompt_ids + out.new_ids
+    assert out.used_prefill == prefill
+    assert out.text is None
+    assert session.tokens == out.ids
+
+
+def test_session_from_a_model_compiles_with_defaults(tiny):
+    session = loom.Session(tiny, backend="cpu")
+    assert session.schedule.num_sms == 132
+    assert len(session.generate([1, 2], max_new_tokens=3).new_ids) == 3
+
+
+def test_stream_yields_what_generate_returns(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    want = session.generate([3, 1, 4, 1, 5], max_new_tokens=6).new_ids
+    got = [t.id for t in session.stream([3, 1, 4, 1, 5], max_new_tokens=6)]
+    assert got == want
+    assert all(t.text == "" for t in session.stream([3], max_new_tokens=2))
+
+
+def test_stop_tokens_end_generation(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    full = session.generate([9, 8, 7], max_new_tokens=8).new_ids
+    stop = full[2]
+    cut = session.generate([9, 8, 7], max_new_tokens=8, stop=[stop]).new_ids
+    assert cut == full[: full.index(stop) + 1]
+    streamed = [t.id for t in session.stream([9, 8, 7], max_new_tokens=8, stop=[stop])]
+    assert streamed == cut
+
+
+def test_start_and_step(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    want = session.generate([2, 4, 6], max_new_tokens=5).new_ids
+    first = session.start([2, 4, 6])
+    assert [first] + session.step(2) + session.step(2) == want
+
+
+def test_logits_are_the_last_steps(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    out = session.generate([11, 12, 13], max_new_tokens=4)
+    logits = session.logits()
+    assert isinstance(logits, np.ndarray) and logits.shape == (tiny_schedule.vocab_size,)
+    assert logits.dtype == np.float32 and np.isfinite(logits).all()
+    assert int(np.argmax(logits)) == out.new_ids[-1]  # greedy: the last token is the last step's argmax
+
+
+def test_prompt_errors(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    with pytest.raises(loom.InvalidArgumentError, match="at least one token"):
+        session.generate([])
+    with pytest.raises(loom.InvalidArgumentError, match="tokenizer"):
+        session.generate("hello")
+    with pytest.raises(loom.InvalidArgumentError, match="vocabulary"):
+        session.generate([tiny_schedule.vocab_size + 5])
+    with pytest.raises(loom.InvalidArgumentError, match="KV cache"):
+        session.generate(list(range(1, 70)))
+    with pytest.raises(loom.InvalidArgumentError, match="KV cache"):
+        session.generate([1, 2], max_new_tokens=100)
+    with pytest.raises(loom.InvalidArgumentError, match="max_new_tokens"):
+        session.generate([1], max_new_tokens=0)
+    with pytest.raises(loom.InvalidArgumentError, match="token ids"):
+        session.generate([object()])
+    with pytest.raises(loom.InvalidArgumentError, match="unknown backend 'tpu'"):
+        loom.Session(tiny_schedule, backend="tpu")
+
+
+def test_closed_sessions_refuse_every_call(tiny_schedule):
+    with loom.Session(tiny_schedule, backend="cpu") as session:
+        session.generate([1], max_new_tokens=2)
+    assert session.closed and "closed" in repr(session)
+    for call in (lambda: session.generate([1]), lambda: session.tokens, lambda: session.logits(),
+                 lambda: session.step(1)):
+        with pytest.raises(loom.InvalidArgumentError, match="closed"):
+            call()
+    session.close()  # twice is fine
+
+
+def test_a_schedule_from_a_file_needs_its_model(tiny, tiny_schedule, tmp_path):
+    tiny_schedule.save(tmp_path / "s.pb")
+    schedule = loom.Schedule.load(tmp_path / "s.pb")
+    with pytest.raises(loom.InvalidArgumentError, match="model="):
+        loom.Session(schedule, backend="cpu")
+    session = loom.Session(schedule, backend="cpu", model=tiny)
+    assert session.generate([1, 2, 3], 4).new_ids == loom.Session(tiny_schedule, "cpu").generate([1, 2, 3], 4).new_ids
+    other = loom.load("random:tiny-qwen3", max_seq=64)
+    if other.vocab_size != tiny.vocab_size:
+        with pytest.raises(loom.InvalidArgumentError, match="not a schedule of model"):
+            loom.Session(schedule, backend="cpu", model=other)
+
+
+def test_traces_come_from_the_gpu(tiny_schedule, tmp_path):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    session.generate([1], max_new_tokens=1)
+    with pytest.raises(loom.InvalidArgumentError, match="GPU"):
+        session.trace(2, tmp_path / "t.json")
+
+
+def test_gpu_backend_without_a_gpu_says_why(tiny_schedule):
+    ok, why = loom.gpu_available()
+    if ok:
+        pytest.skip("this machine has a GPU")
+    assert why
+    with pytest.raises(loom.UnavailableError, match=why.split(" (")[0]):
+        loom.Session(tiny_schedule, backend="gpu")
+    assert loom.Session(tiny_schedule, backend="auto").backend == "cpu"
+
+
+def test_gpu_generate_matches_the_cli_and_logits_are_torch(tiny_schedule, tmp_path):
+    gpu_or_skip()
+    session = loom.Session(tiny_schedule, backend="gpu")
+    out = session.generate([5, 17, 42, 7], max_new_tokens=10)
+    r = run_cli("run", "--model=random:tiny", "--max_seq=64", "--backend=gpu", "--num_sms=8", "--prompt=5,17,42,7",
+                "--tokens=10")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("tokens:"))
+    assert out.new_ids == [int(t) for t in line.split()[1:]]
+    torch = pytest.importorskip("torch")
+    logits = session.logits()
+    assert isinstance(logits, torch.Tensor) and logits.is_cuda and logits.shape == (tiny_schedule.vocab_size,)
+    assert int(torch.argmax(logits)) == out.new_ids[-1]
+    summary = session.trace(4, tmp_path / "t.json", tmp_path / "t.png")
+    assert "MATVEC" in summary and (tmp_path / "t.png").stat().st_size > 0
