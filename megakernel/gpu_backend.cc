@@ -221,8 +221,9 @@ absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const
   if (trace) {
     absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
     if (!program.ok()) return program.status();
+    const std::vector<std::vector<std::string>> ops = OpNames(schedule);
     TraceInput in{&*program, &d.machine().queue_begin(), &all_events, static_cast<uint32_t>(steps),
-                  schedule.weight_bytes_per_step()};
+                  schedule.weight_bytes_per_step(), &ops};
     if (absl::Status s = WriteChromeTrace(options.trace_path, in); !s.ok()) return s;
     result.summary = TraceSummary(in);
   }

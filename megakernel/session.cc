@@ -142,8 +142,9 @@ absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_p
   step_ms_ = *ms;
   absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule_);
   if (!program.ok()) return program.status();
+  const std::vector<std::vector<std::string>> ops = OpNames(schedule_);
   TraceInput in{&*program, &gpu_->machine().queue_begin(), &gpu_->machine().trace(), static_cast<uint32_t>(n),
-                schedule_.weight_bytes_per_step()};
+                schedule_.weight_bytes_per_step(), &ops};
   if (absl::Status s = WriteChromeTrace(json_path, in); !s.ok()) return s;
   return TraceSummary(in);
 }

@@ -21,6 +21,14 @@ uint64_t Origin(const TraceInput& in) {
 
 }  // namespace
 
+std::vector<std::vector<std::string>> OpNames(const scheduler::Schedule& schedule) {
+  std::vector<std::vector<std::string>> names(schedule.queues_size());
+  for (int sm = 0; sm < schedule.queues_size(); ++sm) {
+    for (const scheduler::Instruction& inst : schedule.queues(sm).instructions()) names[sm].push_back(inst.op());
+  }
+  return names;
+}
+
 absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
   const uint64_t origin = Origin(in);
   const uint64_t total = in.queue_begin->back();
@@ -42,6 +50,7 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
                           {"dur", (e.end - e.start) / 1e3},
                           {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]},
                                     {"wait_us", (e.ready - e.start) / 1e3}}}});
+        if (in.op_names != nullptr) events.back()["args"]["op"] = (*in.op_names)[sm][i - (*in.queue_begin)[sm]];
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "megakernel/gpu_machine.h"
+#include "scheduler/schedule.pb.h"
 
 namespace loom::megakernel {
 
@@ -17,7 +18,13 @@ struct TraceInput {
   const std::vector<TraceEvent>* events;  // [steps][instruction]
   uint32_t steps = 0;
   uint64_t weight_bytes_per_step = 0;
+  // [sm][index]: the lowered op of each instruction ("layers.3.qkv"), written into the trace so a tool can pick
+  // one layer (OpNames of the schedule); optional.
+  const std::vector<std::vector<std::string>>* op_names = nullptr;
 };
+
+// The op name of every instruction of `schedule`, by SM and queue index.
+std::vector<std::vector<std::string>> OpNames(const scheduler::Schedule& schedule);
 
 absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in);
 std::string TraceSummary(const TraceInput& in);

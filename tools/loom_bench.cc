@@ -183,8 +183,9 @@ int Main() {
     if (!t.ok()) return Fail(t.status());
     absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*s);
     if (!program.ok()) return Fail(program.status());
+    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*s);
     megakernel::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
-                              s->weight_bytes_per_step()};
+                              s->weight_bytes_per_step(), &ops};
     if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
     std::printf("\ncontext %d, traced:\n%s", contexts.back(), megakernel::TraceSummary(in).c_str());
   }

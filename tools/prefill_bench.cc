@@ -142,7 +142,8 @@ int Main() {
     if (absl::StatusOr<float> ms = d.Prefill(*pass, true); !ms.ok()) return Fail(ms.status());
     absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*pass);
     if (!program.ok()) return Fail(program.status());
-    megakernel::TraceInput in{&*program, &d.machine().queue_begin_other(), &d.machine().trace(), 1, 0};
+    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*pass);
+    megakernel::TraceInput in{&*program, &d.machine().queue_begin_other(), &d.machine().trace(), 1, 0, &ops};
     if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
     std::printf("\nprefill of %d tokens, traced:\n%s", last_pass, megakernel::TraceSummary(in).c_str());
     // Per stage (graph op, layers folded together): instructions, SM time busy and waiting, and the stage's span

@@ -103,18 +103,30 @@ def test_lowering_refuses_what_it_does_not_cover():
 
 def test_trace_png(tmp_path):
     events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": sm, "args": {"name": f"SM {sm}"}} for sm in range(4)]
-    for sm in range(4):
-        for i, op in enumerate(["MATVEC", "ATTN_PARTIAL", "MATVEC"]):
-            events.append({"name": op, "ph": "X", "pid": 0, "tid": sm, "ts": 10.0 * i + sm, "dur": 8.0})
+    for step in range(2):
+        for sm in range(4):
+            for i, (op, name) in enumerate([("MATVEC", "layers.0.qkv"), ("ATTN_PARTIAL", "layers.0.attn"),
+                                            ("MATVEC", "layers.1.qkv")]):
+                events.append({"name": op, "ph": "X", "pid": 0, "tid": sm, "ts": 100.0 * step + 10.0 * i + sm,
+                               "dur": 8.0, "args": {"step": step, "index": i, "wait_us": 2.0, "op": name}})
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
-    pytest.importorskip("matplotlib")
-    from loom.trace import render_png
+    from loom.trace import load_slices, main, render_png
 
+    assert len(load_slices(tmp_path / "t.json")) == 24
+    assert len(load_slices(tmp_path / "t.json", step=1)) == 12
+    assert {e["name"] for e in load_slices(tmp_path / "t.json", step=1, layer=0)} == {"MATVEC", "ATTN_PARTIAL"}
+    pytest.importorskip("matplotlib")
     render_png(tmp_path / "t.json", tmp_path / "t.png", title="test")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (tmp_path / "empty.json").write_text(json.dumps({"traceEvents": []}))
+    main([str(tmp_path / "t.json"), str(tmp_path / "l.png"), "--step", "1", "--layer", "1"])
+    assert (tmp_path / "l.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no instruction slices"):
-        render_png(tmp_path / "empty.json", tmp_path / "e.png")
+        render_png(tmp_path / "t.json", tmp_path / "e.png", layer=5)
+    for e in events:
+        e.get("args", {}).pop("op", None)
+    (tmp_path / "old.json").write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(ValueError, match="names no ops"):
+        render_png(tmp_path / "old.json", tmp_path / "o.png", layer=0)
 
 
 def test_progress_bars_context(capsys):
