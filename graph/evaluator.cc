@@ -1,5 +1,7 @@
 #include "graph/evaluator.h"
 
+#include "graph/nn_ops.h"
+
 #include <cmath>
 #include <limits>
 
@@ -66,6 +68,12 @@ absl::Status Evaluator::Run(const absl::flat_hash_map<std::string, HostTensor>& 
 
 absl::Status Evaluator::RunOp(const OpDef& op) {
   HostTensor& out = values_.at(op.outputs(0));
+  if (IsNnOp(op.type())) {  // graph/nn_ops: the general tensor ops
+    std::vector<const HostTensor*> inputs;
+    for (int i = 0; i < op.inputs_size(); ++i) inputs.push_back(&In(op, i));
+    if (absl::Status s = EvalNnOp(op, inputs, &out); !s.ok()) return OpError(op, std::string(s.message()));
+    return absl::OkStatus();
+  }
   switch (op.type()) {
     case EMBEDDING: {
       const HostTensor& table = In(op, 0);
@@ -188,12 +196,6 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
       for (int64_t i = 0; i < g.size(); ++i) out.f32[i] = g.f32[i] / (1.0f + std::exp(-g.f32[i])) * u.f32[i];
       return absl::OkStatus();
     }
-    case ADD: {
-      const HostTensor& a = In(op, 0);
-      const HostTensor& b = In(op, 1);
-      for (int64_t i = 0; i < a.size(); ++i) out.f32[i] = a.f32[i] + b.f32[i];
-      return absl::OkStatus();
-    }
     case CONV1D: {
       const HostTensor& x = In(op, 0);
       const HostTensor& w = In(op, 1);
@@ -210,32 +212,6 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
         }
         for (int64_t j = 0; j < ksize - 1; ++j) state->f32[c * (ksize - 1) + j] = window[tokens + j];
       }
-      return absl::OkStatus();
-    }
-    case CONV2D: {
-      const Conv2dAttrs& a = op.conv2d();
-      const HostTensor& x = In(op, 0);
-      const HostTensor& w = In(op, 1);
-      const int64_t n = x.shape[0], ih = x.shape[1], iw = x.shape[2], c = x.shape[3];
-      const int64_t oc = w.shape[0], kh = w.shape[1], kw = w.shape[2];
-      const int64_t oh = out.shape[1], ow = out.shape[2];
-      for (int64_t b = 0; b < n; ++b)
-        for (int64_t y = 0; y < oh; ++y)
-          for (int64_t xo = 0; xo < ow; ++xo)
-            for (int64_t o = 0; o < oc; ++o) {
-              float acc = op.inputs_size() == 3 ? In(op, 2).Get(o) : 0.0f;
-              for (int64_t dy = 0; dy < kh; ++dy) {
-                const int64_t yi = y * a.stride_h() - a.pad_h() + dy;
-                if (yi < 0 || yi >= ih) continue;
-                for (int64_t dx = 0; dx < kw; ++dx) {
-                  const int64_t xi = xo * a.stride_w() - a.pad_w() + dx;
-                  if (xi < 0 || xi >= iw) continue;
-                  const float* px = x.f32.data() + ((b * ih + yi) * iw + xi) * c;
-                  for (int64_t ci = 0; ci < c; ++ci) acc += px[ci] * w.Get(((o * kh + dy) * kw + dx) * c + ci);
-                }
-              }
-              out.f32[((b * oh + y) * ow + xo) * oc + o] = acc;
-            }
       return absl::OkStatus();
     }
     case ARGMAX: {

@@ -7,11 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "graph/dtype.h"
 #include "graph/graph.h"
+#include "graph/nn_ops.h"
 
 namespace loom::graph {
 namespace {
 
-using Shape = std::vector<int64_t>;
 
 Shape ShapeOf(const TensorDef& t) { return Shape(t.shape().begin(), t.shape().end()); }
 
@@ -35,12 +35,12 @@ class OpChecker {
       case LINEAR: return CheckLinear();
       case ROPE: return CheckRope();
       case ATTENTION: return CheckAttention();
-      case SILU_MUL:
-      case ADD: return CheckElementwise();
+      case SILU_MUL: return CheckElementwise();
       case CONV1D: return CheckConv1d();
-      case CONV2D: return CheckConv2d();
       case ARGMAX: return CheckArgmax();
-      default: return Error("has no op type");
+      default:
+        if (IsNnOp(op_.type())) return CheckNnOp();
+        return Error("has no op type");
     }
   }
 
@@ -184,22 +184,20 @@ class OpChecker {
     if (op_.inputs_size() == 4) LOOM_RETURN_IF_ERROR(Expect(In(3), {c}, {BF16, F32}));
     return Expect(Out(0), {t, c}, {F32});
   }
-  absl::Status CheckConv2d() {
-    LOOM_RETURN_IF_ERROR(Arity(2, 3, 1));
-    LOOM_RETURN_IF_ERROR(Rank(In(0), 4));
-    LOOM_RETURN_IF_ERROR(Rank(In(1), 4));
-    if (!op_.has_conv2d()) return Error("needs conv2d attrs");
-    const Conv2dAttrs& a = op_.conv2d();
-    if (a.stride_h() < 1 || a.stride_w() < 1 || a.pad_h() < 0 || a.pad_w() < 0) return Error("bad stride/padding");
-    const int64_t n = In(0).shape(0), h = In(0).shape(1), w = In(0).shape(2), c = In(0).shape(3);
-    const int64_t oc = In(1).shape(0), kh = In(1).shape(1), kw = In(1).shape(2);
-    LOOM_RETURN_IF_ERROR(Expect(In(0), ShapeOf(In(0)), {F32}));
-    LOOM_RETURN_IF_ERROR(Expect(In(1), {oc, kh, kw, c}, {BF16, F32}));
-    if (op_.inputs_size() == 3) LOOM_RETURN_IF_ERROR(Expect(In(2), {oc}, {BF16, F32}));
-    const int64_t oh = (h + 2 * a.pad_h() - kh) / a.stride_h() + 1;
-    const int64_t ow = (w + 2 * a.pad_w() - kw) / a.stride_w() + 1;
-    if (oh < 1 || ow < 1) return Error("kernel larger than padded input");
-    return Expect(Out(0), {n, oh, ow, oc}, {F32});
+  // The tensor ops of graph/nn_ops: f32 activations (weights bf16 or f32), the declared output shape the op's.
+  absl::Status CheckNnOp() {
+    if (op_.outputs_size() != 1) return Error(absl::StrCat("has ", op_.outputs_size(), " outputs, needs 1"));
+    std::vector<Shape> shapes;
+    for (int i = 0; i < op_.inputs_size(); ++i) {
+      const TensorDef& t = In(i);
+      if (t.dtype() != F32 && !(t.kind() == WEIGHT && t.dtype() == BF16)) {
+        return Error(absl::StrCat("tensor '", t.name(), "' is ", DType_Name(t.dtype()), ", needs F32 (or a BF16 weight)"));
+      }
+      shapes.push_back(ShapeOf(t));
+    }
+    absl::StatusOr<Shape> shape = InferNnShape(op_, shapes, ShapeOf(Out(0)));
+    if (!shape.ok()) return Error(std::string(shape.status().message()));
+    return Expect(Out(0), *shape, {F32});
   }
   absl::Status CheckArgmax() {
     LOOM_RETURN_IF_ERROR(Arity(1, 1, 1));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/hf_config.h"
+#include "graph/onnx_import.h"
 #include "graph/progress.h"
 #include "graph/proto_file.h"
 #include "graph/safetensors.h"
@@ -132,6 +133,14 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   model.spec = spec;
   const bool random = absl::StartsWith(spec, "random:");
   const std::string config_path = (fs::path(spec) / "config.json").string();
+  if (absl::EndsWith(spec, ".onnx") && !fs::is_directory(spec)) {  // an ONNX model: graph and initializers
+    absl::StatusOr<OnnxModel> onnx = ImportOnnx(spec);
+    if (!onnx.ok()) return onnx.status();
+    model.graph = std::move(onnx->graph);
+    if (options.load_weights) model.weights = std::move(onnx->weights);
+    model.config.family = "onnx";
+    return model;
+  }
   if (random) {
     absl::StatusOr<DecoderConfig> config = DecoderPreset(spec.substr(7));
     if (!config.ok()) return config.status();

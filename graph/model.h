@@ -1,6 +1,6 @@
-// Loading a model by spec: "random:<preset>" (deterministic random weights) or a
+// Loading a model by spec: "random:<preset>" (deterministic random weights), a
 // Hugging Face folder (config.json + model.safetensors or a sharded index) of a
-// family in graph/families/.
+// family in graph/families/, or an ONNX file (*.onnx, graph/onnx_import.h).
 // Exporting writes a random model as such a folder.
 #pragma once
 

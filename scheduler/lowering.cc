@@ -368,6 +368,9 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
 
 absl::Status Lowering::LowerElementwise(const OpDef& op) {
   const int64_t n = graph::NumElements(graph_.tensor(op.outputs(0)));
+  if (graph::NumElements(graph_.tensor(op.inputs(0))) != n || graph::NumElements(graph_.tensor(op.inputs(1))) != n) {
+    return Unsupported(op, "a broadcasting elementwise op has no lowering yet");
+  }
   std::vector<uint32_t> ready = ReadyBarriers(op.inputs(0));
   const std::vector<uint32_t> r1 = ReadyBarriers(op.inputs(1));
   ready.insert(ready.end(), r1.begin(), r1.end());
@@ -399,6 +402,18 @@ absl::Status Lowering::LowerArgmax(const OpDef& op, uint32_t partials, uint32_t 
 }
 
 absl::StatusOr<Program> Lowering::Run() {
+  // Ops no lowering covers yet (the general tensor ops an ONNX graph brings) are refused by name first.
+  for (int index : graph_.topological_order()) {
+    const OpDef& op = graph_.def().ops(index);
+    switch (op.type()) {
+      case graph::EMBEDDING: case graph::RMS_NORM: case graph::LINEAR: case graph::ROPE: case graph::ATTENTION:
+      case graph::SILU_MUL: case graph::ADD: case graph::ARGMAX:
+        break;
+      default:
+        return Unsupported(op, "has no lowering to instructions yet: the graph imports and runs on the op-by-op "
+                               "oracle; the lowering covers Llama-family decode graphs");
+    }
+  }
   // The decode loop's inputs: the token (read by the embedding) and the position.
   for (const graph::TensorDef* t : graph_.TensorsOfKind(graph::INPUT)) {
     bool is_token = false, is_pos = false;

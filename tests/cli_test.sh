@@ -119,5 +119,20 @@ expect_error "prompt outside vocab" "outside the vocabulary" "" -- "$LOOM" run -
 expect_error "too many tokens" "exceed the KV cache" "" -- "$LOOM" run --model=random:tiny --max_seq=16 --tokens=40
 expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly
 
+# ONNX models (Debian's libonnx-testdata, when installed): imported, then refused by the lowering by op; an op the
+# importer does not map is refused naming the node; a file that is not a model names the file.
+ONNX=/usr/share/libonnx-testdata/data
+if [ -d "$ONNX" ]; then
+  expect_error "onnx conv lowering" "(TRANSPOSE): has no lowering to instructions yet" "$WORK/onnx.pb" -- \
+    "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb"
+  expect_error "onnx unsupported op" "(Erf): op type not supported" "$WORK/onnx.pb" -- \
+    "$LOOM" compile --model="$ONNX/node/test_erf/model.onnx" --out="$WORK/onnx.pb"
+  printf 'not a model' >"$WORK/bad.onnx"
+  expect_error "onnx garbage" "bad.onnx: not an ONNX model file" "$WORK/onnx.pb" -- \
+    "$LOOM" compile --model="$WORK/bad.onnx" --out="$WORK/onnx.pb"
+else
+  echo "skip: ONNX cases ($ONNX missing: apt-get install libonnx-testdata)"
+fi
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]

@@ -2,7 +2,8 @@
 # Installs what Loom's build needs from Debian, when it is missing. Needs root
 # (or sudo). The CUDA toolkit is expected at /usr/local/cuda (nvcc 13).
 set -euo pipefail
-packages=(cmake ninja-build g++ libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev nlohmann-json3-dev)
+packages=(cmake ninja-build g++ libabsl-dev libprotobuf-dev protobuf-compiler libgtest-dev nlohmann-json3-dev
+          libonnx-dev libonnx-testdata)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

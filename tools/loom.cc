@@ -125,6 +125,14 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   if (!model.ok()) return model;
   for (const std::string& note : model->notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   const graph::DecoderConfig& c = model->config;
+  if (c.family == "onnx") {
+    uint64_t bytes = 0;
+    for (const auto& [name, t] : model->weights) bytes += t.bytes();
+    std::fprintf(stderr, "%s: ONNX graph '%s', %d ops%s\n", absl::GetFlag(FLAGS_model).c_str(),
+                 model->graph.def().name().c_str(), model->graph.def().ops_size(),
+                 weights ? absl::StrFormat(", %zu weights (%.1f MB)", model->weights.size(), bytes / 1e6).c_str() : "");
+    return model;
+  }
   std::fprintf(stderr, "%s: %s, %.2fB parameters, %d layers, hidden %d, %d/%d heads of %d%s\n",
                absl::GetFlag(FLAGS_model).c_str(), c.family.c_str(), c.Parameters() / 1e9, c.num_layers,
                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
