@@ -174,5 +174,110 @@ TEST(OnnxBackend, BadFilesAreRefused) {
   EXPECT_NE(m.status().message().find("opset 19"), std::string::npos) << m.status();
 }
 
+
+// Builders of small ONNX models for what the backend data does not cover.
+onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims, std::vector<float> values) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) t.add_dims(d);
+  for (float v : values) t.add_float_data(v);
+  return t;
+}
+void AddValue(onnx::ValueInfoProto* v, const std::string& name, const std::vector<int64_t>& dims) {
+  v->set_name(name);
+  v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) v->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+}
+std::vector<float> Ramp(size_t n, float scale, float offset) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(static_cast<float>(i) * scale) + offset;
+  return v;
+}
+std::vector<float> Evaluate(const graph::OnnxModel& m, const graph::HostTensor& x, size_t output) {
+  graph::Evaluator ev(m.graph, m.weights);
+  EXPECT_TRUE(ev.Run({{m.inputs[0], x}}).ok());
+  const graph::HostTensor& y = ev.Get(m.outputs[output]);
+  std::vector<float> out(y.size());
+  for (int64_t i = 0; i < y.size(); ++i) out[i] = y.Get(i);
+  return out;
+}
+
+// Conv -> BatchNormalization folds into the Conv's weights and bias when the BN is the Conv's only reader: the same
+// outputs as the unfolded form (the Conv's output also read elsewhere), and no MUL left in the graph.
+TEST(OnnxImport, BatchNormFoldsIntoItsConv) {
+  auto model = [](bool conv_is_output) {
+    onnx::ModelProto p;
+    p.add_opset_import()->set_version(13);
+    onnx::GraphProto* g = p.mutable_graph();
+    AddValue(g->add_input(), "x", {2, 3, 6, 5});
+    *g->add_initializer() = FloatTensor("w", {4, 3, 3, 3}, Ramp(4 * 3 * 3 * 3, 0.37f, 0.0f));
+    *g->add_initializer() = FloatTensor("b", {4}, {0.1f, -0.2f, 0.3f, 0.0f});
+    *g->add_initializer() = FloatTensor("scale", {4}, {1.5f, 0.5f, -1.0f, 2.0f});
+    *g->add_initializer() = FloatTensor("shift", {4}, {0.0f, 1.0f, -1.0f, 0.5f});
+    *g->add_initializer() = FloatTensor("mean", {4}, {0.2f, -0.1f, 0.0f, 0.3f});
+    *g->add_initializer() = FloatTensor("var", {4}, {1.0f, 0.5f, 2.0f, 0.25f});
+    onnx::NodeProto* conv = g->add_node();
+    conv->set_op_type("Conv");
+    for (const char* i : {"x", "w", "b"}) conv->add_input(i);
+    conv->add_output("c");
+    onnx::AttributeProto* pads = conv->add_attribute();
+    pads->set_name("pads");
+    pads->set_type(onnx::AttributeProto::INTS);
+    for (int v : {1, 0, 1, 2}) pads->add_ints(v);
+    onnx::NodeProto* bn = g->add_node();
+    bn->set_op_type("BatchNormalization");
+    for (const char* i : {"c", "scale", "shift", "mean", "var"}) bn->add_input(i);
+    bn->add_output("y");
+    AddValue(g->add_output(), "y", {2, 4, 6, 6});
+    if (conv_is_output) AddValue(g->add_output(), "c", {2, 4, 6, 6});
+    return p.SerializeAsString();
+  };
+  absl::StatusOr<graph::OnnxModel> folded = graph::ImportOnnxBytes(model(false), "folded.onnx");
+  absl::StatusOr<graph::OnnxModel> plain = graph::ImportOnnxBytes(model(true), "plain.onnx");
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  int muls = 0;
+  for (const graph::OpDef& op : folded->graph.def().ops()) muls += op.type() == graph::MUL;
+  EXPECT_EQ(muls, 0);
+  const graph::HostTensor x = graph::HostTensor::FromF32({2, 3, 6, 5}, Ramp(2 * 3 * 6 * 5, 0.11f, 0.5f));
+  const std::vector<float> a = Evaluate(*folded, x, 0), b = Evaluate(*plain, x, 0);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * (1 + std::fabs(b[i]))) << i;
+}
+
+// LayerNormalization with its Y output only (the backend cases all ask for Mean and InvStdDev as well), over the
+// last two dims of [2, 3, 4], against the formula.
+TEST(OnnxImport, LayerNormalizationOverTrailingDims) {
+  onnx::ModelProto p;
+  p.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = p.mutable_graph();
+  AddValue(g->add_input(), "x", {2, 3, 4});
+  *g->add_initializer() = FloatTensor("s", {3, 4}, Ramp(12, 0.5f, 1.0f));
+  *g->add_initializer() = FloatTensor("b", {3, 4}, Ramp(12, 0.3f, 0.0f));
+  onnx::NodeProto* n = g->add_node();
+  n->set_op_type("LayerNormalization");
+  for (const char* i : {"x", "s", "b"}) n->add_input(i);
+  n->add_output("y");
+  onnx::AttributeProto* axis = n->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  AddValue(g->add_output(), "y", {2, 3, 4});
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(p.SerializeAsString(), "ln.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<float> xv = Ramp(24, 0.7f, 0.2f), s = Ramp(12, 0.5f, 1.0f), b = Ramp(12, 0.3f, 0.0f);
+  const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({2, 3, 4}, xv), 0);
+  for (int r = 0; r < 2; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 12; ++i) mean += xv[r * 12 + i] / 12.0;
+    for (int i = 0; i < 12; ++i) var += (xv[r * 12 + i] - mean) * (xv[r * 12 + i] - mean) / 12.0;
+    for (int i = 0; i < 12; ++i) {
+      const double want = (xv[r * 12 + i] - mean) / std::sqrt(var + 1e-5) * s[i] + b[i];
+      EXPECT_NEAR(y[r * 12 + i], want, 1e-4) << r << "," << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom
