@@ -6,11 +6,12 @@ import os
 from typing import Any, Mapping
 
 from . import _loom
+from ._wrap import NativeWrapper
 from .progress import progress_bars
 from .text import TextCodec
 
 
-class Model:
+class Model(NativeWrapper):
     """A model Loom can compile: its graph, configuration and weights (``loom.load``, ``Model.from_graph``).
 
     Configuration fields (``family``, ``num_layers``, ``hidden_size``, ``num_heads``, ``num_kv_heads``,
@@ -31,11 +32,6 @@ class Model:
     def notes(self) -> list[str]:
         """What loading noticed: config fields transformers ignores for this family, weights rounded to bf16."""
         return list(self._native.notes)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._native, name)
 
     def __repr__(self) -> str:
         n = self._native

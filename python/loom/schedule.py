@@ -6,13 +6,14 @@ import os
 from typing import Any, Iterable
 
 from . import _loom
+from ._wrap import NativeWrapper
 from .model import Model
 
 # The keyword arguments of loom.compile: the `loom compile` flags of the same names.
 _OPTIONS = ("options", "num_sms", "policy", "granularity", "unfuse", "max_seq", "prefill")
 
 
-class Schedule:
+class Schedule(NativeWrapper):
     """A compiled schedule: per-SM queues of 128-byte instructions, barriers, tensors and the weight packing.
 
     ``summary()`` is what ``loom inspect`` prints; ``save`` / ``Schedule.load`` write and read schedule files
@@ -35,11 +36,6 @@ class Schedule:
     def summary(self, instructions: bool = False) -> str:
         """Instructions per opcode, per-SM load, the simulator's predicted step time (and every instruction)."""
         return self._native.summary(instructions)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._native, name)
 
     def __repr__(self) -> str:
         n = self._native
