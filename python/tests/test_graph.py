@@ -136,3 +136,21 @@ def test_progress_bars_context(capsys):
         loom.load("random:tiny", max_seq=16)  # small: nothing drawn, and the hook is removed after
     with progress_bars(False):
         pass
+
+
+def test_onnx_models_load_and_run_on_the_oracle():
+    path = "/usr/share/libonnx-testdata/data/pytorch-converted/test_Conv2d_groups/model.onnx"
+    import os
+
+    if not os.path.exists(path):
+        pytest.skip("libonnx-testdata is not installed")
+    model = loom.load(path)
+    assert model.family == "onnx" and model.has_weights
+    (name, shape, dtype, kind, _), *_ = [t for t in model.graph().tensors() if t[3] == "INPUT"]
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+    (y,) = model.oracle().run({name: x}).values()
+    assert y.ndim == 4 and np.isfinite(y).all()
+    with pytest.raises(loom.InvalidArgumentError, match="has no lowering to instructions yet"):
+        loom.compile(model)
+    with pytest.raises(loom.InvalidArgumentError, match=r"\(Erf\): op type not supported"):
+        loom.load("/usr/share/libonnx-testdata/data/node/test_erf/model.onnx")
