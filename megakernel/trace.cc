@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
+#include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "graph/proto_file.h"
 #include "instructions/isa.h"
@@ -102,6 +105,80 @@ std::string TraceSummary(const TraceInput& in) {
   absl::StrAppendFormat(&out, "  per SM per step: busy %.1f us, gaps between instructions %.1f us (largest %.1f us)\n",
                         busy / 1e3 / sms / std::max(1u, in.steps), gaps / 1e3 / sms / std::max(1u, in.steps),
                         largest_gap / 1e3);
+  if (in.op_names != nullptr) out += StageSummary(in);
+  return out;
+}
+
+namespace {
+
+// "layers.12.qkv" -> (12, "qkv"); any other name -> (-1, name).
+std::pair<int, std::string> LayerAndStage(const std::string& op) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (op.rfind(kPrefix, 0) != 0) return {-1, op};
+  const size_t dot = op.find('.', kPrefix.size());
+  int layer = 0;
+  if (dot == std::string::npos || !absl::SimpleAtoi(op.substr(kPrefix.size(), dot - kPrefix.size()), &layer)) {
+    return {-1, op};
+  }
+  return {layer, op.substr(dot + 1)};
+}
+
+}  // namespace
+
+std::string StageSummary(const TraceInput& in) {
+  const uint64_t total = in.queue_begin->back();
+  const uint32_t sms = static_cast<uint32_t>(in.program->queues.size());
+  struct Stage {
+    double busy_ns = 0, wait_ns = 0, span_ns = 0;
+    int count = 0, spans = 0;
+  };
+  struct Window {
+    uint64_t first = UINT64_MAX, last = 0;
+  };
+  std::vector<std::string> order;  // stages in the order they first appear
+  std::map<std::string, Stage> stages;
+  std::map<std::tuple<uint32_t, int, std::string>, Window> stage_windows;  // (step, layer, stage)
+  std::map<std::pair<uint32_t, int>, Window> layer_windows;                 // (step, layer)
+  for (uint32_t step = 0; step < in.steps; ++step) {
+    for (uint32_t sm = 0; sm < sms; ++sm) {
+      for (uint32_t i = (*in.queue_begin)[sm]; i < (*in.queue_begin)[sm + 1]; ++i) {
+        const TraceEvent& e = (*in.events)[step * total + i];
+        const auto [layer, name] = LayerAndStage((*in.op_names)[sm][i - (*in.queue_begin)[sm]]);
+        if (!stages.contains(name)) order.push_back(name);
+        Stage& st = stages[name];
+        const uint64_t ready = std::max(e.ready, e.start);
+        st.busy_ns += static_cast<double>(e.end - ready);
+        st.wait_ns += static_cast<double>(ready - e.start);
+        ++st.count;
+        for (Window* w : {&stage_windows[{step, layer, name}], &layer_windows[{step, layer}]}) {
+          w->first = std::min(w->first, e.start);
+          w->last = std::max(w->last, e.end);
+        }
+      }
+    }
+  }
+  for (const auto& [key, w] : stage_windows) {
+    Stage& st = stages[std::get<2>(key)];
+    st.span_ns += static_cast<double>(w.last - w.first);
+    ++st.spans;
+  }
+  const double steps = std::max(1u, in.steps);
+  std::string out = "  per stage (layers summed; SM-us per step: computing after the waits were met, waiting for them; "
+                    "span: first start to last end, per layer):\n";
+  absl::StrAppendFormat(&out, "  %-22s %8s %12s %12s %12s\n", "stage", "count", "computing", "waiting", "span us");
+  for (const std::string& name : order) {
+    const Stage& st = stages[name];
+    absl::StrAppendFormat(&out, "  %-22s %8.0f %12.1f %12.1f %12.2f\n", name, st.count / steps, st.busy_ns / 1e3 / steps,
+                          st.wait_ns / 1e3 / steps, st.spans > 0 ? st.span_ns / 1e3 / st.spans : 0.0);
+  }
+  double layer_ns = 0;
+  int layers = 0;
+  for (const auto& [key, w] : layer_windows) {
+    if (key.second < 0) continue;
+    layer_ns += static_cast<double>(w.last - w.first);
+    ++layers;
+  }
+  if (layers > 0) absl::StrAppendFormat(&out, "  a layer spans %.2f us on average\n", layer_ns / 1e3 / layers);
   return out;
 }
 

@@ -27,6 +27,11 @@ struct TraceInput {
 std::vector<std::vector<std::string>> OpNames(const scheduler::Schedule& schedule);
 
 absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in);
+// Time per opcode, gaps, bandwidth; with op names, StageSummary's table too.
 std::string TraceSummary(const TraceInput& in);
+// Per stage of a layer (op names without their "layers.N." prefix, every layer summed): instructions, SM time
+// computing after the waits were met and waiting for them, per step, and the stage's span per layer; then the
+// mean span of a layer. Needs in.op_names.
+std::string StageSummary(const TraceInput& in);
 
 }  // namespace loom::megakernel

@@ -1,0 +1,61 @@
+// Trace summaries and the Chrome trace on synthetic timings (no GPU): per opcode, per stage of a layer (the op
+// names without their layer), spans, and the op names written into the trace.
+#include "megakernel/trace.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::megakernel {
+namespace {
+
+isa::Instruction Of(isa::Opcode op) {
+  isa::Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(op);
+  return inst;
+}
+
+// Two SMs, two layers of (qkv MATVEC, attn ATTN_PARTIAL) each, one step: SM s runs layer s's two instructions.
+// Layer l's qkv starts at 1000 l ns, waits 100 ns, computes 200; attn starts at 1000 l + 300, waits 50, computes 150.
+TEST(Trace, StagesSumLayersAndMeasureSpans) {
+  GpuProgram program;
+  program.queues = {{Of(isa::Opcode::MATVEC), Of(isa::Opcode::ATTN_PARTIAL)},
+                    {Of(isa::Opcode::MATVEC), Of(isa::Opcode::ATTN_PARTIAL)}};
+  const std::vector<uint32_t> queue_begin = {0, 2, 4};
+  std::vector<TraceEvent> events;
+  for (uint64_t l = 0; l < 2; ++l) {
+    events.push_back({1000 * l, 1000 * l + 100, 1000 * l + 300});
+    events.push_back({1000 * l + 300, 1000 * l + 350, 1000 * l + 500});
+  }
+  const std::vector<std::vector<std::string>> ops = {{"layers.0.qkv", "layers.0.attn"},
+                                                     {"layers.1.qkv", "layers.1.attn"}};
+  TraceInput in{&program, &queue_begin, &events, 1, 0, &ops};
+  const std::string s = StageSummary(in);
+  // qkv: 2 instructions, 400 ns computing, 200 waiting, 300 ns span per layer; attn: 300 / 100 / 200.
+  EXPECT_NE(s.find("qkv                           2          0.4          0.2         0.30"), std::string::npos) << s;
+  EXPECT_NE(s.find("attn                          2          0.3          0.1         0.20"), std::string::npos) << s;
+  EXPECT_NE(s.find("a layer spans 0.50 us on average"), std::string::npos) << s;
+  EXPECT_LT(s.find("qkv"), s.find("attn"));  // in the order they first appear
+  const std::string full = TraceSummary(in);
+  EXPECT_NE(full.find("MATVEC"), std::string::npos) << full;
+  EXPECT_NE(full.find("per stage"), std::string::npos) << full;
+  in.op_names = nullptr;
+  EXPECT_EQ(TraceSummary(in).find("per stage"), std::string::npos);
+
+  in.op_names = &ops;
+  const std::string path = (std::filesystem::temp_directory_path() / "loom_trace_test.json").string();
+  ASSERT_TRUE(WriteChromeTrace(path, in).ok());
+  std::ifstream f(path);
+  std::stringstream json;
+  json << f.rdbuf();
+  EXPECT_NE(json.str().find("\"op\":\"layers.1.attn\""), std::string::npos) << json.str();
+  EXPECT_NE(json.str().find("\"wait_us\":0.05"), std::string::npos) << json.str();
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace loom::megakernel
