@@ -141,7 +141,15 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     model.config.family = "onnx";
     return model;
   }
-  if (random) {
+  if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
+    const std::string path = spec.substr(7);
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    if (!text.ok()) return text.status();
+    std::vector<std::string> unused;
+    absl::StatusOr<DecoderConfig> config = ParseHfConfig(*text, path, &unused);
+    if (!config.ok()) return config.status();
+    model.config = *config;
+  } else if (random) {
     absl::StatusOr<DecoderConfig> config = DecoderPreset(spec.substr(7));
     if (!config.ok()) return config.status();
     model.config = *config;

@@ -1,4 +1,5 @@
-// Loading a model by spec: "random:<preset>" (deterministic random weights), a
+// Loading a model by spec: "random:<preset>" or "random:<config.json>" (that
+// architecture with deterministic random weights), a
 // Hugging Face folder (config.json + model.safetensors or a sharded index) of a
 // family in graph/families/, or an ONNX file (*.onnx, graph/onnx_import.h).
 // Exporting writes a random model as such a folder.

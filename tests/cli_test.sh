@@ -3,6 +3,7 @@
 # naming the file and the reason, a non-zero exit, and no output file.
 set -u
 LOOM="$1"
+DATA="$(cd "$(dirname "$0")" && pwd)/data"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 failures=0
@@ -118,6 +119,12 @@ expect_error "bad prompt" "--prompt: 'x' is not a token id" "" -- "$LOOM" run --
 expect_error "prompt outside vocab" "outside the vocabulary" "" -- "$LOOM" run --model=random:tiny --prompt=5000
 expect_error "too many tokens" "exceed the KV cache" "" -- "$LOOM" run --model=random:tiny --max_seq=16 --tokens=40
 expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly
+
+# random:<config.json>: a checkpoint's architecture with random weights (TinyLlama's shape here, compiled only).
+"$LOOM" compile --model="random:$DATA/hf_configs/transformers5/tinyllama-1.1b.json" --out="$WORK/tl.pb" >/dev/null 2>&1 &&
+  [ -s "$WORK/tl.pb" ] && pass "random:<config.json> compiles" || fail "random:<config.json> compiles"
+expect_error "random:<missing json>" "no-such.json" "$WORK/tl2.pb" -- \
+  "$LOOM" compile --model="random:$WORK/no-such.json" --out="$WORK/tl2.pb"
 
 # ONNX models (Debian's libonnx-testdata, when installed): imported, then refused by the lowering by op; an op the
 # importer does not map is refused naming the node; a file that is not a model names the file.

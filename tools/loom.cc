@@ -35,8 +35,9 @@
 #include "scheduler/summary.h"
 
 ABSL_FLAG(std::string, model, "",
-          "model to load: random:<preset> (llama-3.2-1b, tiny, tiny-mistral, tiny-qwen2, tiny-qwen3) or a Hugging "
-          "Face folder of a llama, mistral, qwen2 or qwen3 model");
+          "model to load: random:<preset> (llama-3.2-1b, tiny, tiny-mistral, tiny-qwen2, tiny-qwen3), "
+          "random:<config.json> (that architecture with random weights), a Hugging Face folder of a llama, mistral, "
+          "qwen2 or qwen3 model, or an ONNX file (*.onnx: imported; its lowering is still to come)");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt text format or binary .pb); flags override it");
 ABSL_FLAG(std::string, out, "", "output file (compile: schedule .pb/.pbtxt) or folder (export)");
 ABSL_FLAG(int32_t, num_sms, 0, "SMs to schedule for (0: options file or 132)");
@@ -364,7 +365,8 @@ int RunCommand() {
 int ExportCommand() {
   if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
   if (absl::GetFlag(FLAGS_model).rfind("random:", 0) != 0) {
-    return Fail(absl::InvalidArgumentError("export writes random:<preset> models; --model must start with random:"));
+    return Fail(absl::InvalidArgumentError(
+        "export writes random:<preset> and random:<config.json> models; --model must start with random:"));
   }
   graph::ModelOptions mo;
   mo.seed = absl::GetFlag(FLAGS_seed);

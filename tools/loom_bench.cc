@@ -8,6 +8,9 @@
 //      --tokens generated tokens in one launch, median of --repeats, per context C;
 //      then the same with weight loads skipped ("no-loads": compute and the
 //      dependency chain alone, garbage results).
+// --models=a,b,c runs all of it per model (one at a time on the GPU), then
+// prints the sweep: each model's ms/token per context against its own floor,
+//   loom_bench --models=random:tests/data/hf_configs/transformers5/tinyllama-1.1b.json,random:llama-3.2-1b,...
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -16,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "graph/model.h"
 #include "megakernel/bandwidth_probe.h"
@@ -26,13 +30,17 @@
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
 
-ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or a Hugging Face folder");
+ABSL_FLAG(std::string, model, "random:llama-3.2-1b",
+          "model: random:<preset>, random:<config.json> or a Hugging Face folder");
+ABSL_FLAG(std::string, models, "", "comma-separated models to sweep (overrides --model), a summary table at the end");
 ABSL_FLAG(std::string, contexts, "128,1024", "comma-separated context lengths to decode at");
 ABSL_FLAG(int32_t, tokens, 128, "tokens generated per timed run");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per context (median reported)");
 ABSL_FLAG(int32_t, max_seq, 2048, "KV-cache capacity");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
-ABSL_FLAG(std::string, trace, "", "write a Chrome trace of one run at the last context here");
+ABSL_FLAG(std::string, trace, "",
+          "write a Chrome trace of one run at the last context here (with --models: one file per model, its index "
+          "before the extension)");
 
 namespace loom {
 namespace {
@@ -93,6 +101,113 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
   return ms[ms.size() / 2];
 }
 
+// One model's line of the sweep.
+struct SweepRow {
+  std::string model;
+  double gb = 0, floor_ms = 0;
+  std::vector<double> ms;  // per context
+};
+
+// The whole bench for one model: its floor, streaming and consumer rates, decode per context (and a trace).
+absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileOptions options,
+                                    const std::vector<int>& contexts, const std::string& trace_path) {
+  // Decode streams the decode weights only: the prefill pass's GEMM images are not packed unless asked for.
+  if (!options.has_prefill()) options.set_prefill(false);
+  graph::ModelOptions mo;
+  mo.max_seq = absl::GetFlag(FLAGS_max_seq);
+  std::fprintf(stderr, "loading %s...\n", spec.c_str());
+  absl::StatusOr<graph::Model> model = graph::LoadModel(spec, mo);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, spec, options);
+  if (!s.ok()) return s.status();
+  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
+  if (!decoder.ok()) return decoder.status();
+  megakernel::GpuDecoder& d = **decoder;
+
+  absl::StatusOr<double> gbps = megakernel::MeasureReadBandwidth(d.machine().weights_device(),
+                                                                 d.machine().weights_bytes(), 20);
+  if (!gbps.ok()) return gbps.status();
+  const double bytes = static_cast<double>(s->weight_bytes_per_step());
+  const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
+  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
+  if (!packed.ok()) return packed.status();
+  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s, false);
+  if (!stream_ms.ok()) return stream_ms.status();
+  absl::StatusOr<double> consume_ms = StreamOnlyMs(*packed, *s, true);
+  if (!consume_ms.ok()) return consume_ms.status();
+  packed->clear();
+  packed->shrink_to_fit();
+  model->weights.clear();  // on the GPU now
+
+  SweepRow row{spec, bytes / 1e9, floor_ms, {}};
+  std::printf("model %s: %.3f GB of weights read per token, %u SMs\n", spec.c_str(), bytes / 1e9, s->num_sms());
+  std::printf("read bandwidth (plain read kernel over the packed weights, median of 20): %.0f GB/s -> floor %.3f ms/token\n",
+              *gbps, floor_ms);
+  std::printf("page-ring streaming (MATVEC tiles, no dependencies): %.3f ms for %.3f GB = %.0f GB/s\n", *stream_ms,
+              static_cast<double>(d.machine().weights_bytes()) / 1e9,
+              static_cast<double>(d.machine().weights_bytes()) / (*stream_ms * 1e-3) / 1e9);
+  const double weight_gb = static_cast<double>(d.machine().weights_bytes()) / 1e9;
+  std::printf("consumer rate (same tiles, weight loads skipped): %.3f ms = %.0f GB/s, %.1f GB/s per SM\n", *consume_ms,
+              weight_gb / (*consume_ms * 1e-3), weight_gb / (*consume_ms * 1e-3) / s->num_sms());
+  std::printf("\n%8s %8s %12s %12s %10s %10s %14s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor",
+              "no-loads ms");
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  std::mt19937 rng(7);
+  for (int c : contexts) {
+    if (c + tokens >= absl::GetFlag(FLAGS_max_seq)) return absl::OutOfRangeError("context + tokens > --max_seq");
+    std::vector<int32_t> prompt(c);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % s->vocab_size());
+    if (absl::Status st = d.Reset(prompt); !st.ok()) return st;
+    if (c > 1) {
+      absl::StatusOr<float> fill = d.Run(c - 1);  // the prompt, one decode step per token
+      if (!fill.ok()) return fill.status();
+    }
+    // Timed twice: as it is, and with weight loads skipped (what compute and the dependency chain cost alone).
+    double median[2], lo = 0, hi = 0;
+    for (int skip = 0; skip < 2; ++skip) {
+      d.machine().SetSkipWeightLoads(skip == 1);
+      std::vector<float> ms;
+      for (int r = 0; r < absl::GetFlag(FLAGS_repeats) + 1; ++r) {
+        if (absl::Status st = d.SetPosition(c - 1); !st.ok()) return st;
+        absl::StatusOr<float> t = d.Run(tokens);
+        if (!t.ok()) return t.status();
+        if (r > 0) ms.push_back(*t / tokens);  // the first is a warm-up
+      }
+      std::sort(ms.begin(), ms.end());
+      median[skip] = ms[ms.size() / 2];
+      if (skip == 0) lo = ms.front(), hi = ms.back();
+    }
+    d.machine().SetSkipWeightLoads(false);
+    std::printf("%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx %14.4f\n", c, tokens, median[0], lo, hi, floor_ms,
+                median[0] / floor_ms, median[1]);
+    row.ms.push_back(median[0]);
+  }
+  if (!trace_path.empty()) {
+    if (absl::Status st = d.SetPosition(contexts.back() - 1); !st.ok()) return st;
+    constexpr int kTraceSteps = 8;
+    absl::StatusOr<float> t = d.Run(kTraceSteps, true);
+    if (!t.ok()) return t.status();
+    absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*s);
+    if (!program.ok()) return program.status();
+    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*s);
+    megakernel::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
+                              s->weight_bytes_per_step(), &ops};
+    if (absl::Status st = megakernel::WriteChromeTrace(trace_path, in); !st.ok()) return st;
+    std::printf("\ncontext %d, traced (%s):\n%s", contexts.back(), trace_path.c_str(),
+                megakernel::TraceSummary(in).c_str());
+  }
+  return row;
+}
+
+// trace.json -> trace.2.json for model 2 of a sweep.
+std::string TracePathFor(const std::string& path, size_t index, size_t models) {
+  if (path.empty() || models < 2) return path;
+  const size_t dot = path.rfind('.');
+  const size_t slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return absl::StrCat(path, ".", index);
+  return absl::StrCat(path.substr(0, dot), ".", index, path.substr(dot));
+}
+
 int Main() {
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
@@ -109,85 +224,26 @@ int Main() {
     if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail(absl::InvalidArgumentError("--contexts: bad context"));
     contexts.push_back(v);
   }
-  graph::ModelOptions mo;
-  mo.max_seq = absl::GetFlag(FLAGS_max_seq);
-  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
-  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
-  if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), options);
-  if (!s.ok()) return Fail(s.status());
-  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
-  if (!decoder.ok()) return Fail(decoder.status());
-  megakernel::GpuDecoder& d = **decoder;
-
-  absl::StatusOr<double> gbps = megakernel::MeasureReadBandwidth(d.machine().weights_device(),
-                                                                 d.machine().weights_bytes(), 20);
-  if (!gbps.ok()) return Fail(gbps.status());
-  const double bytes = static_cast<double>(s->weight_bytes_per_step());
-  const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
-  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
-  if (!packed.ok()) return Fail(packed.status());
-  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s, false);
-  if (!stream_ms.ok()) return Fail(stream_ms.status());
-  absl::StatusOr<double> consume_ms = StreamOnlyMs(*packed, *s, true);
-  if (!consume_ms.ok()) return Fail(consume_ms.status());
-  packed->clear();
-  packed->shrink_to_fit();
-
-  std::printf("model %s: %.3f GB of weights read per token, %u SMs\n", absl::GetFlag(FLAGS_model).c_str(), bytes / 1e9,
-              s->num_sms());
-  std::printf("read bandwidth (plain read kernel over the packed weights, median of 20): %.0f GB/s -> floor %.3f ms/token\n",
-              *gbps, floor_ms);
-  std::printf("page-ring streaming (MATVEC tiles, no dependencies): %.3f ms for %.3f GB = %.0f GB/s\n", *stream_ms,
-              static_cast<double>(d.machine().weights_bytes()) / 1e9,
-              static_cast<double>(d.machine().weights_bytes()) / (*stream_ms * 1e-3) / 1e9);
-  const double weight_gb = static_cast<double>(d.machine().weights_bytes()) / 1e9;
-  std::printf("consumer rate (same tiles, weight loads skipped): %.3f ms = %.0f GB/s, %.1f GB/s per SM\n", *consume_ms,
-              weight_gb / (*consume_ms * 1e-3), weight_gb / (*consume_ms * 1e-3) / s->num_sms());
-  std::printf("\n%8s %8s %12s %12s %10s %10s %14s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor",
-              "no-loads ms");
-  const int tokens = absl::GetFlag(FLAGS_tokens);
-  std::mt19937 rng(7);
-  for (int c : contexts) {
-    if (c + tokens >= absl::GetFlag(FLAGS_max_seq)) return Fail(absl::OutOfRangeError("context + tokens > --max_seq"));
-    std::vector<int32_t> prompt(c);
-    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % s->vocab_size());
-    if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
-    if (c > 1) {
-      absl::StatusOr<float> fill = d.Run(c - 1);  // the prompt, one decode step per token
-      if (!fill.ok()) return Fail(fill.status());
-    }
-    // Timed twice: as it is, and with weight loads skipped (what compute and the dependency chain cost alone).
-    double median[2], lo = 0, hi = 0;
-    for (int skip = 0; skip < 2; ++skip) {
-      d.machine().SetSkipWeightLoads(skip == 1);
-      std::vector<float> ms;
-      for (int r = 0; r < absl::GetFlag(FLAGS_repeats) + 1; ++r) {
-        if (absl::Status st = d.SetPosition(c - 1); !st.ok()) return Fail(st);
-        absl::StatusOr<float> t = d.Run(tokens);
-        if (!t.ok()) return Fail(t.status());
-        if (r > 0) ms.push_back(*t / tokens);  // the first is a warm-up
-      }
-      std::sort(ms.begin(), ms.end());
-      median[skip] = ms[ms.size() / 2];
-      if (skip == 0) lo = ms.front(), hi = ms.back();
-    }
-    d.machine().SetSkipWeightLoads(false);
-    std::printf("%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx %14.4f\n", c, tokens, median[0], lo, hi, floor_ms,
-                median[0] / floor_ms, median[1]);
+  if (contexts.empty()) return Fail(absl::InvalidArgumentError("--contexts: no context"));
+  std::vector<std::string> models = absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty());
+  if (models.empty()) models.push_back(absl::GetFlag(FLAGS_model));
+  std::vector<SweepRow> rows;
+  for (size_t i = 0; i < models.size(); ++i) {
+    if (i > 0) std::printf("\n");
+    absl::StatusOr<SweepRow> row =
+        BenchModel(models[i], options, contexts, TracePathFor(absl::GetFlag(FLAGS_trace), i, models.size()));
+    if (!row.ok()) return Fail(absl::Status(row.status().code(), absl::StrCat(models[i], ": ", row.status().message())));
+    rows.push_back(*std::move(row));
+    std::fflush(stdout);
   }
-  if (!absl::GetFlag(FLAGS_trace).empty()) {
-    if (absl::Status st = d.SetPosition(contexts.back() - 1); !st.ok()) return Fail(st);
-    constexpr int kTraceSteps = 8;
-    absl::StatusOr<float> t = d.Run(kTraceSteps, true);
-    if (!t.ok()) return Fail(t.status());
-    absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*s);
-    if (!program.ok()) return Fail(program.status());
-    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*s);
-    megakernel::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
-                              s->weight_bytes_per_step(), &ops};
-    if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
-    std::printf("\ncontext %d, traced:\n%s", contexts.back(), megakernel::TraceSummary(in).c_str());
+  if (rows.size() < 2) return 0;
+  std::printf("\nsweep (ms/token, median; x its own floor):\n%-60s %8s %9s", "model", "GB/token", "floor ms");
+  for (int c : contexts) std::printf(" %18s", absl::StrCat("context ", c).c_str());
+  std::printf("\n");
+  for (const SweepRow& r : rows) {
+    std::printf("%-60s %8.3f %9.3f", r.model.c_str(), r.gb, r.floor_ms);
+    for (double ms : r.ms) std::printf("   %7.3f (%5.2fx)", ms, ms / r.floor_ms);
+    std::printf("\n");
   }
   return 0;
 }
