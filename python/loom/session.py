@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 from . import _loom
@@ -45,6 +46,7 @@ class Session:
     ``Session(schedule)`` runs a schedule compiled in this process (it knows its model); ``Session(model)``
     compiles with default options first; a schedule read from a file needs ``model=`` with its weights. Close
     it (or use it as a context manager) to free its memory at once; a closed session raises on every call.
+    Threads may share a session: generations run one at a time (a ``stream`` holds the session until it ends).
     """
 
     def __init__(self, schedule: Schedule | Model, backend: str = "auto", *, model: Model | None = None,
@@ -61,6 +63,7 @@ class Session:
             backend = "gpu" if _loom.gpu_available()[0] else "cpu"
         self.model = model
         self.schedule = schedule
+        self._lock = threading.RLock()  # one generation at a time: start, steps and reading the tokens together
         with progress_bars(progress):
             self._native = _loom.Session(model._native, schedule._native, backend)
 
@@ -80,6 +83,7 @@ class Session:
         return self._native.prefill_note
 
     def close(self) -> None:
+        """Frees the session's memory now; a generation in another thread ends first, a later call raises."""
         self._native.close()
 
     @property
@@ -145,21 +149,23 @@ class Session:
             raise _loom.InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
         native = self._native
-        native.start(ids, prefill)
-        prompt_ms = native.prompt_ms
-        steps = max_new_tokens - 1
-        new = list(native.tokens)[len(ids):]
         stops = self._stops(stop)
-        if steps > 0 and not (stops and new[0] in stops):
-            native.step(steps)
+        steps = max_new_tokens - 1
+        with self._lock:
+            native.start(ids, prefill)
+            prompt_ms = native.prompt_ms
             new = list(native.tokens)[len(ids):]
+            if steps > 0 and not (stops and new[0] in stops):
+                native.step(steps)
+                new = list(native.tokens)[len(ids):]
+            step_ms, used_prefill = native.step_ms, native.used_prefill
         for i, t in enumerate(new):
             if t in stops:
                 new = new[: i + 1]
                 break
         text = self.model.text.decode(new) if self.model.text is not None else None
-        return Generation(ids, new, text, prompt_ms, native.step_ms / steps if steps > 0 else 0.0,
-                          native.used_prefill)
+        return Generation(ids, new, text, prompt_ms, step_ms / steps if steps > 0 and len(new) > 1 else 0.0,
+                          used_prefill)
 
     def stream(self, prompt: Any, max_new_tokens: int = 32, *, chat: bool = False,
                stop: Sequence[int] | None = None, prefill: bool = True) -> Iterator[Token]:
@@ -168,35 +174,38 @@ class Session:
             raise _loom.InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
         native = self._native
-        native.start(ids, prefill)
         stops = self._stops(stop)
         text = self.model.text
         new: list[int] = []
         shown = ""
-        for i in range(max_new_tokens):
-            if i > 0:
-                native.step(1)
-            token = int(native.tokens[-1])
-            new.append(token)
-            piece = ""
-            if text is not None:  # the text so far, minus what was shown: multi-token characters come whole
-                full = text.decode(new)
-                piece, shown = full[len(shown):], full
-            yield Token(token, piece)
-            if token in stops:
-                return
+        with self._lock:
+            native.start(ids, prefill)
+            for i in range(max_new_tokens):
+                if i > 0:
+                    native.step(1)
+                token = int(native.tokens[-1])
+                new.append(token)
+                piece = ""
+                if text is not None:  # the text so far, minus what was shown: multi-token characters come whole
+                    full = text.decode(new)
+                    piece, shown = full[len(shown):], full
+                yield Token(token, piece)
+                if token in stops:
+                    return
 
     def start(self, prompt: Any, *, chat: bool = False, prefill: bool = True) -> int:
         """Loads and consumes a prompt; returns the first new token (then ``step`` for more)."""
         ids = self.encode(prompt, chat=chat)
-        self._native.start(ids, prefill)
-        return int(self._native.tokens[-1])
+        with self._lock:
+            self._native.start(ids, prefill)
+            return int(self._native.tokens[-1])
 
     def step(self, n: int = 1) -> list[int]:
         """Generates ``n`` more tokens; returns them."""
-        before = self._native.position
-        self._native.step(n)
-        return list(self._native.tokens)[before + 1:]
+        with self._lock:
+            before = self._native.position
+            self._native.step(n)
+            return list(self._native.tokens)[before + 1:]
 
     def logits(self) -> Any:
         """The last step's logits [vocab]: on the GPU a torch tensor on the device that shares the megakernel's

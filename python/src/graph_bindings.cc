@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -100,10 +101,12 @@ graph::Model FromGraph(const graph::Graph& g, const nb::dict& weights) {
   return m;
 }
 
-// The oracle over a model: STATE tensors persist from run to run.
+// The oracle over a model: STATE tensors persist from run to run. Runs release the GIL; `mutex` takes concurrent
+// calls from several Python threads one at a time.
 struct Oracle {
   std::shared_ptr<const graph::Model> model;
   std::unique_ptr<graph::Evaluator> evaluator;
+  std::mutex mutex;
 };
 
 }  // namespace
@@ -212,7 +215,7 @@ void BindGraph(nb::module_& m) {
           "__init__",
           [](Oracle* o, const graph::Model& model) {
             auto copy = std::make_shared<const graph::Model>(model);
-            new (o) Oracle{copy, std::make_unique<graph::Evaluator>(copy->graph, copy->weights)};
+            new (o) Oracle{copy, std::make_unique<graph::Evaluator>(copy->graph, copy->weights), {}};
           },
           nb::arg("model"))
       .def(
@@ -224,22 +227,31 @@ void BindGraph(nb::module_& m) {
                 Invalid(absl::StrCat("inputs: no array for '", def->name(), "'"));
               in[def->name()] = ToHost(*def, inputs[def->name().c_str()]);
             }
+            std::vector<std::pair<std::string, graph::HostTensor>> values;
             {
               nb::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(o.mutex);
               Check(o.evaluator->Run(in));
+              for (const graph::TensorDef& t : o.model->graph.def().tensors()) {
+                if (t.is_output()) values.emplace_back(t.name(), o.evaluator->Get(t.name()));
+              }
             }
             std::map<std::string, nb::object> out;
-            for (const graph::TensorDef& t : o.model->graph.def().tensors()) {
-              if (t.is_output()) out[t.name()] = ToNumpy(o.evaluator->Get(t.name()));
-            }
+            for (const auto& [name, value] : values) out[name] = ToNumpy(value);
             return out;
           },
           nb::arg("inputs"), "Evaluates every op once; returns the graph's outputs by name.")
       .def(
           "get",
-          [](const Oracle& o, const std::string& name) {
+          [](Oracle& o, const std::string& name) {
             if (!o.model->graph.HasTensor(name)) Invalid(absl::StrCat("no tensor '", name, "' in the graph"));
-            return ToNumpy(o.evaluator->Get(name));
+            graph::HostTensor value;
+            {
+              nb::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(o.mutex);
+              value = o.evaluator->Get(name);
+            }
+            return ToNumpy(value);
           },
           nb::arg("name"), "Any input, state or activation tensor after the last run.");
 }

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common.h"
@@ -16,15 +17,22 @@
 namespace loom::python {
 namespace {
 
-// The session and what it was made from; closed sessions refuse every call instead of crashing.
+// The session; closed sessions refuse every call instead of crashing. Calls run with the GIL released, so two
+// Python threads may call at once: `mutex` takes them one at a time (close() too, so it never frees a session
+// another thread is running).
 struct PySession {
   std::unique_ptr<megakernel::Session> session;
-
-  megakernel::Session& get() {
-    if (!session) throw StatusError(absl::FailedPreconditionError("this session is closed"));
-    return *session;
-  }
+  std::mutex mutex;
 };
+
+// f(session) with the GIL released and the session locked (the GIL first: a thread waiting for the lock holds none).
+template <typename F>
+auto Locked(PySession& s, F&& f) {
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.session) throw StatusError(absl::FailedPreconditionError("this session is closed"));
+  return f(*s.session);
+}
 
 megakernel::Backend ParseBackend(const std::string& name) {
   if (name == "cpu") return megakernel::Backend::kCpu;
@@ -58,52 +66,62 @@ void BindSession(nb::module_& m) {
       .def(
           "start",
           [](PySession& s, const std::vector<int32_t>& prompt, bool prefill) {
-            megakernel::Session& x = s.get();
-            nb::gil_scoped_release release;
-            Check(x.Start(prompt, prefill));
+            Locked(s, [&](megakernel::Session& x) { Check(x.Start(prompt, prefill)); });
           },
           nb::arg("prompt"), nb::arg("prefill") = true,
           "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token.")
       .def(
-          "step",
-          [](PySession& s, int n) {
-            megakernel::Session& x = s.get();
-            nb::gil_scoped_release release;
-            Check(x.Step(n));
-          },
+          "step", [](PySession& s, int n) { Locked(s, [&](megakernel::Session& x) { Check(x.Step(n)); }); },
           nb::arg("n") = 1, "Generates n more tokens (one kernel launch on the GPU).")
       .def(
           "trace_steps",
           [](PySession& s, int n, const std::filesystem::path& path) {
-            megakernel::Session& x = s.get();
-            nb::gil_scoped_release release;
-            return Unwrap(x.TraceSteps(n, path.string()));
+            return Locked(s, [&](megakernel::Session& x) { return Unwrap(x.TraceSteps(n, path.string())); });
           },
           nb::arg("n"), nb::arg("json_path"),
           "GPU: n steps timed per instruction; writes the trace, returns the summary.")
       .def(
-          "close", [](PySession& s) { s.session.reset(); }, "Frees the session's memory (GPU memory too).")
-      .def_prop_ro("closed", [](const PySession& s) { return !s.session; })
+          "close",
+          [](PySession& s) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(s.mutex);
+            s.session.reset();
+          },
+          "Frees the session's memory (GPU memory too).")
+      .def_prop_ro("closed",
+                   [](PySession& s) {
+                     nb::gil_scoped_release release;
+                     std::lock_guard<std::mutex> lock(s.mutex);
+                     return !s.session;
+                   })
       .def_prop_ro("backend",
                    [](PySession& s) {
-                     return s.get().backend() == megakernel::Backend::kGpu ? std::string("gpu") : std::string("cpu");
+                     return Locked(s, [](megakernel::Session& x) {
+                       return x.backend() == megakernel::Backend::kGpu ? std::string("gpu") : std::string("cpu");
+                     });
                    })
-      .def_prop_ro("position", [](PySession& s) { return Unwrap(s.get().position()); })
+      .def_prop_ro("position",
+                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return Unwrap(x.position()); }); })
       .def_prop_ro(
-          "tokens", [](PySession& s) { return Unwrap(s.get().tokens()); },
+          "tokens", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return Unwrap(x.tokens()); }); },
           "The prompt followed by every token generated since start().")
-      .def_prop_ro("vocab_size", [](PySession& s) { return s.get().vocab_size(); })
-      .def_prop_ro("max_seq", [](PySession& s) { return s.get().max_seq(); })
-      .def_prop_ro("used_prefill", [](PySession& s) { return s.get().used_prefill(); })
+      .def_prop_ro("vocab_size",
+                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.vocab_size(); }); })
+      .def_prop_ro("max_seq", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.max_seq(); }); })
+      .def_prop_ro("used_prefill",
+                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.used_prefill(); }); })
       .def_prop_ro(
-          "prefill_note", [](PySession& s) { return s.get().prefill_note(); },
+          "prefill_note",
+          [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.prefill_note(); }); },
           "Why the last prompt went token by token ('' when a prefill pass took it).")
-      .def_prop_ro("prompt_ms", [](PySession& s) { return s.get().prompt_ms(); })
-      .def_prop_ro("step_ms", [](PySession& s) { return s.get().step_ms(); })
+      .def_prop_ro("prompt_ms",
+                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.prompt_ms(); }); })
+      .def_prop_ro("step_ms", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.step_ms(); }); })
       .def(
           "logits_host",
           [](PySession& s) {
-            auto* data = new std::vector<float>(Unwrap(s.get().logits()));
+            auto* data = new std::vector<float>(
+                Locked(s, [](megakernel::Session& x) { return Unwrap(x.logits()); }));
             nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
             const size_t shape[1] = {data->size()};
             return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), 1, shape, owner);
@@ -113,8 +131,8 @@ void BindSession(nb::module_& m) {
           "logits_device",
           [](nb::handle self) {
             PySession& s = nb::cast<PySession&>(self);
-            const float* p = Unwrap(s.get().device_logits());
-            const size_t shape[1] = {s.get().vocab_size()};
+            const float* p = Locked(s, [](megakernel::Session& x) { return Unwrap(x.device_logits()); });
+            const size_t shape[1] = {Locked(s, [](megakernel::Session& x) { return size_t{x.vocab_size()}; })};
             int device = 0;
             // Owned by the session object: the view keeps it alive (its memory moves on the next call).
             return nb::ndarray<float, nb::ndim<1>, nb::device::cuda>(

@@ -145,3 +145,32 @@ def test_gpu_generate_matches_the_cli_and_logits_are_torch(tiny_schedule, tmp_pa
     assert int(torch.argmax(logits)) == out.new_ids[-1]
     summary = session.trace(4, tmp_path / "t.json", tmp_path / "t.png")
     assert "MATVEC" in summary and (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_threads_share_a_session_one_call_at_a_time(tiny_schedule):
+    import threading
+
+    session = loom.Session(tiny_schedule, backend="cpu")
+    want = session.generate([7, 7, 7], max_new_tokens=4).new_ids
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(3):
+                results.append(session.generate([7, 7, 7], max_new_tokens=4).new_ids)
+        except loom.Error as e:  # a close() racing a generate: refused, not a crash
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [want] * 9 and not errors
+    closer = threading.Thread(target=session.close)
+    worker = threading.Thread(target=work)
+    worker.start()
+    closer.start()
+    worker.join()
+    closer.join()
+    assert session.closed and all("closed" in e for e in errors)
