@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/layout_pass.h"
 #include "graph/nn_ops.h"
 #include "onnx/onnx.pb.h"  // generated from libonnx-dev's onnx.proto (graph/CMakeLists.txt)
 
@@ -133,7 +134,8 @@ class Attrs {
 
 class Importer {
  public:
-  explicit Importer(std::string file) : file_(std::move(file)) {}
+  Importer(std::string file, bool cancel_transposes)
+      : file_(std::move(file)), cancel_transposes_(cancel_transposes) {}
 
   absl::StatusOr<OnnxModel> Run(const onnx::ModelProto& m) {
     def_.set_name(m.graph().name().empty() ? "onnx" : m.graph().name());
@@ -189,6 +191,10 @@ class Importer {
       }
       Mutable(*t)->set_is_output(true);
       out.outputs.push_back(*t);
+    }
+    if (cancel_transposes_) {
+      absl::StatusOr<int> removed = CancelTransposes(&def_);
+      if (!removed.ok()) return Fail(std::string(removed.status().message()));
     }
     absl::StatusOr<Graph> graph = Graph::Create(def_);
     if (!graph.ok()) return Fail(std::string(graph.status().message()));
@@ -298,6 +304,7 @@ class Importer {
                                               bool one_d);
 
   std::string file_;
+  bool cancel_transposes_;
   std::string node_name_, node_type_;
   int64_t opset_ = 0;
   GraphDef def_;
@@ -808,10 +815,10 @@ std::vector<std::string> OnnxSupportedOps() {
           "MaxPool", "Mul",         "Relu",               "Reshape", "Sigmoid",  "Softmax",   "Transpose"};
 }
 
-absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name) {
+absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {
   onnx::ModelProto m;
   if (!m.ParseFromString(bytes)) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file"));
-  return Importer(name).Run(m);
+  return Importer(name, cancel_transposes).Run(m);
 }
 
 absl::StatusOr<OnnxModel> ImportOnnx(const std::string& path) {

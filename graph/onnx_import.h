@@ -7,7 +7,9 @@
 // ONNX's spatial ops are NCHW; Loom's CONV2D and pools are NHWC, so each is
 // wrapped in TRANSPOSEs (the lowering can cancel adjacent pairs); Conv weights
 // are permuted to [OC, KH, KW, C/groups] at import, and a BatchNormalization
-// that alone consumes a Conv is folded into its weights and bias.
+// that alone consumes a Conv is folded into its weights and bias. Then the
+// transposes are sunk through activations and residual adds and cancelled in
+// pairs (graph/layout_pass.h), so a network stays NHWC after its input's one.
 #pragma once
 
 #include <string>
@@ -29,8 +31,10 @@ struct OnnxModel {
 };
 
 absl::StatusOr<OnnxModel> ImportOnnx(const std::string& path);
-// The same from the bytes of a ModelProto; `name` stands for the file in messages.
-absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name);
+// The same from the bytes of a ModelProto; `name` stands for the file in messages. `cancel_transposes` false
+// keeps every NCHW <-> NHWC pair (tests compare the two).
+absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name,
+                                          bool cancel_transposes = true);
 
 // A serialized onnx.TensorProto file (the backend test data's input_N.pb / output_N.pb) as a float32 tensor.
 absl::StatusOr<HostTensor> ReadOnnxTensor(const std::string& path);

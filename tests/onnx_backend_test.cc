@@ -279,5 +279,70 @@ TEST(OnnxImport, LayerNormalizationOverTrailingDims) {
   }
 }
 
+
+onnx::NodeProto* AddNode(onnx::GraphProto* g, const std::string& type, std::vector<std::string> in,
+                         const std::string& out) {
+  onnx::NodeProto* n = g->add_node();
+  n->set_op_type(type);
+  for (const std::string& i : in) n->add_input(i);
+  n->add_output(out);
+  return n;
+}
+void IntsAttr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+  onnx::AttributeProto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v) a->add_ints(x);
+}
+
+// A residual block as ResNet has it (Conv, BatchNormalization, Relu, MaxPool, Conv, Add, Relu, GlobalAveragePool,
+// Flatten, Gemm): after import the network is NHWC from its input's transpose on, with no other TRANSPOSE left,
+// and computes exactly what the transposed-pair form does.
+TEST(OnnxImport, TransposesCancelThroughAResidualBlock) {
+  onnx::ModelProto p;
+  p.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = p.mutable_graph();
+  AddValue(g->add_input(), "x", {2, 4, 8, 8});
+  *g->add_initializer() = FloatTensor("w1", {8, 4, 3, 3}, Ramp(8 * 4 * 9, 0.21f, 0.0f));
+  *g->add_initializer() = FloatTensor("w2", {8, 8, 3, 3}, Ramp(8 * 8 * 9, 0.13f, -0.05f));
+  *g->add_initializer() = FloatTensor("fc", {5, 8}, Ramp(40, 0.7f, 0.1f));
+  *g->add_initializer() = FloatTensor("fc_b", {5}, Ramp(5, 1.1f, 0.0f));
+  for (const char* name : {"s", "b", "m", "v"}) {
+    *g->add_initializer() = FloatTensor(name, {8}, Ramp(8, 0.9f, std::string(name) == "v" ? 2.0f : 0.5f));
+  }
+  IntsAttr(AddNode(g, "Conv", {"x", "w1"}, "c1"), "pads", {1, 1, 1, 1});
+  AddNode(g, "BatchNormalization", {"c1", "s", "b", "m", "v"}, "n1");
+  AddNode(g, "Relu", {"n1"}, "r1");
+  onnx::NodeProto* pool = AddNode(g, "MaxPool", {"r1"}, "p1");
+  IntsAttr(pool, "kernel_shape", {2, 2});
+  IntsAttr(pool, "strides", {2, 2});
+  IntsAttr(AddNode(g, "Conv", {"p1", "w2"}, "c2"), "pads", {1, 1, 1, 1});
+  AddNode(g, "Add", {"c2", "p1"}, "a");
+  AddNode(g, "Relu", {"a"}, "r2");
+  AddNode(g, "GlobalAveragePool", {"r2"}, "gap");
+  AddNode(g, "Flatten", {"gap"}, "f");
+  onnx::NodeProto* gemm = AddNode(g, "Gemm", {"f", "fc", "fc_b"}, "y");
+  onnx::AttributeProto* tb = gemm->add_attribute();
+  tb->set_name("transB");
+  tb->set_type(onnx::AttributeProto::INT);
+  tb->set_i(1);
+  AddValue(g->add_output(), "y", {2, 5});
+  absl::StatusOr<graph::OnnxModel> nhwc = graph::ImportOnnxBytes(p.SerializeAsString(), "block.onnx");
+  absl::StatusOr<graph::OnnxModel> pairs = graph::ImportOnnxBytes(p.SerializeAsString(), "block.onnx", false);
+  ASSERT_TRUE(nhwc.ok()) << nhwc.status();
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  auto count = [](const graph::OnnxModel& m, graph::OpType type) {
+    int n = 0;
+    for (const graph::OpDef& op : m.graph.def().ops()) n += op.type() == type;
+    return n;
+  };
+  EXPECT_EQ(count(*pairs, graph::TRANSPOSE), 8);  // around two convolutions and two pools
+  EXPECT_EQ(count(*nhwc, graph::TRANSPOSE), 1) << nhwc->graph.def().DebugString();  // the input's
+  const graph::HostTensor x = graph::HostTensor::FromF32({2, 4, 8, 8}, Ramp(2 * 4 * 64, 0.05f, 0.0f));
+  const std::vector<float> a = Evaluate(*nhwc, x, 0), b = Evaluate(*pairs, x, 0);
+  ASSERT_EQ(a.size(), 10u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
+}
+
 }  // namespace
 }  // namespace loom

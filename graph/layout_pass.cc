@@ -1,0 +1,205 @@
+#include "graph/layout_pass.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::graph {
+namespace {
+
+class Rewriter {
+ public:
+  explicit Rewriter(GraphDef* def) : def_(def) {
+    for (const OpDef& op : def->ops()) ops_.push_back(op);
+    alive_.assign(ops_.size(), true);
+    for (const TensorDef& t : def->tensors()) tensors_[t.name()] = t;
+  }
+
+  int Run() {
+    int removed = 0;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < ops_.size(); ++i) {
+        if (!alive_[i]) continue;
+        const OpType type = ops_[i].type();
+        if (type == RELU || type == SIGMOID || type == GELU) changed |= SinkThroughUnary(i);
+        else if (type == ADD || type == MUL) changed |= SinkThroughBinary(i, &removed);
+        else if (type == TRANSPOSE) changed |= CancelPair(i, &removed);
+      }
+    }
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (alive_[i] && ops_[i].type() == TRANSPOSE && MovesOnlyUnitDims(ops_[i])) {
+        ops_[i].set_type(RESHAPE);
+        ops_[i].clear_transpose();
+        ++removed;
+      }
+    }
+    Write();
+    return removed;
+  }
+
+ private:
+  std::vector<int64_t> ShapeOf(const std::string& name) const {
+    const TensorDef& t = tensors_.at(name);
+    return {t.shape().begin(), t.shape().end()};
+  }
+  // The live op producing `name`, or -1.
+  int Producer(const std::string& name) const {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (alive_[i] && ops_[i].outputs(0) == name) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  // How many inputs of live ops read `name` (graph outputs count too).
+  int Uses(const std::string& name) const {
+    int n = tensors_.at(name).is_output() ? 1 : 0;
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (!alive_[i]) continue;
+      for (const std::string& in : ops_[i].inputs()) n += in == name;
+    }
+    return n;
+  }
+  // The TRANSPOSE op producing `name` when it is read once (by the op being rewritten), or -1.
+  int SoleTranspose(const std::string& name) const {
+    const int p = Producer(name);
+    return p >= 0 && ops_[p].type() == TRANSPOSE && Uses(name) == 1 ? p : -1;
+  }
+  std::string Fresh(const std::string& base) const {
+    std::string name = base;
+    for (int k = 1; tensors_.contains(name); ++k) name = absl::StrCat(base, "#", k);
+    return name;
+  }
+  void Declare(const std::string& name, const std::vector<int64_t>& shape, DType dtype) {
+    TensorDef t;
+    t.set_name(name);
+    for (int64_t d : shape) t.add_shape(d);
+    t.set_dtype(dtype);
+    t.set_kind(ACTIVATION);
+    tensors_[name] = t;
+  }
+
+  // U(T(x)) -> T(U(x)): the transpose op is reused after U, which keeps its output's name.
+  bool SinkThroughUnary(size_t u) {
+    const int t = SoleTranspose(ops_[u].inputs(0));
+    if (t < 0) return false;
+    const std::string x = ops_[t].inputs(0), out = ops_[u].outputs(0), dead = ops_[u].inputs(0);
+    const std::string moved = Fresh(out + "/pre_t");
+    Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
+    ops_[u].set_inputs(0, x);
+    ops_[u].set_outputs(0, moved);
+    ops_[t].set_inputs(0, moved);
+    ops_[t].set_outputs(0, out);
+    tensors_.erase(dead);
+    return true;
+  }
+
+  // B(T(x), T(y)) -> T(B(x, y)) when both carry the same permutation and x, y have the same shape.
+  bool SinkThroughBinary(size_t b, int* removed) {
+    const std::string a_name = ops_[b].inputs(0), b_name = ops_[b].inputs(1);
+    if (a_name == b_name) return false;
+    const int ta = SoleTranspose(a_name), tb = SoleTranspose(b_name);
+    if (ta < 0 || tb < 0) return false;
+    const auto& pa = ops_[ta].transpose().perm();
+    const auto& pb = ops_[tb].transpose().perm();
+    if (std::vector<int>(pa.begin(), pa.end()) != std::vector<int>(pb.begin(), pb.end())) return false;
+    const std::string x = ops_[ta].inputs(0), y = ops_[tb].inputs(0), out = ops_[b].outputs(0);
+    if (ShapeOf(x) != ShapeOf(y)) return false;
+    const std::string moved = Fresh(out + "/pre_t");
+    Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
+    ops_[b].set_inputs(0, x);
+    ops_[b].set_inputs(1, y);
+    ops_[b].set_outputs(0, moved);
+    ops_[ta].set_inputs(0, moved);
+    ops_[ta].set_outputs(0, out);
+    alive_[tb] = false;
+    tensors_.erase(a_name);
+    tensors_.erase(b_name);
+    ++*removed;
+    return true;
+  }
+
+  // T_q(T_p(x)) with q after p the identity: readers of the outer result read x.
+  bool CancelPair(size_t q, int* removed) {
+    const std::string mid = ops_[q].inputs(0), out = ops_[q].outputs(0);
+    const int p = Producer(mid);
+    if (p < 0 || ops_[p].type() != TRANSPOSE || tensors_.at(out).is_output()) return false;
+    const auto& pp = ops_[p].transpose().perm();
+    const auto& qp = ops_[q].transpose().perm();
+    if (pp.size() != qp.size()) return false;
+    for (int i = 0; i < qp.size(); ++i) {
+      if (pp[qp[i]] != i) return false;
+    }
+    const std::string x = ops_[p].inputs(0);
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (!alive_[i]) continue;
+      for (int k = 0; k < ops_[i].inputs_size(); ++k) {
+        if (ops_[i].inputs(k) == out) ops_[i].set_inputs(k, x);
+      }
+    }
+    alive_[q] = false;
+    tensors_.erase(out);
+    ++*removed;
+    if (Uses(mid) == 0) {
+      alive_[p] = false;
+      tensors_.erase(mid);
+      ++*removed;
+    }
+    return true;
+  }
+
+  // A transpose whose dimensions of size > 1 keep their order is a reshape.
+  bool MovesOnlyUnitDims(const OpDef& op) const {
+    const std::vector<int64_t> shape = ShapeOf(op.inputs(0));
+    int last = -1;
+    for (int d : op.transpose().perm()) {
+      if (shape[d] == 1) continue;
+      if (d < last) return false;
+      last = d;
+    }
+    return true;
+  }
+
+  void Write() {
+    std::set<std::string> used;
+    def_->clear_ops();
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (!alive_[i]) continue;
+      for (const std::string& in : ops_[i].inputs()) used.insert(in);
+      for (const std::string& out : ops_[i].outputs()) used.insert(out);
+      *def_->add_ops() = ops_[i];
+    }
+    // Tensors in their old order, new ones after; an activation nothing produces or reads any more is dropped.
+    std::vector<TensorDef> kept;
+    std::set<std::string> seen;
+    for (const TensorDef& t : def_->tensors()) {
+      auto it = tensors_.find(t.name());
+      if (it == tensors_.end() || (t.kind() == ACTIVATION && !used.contains(t.name()))) continue;
+      kept.push_back(it->second);
+      seen.insert(t.name());
+    }
+    for (const auto& [name, t] : tensors_) {
+      if (!seen.contains(name) && used.contains(name)) kept.push_back(t);
+    }
+    def_->clear_tensors();
+    for (TensorDef& t : kept) *def_->add_tensors() = std::move(t);
+  }
+
+  GraphDef* def_;
+  std::vector<OpDef> ops_;
+  std::vector<bool> alive_;
+  std::map<std::string, TensorDef> tensors_;
+};
+
+}  // namespace
+
+absl::StatusOr<int> CancelTransposes(GraphDef* def) {
+  for (const OpDef& op : def->ops()) {
+    if (op.outputs_size() != 1) return absl::InvalidArgumentError(absl::StrCat("op '", op.name(), "': one output"));
+  }
+  return Rewriter(def).Run();
+}
+
+}  // namespace loom::graph

@@ -1,0 +1,18 @@
+// Transpose cancellation: the ONNX importer wraps every NHWC spatial op of an
+// NCHW graph in a pair of TRANSPOSEs; this pass sinks a TRANSPOSE below the
+// ops that do not care about layout (RELU, SIGMOID, GELU; ADD and MUL when both
+// operands carry the same transpose) and cancels inverse pairs, so a chain of
+// convolutions, activations, pools and residual adds stays NHWC from the
+// input's one transpose to the end. A TRANSPOSE that only moves size-1
+// dimensions becomes a RESHAPE. The result computes exactly what the input did.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "graph/graph.pb.h"
+
+namespace loom::graph {
+
+// Rewrites `def` (graph outputs keep their names and shapes); returns how many TRANSPOSE ops were removed.
+absl::StatusOr<int> CancelTransposes(GraphDef* def);
+
+}  // namespace loom::graph
