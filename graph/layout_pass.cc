@@ -25,9 +25,13 @@ class Rewriter {
       for (size_t i = 0; i < ops_.size(); ++i) {
         if (!alive_[i]) continue;
         const OpType type = ops_[i].type();
-        if (type == RELU || type == SIGMOID || type == GELU) changed |= SinkThroughUnary(i);
-        else if (type == ADD || type == MUL) changed |= SinkThroughBinary(i, &removed);
-        else if (type == TRANSPOSE) changed |= CancelPair(i, &removed);
+        if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP) {
+          changed |= SinkThroughUnary(i);
+        } else if (type == ADD || type == MUL || type == SUB || type == DIV) {
+          changed |= SinkThroughBinary(i, &removed);
+        } else if (type == TRANSPOSE) {
+          changed |= CancelPair(i, &removed);
+        }
       }
     }
     for (size_t i = 0; i < ops_.size(); ++i) {

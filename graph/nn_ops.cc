@@ -117,7 +117,8 @@ std::vector<float> Floats(const HostTensor& t) {
 bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
-    case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL:
+    case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
+    case DIV: case ERF: case TANH: case EXP:
       return true;
     default:
       return false;
@@ -141,11 +142,11 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
     return absl::OkStatus();
   };
   const OpType type = op.type();
-  if (type == RELU || type == SIGMOID || type == GELU) {
+  if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
     return in[0];
   }
-  if (type == ADD || type == MUL) {
+  if (type == ADD || type == MUL || type == SUB || type == DIV) {
     if (absl::Status s = arity(2, 2); !s.ok()) return s;
     return BroadcastShapes(in[0], in[1]);
   }
@@ -238,6 +239,15 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case SIGMOID:
       for (size_t i = 0; i < y.size(); ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
       return absl::OkStatus();
+    case ERF:
+      for (size_t i = 0; i < y.size(); ++i) y[i] = std::erf(x[i]);
+      return absl::OkStatus();
+    case TANH:
+      for (size_t i = 0; i < y.size(); ++i) y[i] = std::tanh(x[i]);
+      return absl::OkStatus();
+    case EXP:
+      for (size_t i = 0; i < y.size(); ++i) y[i] = std::exp(x[i]);
+      return absl::OkStatus();
     case GELU:
       for (size_t i = 0; i < y.size(); ++i) {
         const float v = x[i];
@@ -247,13 +257,20 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
       }
       return absl::OkStatus();
     case ADD:
-    case MUL: {
+    case MUL:
+    case SUB:
+    case DIV: {
       const std::vector<float> b = Floats(*inputs[1]);
       const Shape os = Strides(out->shape), as = Strides(shapes[0]), bs = Strides(shapes[1]);
       for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) {
         const float va = x[BroadcastIndex(out->shape, os, shapes[0], as, i)];
         const float vb = b[BroadcastIndex(out->shape, os, shapes[1], bs, i)];
-        y[i] = op.type() == ADD ? va + vb : va * vb;
+        switch (op.type()) {
+          case ADD: y[i] = va + vb; break;
+          case MUL: y[i] = va * vb; break;
+          case SUB: y[i] = va - vb; break;
+          default: y[i] = va / vb; break;
+        }
       }
       return absl::OkStatus();
     }

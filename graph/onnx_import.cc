@@ -696,10 +696,20 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = unary(RELU);
   } else if (t == "Sigmoid") {
     s = unary(SIGMOID);
+  } else if (t == "Erf") {
+    s = unary(ERF);
+  } else if (t == "Tanh") {
+    s = unary(TANH);
+  } else if (t == "Exp") {
+    s = unary(EXP);
   } else if (t == "Add") {
     s = binary(ADD);
+  } else if (t == "Sub") {
+    s = binary(SUB);
   } else if (t == "Mul") {
     s = binary(MUL);
+  } else if (t == "Div") {
+    s = binary(DIV);
   } else if (t == "MatMul") {
     s = binary(MATMUL);
   } else if (t == "Gemm") {
@@ -810,9 +820,10 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
 }  // namespace
 
 std::vector<std::string> OnnxSupportedOps() {
-  return {"Add",     "AveragePool", "BatchNormalization", "Concat",  "Constant", "Conv",      "Dropout",
-          "Flatten", "Gemm",        "GlobalAveragePool",  "Identity", "LayerNormalization", "MatMul",
-          "MaxPool", "Mul",         "Relu",               "Reshape", "Sigmoid",  "Softmax",   "Transpose"};
+  return {"Add",      "AveragePool", "BatchNormalization", "Concat",   "Constant", "Conv",    "Div",
+          "Dropout",  "Erf",         "Exp",                "Flatten",  "Gemm",     "GlobalAveragePool",
+          "Identity", "LayerNormalization", "MatMul",    "MaxPool",  "Mul",      "Relu",    "Reshape",
+          "Sigmoid",  "Softmax",     "Sub",                "Tanh",     "Transpose"};
 }
 
 absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {

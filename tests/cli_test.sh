@@ -132,8 +132,8 @@ ONNX=/usr/share/libonnx-testdata/data
 if [ -d "$ONNX" ]; then
   expect_error "onnx conv lowering" "(TRANSPOSE): has no lowering to instructions yet" "$WORK/onnx.pb" -- \
     "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb"
-  expect_error "onnx unsupported op" "(Erf): op type not supported" "$WORK/onnx.pb" -- \
-    "$LOOM" compile --model="$ONNX/node/test_erf/model.onnx" --out="$WORK/onnx.pb"
+  expect_error "onnx unsupported op" "(Cos): op type not supported" "$WORK/onnx.pb" -- \
+    "$LOOM" compile --model="$ONNX/node/test_cos/model.onnx" --out="$WORK/onnx.pb"
   printf 'not a model' >"$WORK/bad.onnx"
   expect_error "onnx garbage" "bad.onnx: not an ONNX model file" "$WORK/onnx.pb" -- \
     "$LOOM" compile --model="$WORK/bad.onnx" --out="$WORK/onnx.pb"
