@@ -155,17 +155,18 @@ class Session:
             native.start(ids, prefill)
             prompt_ms = native.prompt_ms
             new = list(native.tokens)[len(ids):]
-            if steps > 0 and not (stops and new[0] in stops):
+            stepped = steps > 0 and not (stops and new[0] in stops)
+            if stepped:
                 native.step(steps)
                 new = list(native.tokens)[len(ids):]
-            step_ms, used_prefill = native.step_ms, native.used_prefill
+            ms_per_token = native.step_ms / steps if stepped else 0.0
+            used_prefill = native.used_prefill
         for i, t in enumerate(new):
             if t in stops:
                 new = new[: i + 1]
                 break
         text = self.model.text.decode(new) if self.model.text is not None else None
-        return Generation(ids, new, text, prompt_ms, step_ms / steps if steps > 0 and len(new) > 1 else 0.0,
-                          used_prefill)
+        return Generation(ids, new, text, prompt_ms, ms_per_token, used_prefill)
 
     def stream(self, prompt: Any, max_new_tokens: int = 32, *, chat: bool = False,
                stop: Sequence[int] | None = None, prefill: bool = True) -> Iterator[Token]:
