@@ -141,14 +141,22 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     model.config.family = "onnx";
     return model;
   }
-  if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
-    const std::string path = spec.substr(7);
+  // A config.json: the configuration, and a note of the fields nothing reads.
+  auto read_config = [&](const std::string& path) -> absl::Status {
     absl::StatusOr<std::string> text = ReadFileToString(path);
     if (!text.ok()) return text.status();
     std::vector<std::string> unused;
     absl::StatusOr<DecoderConfig> config = ParseHfConfig(*text, path, &unused);
     if (!config.ok()) return config.status();
     model.config = *config;
+    if (!unused.empty()) {
+      model.notes.push_back(absl::StrCat(path, ": fields transformers does not read for ", model.config.family,
+                                         " models either, ignored: ", absl::StrJoin(unused, ", ")));
+    }
+    return absl::OkStatus();
+  };
+  if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
+    if (absl::Status s = read_config(spec.substr(7)); !s.ok()) return s;
   } else if (random) {
     absl::StatusOr<DecoderConfig> config = DecoderPreset(spec.substr(7));
     if (!config.ok()) return config.status();
@@ -157,16 +165,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     if (!fs::is_directory(spec)) {
       return absl::NotFoundError(absl::StrCat(spec, ": not a model folder and not random:<preset>"));
     }
-    absl::StatusOr<std::string> text = ReadFileToString(config_path);
-    if (!text.ok()) return text.status();
-    std::vector<std::string> unused;
-    absl::StatusOr<DecoderConfig> config = ParseHfConfig(*text, config_path, &unused);
-    if (!config.ok()) return config.status();
-    model.config = *config;
-    if (!unused.empty()) {
-      model.notes.push_back(absl::StrCat(config_path, ": fields transformers does not read for ", model.config.family,
-                                         " models either, ignored: ", absl::StrJoin(unused, ", ")));
-    }
+    if (absl::Status s = read_config(config_path); !s.ok()) return s;
   }
   const int max_seq = options.max_seq > 0 ? options.max_seq : std::min(model.config.max_position_embeddings, 4096);
   if (absl::Status s = model.config.CheckWindows(max_seq); !s.ok()) {

@@ -132,6 +132,22 @@ class Attrs {
   std::set<std::string> read_;
 };
 
+// ONNX ops that are one IR op each, with their input count.
+struct OneToOne {
+  OpType type;
+  int inputs;
+};
+const std::map<std::string, OneToOne>& OneToOneOps() {
+  static const auto* ops = new std::map<std::string, OneToOne>{
+      {"Relu", {RELU, 1}}, {"Sigmoid", {SIGMOID, 1}}, {"Erf", {ERF, 1}}, {"Tanh", {TANH, 1}}, {"Exp", {EXP, 1}},
+      {"Add", {ADD, 2}},   {"Sub", {SUB, 2}},         {"Mul", {MUL, 2}}, {"Div", {DIV, 2}},   {"MatMul", {MATMUL, 2}}};
+  return *ops;
+}
+// The ops mapped by hand (attributes, layouts, several IR ops).
+constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
+                                        "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
+                                        "LayerNormalization", "MaxPool", "Reshape", "Softmax", "Transpose"};
+
 class Importer {
  public:
   Importer(std::string file, bool cancel_transposes)
@@ -692,26 +708,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<Constant> c = FromTensorProto(v->t(), absl::StrCat(file_, ": node '", node_name_, "' value"));
     if (!c.ok()) return c.status();
     consts_[out] = *std::move(c);
-  } else if (t == "Relu") {
-    s = unary(RELU);
-  } else if (t == "Sigmoid") {
-    s = unary(SIGMOID);
-  } else if (t == "Erf") {
-    s = unary(ERF);
-  } else if (t == "Tanh") {
-    s = unary(TANH);
-  } else if (t == "Exp") {
-    s = unary(EXP);
-  } else if (t == "Add") {
-    s = binary(ADD);
-  } else if (t == "Sub") {
-    s = binary(SUB);
-  } else if (t == "Mul") {
-    s = binary(MUL);
-  } else if (t == "Div") {
-    s = binary(DIV);
-  } else if (t == "MatMul") {
-    s = binary(MATMUL);
+  } else if (auto one = OneToOneOps().find(t); one != OneToOneOps().end()) {
+    s = one->second.inputs == 1 ? unary(one->second.type) : binary(one->second.type);
   } else if (t == "Gemm") {
     s = Gemm(n, a);
   } else if (t == "Softmax") {
@@ -820,10 +818,10 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
 }  // namespace
 
 std::vector<std::string> OnnxSupportedOps() {
-  return {"Add",      "AveragePool", "BatchNormalization", "Concat",   "Constant", "Conv",    "Div",
-          "Dropout",  "Erf",         "Exp",                "Flatten",  "Gemm",     "GlobalAveragePool",
-          "Identity", "LayerNormalization", "MatMul",    "MaxPool",  "Mul",      "Relu",    "Reshape",
-          "Sigmoid",  "Softmax",     "Sub",                "Tanh",     "Transpose"};
+  std::vector<std::string> ops(std::begin(kComposedOps), std::end(kComposedOps));
+  for (const auto& [name, op] : OneToOneOps()) ops.push_back(name);
+  std::sort(ops.begin(), ops.end());
+  return ops;
 }
 
 absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {
