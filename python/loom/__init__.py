@@ -16,20 +16,13 @@ exceptions carrying the runtime's one-line messages. Heavy imports happen on fir
 from __future__ import annotations
 
 from . import _loom
-from ._loom import (
-    DType,
-    Error,
-    Graph,
-    GraphBuilder,
-    InvalidArgumentError,
-    NotFoundError,
-    UnavailableError,
-)
+from ._loom import DType, Graph, GraphBuilder
+from .errors import Error, InvalidArgumentError, NotFoundError, UnavailableError
 from .model import Model, load
 from .schedule import Schedule, compile
 from .session import Generation, Session, Token
 
-__version__: str = _loom.__version__
+__version__: str = getattr(_loom, "__version__")
 
 __all__ = [
     "DType",

@@ -6,6 +6,7 @@ import os
 from typing import Any, Mapping
 
 from . import _loom
+from .errors import InvalidArgumentError
 from ._wrap import NativeWrapper
 from .progress import progress_bars
 from .text import TextCodec
@@ -124,5 +125,3 @@ def _as_array(name: str, value: Any, dtype: str | None) -> Any:
         return np.ascontiguousarray(array, dtype=np.int32)
     raise InvalidArgumentError(f"tensor '{name}': cannot use an array of {array.dtype} (numbers only)")
 
-
-InvalidArgumentError = _loom.InvalidArgumentError

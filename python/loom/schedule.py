@@ -6,6 +6,7 @@ import os
 from typing import Any, Iterable
 
 from . import _loom
+from .errors import InvalidArgumentError
 from ._wrap import NativeWrapper
 from .model import Model
 
@@ -56,14 +57,14 @@ def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the packa
         raise TypeError(f"compile() takes a loom.Model, not {type(model).__name__}")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
-        raise _loom.InvalidArgumentError(
+        raise InvalidArgumentError(
             f"unknown option '{unknown[0]}' (options: {', '.join(_OPTIONS)})")
     unfuse = options.get("unfuse") or []
     if isinstance(unfuse, str):
         unfuse = [u for u in unfuse.split(",") if u]
     max_seq = int(options.get("max_seq") or 0)
     if max_seq and model.max_seq and max_seq != model.max_seq:
-        raise _loom.InvalidArgumentError(
+        raise InvalidArgumentError(
             f"max_seq: the model was loaded with a KV cache of {model.max_seq}; load it with max_seq={max_seq}")
     native = _loom.compile(model._native, os.fspath(options.get("options") or ""), int(options.get("num_sms") or 0),
                            str(options.get("policy") or ""), str(options.get("granularity") or ""),

@@ -8,6 +8,7 @@ import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 from . import _loom
+from .errors import InvalidArgumentError
 from .model import Model
 from .progress import progress_bars
 from .schedule import Schedule, compile as _compile
@@ -57,7 +58,7 @@ class Session:
             raise TypeError(f"Session() takes a loom.Schedule or loom.Model, not {type(schedule).__name__}")
         model = model or schedule.model
         if model is None:
-            raise _loom.InvalidArgumentError(
+            raise InvalidArgumentError(
                 "this schedule was read from a file: pass model=loom.load(...) with the weights it was compiled for")
         if backend == "auto":
             backend = "gpu" if _loom.gpu_available()[0] else "cpu"
@@ -115,14 +116,14 @@ class Session:
             try:
                 ids = [int(t) for t in prompt]
             except (TypeError, ValueError):
-                raise _loom.InvalidArgumentError(
+                raise InvalidArgumentError(
                     "prompt: token ids (a list of ints), text, or chat messages ({'role', 'content'} dicts)") from None
             if not ids:
-                raise _loom.InvalidArgumentError("the prompt needs at least one token")
+                raise InvalidArgumentError("the prompt needs at least one token")
             return ids
         text = self.model.text
         if text is None:
-            raise _loom.InvalidArgumentError(
+            raise InvalidArgumentError(
                 f"text prompts need the model folder's tokenizer.json; {self.model.spec} has none: pass token ids")
         if messages is not None:
             return text.encode(text.apply_chat_template(messages), add_special_tokens=False)
@@ -131,7 +132,7 @@ class Session:
     def decode(self, ids: Sequence[int]) -> str:
         text = self.model.text
         if text is None:
-            raise _loom.InvalidArgumentError(f"{self.model.spec} has no tokenizer: there is no text to decode")
+            raise InvalidArgumentError(f"{self.model.spec} has no tokenizer: there is no text to decode")
         return text.decode(ids)
 
     def _stops(self, stop: Sequence[int] | None) -> set[int]:
@@ -146,7 +147,7 @@ class Session:
         first stop token (``stop``; default: the model's end-of-sequence tokens, none for random models); the
         steps after it are computed and dropped."""
         if max_new_tokens < 1:
-            raise _loom.InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+            raise InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
         native = self._native
         stops = self._stops(stop)
@@ -172,7 +173,7 @@ class Session:
                stop: Sequence[int] | None = None, prefill: bool = True) -> Iterator[Token]:
         """As ``generate``, yielding each token as it is made (one kernel launch per token on the GPU)."""
         if max_new_tokens < 1:
-            raise _loom.InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+            raise InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
         native = self._native
         stops = self._stops(stop)

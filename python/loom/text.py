@@ -9,6 +9,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from . import _loom
+from .errors import InvalidArgumentError
 
 
 class TextCodec:
@@ -32,7 +33,7 @@ class TextCodec:
         try:
             tokenizer = Tokenizer.from_file(path)
         except Exception as e:  # the library's own exception types vary between versions
-            raise _loom.InvalidArgumentError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
+            raise InvalidArgumentError(f"{path}: not a tokenizer the tokenizers library reads ({e})") from None
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
@@ -65,13 +66,13 @@ class TextCodec:
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """The conversation as the model was trained to read it (the folder's chat template)."""
         if self.chat_template is None:
-            raise _loom.InvalidArgumentError("the model folder's tokenizer_config.json has no chat_template")
+            raise InvalidArgumentError("the model folder's tokenizer_config.json has no chat_template")
         import jinja2.sandbox
 
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(message: str) -> None:
-            raise _loom.InvalidArgumentError(f"chat template: {message}")
+            raise InvalidArgumentError(f"chat template: {message}")
 
         env.globals["raise_exception"] = raise_exception
         try:
@@ -79,7 +80,7 @@ class TextCodec:
             return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                    **self.special)
         except jinja2.TemplateError as e:
-            raise _loom.InvalidArgumentError(f"chat template: {e}") from None
+            raise InvalidArgumentError(f"chat template: {e}") from None
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -89,5 +90,5 @@ def _read_json(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except (OSError, ValueError) as e:
-        raise _loom.InvalidArgumentError(f"{path}: {e}") from None
+        raise InvalidArgumentError(f"{path}: {e}") from None
     return value if isinstance(value, dict) else {}

@@ -22,19 +22,11 @@
 namespace loom::python {
 namespace {
 
-// loom.Error (a RuntimeError) and its kinds; created once at import.
-PyObject* g_error = nullptr;
+// loom.errors' exception classes (Python's: so type checkers and stubs see them), looked up once at import.
+PyObject* g_error = nullptr;        // Error, a RuntimeError
 PyObject* g_invalid = nullptr;      // InvalidArgumentError: also a ValueError
 PyObject* g_not_found = nullptr;    // NotFoundError: also a FileNotFoundError
 PyObject* g_unavailable = nullptr;  // UnavailableError: no GPU, or not this kind of GPU
-
-PyObject* NewError(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
-  const std::string qualified = std::string("loom.") + name;
-  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
-  if (type == nullptr) throw nb::python_error();
-  m.attr(name) = nb::borrow(type);
-  return type;
-}
 
 void Translate(const std::exception_ptr& p, void*) {
   try {
@@ -203,13 +195,11 @@ using namespace loom::python;  // NOLINT: the module init below is a global C fu
 NB_MODULE(_loom, m) {
   m.doc() = "Loom's C++ runtime (the loom package wraps it).";
   m.attr("__version__") = LOOM_VERSION;
-  g_error = NewError(m, "Error", PyExc_RuntimeError, "A Loom error; the message is the C++ runtime's.");
-  nb::object invalid_bases = nb::make_tuple(nb::borrow(g_error), nb::borrow(PyExc_ValueError));
-  g_invalid = NewError(m, "InvalidArgumentError", invalid_bases.ptr(),
-                       "An argument, option, file or shape Loom refuses (also a ValueError).");
-  nb::object not_found_bases = nb::make_tuple(nb::borrow(g_error), nb::borrow(PyExc_FileNotFoundError));
-  g_not_found = NewError(m, "NotFoundError", not_found_bases.ptr(), "A file or preset that does not exist.");
-  g_unavailable = NewError(m, "UnavailableError", g_error, "No GPU Loom can run on (it says why).");
+  nb::module_ errors = nb::module_::import_("loom.errors");
+  for (auto [slot, name] : {std::pair{&g_error, "Error"}, std::pair{&g_invalid, "InvalidArgumentError"},
+                            std::pair{&g_not_found, "NotFoundError"}, std::pair{&g_unavailable, "UnavailableError"}}) {
+    *slot = nb::object(errors.attr(name)).release().ptr();  // held for the life of the process
+  }
   nb::register_exception_translator(&Translate);
   BindModel(m);
   BindGraph(m);
