@@ -12,7 +12,7 @@ namespace {
 
 class Rewriter {
  public:
-  explicit Rewriter(GraphDef* def) : def_(def) {
+  Rewriter(GraphDef* def, WeightStore* weights) : def_(def), weights_(weights) {
     for (const OpDef& op : def->ops()) ops_.push_back(op);
     alive_.assign(ops_.size(), true);
     for (const TensorDef& t : def->tensors()) tensors_[t.name()] = t;
@@ -28,7 +28,7 @@ class Rewriter {
         if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP) {
           changed |= SinkThroughUnary(i);
         } else if (type == ADD || type == MUL || type == SUB || type == DIV) {
-          changed |= SinkThroughBinary(i, &removed);
+          changed |= SinkThroughBinary(i, &removed) || SinkPastConstant(i);
         } else if (type == TRANSPOSE) {
           changed |= CancelPair(i, &removed);
         }
@@ -125,6 +125,57 @@ class Rewriter {
     return true;
   }
 
+  // B(T_p(x), w) -> T_p(B(x, w')) for a weight w that broadcasts into T_p(x) without growing it (a bias, a scale):
+  // w' is w padded to the full rank and permuted back, so it broadcasts into x the same way. Either operand order.
+  bool SinkPastConstant(size_t b) {
+    if (weights_ == nullptr) return false;
+    for (int side = 0; side < 2; ++side) {
+      const std::string tin = ops_[b].inputs(side), w = ops_[b].inputs(1 - side), out = ops_[b].outputs(0);
+      const int t = SoleTranspose(tin);
+      auto stored = weights_->find(w);
+      if (t < 0 || tensors_.at(w).kind() != WEIGHT || stored == weights_->end() || stored->second.dtype != F32) {
+        continue;
+      }
+      const std::vector<int64_t> xt = ShapeOf(tin), ws = ShapeOf(w);
+      if (ws.size() > xt.size() || ShapeOf(out) != xt) continue;
+      const auto& perm = ops_[t].transpose().perm();
+      const size_t rank = xt.size();
+      std::vector<int64_t> full(rank - ws.size(), 1);  // w's shape in T_p(x)'s coordinates
+      full.insert(full.end(), ws.begin(), ws.end());
+      std::vector<int64_t> back(rank);  // in x's coordinates: dim perm[i] of x is dim i of T_p(x)
+      for (size_t i = 0; i < rank; ++i) back[perm[i]] = full[i];
+      std::vector<int64_t> full_strides(rank, 1), back_strides(rank, 1);
+      for (int i = static_cast<int>(rank) - 2; i >= 0; --i) {
+        full_strides[i] = full_strides[i + 1] * full[i + 1];
+        back_strides[i] = back_strides[i + 1] * back[i + 1];
+      }
+      const HostTensor& src = stored->second;
+      std::vector<float> values(src.f32.size());
+      for (int64_t e = 0; e < static_cast<int64_t>(values.size()); ++e) {
+        int64_t at = 0;
+        for (size_t i = 0; i < rank; ++i) at += ((e / full_strides[i]) % full[i]) * back_strides[perm[i]];
+        values[at] = src.f32[e];
+      }
+      const std::string permuted = Fresh(w + "/nhwc");
+      TensorDef def = tensors_.at(w);
+      def.set_name(permuted);
+      def.clear_shape();
+      for (int64_t d : back) def.add_shape(d);
+      tensors_[permuted] = def;
+      (*weights_)[permuted] = HostTensor::FromF32(back, std::move(values));
+      const std::string x = ops_[t].inputs(0), moved = Fresh(out + "/pre_t");
+      Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
+      ops_[b].set_inputs(side, x);
+      ops_[b].set_inputs(1 - side, permuted);
+      ops_[b].set_outputs(0, moved);
+      ops_[t].set_inputs(0, moved);
+      ops_[t].set_outputs(0, out);
+      tensors_.erase(tin);
+      return true;
+    }
+    return false;
+  }
+
   // T_q(T_p(x)) with q after p the identity: readers of the outer result read x.
   bool CancelPair(size_t q, int* removed) {
     const std::string mid = ops_[q].inputs(0), out = ops_[q].outputs(0);
@@ -180,7 +231,10 @@ class Rewriter {
     std::set<std::string> seen;
     for (const TensorDef& t : def_->tensors()) {
       auto it = tensors_.find(t.name());
-      if (it == tensors_.end() || (t.kind() == ACTIVATION && !used.contains(t.name()))) continue;
+      const bool unread = !used.contains(t.name()) && !t.is_output();
+      if (it == tensors_.end() || (unread && (t.kind() == ACTIVATION || (t.kind() == WEIGHT && weights_ != nullptr)))) {
+        continue;
+      }
       kept.push_back(it->second);
       seen.insert(t.name());
     }
@@ -192,6 +246,7 @@ class Rewriter {
   }
 
   GraphDef* def_;
+  WeightStore* weights_;
   std::vector<OpDef> ops_;
   std::vector<bool> alive_;
   std::map<std::string, TensorDef> tensors_;
@@ -199,11 +254,23 @@ class Rewriter {
 
 }  // namespace
 
-absl::StatusOr<int> CancelTransposes(GraphDef* def) {
+absl::StatusOr<int> CancelTransposes(GraphDef* def, WeightStore* weights) {
   for (const OpDef& op : def->ops()) {
     if (op.outputs_size() != 1) return absl::InvalidArgumentError(absl::StrCat("op '", op.name(), "': one output"));
   }
-  return Rewriter(def).Run();
+  const int removed = Rewriter(def, weights).Run();
+  if (weights != nullptr) {  // weights no op reads any more (permuted copies replaced them)
+    std::set<std::string> read;
+    for (const OpDef& op : def->ops()) read.insert(op.inputs().begin(), op.inputs().end());
+    for (auto it = weights->begin(); it != weights->end();) {
+      if (read.contains(it->first)) {
+        ++it;
+      } else {
+        weights->erase(it++);
+      }
+    }
+  }
+  return removed;
 }
 
 }  // namespace loom::graph

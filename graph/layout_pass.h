@@ -9,10 +9,13 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.pb.h"
+#include "graph/host_tensor.h"
 
 namespace loom::graph {
 
-// Rewrites `def` (graph outputs keep their names and shapes); returns how many TRANSPOSE ops were removed.
-absl::StatusOr<int> CancelTransposes(GraphDef* def);
+// Rewrites `def` (graph outputs keep their names and shapes); returns how many TRANSPOSE ops were removed. With
+// `weights`, a transpose also sinks past an ADD / SUB / MUL / DIV with a weight operand (a bias or a scale), which
+// gets a permuted f32 copy; weights nothing reads any more are dropped from both.
+absl::StatusOr<int> CancelTransposes(GraphDef* def, WeightStore* weights = nullptr);
 
 }  // namespace loom::graph

@@ -209,7 +209,7 @@ class Importer {
       out.outputs.push_back(*t);
     }
     if (cancel_transposes_) {
-      absl::StatusOr<int> removed = CancelTransposes(&def_);
+      absl::StatusOr<int> removed = CancelTransposes(&def_, &weights_);
       if (!removed.ok()) return Fail(std::string(removed.status().message()));
     }
     absl::StatusOr<Graph> graph = Graph::Create(def_);

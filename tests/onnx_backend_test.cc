@@ -344,5 +344,37 @@ TEST(OnnxImport, TransposesCancelThroughAResidualBlock) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
 }
 
+
+// A transpose sinks past an ADD with a constant operand (a per-channel bias [C, 1, 1], permuted for NHWC), so a
+// Conv -> Add -> Relu -> MaxPool chain keeps only its input's and its output's transposes.
+TEST(OnnxImport, TransposesSinkPastConstantOperands) {
+  onnx::ModelProto p;
+  p.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = p.mutable_graph();
+  AddValue(g->add_input(), "x", {1, 3, 6, 6});
+  *g->add_initializer() = FloatTensor("w", {4, 3, 3, 3}, Ramp(4 * 27, 0.3f, 0.0f));
+  *g->add_initializer() = FloatTensor("bias", {4, 1, 1}, {0.5f, -1.0f, 0.25f, 2.0f});
+  *g->add_initializer() = FloatTensor("scale", {1, 4, 1, 1}, {1.0f, 2.0f, -1.0f, 0.5f});
+  AddNode(g, "Conv", {"x", "w"}, "c");
+  AddNode(g, "Add", {"c", "bias"}, "a");
+  AddNode(g, "Mul", {"scale", "a"}, "m");  // the constant first
+  AddNode(g, "Relu", {"m"}, "r");
+  onnx::NodeProto* pool = AddNode(g, "MaxPool", {"r"}, "y");
+  IntsAttr(pool, "kernel_shape", {2, 2});
+  AddValue(g->add_output(), "y", {1, 4, 3, 3});
+  absl::StatusOr<graph::OnnxModel> nhwc = graph::ImportOnnxBytes(p.SerializeAsString(), "bias.onnx");
+  absl::StatusOr<graph::OnnxModel> pairs = graph::ImportOnnxBytes(p.SerializeAsString(), "bias.onnx", false);
+  ASSERT_TRUE(nhwc.ok()) << nhwc.status();
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  int transposes = 0;
+  for (const graph::OpDef& op : nhwc->graph.def().ops()) transposes += op.type() == graph::TRANSPOSE;
+  EXPECT_EQ(transposes, 2) << nhwc->graph.def().DebugString();
+  EXPECT_FALSE(nhwc->weights.contains("bias"));  // replaced by its permuted copy
+  const graph::HostTensor x = graph::HostTensor::FromF32({1, 3, 6, 6}, Ramp(108, 0.17f, 0.0f));
+  const std::vector<float> a = Evaluate(*nhwc, x, 0), b = Evaluate(*pairs, x, 0);
+  ASSERT_EQ(a.size(), 36u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
+}
+
 }  // namespace
 }  // namespace loom
