@@ -29,8 +29,10 @@ class Rewriter {
           changed |= SinkThroughUnary(i);
         } else if (type == ADD || type == MUL || type == SUB || type == DIV) {
           changed |= SinkThroughBinary(i, &removed) || SinkPastConstant(i);
+        } else if (type == CONCAT) {
+          changed |= SinkThroughConcat(i, &removed);
         } else if (type == TRANSPOSE) {
-          changed |= CancelPair(i, &removed);
+          changed |= CancelPair(i, &removed) || MergeTwin(i, &removed);
         }
       }
     }
@@ -176,6 +178,69 @@ class Rewriter {
     return false;
   }
 
+  // CONCAT(T_p(x1), T_p(x2), ...; axis a) -> T_p(CONCAT(x1, x2, ...; axis p[a])): every input carries the same
+  // transpose (a channel concat of NHWC maps stays NHWC).
+  bool SinkThroughConcat(size_t c, int* removed) {
+    std::vector<int> ts;
+    std::set<std::string> names;
+    for (const std::string& in : ops_[c].inputs()) {
+      const int t = names.insert(in).second ? SoleTranspose(in) : -1;
+      if (t < 0) return false;
+      const auto& p0 = ops_[ts.empty() ? t : ts[0]].transpose().perm();
+      const auto& p = ops_[t].transpose().perm();
+      if (std::vector<int>(p.begin(), p.end()) != std::vector<int>(p0.begin(), p0.end())) return false;
+      ts.push_back(t);
+    }
+    const auto& perm = ops_[ts[0]].transpose().perm();
+    const int rank = perm.size();
+    const int axis = ops_[c].axis().axis() < 0 ? ops_[c].axis().axis() + rank : ops_[c].axis().axis();
+    if (axis < 0 || axis >= rank) return false;
+    const std::string out = ops_[c].outputs(0);
+    std::vector<int64_t> shape = ShapeOf(ops_[ts[0]].inputs(0));
+    shape[perm[axis]] = 0;
+    for (int t : ts) shape[perm[axis]] += ShapeOf(ops_[t].inputs(0))[perm[axis]];
+    const std::string moved = Fresh(out + "/pre_t");
+    Declare(moved, shape, tensors_.at(out).dtype());
+    for (size_t k = 0; k < ts.size(); ++k) {
+      tensors_.erase(ops_[c].inputs(static_cast<int>(k)));
+      ops_[c].set_inputs(static_cast<int>(k), ops_[ts[k]].inputs(0));
+      if (k > 0) alive_[ts[k]] = false, ++*removed;
+    }
+    ops_[c].mutable_axis()->set_axis(perm[axis]);
+    ops_[c].set_outputs(0, moved);
+    ops_[ts[0]].set_inputs(0, moved);
+    ops_[ts[0]].set_outputs(0, out);
+    return true;
+  }
+
+  // Two transposes of the same tensor by the same permutation (one input read by two convolutions): readers of the
+  // second read the first's result.
+  bool MergeTwin(size_t q, int* removed) {
+    const std::string out = ops_[q].outputs(0);
+    if (tensors_.at(out).is_output()) return false;
+    const auto& qp = ops_[q].transpose().perm();
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (i == q || !alive_[i] || ops_[i].type() != TRANSPOSE || ops_[i].inputs(0) != ops_[q].inputs(0)) continue;
+      const auto& ip = ops_[i].transpose().perm();
+      if (std::vector<int>(ip.begin(), ip.end()) != std::vector<int>(qp.begin(), qp.end())) continue;
+      Redirect(out, ops_[i].outputs(0));
+      alive_[q] = false;
+      tensors_.erase(out);
+      ++*removed;
+      return true;
+    }
+    return false;
+  }
+  // Every live op reading `from` reads `to` instead.
+  void Redirect(const std::string& from, const std::string& to) {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (!alive_[i]) continue;
+      for (int k = 0; k < ops_[i].inputs_size(); ++k) {
+        if (ops_[i].inputs(k) == from) ops_[i].set_inputs(k, to);
+      }
+    }
+  }
+
   // T_q(T_p(x)) with q after p the identity: readers of the outer result read x.
   bool CancelPair(size_t q, int* removed) {
     const std::string mid = ops_[q].inputs(0), out = ops_[q].outputs(0);
@@ -187,13 +252,7 @@ class Rewriter {
     for (int i = 0; i < qp.size(); ++i) {
       if (pp[qp[i]] != i) return false;
     }
-    const std::string x = ops_[p].inputs(0);
-    for (size_t i = 0; i < ops_.size(); ++i) {
-      if (!alive_[i]) continue;
-      for (int k = 0; k < ops_[i].inputs_size(); ++k) {
-        if (ops_[i].inputs(k) == out) ops_[i].set_inputs(k, x);
-      }
-    }
+    Redirect(out, ops_[p].inputs(0));
     alive_[q] = false;
     tensors_.erase(out);
     ++*removed;

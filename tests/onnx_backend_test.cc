@@ -345,8 +345,9 @@ TEST(OnnxImport, TransposesCancelThroughAResidualBlock) {
 }
 
 
-// A transpose sinks past an ADD with a constant operand (a per-channel bias [C, 1, 1], permuted for NHWC), so a
-// Conv -> Add -> Relu -> MaxPool chain keeps only its input's and its output's transposes.
+// A transpose sinks past an ADD with a constant operand (a per-channel bias [C, 1, 1], permuted for NHWC) and a
+// channel CONCAT, and twin transposes of one input merge, so Conv -> Add -> Mul -> Relu and a second Conv of the
+// same input, concatenated, then MaxPool keep only the input's transpose and the output's.
 TEST(OnnxImport, TransposesSinkPastConstantOperands) {
   onnx::ModelProto p;
   p.add_opset_import()->set_version(13);
@@ -359,20 +360,26 @@ TEST(OnnxImport, TransposesSinkPastConstantOperands) {
   AddNode(g, "Add", {"c", "bias"}, "a");
   AddNode(g, "Mul", {"scale", "a"}, "m");  // the constant first
   AddNode(g, "Relu", {"m"}, "r");
-  onnx::NodeProto* pool = AddNode(g, "MaxPool", {"r"}, "y");
+  AddNode(g, "Conv", {"x", "w"}, "c2");
+  onnx::NodeProto* cat = AddNode(g, "Concat", {"r", "c2"}, "cat");  // channels of two NHWC maps
+  onnx::AttributeProto* axis = cat->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  onnx::NodeProto* pool = AddNode(g, "MaxPool", {"cat"}, "y");
   IntsAttr(pool, "kernel_shape", {2, 2});
-  AddValue(g->add_output(), "y", {1, 4, 3, 3});
+  AddValue(g->add_output(), "y", {1, 8, 3, 3});
   absl::StatusOr<graph::OnnxModel> nhwc = graph::ImportOnnxBytes(p.SerializeAsString(), "bias.onnx");
   absl::StatusOr<graph::OnnxModel> pairs = graph::ImportOnnxBytes(p.SerializeAsString(), "bias.onnx", false);
   ASSERT_TRUE(nhwc.ok()) << nhwc.status();
   ASSERT_TRUE(pairs.ok()) << pairs.status();
   int transposes = 0;
   for (const graph::OpDef& op : nhwc->graph.def().ops()) transposes += op.type() == graph::TRANSPOSE;
-  EXPECT_EQ(transposes, 2) << nhwc->graph.def().DebugString();
+  EXPECT_EQ(transposes, 2) << nhwc->graph.def().DebugString();  // x's (one for both convolutions) and y's
   EXPECT_FALSE(nhwc->weights.contains("bias"));  // replaced by its permuted copy
   const graph::HostTensor x = graph::HostTensor::FromF32({1, 3, 6, 6}, Ramp(108, 0.17f, 0.0f));
   const std::vector<float> a = Evaluate(*nhwc, x, 0), b = Evaluate(*pairs, x, 0);
-  ASSERT_EQ(a.size(), 36u);
+  ASSERT_EQ(a.size(), 72u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
 }
 
