@@ -1,11 +1,10 @@
 #include "graph/evaluator.h"
 
-#include "graph/nn_ops.h"
-
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "graph/nn_ops.h"
 #include "graph/rope.h"
 
 namespace loom::graph {

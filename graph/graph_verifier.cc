@@ -12,7 +12,6 @@
 namespace loom::graph {
 namespace {
 
-
 Shape ShapeOf(const TensorDef& t) { return Shape(t.shape().begin(), t.shape().end()); }
 
 std::string Str(const Shape& s) {

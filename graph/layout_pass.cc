@@ -87,17 +87,23 @@ class Rewriter {
     tensors_[name] = t;
   }
 
+  // Moves transpose op `t` below op `op`: `op` now writes a new tensor of `shape` (its result before the transpose),
+  // which `t` transposes into `op`'s old output, whose name and shape stay. The caller rewires `op`'s inputs.
+  void MoveBelow(size_t op, size_t t, const std::vector<int64_t>& shape) {
+    const std::string out = ops_[op].outputs(0), moved = Fresh(out + "/pre_t");
+    Declare(moved, shape, tensors_.at(out).dtype());
+    ops_[op].set_outputs(0, moved);
+    ops_[t].set_inputs(0, moved);
+    ops_[t].set_outputs(0, out);
+  }
+
   // U(T(x)) -> T(U(x)): the transpose op is reused after U, which keeps its output's name.
   bool SinkThroughUnary(size_t u) {
     const int t = SoleTranspose(ops_[u].inputs(0));
     if (t < 0) return false;
-    const std::string x = ops_[t].inputs(0), out = ops_[u].outputs(0), dead = ops_[u].inputs(0);
-    const std::string moved = Fresh(out + "/pre_t");
-    Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
+    const std::string x = ops_[t].inputs(0), dead = ops_[u].inputs(0);
     ops_[u].set_inputs(0, x);
-    ops_[u].set_outputs(0, moved);
-    ops_[t].set_inputs(0, moved);
-    ops_[t].set_outputs(0, out);
+    MoveBelow(u, t, ShapeOf(x));
     tensors_.erase(dead);
     return true;
   }
@@ -111,15 +117,11 @@ class Rewriter {
     const auto& pa = ops_[ta].transpose().perm();
     const auto& pb = ops_[tb].transpose().perm();
     if (std::vector<int>(pa.begin(), pa.end()) != std::vector<int>(pb.begin(), pb.end())) return false;
-    const std::string x = ops_[ta].inputs(0), y = ops_[tb].inputs(0), out = ops_[b].outputs(0);
+    const std::string x = ops_[ta].inputs(0), y = ops_[tb].inputs(0);
     if (ShapeOf(x) != ShapeOf(y)) return false;
-    const std::string moved = Fresh(out + "/pre_t");
-    Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
     ops_[b].set_inputs(0, x);
     ops_[b].set_inputs(1, y);
-    ops_[b].set_outputs(0, moved);
-    ops_[ta].set_inputs(0, moved);
-    ops_[ta].set_outputs(0, out);
+    MoveBelow(b, ta, ShapeOf(x));
     alive_[tb] = false;
     tensors_.erase(a_name);
     tensors_.erase(b_name);
@@ -165,13 +167,10 @@ class Rewriter {
       for (int64_t d : back) def.add_shape(d);
       tensors_[permuted] = def;
       (*weights_)[permuted] = HostTensor::FromF32(back, std::move(values));
-      const std::string x = ops_[t].inputs(0), moved = Fresh(out + "/pre_t");
-      Declare(moved, ShapeOf(x), tensors_.at(out).dtype());
+      const std::string x = ops_[t].inputs(0);
       ops_[b].set_inputs(side, x);
       ops_[b].set_inputs(1 - side, permuted);
-      ops_[b].set_outputs(0, moved);
-      ops_[t].set_inputs(0, moved);
-      ops_[t].set_outputs(0, out);
+      MoveBelow(b, t, ShapeOf(x));
       tensors_.erase(tin);
       return true;
     }
@@ -199,17 +198,13 @@ class Rewriter {
     std::vector<int64_t> shape = ShapeOf(ops_[ts[0]].inputs(0));
     shape[perm[axis]] = 0;
     for (int t : ts) shape[perm[axis]] += ShapeOf(ops_[t].inputs(0))[perm[axis]];
-    const std::string moved = Fresh(out + "/pre_t");
-    Declare(moved, shape, tensors_.at(out).dtype());
     for (size_t k = 0; k < ts.size(); ++k) {
       tensors_.erase(ops_[c].inputs(static_cast<int>(k)));
       ops_[c].set_inputs(static_cast<int>(k), ops_[ts[k]].inputs(0));
       if (k > 0) alive_[ts[k]] = false, ++*removed;
     }
     ops_[c].mutable_axis()->set_axis(perm[axis]);
-    ops_[c].set_outputs(0, moved);
-    ops_[ts[0]].set_inputs(0, moved);
-    ops_[ts[0]].set_outputs(0, out);
+    MoveBelow(c, ts[0], shape);
     return true;
   }
 

@@ -261,10 +261,11 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case SUB:
     case DIV: {
       const std::vector<float> b = Floats(*inputs[1]);
+      const bool same = shapes[0] == out->shape && shapes[1] == out->shape;  // the decode graphs' residual adds
       const Shape os = Strides(out->shape), as = Strides(shapes[0]), bs = Strides(shapes[1]);
       for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) {
-        const float va = x[BroadcastIndex(out->shape, os, shapes[0], as, i)];
-        const float vb = b[BroadcastIndex(out->shape, os, shapes[1], bs, i)];
+        const float va = same ? x[i] : x[BroadcastIndex(out->shape, os, shapes[0], as, i)];
+        const float vb = same ? b[i] : b[BroadcastIndex(out->shape, os, shapes[1], bs, i)];
         switch (op.type()) {
           case ADD: y[i] = va + vb; break;
           case MUL: y[i] = va * vb; break;

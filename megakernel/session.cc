@@ -104,14 +104,19 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
   return absl::OkStatus();
 }
 
-absl::Status Session::Step(int n) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 0, not ", n));
+absl::Status Session::CheckRoom(int n) const {
   absl::StatusOr<int32_t> pos = position();
   if (!pos.ok()) return pos.status();
   if (*pos + static_cast<int64_t>(n) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", *pos, " + ", n, " tokens exceeds the KV cache of ",
                                               schedule_.max_seq(), " (compile with a larger max_seq)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Step(int n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 0, not ", n));
+  if (absl::Status s = CheckRoom(n); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   if (vm_) {
@@ -131,12 +136,7 @@ absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_p
         "traces are timings of the GPU kernel; this session runs on the CPU reference VM (backend \"gpu\" traces)");
   }
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, not ", n));
-  absl::StatusOr<int32_t> pos = position();
-  if (!pos.ok()) return pos.status();
-  if (*pos + static_cast<int64_t>(n) >= schedule_.max_seq()) {
-    return absl::OutOfRangeError(
-        absl::StrCat("position ", *pos, " + ", n, " tokens exceeds the KV cache of ", schedule_.max_seq()));
-  }
+  if (absl::Status s = CheckRoom(n); !s.ok()) return s;
   absl::StatusOr<float> ms = gpu_->Run(n, /*trace=*/true);
   if (!ms.ok()) return ms.status();
   step_ms_ = *ms;

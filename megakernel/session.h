@@ -62,6 +62,8 @@ class Session {
  private:
   Session() = default;
   absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows);
+  // OK when `n` more steps fit the KV cache.
+  absl::Status CheckRoom(int n) const;
 
   Backend backend_ = Backend::kCpu;
   graph::Graph graph_;
