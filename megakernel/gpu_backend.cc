@@ -9,6 +9,7 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
+#include "scheduler/prefill.h"
 
 namespace loom::megakernel {
 
@@ -125,6 +126,7 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
   absl::StatusOr<int32_t> start = position();
   if (!start.ok()) return start.status();
   const uint32_t rows = pass.prefill().rows();
+  if (*start != 0) return scheduler::PrefillStartError(*start);
   if (*start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", *start, " + ", rows,
                                               " prompt rows exceeds the KV cache of ", schedule_.max_seq()));
