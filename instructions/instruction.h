@@ -401,10 +401,7 @@ struct GemmArgs {
   uint32_t qk_norm;
   uint32_t num_kv_heads;  // query heads per KV head: n / (num_kv_heads * head_dim) - 2 (GemmHeadsPerGroup)
   uint32_t head_dim;
-  // bf16 K/V tile image FLASH_ATTN reads (KvImageOffset), written beside the caches, or kNoTensor. Its key tiles
-  // per head come from its size, as the caches' max_seq does (k_cache's size / (num_kv_heads * head_dim * 4)):
-  // the instruction has no room for either. Rows past m up to the end of the 128-row tile are written as zeros.
-  uint32_t kv_image;
+  uint32_t max_seq;
   // Split K: this instruction multiplies K slabs [slab_begin, slab_begin + slab_count) only (slab_count 0: all
   // of them), for kGemmAccumulateF32, which adds its partial product into out.
   uint32_t slab_begin;
@@ -412,14 +409,9 @@ struct GemmArgs {
   float norm_eps;  // qk_norm's epsilon
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
                                             "residual", "epilogue", "k_cache", "v_cache", "step_state",
-                                            "rope_table", "qk_norm", "num_kv_heads", "head_dim", "kv_image",
+                                            "rope_table", "qk_norm", "num_kv_heads", "head_dim", "max_seq",
                                             "slab_begin", "slab_count", "norm_eps"};
 };
-// Rows (max_seq) of the KV caches of a kGemmRopeKvAppend GEMM, from k_cache's size: f32 [kv_heads, max_seq, hd].
-LOOM_HD uint32_t GemmCacheRows(uint64_t k_cache_bytes, uint32_t num_kv_heads, uint32_t head_dim) {
-  const uint64_t row = uint64_t{num_kv_heads} * head_dim * 4;
-  return row == 0 ? 0 : static_cast<uint32_t>(k_cache_bytes / row);
-}
 template <typename Args>
 LOOM_HD uint32_t GemmHeadsPerGroup(const Args& g) {
   const uint32_t kv_rows = g.num_kv_heads * g.head_dim;
@@ -431,7 +423,6 @@ enum GemmEpilogue : uint32_t {
                              // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
   kGemmRopeKvAppend = 2,     // W rows in the grouped QKV layout (QkvGroupedRow): per token row, q rotated into
                              // out f32 [m, heads * head_dim], k rotated and v into the caches at its position
-                             // (and into the bf16 K/V tile image when kv_image is set)
   kGemmAccumulateF32 = 3,    // out f32 [m, n] += this instruction's K slabs' product (+ bias from the split holding
                              // slab 0), atomically: split-K over instructions, and a residual add when out holds
                              // the residual stream (the sum's order, and so its last bits, vary run to run)
@@ -474,21 +465,20 @@ struct PackRowsArgs {
 // Causal flash attention of a prefill pass on the tensor cores: query rows
 // [row_tile * 128, +128) of one query head (row r is the token at position
 // state[position] + r) against every key at or before its position, read from
-// the bf16 K/V tile image (KvImageOffset: per KV head, each 64-key tile's K and
-// Vᵀ slabs as wgmma reads them), which the pass's QKV GEMM has just written. The
-// weight loader streams the head's key tiles [0, last) through the page ring,
-// one contiguous run (a tile is 16 KB at head_dim 64, 32 KB at 128); each
-// consumer warpgroup runs 64 query rows straight from the pages: S = Q·Kᵀ (Q as
-// bf16 slabs in the activation slot), causal mask, online softmax, O += P·V.
-// Keys past the last row's position inside its tile must be finite (the QKV
-// epilogue writes zeros there): their probabilities are 0, but 0 · NaN is not.
+// the KV cache (which the pass's QKV GEMM has just appended to, and which holds
+// whatever an earlier pass or decode put before it). The weight loader streams
+// each 64-key tile of f32 K then V rows through the page ring (one page holds
+// 16384 / (4 * head_dim) keys); the consumers convert each tile to bf16 K and
+// Vᵀ slabs (double-buffered in the activation slot), then each warpgroup runs
+// 64 query rows: S = Q·Kᵀ (Q as bf16 slabs in the slot), online softmax, O += P·V.
 // out is the O-projection GEMM's A image (bf16, PackSwizzled layout, 128-row
 // tiles) of [rows, num_heads * head_dim]: head h fills columns [h * hd, +hd).
 inline constexpr uint32_t kFlashRows = 128;  // query rows per instruction: 64 per consumer warpgroup
 inline constexpr uint32_t kFlashKeys = 64;   // keys per tile
 struct FlashAttnArgs {
   uint32_t q;  // f32 [rows, num_heads * head_dim], rotated
-  uint32_t kv_image;  // bf16 K/V tile image: [num_kv_heads][tiles][KvTileBytes(head_dim)] (tiles from its size)
+  uint32_t k_cache;  // f32 [kv_heads, max_seq, head_dim]
+  uint32_t v_cache;
   uint32_t step_state;
   uint32_t out;
   uint32_t rows;
@@ -497,21 +487,19 @@ struct FlashAttnArgs {
   uint32_t num_heads;
   uint32_t num_kv_heads;
   uint32_t head_dim;  // 64 or 128
+  uint32_t max_seq;
   float scale;
-  static constexpr const char* kFields[] = {"q", "kv_image", "step_state", "out", "rows", "row_tile",
-                                            "head", "num_heads", "num_kv_heads", "head_dim", "scale"};
+  static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "out", "rows", "row_tile",
+                                            "head", "num_heads", "num_kv_heads", "head_dim", "max_seq", "scale"};
 };
-// Bytes of one 64-key tile of the K/V image: K [64 keys, hd] then Vᵀ [hd, 64 keys], bf16.
-LOOM_HD uint32_t KvTileBytes(uint32_t head_dim) { return 4 * kFlashKeys * head_dim; }
-// Key tiles per KV head an image of `bytes` holds.
-LOOM_HD uint32_t KvImageTiles(uint64_t bytes, uint32_t num_kv_heads, uint32_t head_dim) {
-  const uint64_t per_tile = uint64_t{num_kv_heads} * KvTileBytes(head_dim);
-  return per_tile == 0 ? 0 : static_cast<uint32_t>(bytes / per_tile);
-}
-// The activation slot holds the bf16 Q slabs of the 128 query rows [128, hd], aligned to the swizzle atom.
+// One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, then the bf16 Q slabs of
+// the 128 query rows [128, hd], aligned to the swizzle atom.
+LOOM_HD uint32_t FlashBufferBytes(uint32_t head_dim) { return 2 * kFlashKeys * head_dim * 2; }
 LOOM_HD uint32_t FlashQueryBytes(uint32_t head_dim) { return kFlashRows * head_dim * 2; }
 inline constexpr uint32_t kSwizzleAtomAlign = 1024;
-LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) { return FlashQueryBytes(head_dim) + kSwizzleAtomAlign; }
+LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) {
+  return 2 * FlashBufferBytes(head_dim) + FlashQueryBytes(head_dim) + kSwizzleAtomAlign;
+}
 // GEMM's RoPE epilogue stages the f32 tile through its activation slot: 128 rows of kGemmStageStride floats (8
 // floats of padding: the accumulator fragment's float2 stores hit no bank twice in a half-warp).
 inline constexpr uint32_t kGemmStageStride = kGemmTileN + 8;

@@ -41,8 +41,6 @@ class Checker {
                         elements));
     }
   }
-  // Elements of tensor `id` (0 when the table has no such tensor; Tensor() then names the problem).
-  uint64_t Elements(uint32_t id) const { return id < tensors_.size() ? tensors_[id].elements : 0; }
   void Require(bool ok, const std::string& why) {
     if (status_.ok() && !ok) Fail(why);
   }

@@ -1,8 +1,7 @@
-// Host side of FLASH_ATTN: causal prefill attention over the bf16 K/V tile image,
-// its output in the O-projection GEMM's operand image. The reference follows the
-// device's arithmetic: q rounded to bf16 as the tensor cores read it, K and V as
-// the image holds them, the online softmax over 64-key tiles in f32, P rounded
-// to bf16 for P·V.
+// Host side of FLASH_ATTN: causal prefill attention over the KV cache, its output
+// in the O-projection GEMM's operand image. The reference follows the device's
+// arithmetic: q, K, V and P rounded to bf16 as the tensor cores read them, the
+// online softmax over 64-key tiles in f32.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -19,13 +18,12 @@ void Validate(const FlashAttnArgs& a, Checker& c) {
             "bad head / head counts");
   c.Require(a.rows > 0 && a.row_tile * kFlashRows < a.rows,
             absl::StrCat("row tile ", a.row_tile, " outside the ", a.rows, " rows"));
+  c.Require(a.rows <= a.max_seq, absl::StrCat(a.rows, " rows do not fit the KV cache of ", a.max_seq));
   c.Require(a.scale > 0, "scale must be positive");
-  const uint64_t q_width = U(a.num_heads) * a.head_dim;
+  const uint64_t q_width = U(a.num_heads) * a.head_dim, kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.rows) * q_width);
-  const uint32_t tiles = KvImageTiles(2 * c.Elements(a.kv_image), a.num_kv_heads, a.head_dim);
-  c.Require(U(tiles) * kFlashKeys >= a.rows,
-            absl::StrCat("kv_image holds ", tiles, " key tiles per KV head, fewer than the ", a.rows, " rows"));
-  c.Tensor("kv_image", a.kv_image, BF16, U(a.num_kv_heads) * tiles * KvTileBytes(a.head_dim) / 2);
+  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
+  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("out", a.out, BF16, GemmImageBytes(a.rows, static_cast<uint32_t>(q_width)) / 2);
 }
@@ -33,7 +31,7 @@ void Validate(const FlashAttnArgs& a, Checker& c) {
 Footprint Cost(const FlashAttnArgs& a, uint32_t context) {
   // Keys before the prompt are not known at compile time: `context` stands for the start position.
   const uint64_t keys = U(context) + (a.row_tile + 1) * uint64_t{kFlashRows};
-  return {0, 2 * keys * a.head_dim * 2 + uint64_t{kFlashRows} * a.head_dim * 6, FlashActivationBytes(a.head_dim),
+  return {0, 2 * keys * a.head_dim * 4 + uint64_t{kFlashRows} * a.head_dim * 6, FlashActivationBytes(a.head_dim),
           4ull * kFlashRows * keys * a.head_dim};
 }
 
@@ -41,15 +39,10 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
   const int32_t start = m.ptr<int32_t>(a.step_state)[kStatePosition];
   const uint32_t hd = a.head_dim, kv = a.head / (a.num_heads / a.num_kv_heads);
   const uint32_t q_width = a.num_heads * hd;
-  const uint32_t tiles = KvImageTiles(m.tensors[a.kv_image].bytes, a.num_kv_heads, hd);
-  const int64_t image_keys = int64_t{tiles} * kFlashKeys;
   auto bf = [](float x) { return graph::Bf16ToFloat(graph::FloatToBf16(x)); };
-  const uint8_t* kv_image = m.ptr<uint8_t>(a.kv_image);
-  auto image = [&](int64_t pos, uint32_t d, bool v) {
-    return graph::Bf16ToFloat(
-        *reinterpret_cast<const uint16_t*>(kv_image + KvImageOffset(hd, tiles, kv, static_cast<uint32_t>(pos), d, v)));
-  };
-  uint16_t* out = m.ptr<uint16_t>(a.out);
+  const float* kc = m.ptr<float>(a.k_cache) + uint64_t{kv} * a.max_seq * hd;
+  const float* vc = m.ptr<float>(a.v_cache) + uint64_t{kv} * a.max_seq * hd;
+  uint16_t* image = m.ptr<uint16_t>(a.out);
   // The device's order: 64-key tiles, a running max, exp2 with log2(e) folded into the scale, P rounded to bf16
   // for P·V while the row sum keeps it in f32.
   const float log2_scale = a.scale * 1.4426950408889634f;
@@ -57,7 +50,7 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
   const uint32_t end = std::min(a.rows, (a.row_tile + 1) * kFlashRows);
   for (uint32_t r = a.row_tile * kFlashRows; r < end; ++r) {
     const int64_t pos = start + static_cast<int64_t>(r);
-    if (pos >= image_keys) break;
+    if (pos >= a.max_seq) break;
     for (uint32_t d = 0; d < hd; ++d) q[d] = bf(m.ptr<float>(a.q)[uint64_t{r} * q_width + a.head * hd + d]);
     float row_max = -INFINITY, row_sum = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
@@ -66,7 +59,7 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
       float tile_max = -INFINITY;
       for (int64_t k = 0; k < keys; ++k) {
         float dot = 0.0f;
-        for (uint32_t d = 0; d < hd; ++d) dot += q[d] * image(key0 + k, d, false);
+        for (uint32_t d = 0; d < hd; ++d) dot += q[d] * bf(kc[(key0 + k) * hd + d]);
         s[k] = dot;
         tile_max = std::max(tile_max, dot);
       }
@@ -77,13 +70,13 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
       for (int64_t k = 0; k < keys; ++k) {
         const float p = std::exp2((s[k] - m_new) * log2_scale);
         row_sum += p;
-        for (uint32_t d = 0; d < hd; ++d) o[d] += bf(p) * image(key0 + k, d, true);
+        for (uint32_t d = 0; d < hd; ++d) o[d] += bf(p) * bf(vc[(key0 + k) * hd + d]);
       }
       row_max = m_new;
     }
     const float sum = row_sum;
     for (uint32_t d = 0; d < hd; ++d) {
-      out[Swizzled128Offset(q_width, kGemmTileM, r, a.head * hd + d) / 2] = graph::FloatToBf16(o[d] / sum);
+      image[Swizzled128Offset(q_width, kGemmTileM, r, a.head * hd + d) / 2] = graph::FloatToBf16(o[d] / sum);
     }
   }
 }

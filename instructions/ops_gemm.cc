@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <initializer_list>
 #include <vector>
 
 #include "instructions/swizzle.h"
@@ -37,18 +36,8 @@ void Validate(const GemmArgs& a, Checker& c) {
       c.Require(a.norm_eps > 0, "norm_eps must be positive");
       c.Tensor("qk_norm", a.qk_norm, BF16, 2ull * a.head_dim);
     }
-    // The caches' max_seq is k_cache's size over a row of heads (the instruction has no room for it).
-    const uint64_t max_seq = kv_rows == 0 ? 0 : c.Elements(a.k_cache) / kv_rows;
-    c.Require(max_seq > 0, "k_cache must hold [num_kv_heads, max_seq, head_dim] f32");
-    c.Tensor("k_cache", a.k_cache, F32, kv_rows * max_seq);
-    c.Tensor("v_cache", a.v_cache, F32, kv_rows * max_seq);
-    if (a.kv_image != kNoTensor) {
-      c.Require(a.head_dim == 64 || a.head_dim == 128,
-                absl::StrCat("the K/V tile image covers head_dim 64 and 128, not ", a.head_dim));
-      const uint32_t tiles = KvImageTiles(2 * c.Elements(a.kv_image), a.num_kv_heads, a.head_dim);
-      c.Require(tiles > 0, "kv_image holds no key tile");
-      c.Tensor("kv_image", a.kv_image, BF16, U(a.num_kv_heads) * tiles * KvTileBytes(a.head_dim) / 2);
-    }
+    c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+    c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
     c.Tensor("step_state", a.step_state, I32, kStepStateWords);
     c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
   } else if (a.epilogue == kGemmSiluMulToImage) {
@@ -104,28 +93,6 @@ void Reference(const PackRowsArgs& a, const MachineView& m) {
   }
 }
 
-namespace {
-
-struct DimValue {
-  uint32_t dim;
-  float value;
-};
-// Dimensions of one K (or V) row of the KV head at `pos` into the GEMM's K/V tile image, rounded to bf16 (the image
-// holds 64-key tiles up to its size; later positions are not stored).
-void WriteKvImage(const GemmArgs& a, const MachineView& m, bool v, uint32_t kv_head, int32_t pos,
-                  std::initializer_list<DimValue> values) {
-  if (a.kv_image == kNoTensor) return;
-  const uint32_t tiles = KvImageTiles(m.tensors[a.kv_image].bytes, a.num_kv_heads, a.head_dim);
-  if (pos < 0 || pos >= static_cast<int64_t>(tiles) * kFlashKeys) return;
-  uint8_t* image = m.ptr<uint8_t>(a.kv_image);
-  for (const DimValue& x : values) {
-    *reinterpret_cast<uint16_t*>(image + KvImageOffset(a.head_dim, tiles, kv_head, static_cast<uint32_t>(pos), x.dim, v)) =
-        graph::FloatToBf16(x.value);
-  }
-}
-
-}  // namespace
-
 void Reference(const GemmArgs& a, const MachineView& m) {
   // The tile's rows of A and W over its K range, read out of the swizzled images once (floats, row-major).
   const GemmSlabRange slabs = GemmSlabsOf(a);
@@ -177,7 +144,6 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     }
     if (a.epilogue == kGemmRopeKvAppend) {  // the tile's columns of this token, pair by pair
       const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition] + static_cast<int32_t>(r);
-      const uint32_t max_seq = GemmCacheRows(m.tensors[a.k_cache].bytes, a.num_kv_heads, a.head_dim);
       const float* table = m.ptr<float>(a.rope_table);
       const uint32_t group = GemmHeadsPerGroup(a);
       const uint32_t half = a.head_dim / 2, q_width = group * a.num_kv_heads * a.head_dim;
@@ -203,26 +169,12 @@ void Reference(const GemmArgs& a, const MachineView& m) {
         if (q.kind == kQkvQ) {
           out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim] = v0;
           out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim + half] = v1;
-          continue;
-        }
-        const uint32_t d1 = q.kind == kQkvK ? q.dim + half : q.dim + 1;
-        if (pos < static_cast<int32_t>(max_seq)) {
-          float* cache = m.ptr<float>(q.kind == kQkvK ? a.k_cache : a.v_cache) + (uint64_t{q.head} * max_seq + pos) * a.head_dim;
+        } else if (pos < static_cast<int32_t>(a.max_seq)) {
+          float* cache = m.ptr<float>(q.kind == kQkvK ? a.k_cache : a.v_cache) +
+                         (uint64_t{q.head} * a.max_seq + pos) * a.head_dim;
           cache[q.dim] = v0;
-          cache[d1] = v1;
+          cache[q.kind == kQkvK ? q.dim + half : q.dim + 1] = v1;
         }
-        WriteKvImage(a, m, q.kind == kQkvV, q.head, pos, {{q.dim, v0}, {d1, v1}});
-      }
-    }
-  }
-  // Rows past m, to the end of the 128-row tile: zeros in the K/V image, so its last key tile holds no garbage.
-  if (a.epilogue == kGemmRopeKvAppend && a.kv_image != kNoTensor) {
-    const uint32_t group = GemmHeadsPerGroup(a);
-    for (uint32_t r = std::max(a.m, a.m_tile * kGemmTileM); r < (a.m_tile + 1) * kGemmTileM; ++r) {
-      const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition] + static_cast<int32_t>(r);
-      for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
-        const QkvRow q = QkvGroupedRow(col, group, a.head_dim);
-        if (q.kind != kQkvQ) WriteKvImage(a, m, q.kind == kQkvV, q.head, pos, {{q.dim, 0.0f}});
       }
     }
   }

@@ -57,17 +57,6 @@ LOOM_HD uint64_t Swizzled128Offset(uint32_t cols, uint32_t tile_rows, uint32_t r
          SwizzledOffset<Swizzle::k128B>(r % tile_rows, (c % kRowElems) * 2);
 }
 
-// Byte offset in a K/V tile image (FLASH_ATTN's keys, isa::FlashAttnArgs) of dimension d of position `pos`'s K
-// (v false) or V (v true) row of KV head `kv_head`, the image holding `tiles` 64-key tiles per head. A tile is K
-// [64 keys, head_dim] as a 64-row PackSwizzled image (head_dim / 64 slabs, the B operand of S = Q·Kᵀ) followed by
-// Vᵀ [head_dim, 64 keys] as one slab of head_dim rows (the B operand of O = P·V).
-LOOM_HD uint64_t KvImageOffset(uint32_t head_dim, uint32_t tiles, uint32_t kv_head, uint32_t pos, uint32_t d, bool v) {
-  const uint64_t tile = (uint64_t{kv_head} * tiles + pos / kFlashKeys) * KvTileBytes(head_dim);
-  const uint32_t key = pos % kFlashKeys;
-  return v ? tile + KvTileBytes(head_dim) / 2 + Swizzled128Offset(kFlashKeys, head_dim, d, key)
-           : tile + Swizzled128Offset(head_dim, kFlashKeys, key, d);
-}
-
 // Packs a row-major bf16 matrix [rows, cols] as swizzled K-slabs: for each tile
 // of `tile_rows` rows (zero rows past `rows`), its ceil(cols / kRowElems) slabs
 // in K order (zero columns past `cols`), each tile_rows * kRowBytes bytes.

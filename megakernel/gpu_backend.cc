@@ -9,7 +9,6 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
-#include "scheduler/prefill.h"
 
 namespace loom::megakernel {
 
@@ -126,7 +125,6 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
   absl::StatusOr<int32_t> start = position();
   if (!start.ok()) return start.status();
   const uint32_t rows = pass.prefill().rows();
-  if (*start != 0) return scheduler::PrefillStartError(*start);
   if (*start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", *start, " + ", rows,
                                               " prompt rows exceeds the KV cache of ", schedule_.max_seq()));

@@ -126,6 +126,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
     GemmPages gemm{nullptr, nullptr, 0};
+    FlashPages flash{nullptr, nullptr, 64, 0, 0};
     const uint32_t opcode = inst.opcode;
     if (inst.op() == isa::Opcode::MATVEC) {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
@@ -133,19 +134,14 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       total = a.rows * row_bytes;
       tile = p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
     } else if (kTensorOps && (inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN)) {
-      // A GEMM's A and attention's K / V image are activations: their pages are read only once the instruction's
+      // A GEMM's A and attention's K / V are activations: their pages are read only once the instruction's
       // waits are met (the loader runs ahead over weights only; everything before this instruction is issued).
       for (uint32_t k = 0; k < inst.num_waits; ++k) {
         WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
       }
       FenceProxyAsyncGlobal();
-      if (inst.op() == isa::Opcode::GEMM) {
-        gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
-      } else {  // one contiguous run of key tiles, streamed page by page as a MATVEC tile is
-        const FlashPages flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
-        tile = flash.first;
-        total = flash.bytes;
-      }
+      if (inst.op() == isa::Opcode::GEMM) gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
+      else flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
     const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
@@ -158,10 +154,29 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       }
       ++ring;
     }
+    // FLASH_ATTN's pages of 32 keys, two to a ring page when it holds 32 KB (FlashPagesPerRingPage).
+    const uint32_t flash_per_page = FlashPagesPerRingPage(p.page_bytes);
+    for (uint32_t i = 0; i < flash.count; i += flash_per_page) {
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
+      uint32_t bytes = 0;
+      for (uint32_t j = 0; j < flash_per_page; ++j) bytes += flash.Bytes(i + j);
+      if (bytes == 0) {  // keys past the cache: nothing to copy, the consumers zero them
+        MbarrierArrive(&s.full[ring.index]);
+      } else {
+        MbarrierArriveExpectTx(&s.full[ring.index], bytes);
+        for (uint32_t j = 0; j < flash_per_page; ++j) {
+          if (flash.Bytes(i + j) == 0) continue;
+          BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * kFlashPageStride,
+                           flash.Source(i + j), flash.Bytes(i + j), &s.full[ring.index]);
+        }
+      }
+      ++ring;
+    }
     for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
       const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      if (p.skip_weight_loads && opcode == static_cast<uint32_t>(isa::Opcode::MATVEC)) {
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
+                   w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait));
+      if (p.skip_weight_loads) {
         MbarrierArrive(&s.full[ring.index]);
       } else {
         MbarrierArriveExpectTx(&s.full[ring.index], bytes);

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "instructions/isa.h"
 #include "scheduler/packing.h"
-#include "scheduler/prefill.h"
 
 namespace loom::megakernel {
 
@@ -98,7 +97,6 @@ absl::Status ReferenceVm::Prefill(const scheduler::Schedule& pass) {
   }
   const int32_t start = position();
   const uint32_t rows = pass.prefill().rows();
-  if (start != 0) return scheduler::PrefillStartError(start);
   if (start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", start, " + ", rows, " prompt rows exceeds the KV cache of ",
                                               schedule_.max_seq()));

@@ -91,12 +91,6 @@ LayerWeights WeightsOf(const Layer& l) {
 
 absl::Status PrefillSupported(const graph::Graph& graph) { return ParsePlan(graph).status(); }
 
-absl::Status PrefillStartError(int64_t position) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "prefill: a pass runs from position 0 (its K/V tile images hold the prompt's rows only); this session is at "
-      "position ", position, ": run the rest of the prompt token by token"));
-}
-
 bool HasPrefillWeights(const Schedule& decode) {
   for (const PackedWeight& p : decode.packing()) {
     if (p.tile_rows() > 0) return true;
@@ -280,15 +274,6 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       b.Scratch("prefill.mlp", graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(P, widest_inter) / 2)});
   const uint32_t last_row = b.Scratch("prefill.last_row", graph::F32, {hidden}, "prefill.x", uint64_t{P - 1} * hidden * 4);
   const uint32_t pass_state = b.Scratch("prefill.state", graph::I32, {isa::kStepStateWords});
-  // The bf16 K/V tile images FLASH_ATTN reads (isa::KvImageOffset), written by the QKV GEMMs beside the f32 caches:
-  // one per layer parity, positions [0, P) (a pass runs from position 0: GpuDecoder::Prefill and the VM refuse any
-  // other). Two suffice: layer l+2's QKV stage follows every FLASH_ATTN of layer l, since FLASH_ATTN of layer l+1
-  // waits for its whole QKV stage, which follows every row tile of layer l.
-  uint64_t kv_tile_bytes = 0;
-  for (const Layer& l : plan->layers) kv_tile_bytes = std::max<uint64_t>(kv_tile_bytes, uint64_t{l.kv_heads} * isa::KvTileBytes(l.head_dim));
-  const int64_t kv_image_elements = static_cast<int64_t>((P + isa::kFlashKeys - 1) / isa::kFlashKeys * kv_tile_bytes / 2);
-  const uint32_t kv_images[2] = {b.Scratch("prefill.kv_image.0", graph::BF16, {kv_image_elements}),
-                                 b.Scratch("prefill.kv_image.1", graph::BF16, {kv_image_elements})};
 
   // Embedding, in chunks of rows.
   // Every stage but the QKV projection has a barrier per 128-row tile (PrefillOptions.row_tile_barriers): a
@@ -396,14 +381,14 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     }
     qkv.num_kv_heads = l.kv_heads;
     qkv.head_dim = l.head_dim;
-    qkv.kv_image = kv_images[li % 2];
+    qkv.max_seq = decode.max_seq();
     stage = gemm(n + "qkv", qkv, stage, false);
 
     const StageRef flash = b.Stages(n + "attn", tiles_m, tiled);
     for (uint32_t t = 0; t * isa::kFlashRows < P; ++t) {
       for (uint32_t h = 0; h < l.heads; ++h) {
-        isa::FlashAttnArgs f{q_rows, kv_images[li % 2], state, image_attn, P, t, h, l.heads, l.kv_heads, l.head_dim,
-                             l.scale};
+        isa::FlashAttnArgs f{q_rows, k_cache, v_cache, state, image_attn, P, t, h, l.heads, l.kv_heads, l.head_dim,
+                             decode.max_seq(), l.scale};
         b.Emit(isa::Opcode::FLASH_ATTN, f, flash.Of(t), stage.Of(t), n + "attn");
       }
     }
@@ -484,10 +469,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   reduce.num_waits = 1;
   reduce.waits[0] = {head, 0};
   if (all_logits) {
-    // Tiles as wide as the activation ring holds (it is at least the QKV GEMM's RoPE stage, and the widest
-    // FLASH_ATTN's); a barrier counts at most kMaxSignalsPerStep signals, so the rows are split over up to three
-    // stages the reduce waits on.
-    uint32_t ring = isa::kGemmTileM * isa::kGemmStageStride * 4;
+    // Tiles as wide as the activation ring holds (it is at least the widest FLASH_ATTN's); a barrier counts at
+    // most kMaxSignalsPerStep signals, so the rows are split over up to three stages the reduce waits on.
+    uint32_t ring = 0;
     for (const Layer& l : plan->layers) ring = std::max(ring, isa::FlashActivationBytes(l.head_dim));
     const uint32_t wide_rows =
         std::min<uint32_t>(vocab, (ring - 4 * isa::MatvecRowStride(hidden)) / 8 / 2 * 2);

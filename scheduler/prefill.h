@@ -51,21 +51,17 @@ struct PrefillOptions {
   // against 2.79 / 4.16 / 12.99 without (at 2048 the SMs' queue order, not the stage tails, decides).
   enum class RowTileBarriers { kAuto, kOn, kOff };
   RowTileBarriers row_tile_barriers = RowTileBarriers::kAuto;
-  // Ring page size of the pass: 32 KB (a GEMM's A and W slab of one K step, or two head_dim-64 key tiles of
-  // FLASH_ATTN, or one of head_dim 128; one wait and one release each), 16 KB (half of each), or 0: 32 KB where at
-  // least 4 such pages fit beside the activation ring, else 16 KB. Measured on the H100 (random:llama-3.2-1b TTFT
-  // at P = 128 / 512 / 2048, before the K/V tile image): 2.78 / 4.03 / 12.63 ms with 32 KB pages against 2.77 /
-  // 4.13 / 13.21 with 16 KB.
+  // Ring page size of the pass: 32 KB (two 16 KB pieces per page: a GEMM's A and W slab of one K step, or 64 keys
+  // of FLASH_ATTN's K or V; one wait and one release each), 16 KB (one piece per page), or 0: 32 KB where at least
+  // 4 such pages fit beside the activation ring (head_dim 64), else 16 KB (head_dim 128: FLASH_ATTN's 97 KB slot
+  // leaves room for 3). Measured on the H100 (random:llama-3.2-1b TTFT at P = 128 / 512 / 2048): 2.78 / 4.03 /
+  // 12.63 ms with 32 KB pages against 2.77 / 4.13 / 13.21 with 16 KB.
   uint32_t page_bytes = 0;
 };
 inline constexpr uint32_t kMaxRowTilesForTileBarriers = 8;
 
-// A pass runs from position 0 only: its K/V tile images (what FLASH_ATTN reads) hold the prompt's rows alone, not
-// what an earlier pass or decode step left in the f32 caches. The error a runtime returns for any other start
-// (the caller then runs the rest of the prompt token by token).
-absl::Status PrefillStartError(int64_t position);
-
-// Run time: the prefill pass of `rows` prompt rows (positions [0, rows) of `decode`'s step state) for a decode schedule compiled from `graph` with the prefill weights. A pass depends on the row count
+// Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step
+// state) for a decode schedule compiled from `graph` with the prefill weights. A pass depends on the row count
 // only (not the tokens or the start position): a runtime may keep one per prompt length.
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& options = {});

@@ -279,16 +279,10 @@ absl::Status VerifySchedule(const Schedule& s) {
       if (absl::Status st = isa::ValidateInstruction(inst, infos); !st.ok()) {
         return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
       }
-      if (inst.op() == isa::Opcode::GEMM && smem.page_bytes() < isa::kGemmSlabBytes) {
+      if ((inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN) &&
+          smem.page_bytes() < isa::kGemmSlabBytes) {
         return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ",
                                  smem.page_bytes()));
-      }
-      if (inst.op() == isa::Opcode::FLASH_ATTN) {  // pages hold whole halves (K or Vᵀ) of a key tile
-        const uint32_t half = isa::KvTileBytes(inst.as<isa::FlashAttnArgs>().head_dim) / 2;
-        if (smem.page_bytes() % half != 0) {
-          return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold whole ", half, "-byte halves of a key tile, a page ",
-                                   smem.page_bytes()));
-        }
       }
       const isa::Footprint f = isa::InstructionFootprint(inst, s.max_seq());
       if (f.smem_bytes > smem.activation_bytes()) {

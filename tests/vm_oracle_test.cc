@@ -163,10 +163,6 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
       }
       ASSERT_TRUE((*vm)->Run(15).ok());
       EXPECT_EQ((*vm)->tokens(), oracle->tokens) << what;
-      // A second pass would start past position 0, where its K/V tile image knows no earlier keys: refused.
-      const absl::Status again = (*vm)->Prefill(*pass);
-      EXPECT_FALSE(again.ok()) << what;
-      EXPECT_NE(again.message().find("position 0"), std::string::npos) << again;
     }
   }
   }
@@ -190,12 +186,12 @@ TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
   EXPECT_FALSE(scheduler::CompilePrefill(mistral->graph, *s, 4).ok());
 }
 
-// The pass's page size: 32 KB where four such pages fit beside the activation ring (the QKV GEMM's 68 KB stage:
-// head_dim 64 and 128 alike), else 16 KB; explicit sizes are kept, others refused.
+// The pass's page size: 32 KB where four such pages fit beside the activation ring (head_dim 64), else 16 KB
+// (head_dim 128: FLASH_ATTN's 97 KB slot); explicit sizes are kept, others refused.
 TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
   const std::string config = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_configs/transformers5/llama-3.2-3b.json";
   for (const auto& [spec, page_bytes] : std::vector<std::pair<std::string, uint32_t>>{
-           {"random:tiny", 32768}, {config, 32768}}) {  // head_dim 64; Llama-3.2-3B's shape (head_dim 128)
+           {"random:tiny", 32768}, {config, 16384}}) {  // head_dim 64; Llama-3.2-3B's shape (head_dim 128)
     graph::ModelOptions mo;
     mo.max_seq = 256;
     mo.load_weights = false;
@@ -222,7 +218,7 @@ TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
     absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes) << spec;
-    EXPECT_GE(pass->options().smem().num_pages(), 4u) << spec;
+    EXPECT_GE(pass->options().smem().num_pages(), page_bytes == 32768 ? 4u : 7u) << spec;
     po.page_bytes = 16384;
     pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();

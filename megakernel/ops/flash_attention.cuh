@@ -1,16 +1,14 @@
 // FLASH_ATTN on the device (isa::FlashAttnArgs): causal prefill attention of
-// 128 query rows of one head on the tensor cores, straight from the bf16 K/V
-// tile image the QKV GEMM wrote (isa::KvImageOffset).
+// 128 query rows of one head on the tensor cores.
 //
-// The weight loader streams the head's key tiles [0, last) through the page
-// ring as one contiguous run (FlashPagesOf): a tile is K [64 keys, hd] then Vᵀ
-// [hd, 64 keys], in the swizzled slabs wgmma reads, so a page is an operand as
-// it lands (no conversion). Each consumer warpgroup converts its 64 query rows
-// to bf16 Q slabs in the activation slot once, then for each key tile: S = Q·Kᵀ,
-// causal mask, online softmax (row max / sum / exp2 in registers), O += P·V with
-// P converted to A fragments. The two warpgroups share the pages but not their
-// pace: neither waits for the other between tiles, so one's softmax overlaps the
-// other's wgmma. Tiles past a warpgroup's last row are released, not computed.
+// The weight loader streams, for each 64-key tile, its f32 K rows then its V
+// rows from the KV cache through the page ring (FlashPagesOf). All 256 consumer
+// threads convert a tile into bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs in
+// the 128-byte swizzle (two buffers in the activation slot, so one named barrier
+// per tile suffices), then warpgroup g runs its 64 query rows: S = Q·Kᵀ with Q in
+// bf16 slabs beside them (converted once), causal mask, online softmax (row max /
+// sum / exp2 in registers), O += P·V with P converted to A fragments. Tiles past
+// a warpgroup's last row are converted but not computed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,147 +21,178 @@
 
 namespace loom::megakernel {
 
-// The key tiles one FLASH_ATTN streams: [0, FlashKeyTiles) of its KV head, clamped to the image.
-__device__ __forceinline__ uint32_t FlashTilesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m,
-                                                 uint32_t* image_tiles) {
+// The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
+// (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128), clamped to the cache's max_seq rows.
+inline constexpr uint32_t kFlashPageKeys = 32;  // keys per page: 16 KB of f32 rows at head_dim 128
+// A ring page of 32 KB or more holds two of these pages, kFlashPageStride bytes apart (one wait and release).
+inline constexpr uint32_t kFlashPageStride = 16384;
+__device__ __forceinline__ uint32_t FlashPagesPerRingPage(uint32_t page_bytes) {
+  return page_bytes >= 2 * kFlashPageStride ? 2 : 1;
+}
+struct FlashPages {
+  const float* k;  // the KV head's first cache row
+  const float* v;
+  uint32_t head_dim, max_seq, count;
+
+  static constexpr uint32_t PagesPerTensor() { return isa::kFlashKeys / kFlashPageKeys; }
+  __device__ __forceinline__ uint32_t FirstKey(uint32_t i) const {
+    const uint32_t per_tile = 2 * PagesPerTensor();
+    return (i / per_tile) * isa::kFlashKeys + (i % PagesPerTensor()) * kFlashPageKeys;
+  }
+  __device__ __forceinline__ const void* Source(uint32_t i) const {
+    const bool is_v = (i % (2 * PagesPerTensor())) >= PagesPerTensor();
+    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim;
+  }
+  __device__ __forceinline__ uint32_t Bytes(uint32_t i) const {
+    const uint32_t key = FirstKey(i), keys = kFlashPageKeys;
+    const uint32_t n = key >= max_seq ? 0 : (max_seq - key < keys ? max_seq - key : keys);
+    return n * head_dim * 4;
+  }
+};
+
+__device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m) {
   const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
-  *image_tiles = isa::KvImageTiles(m.tensors[a.kv_image].bytes, a.num_kv_heads, a.head_dim);
-  const uint32_t tiles = isa::FlashKeyTiles(start, a);
-  return tiles < *image_tiles ? tiles : *image_tiles;
+  const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads);
+  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim;
+  return {m.ptr<float>(a.k_cache) + row, m.ptr<float>(a.v_cache) + row, a.head_dim, a.max_seq,
+          isa::FlashKeyTiles(start, a) * 2 * FlashPages::PagesPerTensor()};
 }
 
-// The bytes a FLASH_ATTN streams through the page ring, in order: its head's first `tiles` key tiles.
-struct FlashPages {
-  const uint8_t* first;
-  uint64_t bytes;
-};
-__device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m) {
-  uint32_t image_tiles;
-  const uint32_t tiles = FlashTilesOf(a, m, &image_tiles);
-  const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads), tile_bytes = isa::KvTileBytes(a.head_dim);
-  return {m.ptr<uint8_t>(a.kv_image) + static_cast<uint64_t>(kv) * image_tiles * tile_bytes,
-          static_cast<uint64_t>(tiles) * tile_bytes};
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 template <uint32_t HD>
 __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
   using KSlab = tile::SmemSlab<isa::kFlashKeys, isa::Swizzle::k128B>;  // 64 keys x 64 dims
   using VSlab = tile::SmemSlab<HD, isa::Swizzle::k128B>;               // HD dims x 64 keys
-  using QSlab = tile::SmemSlab<64, isa::Swizzle::k128B>;               // 64 query rows x 64 dims
   using Acc = tile::Accumulator<HD>;
   using Scores = tile::Accumulator<isa::kFlashKeys>;
   static_assert(KSlab::kK == 64 && VSlab::kK == isa::kFlashKeys, "a slab row is 64 bf16");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 query rows each");
-  // A key tile is two halves of kHalfBytes: K (HD / 64 slabs of 64 keys), then Vᵀ (one slab of HD rows).
-  constexpr uint32_t kHalfBytes = isa::kFlashKeys * HD * 2;
-  static_assert((HD / 64) * KSlab::kBytes == kHalfBytes && VSlab::kBytes == kHalfBytes, "K/V tile image layout");
-  // Ring pages hold whole halves (16 or 32 KB pages: half a head_dim-128 tile, one or two head_dim-64 tiles);
-  // the loader fills them in order from one contiguous run, so half u sits in page u / halves_per_page.
-  const uint32_t halves_per_page = ctx.page_bytes / kHalfBytes;
+  constexpr uint32_t kPages = FlashPages::PagesPerTensor();  // pages per tensor per key tile
+  static_assert(kPages % 2 == 0 && kFlashPageKeys * HD * 4 <= kFlashPageStride, "two pages to a 32 KB ring page");
+  const uint32_t per_ring_page = FlashPagesPerRingPage(ctx.page_bytes);
+  constexpr uint32_t kPageKeys = kFlashPageKeys;
+  constexpr uint32_t kKBytes = isa::kFlashKeys * HD * 2;
+  static_assert(kPageKeys % 8 == 0, "Vᵀ stores take 8 keys of one page");
 
   const isa::MachineView& m = ctx.machine;
   const uint32_t wg = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
-  uint32_t image_tiles;
-  const uint32_t tiles = FlashTilesOf(a, m, &image_tiles);
-  const uint32_t image_keys = image_tiles * isa::kFlashKeys;
   const uint32_t row0 = a.row_tile * isa::kFlashRows + wg * 64;
   const bool active = row0 < a.rows;
   const uint32_t wg_end = active ? (row0 + 64 < a.rows ? row0 + 64 : a.rows) : row0;
+  const uint32_t valid_keys = start + a.rows;  // cache rows [0, start + rows) hold keys
+  const uint32_t tiles = isa::FlashKeyTiles(start, a);
   const uint32_t wg_tiles = active ? (start + wg_end - 1) / isa::kFlashKeys + 1 : 0;
   uint8_t* slot = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(ctx.act) + isa::kSwizzleAtomAlign - 1) & ~uintptr_t{isa::kSwizzleAtomAlign - 1});
 
   // Q rows of this warpgroup -> its bf16 Q slabs (zeros past the prompt), read by the score wgmma from shared
-  // memory: generic stores, so fenced for the async proxy and published to the warpgroup before the first wgmma.
-  uint8_t* qbuf = slot + wg * (HD / 64) * QSlab::kBytes;
+  // memory; written before the first tile's barrier, which publishes them with the tile.
+  using QSlab = tile::SmemSlab<64, isa::Swizzle::k128B>;
+  uint8_t* qbuf = slot + 2 * isa::FlashBufferBytes(HD) + wg * (HD / 64) * QSlab::kBytes;
   const uint32_t q_width = a.num_heads * HD;
-  if (active) {
-    const float* q = m.ptr<float>(a.q) + a.head * HD;
-    for (uint32_t ch = t; ch < 64 * HD / 8; ch += 128) {
-      const uint32_t r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
-      uint4 packed = make_uint4(0, 0, 0, 0);
-      if (row0 + r < a.rows) {
-        const float* src = q + static_cast<uint64_t>(row0 + r) * q_width + d0;
-        const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
-        packed = make_uint4(tile::PackBf16(x0.x, x0.y), tile::PackBf16(x0.z, x0.w), tile::PackBf16(x1.x, x1.y),
-                            tile::PackBf16(x1.z, x1.w));
-      }
-      *reinterpret_cast<uint4*>(qbuf + isa::Swizzled128Offset(HD, 64, r, d0)) = packed;
+  const float* q = m.ptr<float>(a.q) + a.head * HD;
+  for (uint32_t ch = t; ch < 64 * HD / 8; ch += 128) {
+    const uint32_t r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (row0 + r < a.rows) {
+      const float* src = q + static_cast<uint64_t>(row0 + r) * q_width + d0;
+      const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
+      packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
     }
-    tile::FenceProxyAsyncShared();
-    NamedBarrierSync(kWarpgroupBarrier + wg, 128);
+    *reinterpret_cast<uint4*>(qbuf + isa::Swizzled128Offset(HD, 64, r, d0)) = packed;
   }
 
   const float log2_scale = a.scale * 1.4426950408889634f;  // exp(x * scale) = exp2(x * log2_scale)
   tile::RowPair row_max{{-INFINITY, -INFINITY}}, row_sum{{0.0f, 0.0f}};
   Acc o;
   o.Zero();
-  PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
-  const uint8_t* page = nullptr;
-  auto half_at = [&](uint32_t u) {
-    if (u % halves_per_page == 0) {
-      page = ctx.WaitPage(next);
-      ++next;
-    }
-    return page + (u % halves_per_page) * kHalfBytes;
-  };
-  uint32_t released = 0;
   for (uint32_t j = 0; j < tiles; ++j) {
-    const uint8_t* kp = half_at(2 * j);
-    const uint8_t* vp = half_at(2 * j + 1);
-    if (j < wg_tiles) {
-      const uint32_t key0 = j * isa::kFlashKeys;
-      Scores s;
-      tile::WgmmaFence();
-#pragma unroll
-      for (uint32_t kk = 0; kk < HD / 16; ++kk) {
-        tile::MmaAsync<isa::kFlashKeys>(s.d, QSlab{qbuf + (kk / 4) * QSlab::kBytes}.Descriptor(0, kk % 4),
-                                        KSlab{kp + (kk / 4) * KSlab::kBytes}.Descriptor(0, kk % 4), kk > 0 ? 1u : 0u);
-      }
-      tile::WgmmaCommit();
-      tile::WgmmaWait<0>();
-      tile::FenceRegisters(s.d);
-      const uint32_t first_pos = start + row0;
-      if (key0 + isa::kFlashKeys - 1 > first_pos) {  // the tile crosses the diagonal of some row
-#pragma unroll
-        for (uint32_t i = 0; i < Scores::kRegs; ++i) {
-          if (key0 + Scores::Col(t, i) > first_pos + Scores::Row(t, i)) s.d[i] = -INFINITY;
+    uint8_t* kbuf = slot + (j % 2) * isa::FlashBufferBytes(HD);
+    uint8_t* vbuf = kbuf + kKBytes;
+    const uint32_t key0 = j * isa::kFlashKeys;
+    // K rows -> K slabs, 8 dims (16 bytes of bf16) per store.
+    const float* page = nullptr;
+    for (uint32_t p = 0; p < kPages; ++p) {
+      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      else page += kFlashPageStride / 4;
+      for (uint32_t ch = ctx.tid; ch < kPageKeys * HD / 8; ch += kConsumerThreads) {
+        const uint32_t key = p * kPageKeys + ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+        uint4 packed = make_uint4(0, 0, 0, 0);
+        if (key0 + key < valid_keys) {
+          const float4 x0 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0);
+          const float4 x1 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0 + 4);
+          packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
         }
+        *reinterpret_cast<uint4*>(kbuf + isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0)) = packed;
       }
-      const tile::RowPair tile_max = tile::RowMax(s);
-      const tile::RowPair m_new{{fmaxf(row_max.v[0], tile_max.v[0]), fmaxf(row_max.v[1], tile_max.v[1])}};
-      const tile::RowPair correction{{exp2f((row_max.v[0] - m_new.v[0]) * log2_scale),
-                                      exp2f((row_max.v[1] - m_new.v[1]) * log2_scale)}};
-      tile::Exp2Rows(s, m_new, log2_scale);
-      const tile::RowPair tile_sum = tile::RowSum(s);
-      row_sum = {{row_sum.v[0] * correction.v[0] + tile_sum.v[0], row_sum.v[1] * correction.v[1] + tile_sum.v[1]}};
-      row_max = m_new;
-      tile::ScaleRows(o, correction);
-      uint32_t pf[isa::kFlashKeys / 16][4];
-#pragma unroll
-      for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::ToOperandA(s, kk, pf[kk]);
-      // P and the rescaled accumulators are written by ordinary instructions: pinned before the wgmma fence, so
-      // the compiler cannot sink those writes past it (the tensor cores would read the old values).
-      tile::FenceRegisters(o.d);
-#pragma unroll
-      for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
-      tile::WgmmaFence();
-      const VSlab vt{vp};
-#pragma unroll
-      for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) {
-        tile::MmaAsyncRegA<HD>(o.d, pf[kk], vt.Descriptor(0, kk), 1u);
-      }
-      tile::WgmmaCommit();
-      tile::WgmmaWait<0>();
-      tile::FenceRegisters(o.d);
-#pragma unroll
-      for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
+      if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
-    // Pages whose every half is consumed go back (the last tile's partly filled page too).
-    const uint32_t halves = 2 * j + 2;
-    const uint32_t done = j + 1 == tiles ? (halves + halves_per_page - 1) / halves_per_page : halves / halves_per_page;
-    for (; released < done; ++released) ctx.ReleasePage();
+    // V rows -> Vᵀ slab: 8 keys of one dim per store (threads of a warp take consecutive dims).
+    for (uint32_t p = 0; p < kPages; ++p) {
+      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
+      else page += kFlashPageStride / 4;
+      for (uint32_t ch = ctx.tid; ch < HD * kPageKeys / 8; ch += kConsumerThreads) {
+        const uint32_t d = ch % HD, k_local = (ch / HD) * 8, key = p * kPageKeys + k_local;
+        float v[8];
+#pragma unroll
+        for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? page[(k_local + e) * HD + d] : 0.0f;
+        *reinterpret_cast<uint4*>(vbuf + isa::Swizzled128Offset(isa::kFlashKeys, HD, d, key)) =
+            make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]), PackBf16(v[4], v[5]), PackBf16(v[6], v[7]));
+      }
+      if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
+    }
+    tile::FenceProxyAsyncShared();  // generic stores, read next by wgmma
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    if (j >= wg_tiles) continue;
+
+    Scores s;
+    tile::WgmmaFence();
+#pragma unroll
+    for (uint32_t kk = 0; kk < HD / 16; ++kk) {
+      tile::MmaAsync<isa::kFlashKeys>(s.d, QSlab{qbuf + (kk / 4) * QSlab::kBytes}.Descriptor(0, kk % 4),
+                                      KSlab{kbuf + (kk / 4) * KSlab::kBytes}.Descriptor(0, kk % 4), kk > 0 ? 1u : 0u);
+    }
+    tile::WgmmaCommit();
+    tile::WgmmaWait<0>();
+    tile::FenceRegisters(s.d);
+    const uint32_t first_pos = start + row0;
+    if (key0 + isa::kFlashKeys - 1 > first_pos) {  // the tile crosses the diagonal of some row
+#pragma unroll
+      for (uint32_t i = 0; i < Scores::kRegs; ++i) {
+        if (key0 + Scores::Col(t, i) > first_pos + Scores::Row(t, i)) s.d[i] = -INFINITY;
+      }
+    }
+    const tile::RowPair tile_max = tile::RowMax(s);
+    const tile::RowPair m_new{{fmaxf(row_max.v[0], tile_max.v[0]), fmaxf(row_max.v[1], tile_max.v[1])}};
+    const tile::RowPair correction{{exp2f((row_max.v[0] - m_new.v[0]) * log2_scale),
+                                    exp2f((row_max.v[1] - m_new.v[1]) * log2_scale)}};
+    tile::Exp2Rows(s, m_new, log2_scale);
+    const tile::RowPair tile_sum = tile::RowSum(s);
+    row_sum = {{row_sum.v[0] * correction.v[0] + tile_sum.v[0], row_sum.v[1] * correction.v[1] + tile_sum.v[1]}};
+    row_max = m_new;
+    tile::ScaleRows(o, correction);
+    uint32_t pf[isa::kFlashKeys / 16][4];
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::ToOperandA(s, kk, pf[kk]);
+    // P and the rescaled accumulators are written by ordinary instructions: pinned before the wgmma fence, so
+    // the compiler cannot sink those writes past it (the tensor cores would read the old values).
+    tile::FenceRegisters(o.d);
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
+    tile::WgmmaFence();
+    const VSlab vt{vbuf};
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::MmaAsyncRegA<HD>(o.d, pf[kk], vt.Descriptor(0, kk), 1u);
+    tile::WgmmaCommit();
+    tile::WgmmaWait<0>();
+    tile::FenceRegisters(o.d);
+#pragma unroll
+    for (uint32_t kk = 0; kk < isa::kFlashKeys / 16; ++kk) tile::FenceRegisters(pf[kk]);
   }
   if (!active) return;
   tile::ScaleRows(o, tile::RowPair{{1.0f / row_sum.v[0], 1.0f / row_sum.v[1]}});
@@ -171,9 +200,9 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
 #pragma unroll
   for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
     const uint32_t r = row0 + Acc::Row(t, i);
-    if (r < a.rows && start + r < image_keys) {
+    if (r < a.rows && start + r < a.max_seq) {
       *reinterpret_cast<uint32_t*>(image + isa::Swizzled128Offset(q_width, isa::kGemmTileM, r, a.head * HD + Acc::Col(t, i))) =
-          tile::PackBf16(o.d[i], o.d[i + 1]);
+          PackBf16(o.d[i], o.d[i + 1]);
     }
   }
 }

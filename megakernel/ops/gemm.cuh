@@ -124,46 +124,6 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
         make_float2(acc.d[i], acc.d[i + 1]);
   }
   NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
-  const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
-  const uint32_t max_seq = isa::GemmCacheRows(m.tensors[g.k_cache].bytes, g.num_kv_heads, g.head_dim);
-  // The bf16 K/V tile image FLASH_ATTN reads (when kv_image is set): its Vᵀ slabs straight from the staged tile,
-  // 8 keys (16 bytes) per store when the positions are 8-aligned (every prefill pass: they start at 0), zeros
-  // for rows past m so the last key tile holds no garbage; K below, rotated, two elements per pair.
-  uint8_t* image = g.kv_image != isa::kNoTensor ? m.ptr<uint8_t>(g.kv_image) : nullptr;
-  const uint32_t image_tiles =
-      image != nullptr ? isa::KvImageTiles(m.tensors[g.kv_image].bytes, g.num_kv_heads, g.head_dim) : 0;
-  const int32_t image_keys = static_cast<int32_t>(image_tiles * isa::kFlashKeys);
-  if (image != nullptr) {
-    for (uint32_t slot = 0; slot * g.head_dim < isa::kGemmTileN && col0 + slot * g.head_dim < g.n; ++slot) {
-      const isa::QkvRow head = isa::QkvGroupedRow(col0 + slot * g.head_dim, group, g.head_dim);
-      if (head.kind != isa::kQkvV) continue;
-      for (uint32_t ch = t; ch < g.head_dim * 8; ch += 128) {
-        const uint32_t d = ch % g.head_dim, row = (ch / g.head_dim) * 8;
-        const int32_t pos = pos0 + static_cast<int32_t>(row0 + row);
-        float v[8];
-#pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) {
-          v[e] = row0 + row + e < g.m ? stage[(row + e) * isa::kGemmStageStride + slot * g.head_dim + d] : 0.0f;
-        }
-        if (pos % 8 == 0) {
-          if (pos + 7 < image_keys) {
-            *reinterpret_cast<uint4*>(image + isa::KvImageOffset(g.head_dim, image_tiles, head.head, pos, d, true)) =
-                make_uint4(tile::PackBf16(v[0], v[1]), tile::PackBf16(v[2], v[3]), tile::PackBf16(v[4], v[5]),
-                           tile::PackBf16(v[6], v[7]));
-          }
-        } else {
-#pragma unroll
-          for (uint32_t e = 0; e < 8; ++e) {
-            if (pos + static_cast<int32_t>(e) < image_keys) {
-              *reinterpret_cast<__nv_bfloat16*>(
-                  image + isa::KvImageOffset(g.head_dim, image_tiles, head.head, pos + e, d, true)) =
-                  __float2bfloat16_rn(v[e]);
-            }
-          }
-        }
-      }
-    }
-  }
   // Thread t takes column pair t % 64 of rows t / 64, t / 64 + 2, ...: one rotation pair of a q or k head
   // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
   const uint32_t pair = t % 64, c = col0 + 2 * pair;
@@ -172,9 +132,10 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   const float* table = m.ptr<float>(g.rope_table);
   const uint32_t half = g.head_dim / 2, q_width = group * g.num_kv_heads * g.head_dim;
   const float factor = table[half], frequency = q.kind != isa::kQkvV ? table[q.dim] : 0.0f;
+  const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
   float* out = m.ptr<float>(g.out);
   float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) + static_cast<uint64_t>(q.head) *
-                                                                                   max_seq * g.head_dim;
+                                                                                   g.max_seq * g.head_dim;
   for (uint32_t row = t / 64; row < 64 && row0 + row < g.m; row += 2) {
     const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
     const uint32_t r = row0 + row;
@@ -185,7 +146,7 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
       float* dst = out + static_cast<uint64_t>(r) * q_width + q.head * g.head_dim;
       dst[q.dim] = v0;
       dst[q.dim + half] = v1;
-    } else if (pos < static_cast<int32_t>(max_seq)) {
+    } else if (pos < static_cast<int32_t>(g.max_seq)) {
       float* dst = cache + static_cast<uint64_t>(pos) * g.head_dim;
       if (q.kind == isa::kQkvK) {
         dst[q.dim] = v0;
@@ -194,23 +155,6 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
         *reinterpret_cast<float2*>(dst + q.dim) = make_float2(v0, v1);  // q.dim even
       }
     }
-  }
-  if (image == nullptr || q.kind != isa::kQkvK) return;
-  // K rows into the image, rotated (zeros past m, as for V).
-  for (uint32_t row = t / 64; row < 64; row += 2) {
-    const int32_t pos = pos0 + static_cast<int32_t>(row0 + row);
-    if (pos >= image_keys) break;
-    float v0 = 0.0f, v1 = 0.0f;
-    if (row0 + row < g.m) {
-      const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
-      v0 = v.x;
-      v1 = v.y;
-      RotatePairAt(&v0, &v1, pos, frequency, factor);
-    }
-    *reinterpret_cast<__nv_bfloat16*>(image + isa::KvImageOffset(g.head_dim, image_tiles, q.head, pos, q.dim, false)) =
-        __float2bfloat16_rn(v0);
-    *reinterpret_cast<__nv_bfloat16*>(
-        image + isa::KvImageOffset(g.head_dim, image_tiles, q.head, pos, q.dim + half, false)) = __float2bfloat16_rn(v1);
   }
 }
 

@@ -58,19 +58,16 @@ __device__ __forceinline__ void ScaleRows(Accumulator<N>& a, const RowPair& s) {
   for (uint32_t i = 0; i < Accumulator<N>::kRegs; ++i) a.d[i] *= s.v[(i / 2) % 2];
 }
 
-// Two floats as a bf16 pair in one 32-bit word (lo in the low half), rounded to nearest even.
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // The bf16 A-operand fragment of columns [16j, 16j + 16) of the tile, for MmaAsyncRegA: the fragment's
 // registers hold (row, col) pairs in the same order as the accumulator's registers 8j .. 8j + 7, so the
 // conversion is a pairwise pack (lower column in the low half).
 template <uint32_t N>
 __device__ __forceinline__ void ToOperandA(const Accumulator<N>& a, uint32_t j, uint32_t (&frag)[4]) {
 #pragma unroll
-  for (uint32_t q = 0; q < 4; ++q) frag[q] = PackBf16(a.d[8 * j + 2 * q], a.d[8 * j + 2 * q + 1]);
+  for (uint32_t q = 0; q < 4; ++q) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(a.d[8 * j + 2 * q], a.d[8 * j + 2 * q + 1]);
+    frag[q] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
 }
 
 }  // namespace loom::megakernel::tile
