@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <map>
-#include <string_view>
 #include <tuple>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "graph/proto_file.h"
 #include "instructions/isa.h"
 #include "nlohmann/json.hpp"
@@ -111,16 +114,24 @@ std::string TraceSummary(const TraceInput& in) {
 
 namespace {
 
-// "layers.12.qkv" -> (12, "qkv"); any other name -> (-1, name).
+// "layers.12.qkv" -> (12, "qkv"); a fused instruction's names of one layer, "layers.3.gate,layers.3.up" ->
+// (3, "gate,up"); any other name -> (-1, name).
 std::pair<int, std::string> LayerAndStage(const std::string& op) {
-  constexpr std::string_view kPrefix = "layers.";
-  if (op.rfind(kPrefix, 0) != 0) return {-1, op};
-  const size_t dot = op.find('.', kPrefix.size());
-  int layer = 0;
-  if (dot == std::string::npos || !absl::SimpleAtoi(op.substr(kPrefix.size(), dot - kPrefix.size()), &layer)) {
-    return {-1, op};
+  constexpr absl::string_view kPrefix = "layers.";
+  int layer = -1;
+  std::vector<std::string> stages;
+  for (absl::string_view part : absl::StrSplit(op, ',')) {
+    if (!absl::StartsWith(part, kPrefix)) return {-1, op};
+    const size_t dot = part.find('.', kPrefix.size());
+    int l = 0;
+    if (dot == absl::string_view::npos || !absl::SimpleAtoi(part.substr(kPrefix.size(), dot - kPrefix.size()), &l) ||
+        (layer >= 0 && l != layer)) {
+      return {-1, op};
+    }
+    layer = l;
+    stages.emplace_back(part.substr(dot + 1));
   }
-  return {layer, op.substr(dot + 1)};
+  return {layer, absl::StrJoin(stages, ",")};
 }
 
 }  // namespace

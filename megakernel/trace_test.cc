@@ -31,13 +31,14 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
     events.push_back({1000 * l, 1000 * l + 100, 1000 * l + 300});
     events.push_back({1000 * l + 300, 1000 * l + 350, 1000 * l + 500});
   }
-  const std::vector<std::vector<std::string>> ops = {{"layers.0.qkv", "layers.0.attn"},
-                                                     {"layers.1.qkv", "layers.1.attn"}};
+  const std::vector<std::vector<std::string>> ops = {{"layers.0.qkv", "layers.0.attn,layers.0.out"},
+                                                     {"layers.1.qkv", "layers.1.attn,layers.1.out"}};
   TraceInput in{&program, &queue_begin, &events, 1, 0, &ops};
   const std::string s = StageSummary(in);
-  // qkv: 2 instructions, 400 ns computing, 200 waiting, 300 ns span per layer; attn: 300 / 100 / 200.
+  // qkv: 2 instructions, 400 ns computing, 200 waiting, 300 ns span per layer; attn (a fused instruction's names,
+// each without its layer): 300 / 100 / 200.
   EXPECT_NE(s.find("qkv                           2          0.4          0.2         0.30"), std::string::npos) << s;
-  EXPECT_NE(s.find("attn                          2          0.3          0.1         0.20"), std::string::npos) << s;
+  EXPECT_NE(s.find("attn,out                      2          0.3          0.1         0.20"), std::string::npos) << s;
   EXPECT_NE(s.find("a layer spans 0.50 us on average"), std::string::npos) << s;
   EXPECT_LT(s.find("qkv"), s.find("attn"));  // in the order they first appear
   const std::string full = TraceSummary(in);
@@ -52,7 +53,7 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
   std::ifstream f(path);
   std::stringstream json;
   json << f.rdbuf();
-  EXPECT_NE(json.str().find("\"op\":\"layers.1.attn\""), std::string::npos) << json.str();
+  EXPECT_NE(json.str().find("\"op\":\"layers.1.attn,layers.1.out\""), std::string::npos) << json.str();
   EXPECT_NE(json.str().find("\"wait_us\":0.05"), std::string::npos) << json.str();
   std::filesystem::remove(path);
 }
