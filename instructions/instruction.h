@@ -258,6 +258,10 @@ struct RopeAppendArgs {
 // Split-KV decode attention for one KV head and one split of the context
 // [0, position]: for each of the group's query heads, unnormalised
 // o = sum_p exp(s_p - m) v_p, with m = max s_p and l = sum exp(s_p - m).
+// With `out` set, the split that finishes last of its KV head's num_splits
+// (an arrival counter per KV head in `arrivals`, zero between steps: the last
+// arriver resets it) also merges the group's partials into out, as ATTN_REDUCE
+// does: no separate reduce instruction, no barrier hop.
 struct AttnPartialArgs {
   uint32_t q;  // f32 [heads * head_dim] (rotated)
   uint32_t k_cache;
@@ -273,9 +277,11 @@ struct AttnPartialArgs {
   uint32_t head_dim;
   uint32_t max_seq;
   float scale;
+  uint32_t out;       // f32 [heads * head_dim], or kNoTensor (an ATTN_REDUCE merges the partials)
+  uint32_t arrivals;  // i32 [num_kv_heads] splits of the step done so far (with out), or kNoTensor
   static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "partial_o", "partial_ml",
                                             "kv_head", "split", "num_splits", "num_heads", "num_kv_heads",
-                                            "head_dim", "max_seq", "scale"};
+                                            "head_dim", "max_seq", "scale", "out", "arrivals"};
 };
 
 // Split s of a context of `length` positions covers [begin, end) (maybe empty).

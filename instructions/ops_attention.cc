@@ -1,5 +1,6 @@
 // Host side of split-KV decode attention: ATTN_PARTIAL and ATTN_REDUCE.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 #include "instructions/opcode_host.h"
@@ -24,6 +25,11 @@ void Validate(const AttnPartialArgs& a, Checker& c) {
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
   c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
+  c.Require((a.out == kNoTensor) == (a.arrivals == kNoTensor), "out and arrivals come together (the fused reduce)");
+  if (a.out != kNoTensor) {
+    c.Tensor("out", a.out, F32, U(a.num_heads) * a.head_dim);
+    c.Tensor("arrivals", a.arrivals, I32, a.num_kv_heads);
+  }
 }
 
 void Validate(const AttnReduceArgs& a, Checker& c) {
@@ -41,6 +47,11 @@ Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
   f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
   f.smem_bytes = AttnPartialActivationBytes(static_cast<uint32_t>(group), a.head_dim, static_cast<uint32_t>(positions));
   f.flops = 4 * group * positions * a.head_dim;
+  if (a.out != kNoTensor) {  // one split in num_splits also merges the group's partials: its share, on average
+    const uint64_t merged = U(a.num_splits) * group * (a.head_dim + 2);
+    f.activation_bytes += (4 * merged + 4 * group * a.head_dim) / a.num_splits;
+    f.flops += 2 * merged / a.num_splits;
+  }
   return f;
 }
 
@@ -48,6 +59,34 @@ Footprint Cost(const AttnReduceArgs& a, uint32_t) {
   const uint64_t n = U(a.num_splits) * a.head_count * (a.head_dim + 2);
   return {0, 4 * n + 4ull * a.head_count * a.head_dim, 0, 2 * n};
 }
+
+namespace {
+
+// out[h] for heads [head_begin, +head_count): the partials of every split merged (ATTN_REDUCE, and the fused
+// reduce of the last ATTN_PARTIAL of a KV head).
+void MergePartials(uint32_t partial_o, uint32_t partial_ml, uint32_t out_id, uint32_t head_begin,
+                   uint32_t head_count, uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
+                   const MachineView& m) {
+  const float* po = m.ptr<float>(partial_o);
+  const float* pml = m.ptr<float>(partial_ml);
+  float* out = m.ptr<float>(out_id);
+  for (uint32_t h = head_begin; h < head_begin + head_count; ++h) {
+    float global_max = -INFINITY;
+    for (uint32_t s = 0; s < num_splits; ++s) global_max = std::max(global_max, pml[(s * num_heads + h) * 2]);
+    float denom = 0.0f;
+    std::vector<float> acc(head_dim, 0.0f);
+    for (uint32_t s = 0; s < num_splits; ++s) {
+      const float m_s = pml[(s * num_heads + h) * 2];
+      if (m_s == -INFINITY) continue;  // empty split
+      const float w = std::exp(m_s - global_max);
+      denom += w * pml[(s * num_heads + h) * 2 + 1];
+      for (uint32_t d = 0; d < head_dim; ++d) acc[d] += w * po[(static_cast<uint64_t>(s) * num_heads + h) * head_dim + d];
+    }
+    for (uint32_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = denom > 0 ? acc[d] / denom : 0.0f;
+  }
+}
+
+}  // namespace
 
 void Reference(const AttnPartialArgs& a, const MachineView& m) {
   const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[kStatePosition]) + 1;
@@ -78,26 +117,18 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
     ml[0] = max_score;
     ml[1] = l;
   }
+  if (a.out == kNoTensor) return;
+  // The VM runs its SMs as threads, as the device does: the arrival publishes this split's partials (release) and
+  // the last arriver acquires everyone's.
+  std::atomic_ref<int32_t> arrived(m.ptr<int32_t>(a.arrivals)[a.kv_head]);
+  if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 < static_cast<int32_t>(a.num_splits)) return;
+  arrived.store(0, std::memory_order_relaxed);  // the last split of the step: ready for the next step
+  MergePartials(a.partial_o, a.partial_ml, a.out, a.kv_head * group, group, a.num_splits, a.num_heads, a.head_dim, m);
 }
 
 void Reference(const AttnReduceArgs& a, const MachineView& m) {
-  const float* po = m.ptr<float>(a.partial_o);
-  const float* pml = m.ptr<float>(a.partial_ml);
-  float* out = m.ptr<float>(a.out);
-  for (uint32_t h = a.head_begin; h < a.head_begin + a.head_count; ++h) {
-    float global_max = -INFINITY;
-    for (uint32_t s = 0; s < a.num_splits; ++s) global_max = std::max(global_max, pml[(s * a.num_heads + h) * 2]);
-    float denom = 0.0f;
-    std::vector<float> acc(a.head_dim, 0.0f);
-    for (uint32_t s = 0; s < a.num_splits; ++s) {
-      const float m_s = pml[(s * a.num_heads + h) * 2];
-      if (m_s == -INFINITY) continue;  // empty split
-      const float w = std::exp(m_s - global_max);
-      denom += w * pml[(s * a.num_heads + h) * 2 + 1];
-      for (uint32_t d = 0; d < a.head_dim; ++d) acc[d] += w * po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
-    }
-    for (uint32_t d = 0; d < a.head_dim; ++d) out[h * a.head_dim + d] = denom > 0 ? acc[d] / denom : 0.0f;
-  }
+  MergePartials(a.partial_o, a.partial_ml, a.out, a.head_begin, a.head_count, a.num_splits, a.num_heads, a.head_dim,
+                m);
 }
 
 }  // namespace loom::isa::ref

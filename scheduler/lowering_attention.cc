@@ -183,22 +183,35 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   const float scale = at.scale() > 0 ? at.scale() : 1.0f / std::sqrt(static_cast<float>(hd));
   const bool chunked = o_.barrier_granularity() == PER_CHUNK;
 
-  const int partial_group = NewGroup(absl::StrCat(op.name(), ".partial"));
+  const uint32_t out = ArenaTensorFor(op.outputs(0));
+  // The reduce folded into the last split of each KV head (AttnPartialArgs::out): an arrival counter per KV head.
+  const bool fused = !o_.separate_attention_reduce();
+  const uint32_t arrivals =
+      fused ? AddTensor(absl::StrCat(op.name(), ".arrivals"), graph::I32, {kv}, ARENA) : isa::kNoTensor;
+  const int partial_group = NewGroup(absl::StrCat(op.name(), fused ? ".partial_reduce" : ".partial"));
   std::vector<uint32_t> partial_barriers;
   for (uint32_t g = 0; g < kv; ++g) {
     const std::vector<isa::Wait> waits = WaitsFor({qkv_barriers.size() == kv ? qkv_barriers[g] : qkv_barriers[0]});
-    if (chunked || g == 0) {
-      partial_barriers.push_back(NewBarrier(absl::StrCat(op.name(), ".partial", chunked ? absl::StrCat(".kv", g) : ""),
-                                            chunked ? waits : WaitsFor(qkv_barriers)));
+    // A barrier per KV head when the reduces wait per head; the fused form's readers (the O projection) need
+    // every head, so all splits signal one barrier (a wait per KV head would not fit an instruction).
+    const bool per_head = chunked && !fused;
+    if (per_head || g == 0) {
+      partial_barriers.push_back(NewBarrier(absl::StrCat(op.name(), ".partial", per_head ? absl::StrCat(".kv", g) : ""),
+                                            per_head ? waits : WaitsFor(qkv_barriers)));
     }
     for (uint32_t s = 0; s < splits; ++s) {
-      isa::AttnPartialArgs a{q, k_cache, v_cache, step_state_, po, pml, g, s, splits, heads, kv, hd, max_seq, scale};
+      isa::AttnPartialArgs a{q,   k_cache, v_cache, step_state_, po,    pml,   g,   s,
+                             splits, heads, kv,    hd,          max_seq, scale, fused ? out : isa::kNoTensor,
+                             arrivals};
       Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barriers.back(), chunked ? waits : WaitsFor(qkv_barriers),
            op.name(), partial_group);
     }
   }
+  if (fused) {
+    ready_[op.outputs(0)] = {partial_barriers};
+    return absl::OkStatus();
+  }
   const int reduce_group = NewGroup(absl::StrCat(op.name(), ".reduce"));
-  const uint32_t out = ArenaTensorFor(op.outputs(0));
   const uint32_t reduce_barrier = NewBarrier(absl::StrCat(op.name(), ".reduce"), WaitsFor(partial_barriers));
   for (uint32_t g = 0; g < kv; ++g) {
     const std::vector<isa::Wait> waits = WaitsFor({chunked ? partial_barriers[g] : partial_barriers[0]});

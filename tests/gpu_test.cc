@@ -584,34 +584,41 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
   }
 }
 
+// Split-KV decode attention, the reduce as ATTN_REDUCE instructions or folded into the last split of each KV head
+// (an arrival counter per KV head, zero again afterwards: compared too).
 TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   SKIP_WITHOUT_GPU();
   for (uint32_t position : {0u, 5u, 63u, 200u}) {
     for (uint32_t splits : {1u, 3u, 16u, 40u}) {  // 1 split at 200: K and V do not fit the slot
-      const uint32_t seed = Seed();
-      OpBench b(seed);
-      constexpr uint32_t kHeads = 8, kKv = 2, kDim = 64, kSeq = 256;
-      const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
-      b.FillRandom(q);
-      b.FillRandom(kc);
-      b.FillRandom(vc);
-      const uint32_t state = b.Arena(4, graph::I32);
-      b.SetState(state, static_cast<int32_t>(position), 1);
-      const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
-      const uint32_t out = b.Output(kHeads * kDim);
-      std::vector<isa::Instruction> queue;
-      for (uint32_t g = 0; g < kKv; ++g) {
-        for (uint32_t s = 0; s < splits; ++s) {
-          queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
-                               isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim, kSeq,
-                                                    0.125f}));
+      for (bool fused : {false, true}) {
+        const uint32_t seed = Seed();
+        OpBench b(seed);
+        constexpr uint32_t kHeads = 8, kKv = 2, kDim = 64, kSeq = 256;
+        const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
+        b.FillRandom(q);
+        b.FillRandom(kc);
+        b.FillRandom(vc);
+        const uint32_t state = b.Arena(4, graph::I32);
+        b.SetState(state, static_cast<int32_t>(position), 1);
+        const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
+        const uint32_t out = b.Output(kHeads * kDim);
+        const uint32_t arrivals = fused ? b.Output(kKv, graph::I32) : isa::kNoTensor;
+        if (fused) std::memset(b.Data<uint8_t>(arrivals), 0, kKv * 4);
+        std::vector<isa::Instruction> queue;
+        for (uint32_t g = 0; g < kKv; ++g) {
+          for (uint32_t s = 0; s < splits; ++s) {
+            queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
+                                 isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim, kSeq,
+                                                      0.125f, fused ? out : isa::kNoTensor, arrivals}));
+          }
         }
+        for (uint32_t g = 0; g < kKv && !fused; ++g) {
+          queue.push_back(Make(isa::Opcode::ATTN_REDUCE,
+                               isa::AttnReduceArgs{po, pml, out, g * 4, 4, splits, kHeads, kDim}));
+        }
+        b.RunAndCompare(queue, absl::StrCat("attention position ", position, " splits ", splits,
+                                            fused ? " reduce fused" : "", " seed ", seed));
       }
-      for (uint32_t g = 0; g < kKv; ++g) {
-        queue.push_back(Make(isa::Opcode::ATTN_REDUCE,
-                             isa::AttnReduceArgs{po, pml, out, g * 4, 4, splits, kHeads, kDim}));
-      }
-      b.RunAndCompare(queue, absl::StrCat("attention position ", position, " splits ", splits, " seed ", seed));
     }
   }
 }

@@ -1,4 +1,5 @@
-// Split-KV decode attention on the device (ATTN_PARTIAL, ATTN_REDUCE).
+// Split-KV decode attention on the device (ATTN_PARTIAL, with the reduce fused into the last split of a KV head
+// or as ATTN_REDUCE).
 //
 // ATTN_PARTIAL's activation slot is isa::AttnPartialLayout: the activation
 // loader reads the context length after the waits and bulk-copies q and, when
@@ -10,6 +11,55 @@
 #include "megakernel/ops/consumer_context.cuh"
 
 namespace loom::megakernel {
+
+// out[h] for heads [head_begin, +head_count), a thread per output element. The partials come from other SMs
+// (L2 or HBM latency, read past L1: this SM may hold an earlier step's lines of them): each batch of kBatch splits
+// is loaded at once, then merged into a running (max, denominator, numerator), so a reduction costs one round
+// trip per kBatch splits.
+__device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_t partial_o, uint32_t partial_ml,
+                                              uint32_t out_id, uint32_t head_begin, uint32_t head_count,
+                                              uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
+                                              uint32_t tid) {
+  constexpr uint32_t kBatch = 16;
+  const float* po = m.ptr<float>(partial_o);
+  const float2* pml = m.ptr<float2>(partial_ml);
+  float* out = m.ptr<float>(out_id);
+  for (uint32_t i = tid; i < head_count * head_dim; i += kConsumerThreads) {
+    const uint32_t h = head_begin + i / head_dim, d = i % head_dim;
+    float running_max = -INFINITY, denom = 0.0f, acc = 0.0f;
+    for (uint32_t s0 = 0; s0 < num_splits; s0 += kBatch) {
+      float2 ml[kBatch];
+      float o[kBatch];
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        const uint32_t s = s0 + u;
+        ml[u] = make_float2(-INFINITY, 0.0f);
+        o[u] = 0.0f;
+        if (s < num_splits) {
+          ml[u] = __ldcg(pml + s * num_heads + h);
+          o[u] = __ldcg(po + (static_cast<uint64_t>(s) * num_heads + h) * head_dim + d);
+        }
+      }
+      float batch_max = -INFINITY;
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) batch_max = fmaxf(batch_max, ml[u].x);
+      if (batch_max == -INFINITY) continue;  // only empty splits
+      const float new_max = fmaxf(running_max, batch_max);
+      const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
+      denom *= rescale;
+      acc *= rescale;
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        if (ml[u].x == -INFINITY) continue;
+        const float w = expf(ml[u].x - new_max);
+        denom += w * ml[u].y;
+        acc += w * o[u];
+      }
+      running_max = new_max;
+    }
+    out[h * head_dim + d] = denom > 0.0f ? acc / denom : 0.0f;
+  }
+}
 
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
@@ -106,53 +156,28 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     for (uint32_t g = 0; g < groups; ++g) sum += red[g * group * hd + i];
     po[(static_cast<uint64_t>(a.split) * a.num_heads + first_head) * hd + i] = sum;
   }
+  if (a.out == isa::kNoTensor) return;
+  // The fused reduce: every consumer's partial stores are issued (the barrier), then one thread publishes this
+  // split's arrival with release semantics and learns whether it was the group's last; that split acquires the
+  // others' partials and merges them. The last arriver also resets the counter for the next step (the next
+  // step's splits of this group start only after this instruction's signal, through the layer's barriers).
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  int32_t* arrivals = m.ptr<int32_t>(a.arrivals) + a.kv_head;
+  if (ctx.tid == 0) {
+    int32_t before;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(arrivals) : "memory");
+    const bool last = before + 1 == static_cast<int32_t>(a.num_splits);
+    if (last) *arrivals = 0;
+    ctx.scratch[0] = last ? 1.0f : 0.0f;
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  if (ctx.scratch[0] == 0.0f) return;  // (the instruction-end barrier orders this read before scratch's next use)
+  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, a.num_splits, a.num_heads, hd, ctx.tid);
 }
 
-// A thread per output element. The partials come from other SMs (L2 or HBM
-// latency): each batch of kBatch splits is loaded at once, then merged into a
-// running (max, denominator, numerator), so a reduction costs one round trip
-// per kBatch splits.
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
-  constexpr uint32_t kBatch = 16;
-  const isa::MachineView& m = ctx.machine;
-  const float* po = m.ptr<float>(a.partial_o);
-  const float2* pml = m.ptr<float2>(a.partial_ml);
-  float* out = m.ptr<float>(a.out);
-  for (uint32_t i = ctx.tid; i < a.head_count * a.head_dim; i += kConsumerThreads) {
-    const uint32_t h = a.head_begin + i / a.head_dim, d = i % a.head_dim;
-    float running_max = -INFINITY, denom = 0.0f, acc = 0.0f;
-    for (uint32_t s0 = 0; s0 < a.num_splits; s0 += kBatch) {
-      float2 ml[kBatch];
-      float o[kBatch];
-#pragma unroll
-      for (uint32_t u = 0; u < kBatch; ++u) {
-        const uint32_t s = s0 + u;
-        ml[u] = make_float2(-INFINITY, 0.0f);
-        o[u] = 0.0f;
-        if (s < a.num_splits) {
-          ml[u] = pml[s * a.num_heads + h];
-          o[u] = po[(static_cast<uint64_t>(s) * a.num_heads + h) * a.head_dim + d];
-        }
-      }
-      float batch_max = -INFINITY;
-#pragma unroll
-      for (uint32_t u = 0; u < kBatch; ++u) batch_max = fmaxf(batch_max, ml[u].x);
-      if (batch_max == -INFINITY) continue;  // only empty splits
-      const float new_max = fmaxf(running_max, batch_max);
-      const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
-      denom *= rescale;
-      acc *= rescale;
-#pragma unroll
-      for (uint32_t u = 0; u < kBatch; ++u) {
-        if (ml[u].x == -INFINITY) continue;
-        const float w = expf(ml[u].x - new_max);
-        denom += w * ml[u].y;
-        acc += w * o[u];
-      }
-      running_max = new_max;
-    }
-    out[h * a.head_dim + d] = denom > 0.0f ? acc / denom : 0.0f;
-  }
+  MergePartials(ctx.machine, a.partial_o, a.partial_ml, a.out, a.head_begin, a.head_count, a.num_splits,
+                a.num_heads, a.head_dim, ctx.tid);
 }
 
 }  // namespace loom::megakernel
