@@ -180,26 +180,36 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
   }
   const size_t n = nodes.size();
   if (n == 0) return Fail("schedule has no instructions");
-  std::vector<std::vector<int>> signalers(d.signals_per_step.size());
+  // The dependency graph with each barrier as a node between its signalers and its waiters (edges producer ->
+  // barrier -> consumer through full same-step waits; partial waits prove no order): linear in the instructions,
+  // where instruction-to-instruction edges would be signalers x waiters per barrier (millions in a prefill pass).
+  const size_t barriers = d.signals_per_step.size();
+  std::vector<int> signalers(barriers, 0);
   for (size_t i = 0; i < n; ++i) {
-    if (nodes[i]->signal != isa::kNoBarrier) signalers[nodes[i]->signal].push_back(static_cast<int>(i));
+    if (nodes[i]->signal < barriers) ++signalers[nodes[i]->signal];
   }
-  // Edges producer -> consumer through full same-step waits (partial waits prove no order).
-  std::vector<std::vector<int>> succ(n), pred(n);
+  std::vector<std::vector<int>> waiters(barriers);  // instruction indices, once per wait
+  std::vector<int> indegree(n + barriers, 0);
+  std::vector<bool> has_succ(n, false);
   for (size_t i = 0; i < n; ++i) {
     for (int w = 0; w < nodes[i]->num_waits; ++w) {
       const isa::Wait& wait = nodes[i]->waits[w];
-      if (wait.previous_step() || wait.count() != wait.stride()) continue;
-      for (int p : signalers[wait.barrier()]) {
-        succ[p].push_back(static_cast<int>(i));
-        pred[i].push_back(p);
+      if (wait.previous_step() || wait.count() != wait.stride() || wait.barrier() >= barriers ||
+          signalers[wait.barrier()] == 0) {
+        continue;
       }
+      waiters[wait.barrier()].push_back(static_cast<int>(i));
+      ++indegree[i];
     }
+  }
+  for (size_t b = 0; b < barriers; ++b) indegree[n + b] = signalers[b];
+  for (size_t i = 0; i < n; ++i) {
+    if (nodes[i]->signal < barriers && !waiters[nodes[i]->signal].empty()) has_succ[i] = true;
   }
   std::vector<int> sources, sinks;
   for (size_t i = 0; i < n; ++i) {
-    if (pred[i].empty()) sources.push_back(static_cast<int>(i));
-    if (succ[i].empty()) sinks.push_back(static_cast<int>(i));
+    if (indegree[i] == 0) sources.push_back(static_cast<int>(i));
+    if (!has_succ[i]) sinks.push_back(static_cast<int>(i));
   }
   auto name = [&](int i) { return Where(s, where[i].first, where[i].second); };
   if (sources.size() != 1 && !s.has_prefill()) {  // a prefill pass runs once: it may start anywhere
@@ -212,20 +222,27 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
                              " (", sinks.size(), " instructions end a step)"));
   }
   // A single source and a single sink in a DAG: every node reaches the sink and is reached from the source.
-  // Check the DAG is acyclic and the last instruction is what the next step waits on.
-  std::vector<int> indegree(n);
-  for (size_t i = 0; i < n; ++i) indegree[i] = static_cast<int>(pred[i].size());
-  std::deque<int> ready(sources.begin(), sources.end());
+  // Check the DAG is acyclic (Kahn's order visits every node) and the last instruction is what the next step
+  // waits on.
+  std::deque<int> ready;
+  for (size_t v = 0; v < n + barriers; ++v) {
+    if (indegree[v] == 0) ready.push_back(static_cast<int>(v));
+  }
   size_t seen = 0;
   while (!ready.empty()) {
-    const int i = ready.front();
+    const int v = ready.front();
     ready.pop_front();
     ++seen;
-    for (int j : succ[i]) {
-      if (--indegree[j] == 0) ready.push_back(j);
+    if (static_cast<size_t>(v) < n) {
+      const uint32_t b = nodes[v]->signal;
+      if (b < barriers && --indegree[n + b] == 0) ready.push_back(static_cast<int>(n + b));
+    } else {
+      for (int j : waiters[v - n]) {
+        if (--indegree[j] == 0) ready.push_back(j);
+      }
     }
   }
-  if (seen != n) return Fail("step order: the dependencies inside a step form a cycle");
+  if (seen != n + barriers) return Fail("step order: the dependencies inside a step form a cycle");
   const isa::Instruction& first = *nodes[sources[0]];
   bool first_waits_on_last = false;
   for (int w = 0; w < first.num_waits; ++w) {

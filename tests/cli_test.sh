@@ -29,6 +29,11 @@ expect_error() {
 
 # --- good paths -------------------------------------------------------------
 "$LOOM" compile --model=random:tiny --num_sms=8 --out="$WORK/tiny.pb" >/dev/null && pass "compile tiny" || fail "compile tiny"
+# The one-pass prefill of 20 rows, lowered, verified and written; inspect reads it back.
+"$LOOM" compile --model=random:tiny --prefill_rows=20 --out="$WORK/pass.pb" | grep -q "compile + verify" &&
+  "$LOOM" inspect "$WORK/pass.pb" | grep -q "prefill" && pass "compile --prefill_rows" || fail "compile --prefill_rows"
+expect_error "negative prefill rows" "--prefill_rows" "$WORK/neg.pb" -- \
+  "$LOOM" compile --model=random:tiny --prefill_rows=-3 --out="$WORK/neg.pb"
 "$LOOM" inspect "$WORK/tiny.pb" | grep -q "instructions per step" && pass "inspect" || fail "inspect"
 "$LOOM" compile --model=random:tiny --out="$WORK/tiny.pbtxt" --policy=lpt --granularity=op >/dev/null &&
   "$LOOM" inspect "$WORK/tiny.pbtxt" >/dev/null && pass "text-format schedule" || fail "text-format schedule"

@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, unfuse, "",
           "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax");
 ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
 ABSL_FLAG(int32_t, repeat, 1, "compile: compile this many times and print the median time");
+ABSL_FLAG(int32_t, prefill_rows, 0,
+          "compile: lower the one-pass prefill of this many prompt rows (after the decode step it extends) and write "
+          "that pass to --out instead");
 ABSL_FLAG(bool, instructions, false, "inspect: also list every instruction with its named arguments");
 ABSL_FLAG(int32_t, tokens, 16, "run: tokens to generate after the prompt");
 ABSL_FLAG(std::string, prompt, "1", "run: comma-separated prompt token ids");
@@ -74,8 +77,9 @@ struct Command {
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> commands = {
-      {"compile", "loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] --out=schedule.pb",
-       {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed"}},
+      {"compile", "loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] [--prefill_rows=N] --out=schedule.pb",
+       {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed",
+        "prefill_rows"}},
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
@@ -153,9 +157,18 @@ int CompileCommand() {
   if (!model.ok()) return Fail(model.status());
   std::vector<double> ms;
   absl::StatusOr<scheduler::Schedule> schedule;
+  const int32_t prefill_rows = absl::GetFlag(FLAGS_prefill_rows);
+  if (prefill_rows < 0) return Fail(absl::InvalidArgumentError("--prefill_rows must be positive"));
+  absl::StatusOr<scheduler::Schedule> decode;
+  if (prefill_rows > 0) {
+    decode = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
+    if (!decode.ok()) return Fail(decode.status());
+  }
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
     const auto start = std::chrono::steady_clock::now();
-    schedule = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
+    schedule = prefill_rows > 0
+                   ? scheduler::CompilePrefill(model->graph, *decode, static_cast<uint32_t>(prefill_rows), {})
+                   : scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     if (!schedule.ok()) return Fail(schedule.status());
   }
