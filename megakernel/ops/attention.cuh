@@ -80,33 +80,25 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
   const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
   const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
-  // Scores: a thread per position, every head of the group (each K row read once).
+  // Scores: a thread per (head, position), the positions of a head on consecutive lanes. A warp's lanes read K
+  // rows hd floats apart, which all start in the same bank: each lane walks its row's 16-byte chunks from its own
+  // offset (c + p) % (hd / 4), so 8 consecutive lanes hit 8 different bank groups (a float4 load then takes the
+  // 4 wavefronts it must, not 32), and the q row alike.
   const float4* q4 = reinterpret_cast<const float4*>(q);
-  for (uint32_t p = ctx.tid; p < n; p += kConsumerThreads) {
+  for (uint32_t i = ctx.tid; i < group * n; i += kConsumerThreads) {
+    const uint32_t h = i / n, p = i - h * n;
     const float4* krow = reinterpret_cast<const float4*>(kc + p * hd);
-    float acc[kMaxGroupHeads] = {};
-    for (uint32_t d = 0; d < hd4; d += 4) {
-      float4 kv[4];
-#pragma unroll
-      for (uint32_t u = 0; u < 4; ++u) {
-        if (d + u < hd4) kv[u] = krow[d + u];
-      }
-#pragma unroll
-      for (uint32_t u = 0; u < 4; ++u) {
-        if (d + u >= hd4) break;
-#pragma unroll
-        for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
-          if (h < group) {
-            const float4 qv = q4[h * hd4 + d + u];
-            acc[h] += qv.x * kv[u].x + qv.y * kv[u].y + qv.z * kv[u].z + qv.w * kv[u].w;
-          }
-        }
-      }
+    const float4* qrow = q4 + h * hd4;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    uint32_t c = p % hd4;
+#pragma unroll 4
+    for (uint32_t k = 0; k < hd4; ++k) {
+      const float4 kv = krow[c], qv = qrow[c];
+      acc0 += qv.x * kv.x + qv.y * kv.y;
+      acc1 += qv.z * kv.z + qv.w * kv.w;
+      c = c + 1 == hd4 ? 0 : c + 1;
     }
-#pragma unroll
-    for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
-      if (h < group) scores[h * n + p] = acc[h] * a.scale;
-    }
+    scores[h * n + p] = (acc0 + acc1) * a.scale;
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   float* ml = m.ptr<float>(a.partial_ml);
