@@ -12,8 +12,9 @@
 
 namespace loom::scheduler {
 
-inline constexpr uint32_t kScheduleFormatVersion = 3;  // 2: padded matvec rows, biases, rope tables, head norms;
-                                                       // 3: EMBED rows, GEMM split-K / head norms, prefill passes
+inline constexpr uint32_t kScheduleFormatVersion = 4;  // 2: padded matvec rows, biases, rope tables, head norms;
+                                                       // 3: EMBED rows, GEMM split-K / head norms, prefill passes;
+                                                       // 4: ATTN_PARTIAL with the fused reduce (out, arrivals)
 
 // `model` names what was compiled (recorded in the schedule). Options are resolved here.
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options);
