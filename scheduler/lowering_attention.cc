@@ -200,9 +200,9 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
                                             per_head ? waits : WaitsFor(qkv_barriers)));
     }
     for (uint32_t s = 0; s < splits; ++s) {
-      isa::AttnPartialArgs a{q,   k_cache, v_cache, step_state_, po,    pml,   g,   s,
-                             splits, heads, kv,    hd,          max_seq, scale, fused ? out : isa::kNoTensor,
-                             arrivals};
+      isa::AttnPartialArgs a{q, k_cache, v_cache, step_state_, po, pml, g, s, splits, heads, kv, hd, max_seq, scale};
+      a.out = fused ? out : isa::kNoTensor;
+      a.arrivals = arrivals;
       Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barriers.back(), chunked ? waits : WaitsFor(qkv_barriers),
            op.name(), partial_group);
     }
