@@ -80,7 +80,8 @@ void MergePartials(uint32_t partial_o, uint32_t partial_ml, uint32_t out_id, uin
       if (m_s == -INFINITY) continue;  // empty split
       const float w = std::exp(m_s - global_max);
       denom += w * pml[(s * num_heads + h) * 2 + 1];
-      for (uint32_t d = 0; d < head_dim; ++d) acc[d] += w * po[(static_cast<uint64_t>(s) * num_heads + h) * head_dim + d];
+      const float* o = po + (static_cast<uint64_t>(s) * num_heads + h) * head_dim;
+      for (uint32_t d = 0; d < head_dim; ++d) acc[d] += w * o[d];
     }
     for (uint32_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = denom > 0 ? acc[d] / denom : 0.0f;
   }

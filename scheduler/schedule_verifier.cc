@@ -190,7 +190,6 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
   }
   std::vector<std::vector<int>> waiters(barriers);  // instruction indices, once per wait
   std::vector<int> indegree(n + barriers, 0);
-  std::vector<bool> has_succ(n, false);
   for (size_t i = 0; i < n; ++i) {
     for (int w = 0; w < nodes[i]->num_waits; ++w) {
       const isa::Wait& wait = nodes[i]->waits[w];
@@ -203,13 +202,10 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
     }
   }
   for (size_t b = 0; b < barriers; ++b) indegree[n + b] = signalers[b];
-  for (size_t i = 0; i < n; ++i) {
-    if (nodes[i]->signal < barriers && !waiters[nodes[i]->signal].empty()) has_succ[i] = true;
-  }
-  std::vector<int> sources, sinks;
+  std::vector<int> sources, sinks;  // instructions nothing in the step precedes / follows
   for (size_t i = 0; i < n; ++i) {
     if (indegree[i] == 0) sources.push_back(static_cast<int>(i));
-    if (!has_succ[i]) sinks.push_back(static_cast<int>(i));
+    if (nodes[i]->signal >= barriers || waiters[nodes[i]->signal].empty()) sinks.push_back(static_cast<int>(i));
   }
   auto name = [&](int i) { return Where(s, where[i].first, where[i].second); };
   if (sources.size() != 1 && !s.has_prefill()) {  // a prefill pass runs once: it may start anywhere

@@ -33,7 +33,10 @@ expect_error() {
 "$LOOM" compile --model=random:tiny --prefill_rows=20 --out="$WORK/pass.pb" | grep -q "compile + verify" &&
   "$LOOM" inspect "$WORK/pass.pb" | grep -q "prefill" && pass "compile --prefill_rows" || fail "compile --prefill_rows"
 "$LOOM" compile --model=random:tiny --prefill_rows=20 --verify=false --repeat=2 --out="$WORK/pass2.pb" |
-  grep -q "^lowering: median" && pass "compile --prefill_rows --verify=false" || fail "compile --prefill_rows --verify=false"
+  grep -q "^lowering: median" && pass "compile --prefill_rows --verify=false" ||
+  fail "compile --prefill_rows --verify=false"
+expect_error "--verify=false without a pass" "--prefill_rows" "$WORK/nv.pb" -- \
+  "$LOOM" compile --model=random:tiny --verify=false --out="$WORK/nv.pb"
 expect_error "negative prefill rows" "--prefill_rows" "$WORK/neg.pb" -- \
   "$LOOM" compile --model=random:tiny --prefill_rows=-3 --out="$WORK/neg.pb"
 "$LOOM" inspect "$WORK/tiny.pb" | grep -q "instructions per step" && pass "inspect" || fail "inspect"
