@@ -432,7 +432,8 @@ enum GemmEpilogue : uint32_t {
   kGemmAccumulateF32 = 3,    // out f32 [m, n] += this instruction's K slabs' product (+ bias from the split holding
                              // slab 0), atomically: split-K over instructions, and a residual add when out holds
                              // the residual stream (the sum's order, and so its last bits, vary run to run)
-  kNumGemmEpilogues = 4,
+  kGemmStoreF32Relu = 4,     // as kGemmStoreF32, then max(0, .): bias, residual, ReLU (a conv block's epilogue)
+  kNumGemmEpilogues = 5,
 };
 LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
 // The K slabs one GEMM instruction multiplies: [begin, begin + count).
@@ -517,6 +518,12 @@ LOOM_HD uint32_t FlashKeyTiles(uint32_t start, const FlashAttnArgs& a) {
   const uint32_t end_row = (a.row_tile + 1) * kFlashRows < a.rows ? (a.row_tile + 1) * kFlashRows : a.rows;
   return (start + end_row - 1) / kFlashKeys + 1;
 }
+
+}  // namespace loom::isa
+
+#include "instructions/instruction_nn.h"  // IM2COL, POOL, ELEMENTWISE
+
+namespace loom::isa {
 
 // Bytes of an SM's activation ring one instruction takes on the device (0: the
 // opcode reads its inputs from global memory), a multiple of 16.

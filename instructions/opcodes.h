@@ -17,4 +17,7 @@
   V(ARGMAX_REDUCE, ArgmaxReduceArgs) \
   V(GEMM, GemmArgs) \
   V(PACK_ROWS, PackRowsArgs) \
-  V(FLASH_ATTN, FlashAttnArgs)
+  V(FLASH_ATTN, FlashAttnArgs) \
+  V(IM2COL, ImToColArgs) \
+  V(POOL, PoolArgs) \
+  V(ELEMENTWISE, ElementwiseArgs)

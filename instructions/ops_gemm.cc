@@ -140,6 +140,7 @@ void Reference(const GemmArgs& a, const MachineView& m) {
         continue;
       }
       if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
+      if (a.epilogue == kGemmStoreF32Relu) acc = std::max(acc, 0.0f);
       out[uint64_t{r} * a.n + col] = acc;
     }
     if (a.epilogue == kGemmRopeKvAppend) {  // the tile's columns of this token, pair by pair

@@ -34,6 +34,7 @@
 #include "megakernel/ops/flash_attention.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/ops/matvec.cuh"
+#include "megakernel/ops/nn_ops.cuh"
 #include "megakernel/ops/pack_rows.cuh"
 #include "megakernel/ops/vector_ops.cuh"
 #include "megakernel/pipeline_state.cuh"
@@ -372,6 +373,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
       case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
+      case isa::Opcode::IM2COL: RunImToCol(inst.as<isa::ImToColArgs>(), ctx); break;
+      case isa::Opcode::POOL: RunPool(inst.as<isa::PoolArgs>(), ctx); break;
+      case isa::Opcode::ELEMENTWISE: RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx); break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
         break;

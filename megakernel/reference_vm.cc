@@ -61,6 +61,13 @@ absl::Status ReferenceVm::Run(int steps) {
   return absl::OkStatus();
 }
 
+absl::Status ReferenceVm::RunGraph() {
+  if (!schedule_.has_graph()) return absl::FailedPreconditionError("not a general graph's pass");
+  RunQueues(decoded_, table_, counters_.get(), next_step_, 1);
+  ++next_step_;
+  return absl::OkStatus();
+}
+
 void ReferenceVm::RunQueues(const scheduler::DecodedSchedule& d, const std::vector<isa::TensorDesc>& table,
                             std::atomic<uint32_t>* counters, uint32_t first, int steps) {
   const isa::MachineView machine{{weights_.data(), arena_bytes()}, table.data(), static_cast<uint32_t>(table.size())};

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,13 @@ class ReferenceVm {
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them, as that many decode steps would.
   absl::Status Prefill(const scheduler::Schedule& pass);
+
+  // A general graph's pass (Schedule.graph): writes arena bytes (its inputs), then runs its queues once (fresh
+  // barrier targets each time, as a decode step's).
+  void WriteArena(uint64_t offset, const void* data, uint64_t bytes) {
+    std::memcpy(arena_bytes() + offset, data, bytes);
+  }
+  absl::Status RunGraph();
 
   // A copy of arena bytes (tests compare them with the GPU's).
   std::vector<uint8_t> ReadArena(uint64_t offset, uint64_t bytes) const {

@@ -9,6 +9,7 @@
 #include "scheduler/cost_model.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/lowering.h"
+#include "scheduler/lowering_nn.h"
 #include "scheduler/options.h"
 #include "scheduler/prefill.h"
 #include "scheduler/schedule_verifier.h"
@@ -51,6 +52,10 @@ Schedule AssembleSchedule(Program& program, const CompileOptions& options, const
 
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options) {
   CompileOptions resolved = ResolveOptions(options);
+  if (!IsDecoderGraph(graph)) {  // a general graph: one run-once pass
+    if (absl::Status s = ValidateOptions(resolved); !s.ok()) return s;
+    return CompileGraphPass(graph, model, resolved);
+  }
   // A matvec keeps its whole input vector in the activation ring: wide inputs (an 8B model's 14336-wide
   // down-proj) get a larger ring, with room for partial sums of a few dozen rows.
   constexpr uint32_t kRowsOfRoom = 64;

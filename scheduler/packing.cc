@@ -22,7 +22,12 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     const Tensor& dst = *it->second;
     const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
     if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
-    const uint64_t row_bytes = cols * 2;
+    const bool f32 = p.dtype() == graph::F32;
+    const uint64_t elem = f32 ? 4 : 2;
+    if (f32 && (p.tile_rows() != 0 || p.order() != ROWS_IDENTITY)) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
+    }
+    const bool transposed = p.order() == ROWS_TRANSPOSED;
     std::vector<const graph::HostTensor*> src;
     uint64_t rows = 0;
     for (const std::string& name : p.sources()) {
@@ -31,10 +36,15 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         return absl::NotFoundError(absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is missing"));
       }
       const std::vector<int64_t>& shape = w->second.shape;
-      const int64_t src_cols = shape.size() == 1 ? 1 : shape.empty() ? 0 : shape.back();
-      if (w->second.dtype != graph::BF16 || src_cols != static_cast<int64_t>(cols)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is not bf16 with ", cols, " columns"));
+      // Rows of a weight of rank >= 2 are its first dimension (a CONV2D weight's rows are [KH, KW, C / groups]).
+      const int64_t size = w->second.size();
+      const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
+                               : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
+      if ((w->second.dtype != graph::BF16 && w->second.dtype != graph::F32) ||
+          src_cols != static_cast<int64_t>(cols)) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                       "' is not bf16 or f32 with ", cols,
+                                                       transposed ? " rows (transposed)" : " columns"));
       }
       src.push_back(&w->second);
       rows += static_cast<uint64_t>(w->second.size()) / cols;
@@ -45,7 +55,10 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': not a ", isa::kGemmTileM,
                                                      "-row operand image of ", rows, " x ", cols));
     }
-    if (!image && rows * stride * 2 != dst.bytes()) {
+    if (transposed && src.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': transposing needs one source"));
+    }
+    if (!image && rows * stride * elem != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
                                                      " rows, the tensor has room for ", dst.bytes() / (stride * 2)));
     }
@@ -53,10 +66,29 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     // ordered first, then swizzled.
     std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
     uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
+    // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
-      std::memcpy(out + packed_row * stride * 2, t->bf16.data() + row * cols, row_bytes);
+      uint8_t* to = out + packed_row * stride * elem;
+      if (!f32 && !transposed && t->dtype == graph::BF16) {
+        std::memcpy(to, t->bf16.data() + row * cols, cols * 2);
+        return;
+      }
+      for (uint64_t c = 0; c < cols; ++c) {
+        const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * cols + c));
+        if (f32) {
+          std::memcpy(to + c * 4, &v, 4);
+        } else {
+          const uint16_t bits = t->dtype == graph::BF16 && !transposed ? t->bf16[row * cols + c]
+                                : t->dtype == graph::BF16 ? t->bf16[c * rows + row]
+                                                          : graph::FloatToBf16(v);
+          std::memcpy(to + c * 2, &bits, 2);
+        }
+      }
     };
     switch (p.order()) {
+      case ROWS_TRANSPOSED:
+        for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], r);
+        break;
       case ROWS_IDENTITY: {
         uint64_t r = 0;
         for (const graph::HostTensor* t : src) {

@@ -12,6 +12,9 @@
 namespace loom::scheduler {
 namespace {
 
+// A prefill pass or a general graph's pass: its queues run once, not step after step.
+bool RunsOnce(const Schedule& s) { return s.has_prefill() || s.has_graph(); }
+
 constexpr int kStepsToSimulate = 2;  // a step, and the cross-step hand-off into the next
 constexpr uint64_t kTensorAlignment = 16;  // what bulk copies need
 
@@ -76,6 +79,17 @@ absl::Status CheckIo(const Schedule& s, const std::vector<isa::TensorInfo>& t) {
     }
     return absl::OkStatus();
   };
+  if (s.has_graph()) {  // a general graph's pass: its named f32 inputs and outputs, no decode state
+    if (s.graph().outputs_size() == 0) return Fail("graph: no outputs");
+    for (const auto* list : {&s.graph().inputs(), &s.graph().outputs()}) {
+      for (const IoTensor& io : *list) {
+        if (io.tensor() >= t.size() || s.tensors(io.tensor()).region() != ARENA || t[io.tensor()].dtype != graph::F32) {
+          return Fail(absl::StrCat("graph: '", io.name(), "' names no f32 arena tensor"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   if (absl::Status st = check("tokens", s.io().tokens(), graph::I32, uint64_t{s.max_seq()} + 1); !st.ok()) return st;
   if (absl::Status st = check("step_state", s.io().step_state(), graph::I32, isa::kStepStateWords); !st.ok()) return st;
   return check("logits", s.io().logits(), graph::F32, s.vocab_size());
@@ -90,8 +104,10 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
   };
   for (const PackedWeight& p : s.packing()) {
     const int id = find(p.tensor());
-    if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != graph::BF16) {
-      return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a bf16 tensor in WEIGHTS"));
+    const graph::DType dtype = p.dtype() == graph::F32 ? graph::F32 : graph::BF16;
+    if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != dtype) {
+      return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a ", graph::DTypeName(dtype),
+                               " tensor in WEIGHTS"));
     }
     const uint64_t stride = p.row_stride() > 0 ? p.row_stride() : p.cols();
     if (p.tile_rows() != 0 && (p.tile_rows() != isa::kGemmTileM || infos[id].elements % (isa::kGemmSlabBytes / 2) != 0)) {
@@ -125,7 +141,7 @@ absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
     return n;
   }();
   size_t executed = 0;
-  const int steps = s.has_prefill() ? 1 : kStepsToSimulate;  // a prefill pass runs once
+  const int steps = RunsOnce(s) ? 1 : kStepsToSimulate;  // a pass runs once
   const size_t goal = per_step_total * steps;
   while (executed < goal) {
     bool progress = false;
@@ -208,12 +224,12 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
     if (nodes[i]->signal >= barriers || waiters[nodes[i]->signal].empty()) sinks.push_back(static_cast<int>(i));
   }
   auto name = [&](int i) { return Where(s, where[i].first, where[i].second); };
-  if (sources.size() != 1 && !s.has_prefill()) {  // a prefill pass runs once: it may start anywhere
+  if (sources.size() != 1 && !RunsOnce(s)) {  // a pass runs once: it may start anywhere
     return Fail(absl::StrCat("step order: ", name(sources.size() > 1 ? sources[1] : 0),
                              " does not depend on the step's first instruction (", sources.size(),
                              " instructions start a step)"));
   }
-  if (sinks.size() != 1) {
+  if (sinks.size() != 1 && !(s.has_graph() && !sinks.empty())) {  // a graph's pass may end in several outputs
     return Fail(absl::StrCat("step order: nothing in the step depends on ", name(sinks.size() > 1 ? sinks[1] : 0),
                              " (", sinks.size(), " instructions end a step)"));
   }
@@ -245,7 +261,7 @@ absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
     first_waits_on_last |= first.waits[w].previous_step() && first.waits[w].barrier() == nodes[sinks[0]]->signal &&
                            first.waits[w].count() == first.waits[w].stride();
   }
-  if (!first_waits_on_last && !s.has_prefill()) {
+  if (!first_waits_on_last && !RunsOnce(s)) {
     return Fail(absl::StrCat("step order: the step's first instruction, ", name(sources[0]),
                              ", does not wait for the previous step's last, ", name(sinks[0])));
   }

@@ -33,20 +33,27 @@
 #include "scheduler/prefill.h"
 #include "scheduler/simulator.h"
 #include "scheduler/summary.h"
+#include "tools/run_graph.h"
 
 ABSL_FLAG(std::string, model, "",
           "model to load: random:<preset> (llama-3.2-1b, tiny, tiny-mistral, tiny-qwen2, tiny-qwen3), "
           "random:<config.json> (that architecture with random weights), a Hugging Face folder of a llama, mistral, "
-          "qwen2 or qwen3 model, or an ONNX file (*.onnx: imported; its lowering is still to come)");
+          "qwen2 or qwen3 model, or an ONNX file (*.onnx: one pass of tile instructions; loom run --input)");
+ABSL_FLAG(std::string, input, "random",
+          "run on a general graph (ONNX): random (uniform in [-1, 1), --seed), or name=file.npy,... (float32 .npy; a "
+          "lone file.npy for a graph of one input)");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt text format or binary .pb); flags override it");
-ABSL_FLAG(std::string, out, "", "output file (compile: schedule .pb/.pbtxt) or folder (export)");
+ABSL_FLAG(std::string, out, "",
+          "output file (compile: schedule .pb/.pbtxt) or folder (export; run on a general graph: <output>.npy files)");
 ABSL_FLAG(int32_t, num_sms, 0, "SMs to schedule for (0: options file or 132)");
 ABSL_FLAG(std::string, policy, "", "SM assignment policy: round-robin, lpt or critical-path");
 ABSL_FLAG(std::string, granularity, "", "barrier granularity: op or chunk");
 ABSL_FLAG(std::string, unfuse, "",
           "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax");
 ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
-ABSL_FLAG(int32_t, repeat, 1, "compile: compile this many times and print the median time");
+ABSL_FLAG(int32_t, repeat, 1,
+          "compile: compile this many times and print the median time; run on a general graph: run the pass this many "
+          "times and print the median");
 ABSL_FLAG(int32_t, prefill_rows, 0,
           "compile: lower the one-pass prefill of this many prompt rows (after the decode step it extends) and write "
           "that pass to --out instead");
@@ -56,7 +63,8 @@ ABSL_FLAG(int32_t, tokens, 16, "run: tokens to generate after the prompt");
 ABSL_FLAG(std::string, prompt, "1", "run: comma-separated prompt token ids");
 ABSL_FLAG(std::string, backend, "cpu", "run: cpu (reference VM) or gpu (the persistent megakernel)");
 ABSL_FLAG(bool, check, false,
-          "run: also verify the prefill pass and decode with the op-by-op oracle, comparing tokens");
+          "run: also verify the prefill pass and decode with the op-by-op oracle, comparing tokens (a general graph: "
+          "every output within a relative RMS error of 3e-2)");
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
@@ -85,7 +93,7 @@ const std::vector<Command>& Commands() {
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
-        "policy", "granularity", "unfuse", "max_seq", "seed"}},
+        "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat"}},
       {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
   };
   return commands;
@@ -243,6 +251,16 @@ int RunCommand() {
   absl::StatusOr<scheduler::Schedule> schedule =
       scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
   if (!schedule.ok()) return Fail(schedule.status());
+  if (schedule->has_graph()) {  // a general graph: one pass over its inputs
+    tools::GraphRunFlags flags;
+    flags.backend = backend;
+    flags.input = absl::GetFlag(FLAGS_input);
+    flags.out = absl::GetFlag(FLAGS_out);
+    flags.check = absl::GetFlag(FLAGS_check);
+    flags.repeat = absl::GetFlag(FLAGS_repeat);
+    flags.seed = absl::GetFlag(FLAGS_seed);
+    return tools::RunGraph(*model, *schedule, flags);
+  }
   const int steps = static_cast<int>(prompt->size()) - 1 + new_tokens;
   if (steps >= static_cast<int>(schedule->max_seq())) {
     return Fail(absl::OutOfRangeError(absl::StrCat("prompt + tokens (", steps + 1, ") exceed the KV cache of ",

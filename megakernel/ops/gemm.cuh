@@ -246,6 +246,10 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
       }
     });
   }
+  if (g.epilogue == isa::kGemmStoreF32Relu) {
+#pragma unroll
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
+  }
   ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
     if (pairs) {
       *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);

@@ -1,0 +1,179 @@
+// Arguments of the opcodes general graphs (ONNX) lower to, included by
+// instruction.h (same rules: 32-bit words, tensor ids, kFields):
+//   IM2COL      a convolution's rows of input patches as a GEMM's A operand image (the conv is then a GEMM)
+//   POOL        max / average windows over NHWC f32
+//   ELEMENTWISE a unary or binary map over up to 4 strided dimensions (broadcasts, copies, transposes)
+#pragma once
+
+#include <math.h>
+
+namespace loom::isa {
+
+// out = the bf16 swizzled operand image (GemmImageBytes(ImToColRows, ImToColK)) of the patches of an NHWC
+// input: image row (b, oy, ox) holds, for (ky, kx, ch) in that order (ch fastest), the input at
+// (b, oy * stride_h - pad_top + ky * dilation_h, ox * stride_w - pad_left + kx * dilation_w, c_begin + ch), zero
+// outside the input: exactly the rows a CONV2D weight [OC, KH, KW, C / groups] multiplies. Rows [row_begin, +rows)
+// (past the last real row: zeros up to the 128-row tile).
+struct ImToColArgs {
+  uint32_t input;  // f32 [n, h, w, c]
+  uint32_t out;    // bf16 image
+  uint32_t n;
+  uint32_t h;
+  uint32_t w;
+  uint32_t c;
+  uint32_t oh;
+  uint32_t ow;
+  uint32_t kh;
+  uint32_t kw;
+  uint32_t stride_h;
+  uint32_t stride_w;
+  uint32_t pad_top;
+  uint32_t pad_left;
+  uint32_t dilation_h;
+  uint32_t dilation_w;
+  uint32_t c_begin;  // the group's first input channel
+  uint32_t group_c;  // input channels per group
+  uint32_t row_begin;
+  uint32_t rows;
+  static constexpr const char* kFields[] = {"input", "out", "n", "h", "w", "c", "oh", "ow", "kh", "kw",
+                                            "stride_h", "stride_w", "pad_top", "pad_left", "dilation_h",
+                                            "dilation_w", "c_begin", "group_c", "row_begin", "rows"};
+};
+LOOM_HD uint32_t ImToColRows(const ImToColArgs& a) { return a.n * a.oh * a.ow; }
+LOOM_HD uint32_t ImToColK(const ImToColArgs& a) { return a.kh * a.kw * a.group_c; }
+
+enum PoolMode : uint32_t {
+  kPoolMax = 0,
+  kPoolAvg = 1,            // divided by the window's positions inside the input
+  kPoolAvgIncludePad = 2,  // divided by its positions inside the input and its explicit padding
+  kNumPoolModes = 3,
+};
+// out[b, oy, ox, ch] for output elements [begin, +count) (NHWC order) over the window at (oy * stride_h - pad_top
+// + ky * dilation_h, ...), as graph/nn_ops' MAX_POOL / AVG_POOL (GLOBAL_AVG_POOL: a window of the whole map).
+struct PoolArgs {
+  uint32_t input;  // f32 [n, h, w, c]
+  uint32_t out;    // f32 [n, oh, ow, c]
+  uint32_t n;
+  uint32_t h;
+  uint32_t w;
+  uint32_t c;
+  uint32_t oh;
+  uint32_t ow;
+  uint32_t kh;
+  uint32_t kw;
+  uint32_t stride_h;
+  uint32_t stride_w;
+  uint32_t pad_top;
+  uint32_t pad_left;
+  uint32_t pad_bottom;
+  uint32_t pad_right;
+  uint32_t dilation_h;
+  uint32_t dilation_w;
+  uint32_t mode;  // PoolMode
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"input", "out", "n", "h", "w", "c", "oh", "ow", "kh", "kw",
+                                            "stride_h", "stride_w", "pad_top", "pad_left", "pad_bottom",
+                                            "pad_right", "dilation_h", "dilation_w", "mode", "begin", "count"};
+};
+
+// The pooled value of output element `i` (NHWC index), shared by the reference and the device.
+LOOM_HD float PoolElement(const PoolArgs& a, const float* x, uint64_t i) {
+  const uint32_t ch = static_cast<uint32_t>(i % a.c);
+  uint64_t rest = i / a.c;
+  const int32_t ox = static_cast<int32_t>(rest % a.ow);
+  rest /= a.ow;
+  const int32_t oy = static_cast<int32_t>(rest % a.oh);
+  const uint64_t b = rest / a.oh;
+  const bool max = a.mode == kPoolMax;
+  float acc = max ? -INFINITY : 0.0f;
+  int32_t count = 0, padded = 0;
+  const int32_t h = static_cast<int32_t>(a.h), w = static_cast<int32_t>(a.w);
+  for (uint32_t ky = 0; ky < a.kh; ++ky) {
+    const int32_t iy = oy * static_cast<int32_t>(a.stride_h) - static_cast<int32_t>(a.pad_top) +
+                       static_cast<int32_t>(ky * a.dilation_h);
+    for (uint32_t kx = 0; kx < a.kw; ++kx) {
+      const int32_t ix = ox * static_cast<int32_t>(a.stride_w) - static_cast<int32_t>(a.pad_left) +
+                         static_cast<int32_t>(kx * a.dilation_w);
+      if (iy >= -static_cast<int32_t>(a.pad_top) && iy < h + static_cast<int32_t>(a.pad_bottom) &&
+          ix >= -static_cast<int32_t>(a.pad_left) && ix < w + static_cast<int32_t>(a.pad_right)) {
+        ++padded;
+      }
+      if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+      const float v = x[((b * a.h + iy) * a.w + ix) * a.c + ch];
+      acc = max ? (v > acc ? v : acc) : acc + v;
+      ++count;
+    }
+  }
+  if (!max) acc /= static_cast<float>(a.mode == kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+  return acc;
+}
+
+inline constexpr uint32_t kElementwiseDims = 4;
+enum ElementwiseFunc : uint32_t {
+  kEwCopy = 0,  // unary: out = f(a)
+  kEwRelu = 1,
+  kEwSigmoid = 2,
+  kEwGelu = 3,      // erf form
+  kEwGeluTanh = 4,  // tanh approximation
+  kEwErf = 5,
+  kEwTanh = 6,
+  kEwExp = 7,
+  kEwFirstBinary = 16,  // binary: out = f(a, b)
+  kEwAdd = 16,
+  kEwSub = 17,
+  kEwMul = 18,
+  kEwDiv = 19,
+  kEwEnd = 20,
+};
+LOOM_HD bool EwValid(uint32_t f) { return f <= kEwExp || (f >= kEwFirstBinary && f < kEwEnd); }
+LOOM_HD bool EwBinary(uint32_t f) { return f >= kEwFirstBinary; }
+// f(x[, y]) in the graph oracle's operation order (graph/nn_ops).
+LOOM_HD float EwApply(uint32_t f, float x, float y) {
+  switch (f) {
+    case kEwRelu: return x > 0.0f ? x : 0.0f;
+    case kEwSigmoid: return 1.0f / (1.0f + expf(-x));
+    case kEwGelu: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case kEwGeluTanh: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case kEwErf: return erff(x);
+    case kEwTanh: return tanhf(x);
+    case kEwExp: return expf(x);
+    case kEwAdd: return x + y;
+    case kEwSub: return x - y;
+    case kEwMul: return x * y;
+    case kEwDiv: return x / y;
+    default: return x;
+  }
+}
+// out[i] = f(a[Σ d_k a_stride_k], b[Σ d_k b_stride_k]) for output elements i in [begin, +count) of the
+// contiguous out [size0, size1, size2, size3] (size3 fastest; i = (d0, d1, d2, d3)). A stride of 0 broadcasts;
+// permuted strides transpose.
+struct ElementwiseArgs {
+  uint32_t func;  // ElementwiseFunc
+  uint32_t a;     // f32
+  uint32_t b;     // f32, or kNoTensor (unary)
+  uint32_t out;   // f32
+  uint32_t begin;
+  uint32_t count;
+  uint32_t size[kElementwiseDims];
+  uint32_t a_stride[kElementwiseDims];
+  uint32_t b_stride[kElementwiseDims];
+  static constexpr const char* kFields[] = {"func",      "a",         "b",         "out",       "begin",
+                                            "count",     "size0",     "size1",     "size2",     "size3",
+                                            "a_stride0", "a_stride1", "a_stride2", "a_stride3", "b_stride0",
+                                            "b_stride1", "b_stride2", "b_stride3"};
+};
+// Element offsets of output element i in a and b.
+LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint64_t i, uint64_t* a, uint64_t* b) {
+  uint64_t oa = 0, ob = 0;
+  for (int d = kElementwiseDims - 1; d >= 0; --d) {
+    const uint64_t coord = i % e.size[d];
+    i /= e.size[d];
+    oa += coord * e.a_stride[d];
+    ob += coord * e.b_stride[d];
+  }
+  *a = oa;
+  *b = ob;
+}
+
+}  // namespace loom::isa

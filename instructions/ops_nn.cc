@@ -1,0 +1,108 @@
+// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE (instruction_nn.h).
+#include <algorithm>
+
+#include "instructions/opcode_host.h"
+#include "instructions/swizzle.h"
+
+namespace loom::isa::ref {
+
+void Validate(const ImToColArgs& a, Checker& c) {
+  c.Require(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0 && a.oh > 0 && a.ow > 0 && a.kh > 0 && a.kw > 0,
+            "every dimension must be positive");
+  c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
+            "strides and dilations must be positive");
+  c.Require(a.group_c > 0 && U(a.c_begin) + a.group_c <= a.c,
+            absl::StrCat("channels [", a.c_begin, ", +", a.group_c, ") outside the input's ", a.c));
+  const uint64_t m = U(a.n) * a.oh * a.ow, k = U(a.kh) * a.kw * a.group_c;
+  c.Require(m < (uint64_t{1} << 31) && k < (uint64_t{1} << 20), "image too large");
+  c.Require(a.rows > 0 && U(a.row_begin) + a.rows <= U(GemmTiles(static_cast<uint32_t>(m))) * kGemmTileM,
+            absl::StrCat("rows [", a.row_begin, ", +", a.rows, ") outside the ", GemmTiles(static_cast<uint32_t>(m)),
+                         " row tiles"));
+  c.Tensor("input", a.input, F32, U(a.n) * a.h * a.w * a.c);
+  c.Tensor("out", a.out, BF16, GemmImageBytes(static_cast<uint32_t>(m), static_cast<uint32_t>(k)) / 2);
+}
+
+void Validate(const PoolArgs& a, Checker& c) {
+  c.Require(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0 && a.oh > 0 && a.ow > 0 && a.kh > 0 && a.kw > 0,
+            "every dimension must be positive");
+  c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
+            "strides and dilations must be positive");
+  c.Require(a.mode < kNumPoolModes, absl::StrCat("unknown pool mode ", a.mode));
+  const uint64_t out = U(a.n) * a.oh * a.ow * a.c;
+  c.Require(a.count > 0 && U(a.begin) + a.count <= out,
+            absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", out, " outputs"));
+  c.Tensor("input", a.input, F32, U(a.n) * a.h * a.w * a.c);
+  c.Tensor("out", a.out, F32, out);
+}
+
+void Validate(const ElementwiseArgs& a, Checker& c) {
+  c.Require(EwValid(a.func), absl::StrCat("unknown function ", a.func));
+  c.Require(EwBinary(a.func) == (a.b != kNoTensor), "b is needed exactly by the binary functions");
+  uint64_t total = 1, a_end = 1, b_end = 1;
+  for (uint32_t d = 0; d < kElementwiseDims; ++d) {
+    c.Require(a.size[d] > 0, "sizes must be positive");
+    if (a.size[d] == 0) return;
+    total *= a.size[d];
+    a_end += U(a.size[d] - 1) * a.a_stride[d];
+    b_end += U(a.size[d] - 1) * a.b_stride[d];
+  }
+  c.Require(a.count > 0 && U(a.begin) + a.count <= total,
+            absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", total, " outputs"));
+  c.Tensor("a", a.a, F32, a_end);
+  if (a.b != kNoTensor) c.Tensor("b", a.b, F32, b_end);
+  c.Tensor("out", a.out, F32, total);
+}
+
+Footprint Cost(const ImToColArgs& a, uint32_t) {
+  const uint64_t elements = U(a.rows) * GemmSlabs(ImToColK(a)) * kGemmSlabK;
+  return {0, 6 * elements, 0, elements};
+}
+
+Footprint Cost(const PoolArgs& a, uint32_t) {
+  const uint64_t window = U(a.kh) * a.kw;
+  return {0, 4ull * a.count * (window + 1), 0, a.count * window};
+}
+
+Footprint Cost(const ElementwiseArgs& a, uint32_t) {
+  return {0, (EwBinary(a.func) ? 12ull : 8ull) * a.count, 0, 4ull * a.count};
+}
+
+void Reference(const ImToColArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
+  const uint32_t rows = ImToColRows(a), k = ImToColK(a), width = GemmSlabs(k) * kGemmSlabK;
+  for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
+    const uint32_t ox = r % a.ow, oy = r / a.ow % a.oh, b = r / a.ow / a.oh;
+    for (uint32_t col = 0; col < width; ++col) {
+      float v = 0.0f;
+      if (r < rows && col < k) {
+        const uint32_t ch = col % a.group_c, kx = col / a.group_c % a.kw, ky = col / a.group_c / a.kw;
+        const int64_t iy = int64_t{oy} * a.stride_h - a.pad_top + int64_t{ky} * a.dilation_h;
+        const int64_t ix = int64_t{ox} * a.stride_w - a.pad_left + int64_t{kx} * a.dilation_w;
+        if (iy >= 0 && iy < a.h && ix >= 0 && ix < a.w) {
+          v = in[((uint64_t{b} * a.h + iy) * a.w + ix) * a.c + a.c_begin + ch];
+        }
+      }
+      image[Swizzled128Offset(k, kGemmTileM, r, col) / 2] = graph::FloatToBf16(v);
+    }
+  }
+}
+
+void Reference(const PoolArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  float* out = m.ptr<float>(a.out);
+  for (uint64_t i = a.begin; i < U(a.begin) + a.count; ++i) out[i] = PoolElement(a, in, i);
+}
+
+void Reference(const ElementwiseArgs& a, const MachineView& m) {
+  const float* x = m.ptr<float>(a.a);
+  const float* y = a.b != kNoTensor ? m.ptr<float>(a.b) : nullptr;
+  float* out = m.ptr<float>(a.out);
+  for (uint64_t i = a.begin; i < U(a.begin) + a.count; ++i) {
+    uint64_t oa, ob;
+    EwOffsets(a, i, &oa, &ob);
+    out[i] = EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
+  }
+}
+
+}  // namespace loom::isa::ref

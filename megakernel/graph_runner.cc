@@ -1,0 +1,88 @@
+#include "megakernel/graph_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/gpu_machine.h"
+#include "megakernel/reference_vm.h"
+#include "scheduler/packing.h"
+
+namespace loom::megakernel {
+
+absl::StatusOr<std::unique_ptr<GraphRunner>> GraphRunner::Create(const scheduler::Schedule& pass,
+                                                                 const graph::WeightStore& weights, Backend backend) {
+  if (!pass.has_graph()) return absl::InvalidArgumentError("not a general graph's pass (scheduler::CompileGraphPass)");
+  std::unique_ptr<GraphRunner> r(new GraphRunner);
+  r->pass_ = pass;
+  if (backend == Backend::kCpu) {
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(pass, weights);
+    if (!vm.ok()) return vm.status();
+    r->vm_ = *std::move(vm);
+    return r;
+  }
+  std::string why;
+  if (!GpuAvailable(&why)) return absl::UnavailableError(why);
+  if (absl::Status s = CheckDeviceMemory(pass.weight_bytes(), pass.arena_bytes()); !s.ok()) return s;
+  absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
+  if (!program.ok()) return program.status();
+  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(pass, weights);
+  if (!packed.ok()) return packed.status();
+  absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);
+  if (!machine.ok()) return machine.status();
+  r->gpu_ = *std::move(machine);
+  return r;
+}
+
+GraphRunner::~GraphRunner() = default;
+
+absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
+  for (const scheduler::IoTensor& io : pass_.graph().inputs()) {
+    auto it = inputs.find(io.name());
+    if (it == inputs.end()) return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' is missing"));
+    const scheduler::Tensor& t = pass_.tensors(io.tensor());
+    const graph::HostTensor& v = it->second;
+    if (v.dtype != graph::F32 || !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end())) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' must be f32 [",
+                                                     absl::StrJoin(t.shape(), ", "), "], got ",
+                                                     graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));
+    }
+    if (vm_ != nullptr) {
+      vm_->WriteArena(t.offset(), v.f32.data(), t.bytes());
+    } else if (absl::Status s = gpu_->WriteArena(t.offset(), v.f32.data(), t.bytes()); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorMap> GraphRunner::Run(const TensorMap& inputs) {
+  if (absl::Status s = WriteInputs(inputs); !s.ok()) return s;
+  if (vm_ != nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    if (absl::Status s = vm_->RunGraph(); !s.ok()) return s;
+    last_ms_ = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - start).count();
+  } else {
+    absl::StatusOr<float> ms = gpu_->Run(1, false);
+    if (!ms.ok()) return ms.status();
+    last_ms_ = *ms;
+  }
+  TensorMap outputs;
+  for (const scheduler::IoTensor& io : pass_.graph().outputs()) {
+    const scheduler::Tensor& t = pass_.tensors(io.tensor());
+    graph::HostTensor out = graph::HostTensor::Zeros(graph::F32, {t.shape().begin(), t.shape().end()});
+    if (vm_ != nullptr) {
+      const std::vector<uint8_t> bytes = vm_->ReadArena(t.offset(), t.bytes());
+      std::memcpy(out.f32.data(), bytes.data(), t.bytes());
+    } else if (absl::Status s = gpu_->ReadArena(t.offset(), out.f32.data(), t.bytes()); !s.ok()) {
+      return s;
+    }
+    outputs[io.name()] = std::move(out);
+  }
+  return outputs;
+}
+
+}  // namespace loom::megakernel

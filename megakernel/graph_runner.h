@@ -1,0 +1,43 @@
+// GraphRunner: a general graph's pass (scheduler::CompileGraphPass) resident on the CPU reference VM or the GPU.
+// Each Run writes the inputs into their arena tensors by name, runs the pass once and reads every output back.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "graph/host_tensor.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::megakernel {
+
+class GpuMachine;
+class ReferenceVm;
+
+using TensorMap = absl::flat_hash_map<std::string, graph::HostTensor>;
+
+class GraphRunner {
+ public:
+  enum class Backend { kCpu, kGpu };
+  // Packs `weights` for `pass` and uploads them (GPU: fails with the reason when no usable GPU exists).
+  static absl::StatusOr<std::unique_ptr<GraphRunner>> Create(const scheduler::Schedule& pass,
+                                                             const graph::WeightStore& weights, Backend backend);
+  ~GraphRunner();
+
+  // Runs the pass once. `inputs` holds every input of the graph (f32, its shape); returns every output.
+  absl::StatusOr<TensorMap> Run(const TensorMap& inputs);
+  // GPU: the kernel time of the last Run in ms (CUDA events); CPU: its wall time.
+  float last_ms() const { return last_ms_; }
+
+ private:
+  GraphRunner() = default;
+  absl::Status WriteInputs(const TensorMap& inputs);
+
+  scheduler::Schedule pass_;
+  std::unique_ptr<GpuMachine> gpu_;
+  std::unique_ptr<ReferenceVm> vm_;
+  float last_ms_ = 0;
+};
+
+}  // namespace loom::megakernel

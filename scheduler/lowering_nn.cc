@@ -1,0 +1,490 @@
+#include "scheduler/lowering_nn.h"
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "scheduler/compiler.h"
+#include "scheduler/pass_builder.h"
+#include "scheduler/schedule_verifier.h"
+
+namespace loom::scheduler {
+namespace {
+
+using graph::OpDef;
+using graph::TensorDef;
+
+constexpr uint64_t kMinElementsPerInstruction = 4096;
+constexpr uint32_t kPackRows = 16;  // PACK_ROWS / IM2COL rows per instruction, at least
+constexpr uint32_t kNone = isa::kNoTensor;
+
+std::vector<uint64_t> ShapeOf(const TensorDef& t) { return {t.shape().begin(), t.shape().end()}; }
+uint64_t Product(const std::vector<uint64_t>& s, size_t from = 0) {
+  uint64_t p = 1;
+  for (size_t i = from; i < s.size(); ++i) p *= s[i];
+  return p;
+}
+std::vector<uint64_t> ContiguousStrides(const std::vector<uint64_t>& shape) {
+  std::vector<uint64_t> strides(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) strides[i] = Product(shape, i + 1);
+  return strides;
+}
+// Element strides of an operand of shape `in` broadcast (numpy rules, aligned right) to `out`.
+std::vector<uint64_t> BroadcastStrides(const std::vector<uint64_t>& in, const std::vector<uint64_t>& out) {
+  const std::vector<uint64_t> contiguous = ContiguousStrides(in);
+  std::vector<uint64_t> strides(out.size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t j = static_cast<int64_t>(i) - static_cast<int64_t>(out.size() - in.size());
+    if (j >= 0 && !(in[j] == 1 && out[i] != 1)) strides[i] = contiguous[j];
+  }
+  return strides;
+}
+
+// An output shape walked with an element stride per operand (0: broadcast), outermost dimension first.
+struct StridedDims {
+  std::vector<uint64_t> size;
+  std::vector<std::vector<uint64_t>> strides;  // [operand][dimension]
+};
+// Drops size-1 dimensions and merges neighbours every operand walks contiguously; nullopt if more than
+// kElementwiseDims remain (otherwise padded to exactly that many).
+std::optional<StridedDims> Collapse(const StridedDims& d) {
+  StridedDims out;
+  out.strides.resize(d.strides.size());
+  for (size_t i = 0; i < d.size.size(); ++i) {
+    if (d.size[i] == 1) continue;
+    bool merge = !out.size.empty();
+    for (size_t o = 0; merge && o < d.strides.size(); ++o) merge = out.strides[o].back() == d.strides[o][i] * d.size[i];
+    if (merge) out.size.back() *= d.size[i];
+    else out.size.push_back(d.size[i]);
+    for (size_t o = 0; o < d.strides.size(); ++o) {
+      if (merge) out.strides[o].back() = d.strides[o][i];
+      else out.strides[o].push_back(d.strides[o][i]);
+    }
+  }
+  if (out.size.size() > isa::kElementwiseDims) return std::nullopt;
+  while (out.size.size() < isa::kElementwiseDims) {
+    out.size.insert(out.size.begin(), 1);
+    for (auto& s : out.strides) s.insert(s.begin(), 0);
+  }
+  return out;
+}
+
+class NnLowering {
+ public:
+  NnLowering(const graph::Graph& graph, const CompileOptions& options) : g_(graph), o_(options) {}
+
+  absl::StatusOr<Schedule> Run(const std::string& model) {
+    GraphIo io;
+    for (const TensorDef* t : g_.TensorsOfKind(graph::INPUT)) {
+      if (t->dtype() != graph::F32) {
+        return absl::UnimplementedError(absl::StrCat("input '", t->name(), "': ", graph::DTypeName(t->dtype()),
+                                                     " inputs are not lowered (f32 only)"));
+      }
+      IoTensor* in = io.add_inputs();
+      in->set_name(t->name());
+      in->set_tensor(Arena(t->name()));
+    }
+    for (int index : g_.topological_order()) {
+      const OpDef& op = g_.def().ops(index);
+      if (consumed_.contains(op.name())) continue;
+      if (absl::Status s = Lower(op); !s.ok()) return s;
+    }
+    for (const TensorDef& t : g_.def().tensors()) {
+      if (!t.is_output()) continue;
+      auto it = arena_.find(t.name());
+      if (it == arena_.end()) {
+        return absl::UnimplementedError(absl::StrCat("output '", t.name(), "' is a weight: not lowered"));
+      }
+      IoTensor* out = io.add_outputs();
+      out->set_name(t.name());
+      out->set_tensor(it->second);
+    }
+    if (io.outputs_size() == 0) return absl::InvalidArgumentError("the graph marks no tensor as its output");
+    b_.FinishWaits();
+    Program& p = b_.program();
+    if (p.nodes.empty()) return absl::UnimplementedError("the graph has no op that computes anything");
+    CompileOptions options = o_;
+    FitPassSmem(p, 0, options.mutable_smem());
+    Schedule s = AssembleSchedule(p, options, model);
+    *s.mutable_graph() = std::move(io);
+    if (absl::Status st = VerifySchedule(s); !st.ok()) {
+      return absl::InternalError(absl::StrCat("graph pass failed verification: ", st.message()));
+    }
+    return s;
+  }
+
+ private:
+  absl::Status Lower(const OpDef& op) {
+    switch (op.type()) {
+      case graph::CONV2D: return LowerConv(op);
+      case graph::LINEAR:
+      case graph::MATMUL: return LowerMatmul(op);
+      case graph::RELU:
+      case graph::SIGMOID:
+      case graph::GELU:
+      case graph::ERF:
+      case graph::TANH:
+      case graph::EXP:
+      case graph::ADD:
+      case graph::SUB:
+      case graph::MUL:
+      case graph::DIV:
+      case graph::TRANSPOSE: return LowerElementwise(op);
+      case graph::MAX_POOL:
+      case graph::AVG_POOL:
+      case graph::GLOBAL_AVG_POOL: return LowerPool(op);
+      case graph::RESHAPE: return LowerReshape(op);
+      default: return Unsupported(op, "no lowering for this op in a graph pass yet (the oracle evaluates it)");
+    }
+  }
+
+  absl::Status Unsupported(const OpDef& op, const std::string& why) const {
+    return absl::UnimplementedError(absl::StrCat("op '", op.name(), "' (", graph::OpType_Name(op.type()), "): ", why));
+  }
+
+  const TensorDef& T(const std::string& name) const { return g_.tensor(name); }
+
+  // The f32 arena tensor of a graph tensor, created on first use in the graph's shape.
+  uint32_t Arena(const std::string& name) {
+    if (auto it = arena_.find(name); it != arena_.end()) return it->second;
+    const std::vector<uint64_t> shape = ShapeOf(T(name));
+    const uint32_t id = b_.Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    arena_[name] = id;
+    return id;
+  }
+
+  // An f32 operand of an element-wise op: an activation's arena tensor, or a weight's exact f32 copy.
+  absl::StatusOr<uint32_t> Operand(const OpDef& op, const std::string& name) {
+    const TensorDef& t = T(name);
+    if (t.kind() == graph::WEIGHT) {
+      // The packing plan's rows of a weight: its first dimension (rank >= 2), or one element each.
+      const std::vector<uint64_t> shape = ShapeOf(t);
+      const uint64_t elements = Product(shape), cols = shape.size() <= 1 ? 1 : elements / shape[0];
+      return b_.Packed(absl::StrCat("f32:", name), {name}, ROWS_IDENTITY, elements / cols, cols, false, graph::F32);
+    }
+    if (t.dtype() != graph::F32) return Unsupported(op, absl::StrCat("'", name, "' is not f32"));
+    if (t.kind() != graph::INPUT && !arena_.contains(name)) {
+      return Unsupported(op, absl::StrCat("'", name, "' is read before it is computed"));
+    }
+    return Arena(name);
+  }
+
+  // The stages to wait for before reading `names` (inputs and weights: none).
+  std::vector<uint32_t> ReadyOf(const std::vector<std::string>& names) const {
+    std::vector<uint32_t> stages;
+    for (const std::string& n : names) {
+      auto it = stage_.find(n);
+      if (it != stage_.end() && std::find(stages.begin(), stages.end(), it->second) == stages.end()) {
+        stages.push_back(it->second);
+      }
+    }
+    return stages;
+  }
+
+  void Emit(isa::Instruction inst, uint32_t stage, const std::vector<uint32_t>& after, const std::string& name) {
+    inst.num_waits = static_cast<uint8_t>(after.size());
+    for (size_t i = 0; i < after.size(); ++i) inst.waits[i] = {after[i], 0};
+    b_.EmitRaw(inst, stage, name);
+  }
+  template <typename Args>
+  static isa::Instruction Make(isa::Opcode op, const Args& args) {
+    isa::Instruction inst{};
+    inst.opcode = static_cast<uint8_t>(op);
+    inst.as<Args>() = args;
+    return inst;
+  }
+
+  // [begin, end) chunks of `total` elements: about two instructions per SM, none tiny.
+  std::vector<std::pair<uint64_t, uint64_t>> Chunks(uint64_t total, uint64_t granule) const {
+    uint64_t per = std::max<uint64_t>(kMinElementsPerInstruction, (total + 2 * o_.num_sms() - 1) / (2 * o_.num_sms()));
+    per = (per + granule - 1) / granule * granule;
+    std::vector<std::pair<uint64_t, uint64_t>> chunks;
+    for (uint64_t b = 0; b < total; b += per) chunks.emplace_back(b, std::min(total, b + per));
+    return chunks;
+  }
+
+  // What a GEMM computing `op`'s output writes: that output, or (taking over the ops as its epilogue) the output
+  // of a following residual ADD and / or RELU that are the only readers of what they read.
+  struct Epilogue {
+    std::string out;
+    uint32_t residual = kNone;
+    std::vector<std::string> residual_names;
+    bool relu = false;
+    std::string ops;
+  };
+  Epilogue FuseEpilogue(const OpDef& op) {
+    Epilogue e;
+    e.out = op.outputs(0);
+    e.ops = op.name();
+    auto only_reader = [&](const std::string& t, graph::OpType type) -> const OpDef* {
+      if (T(t).is_output()) return nullptr;
+      const std::vector<const OpDef*> readers = g_.consumers(t);
+      return readers.size() == 1 && readers[0]->type() == type ? readers[0] : nullptr;
+    };
+    if (const OpDef* add = only_reader(e.out, graph::ADD)) {
+      const std::string& other = add->inputs(0) == e.out ? add->inputs(1) : add->inputs(0);
+      const bool ready = T(other).kind() == graph::INPUT || arena_.contains(other);
+      if (other != e.out && ready && T(other).kind() != graph::WEIGHT && T(other).dtype() == graph::F32 &&
+          ShapeOf(T(other)) == ShapeOf(T(e.out)) && ShapeOf(T(add->outputs(0))) == ShapeOf(T(e.out))) {
+        e.residual = Arena(other);
+        e.residual_names = {other};
+        e.out = add->outputs(0);
+        e.ops = absl::StrCat(e.ops, ",", add->name());
+        consumed_.insert(add->name());
+      }
+    }
+    if (const OpDef* relu = only_reader(e.out, graph::RELU)) {
+      e.relu = true;
+      e.out = relu->outputs(0);
+      e.ops = absl::StrCat(e.ops, ",", relu->name());
+      consumed_.insert(relu->name());
+    }
+    return e;
+  }
+
+  // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
+  // W tiles in L2), waiting for A's stage and the residual's.
+  void EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias, uint32_t m,
+                uint32_t n, uint32_t k) {
+    const uint32_t stage = b_.Stage(e.ops);
+    isa::GemmArgs g{};
+    g.a = image;
+    g.weight = weight;
+    g.out = Arena(e.out);
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.bias = bias;
+    g.residual = e.residual;
+    g.epilogue = e.relu ? isa::kGemmStoreF32Relu : isa::kGemmStoreF32;
+    g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
+    std::vector<uint32_t> after = ReadyOf(e.residual_names);
+    after.push_back(image_stage);
+    for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt) {
+      for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
+        g.m_tile = mt;
+        g.n_tile = nt;
+        Emit(Make(isa::Opcode::GEMM, g), stage, after, e.ops);
+      }
+    }
+    stage_[e.out] = stage;
+  }
+
+  // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM.
+  uint32_t RowsPerInstruction(uint32_t m) const {
+    const uint32_t padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    const uint32_t per = (padded + 2 * o_.num_sms() - 1) / (2 * o_.num_sms());
+    return std::clamp((per + kPackRows - 1) / kPackRows * kPackRows, kPackRows, isa::kGemmTileM);
+  }
+
+  absl::Status LowerConv(const OpDef& op) {
+    const std::string& x = op.inputs(0);
+    const std::string& w = op.inputs(1);
+    const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
+    const graph::Conv2dAttrs& a = op.conv2d();
+    if (std::max(1, a.groups()) != 1) {
+      return Unsupported(op, absl::StrCat("grouped convolution (groups ", a.groups(), ") is not lowered yet"));
+    }
+    if (T(w).kind() != graph::WEIGHT || (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT)) {
+      return Unsupported(op, "weights and bias computed at run time are not lowered (constants only)");
+    }
+    absl::StatusOr<uint32_t> input = Operand(op, x);
+    if (!input.ok()) return input.status();
+    isa::ImToColArgs c{};
+    c.input = *input;
+    c.n = static_cast<uint32_t>(xs[0]), c.h = static_cast<uint32_t>(xs[1]), c.w = static_cast<uint32_t>(xs[2]);
+    c.c = static_cast<uint32_t>(xs[3]);
+    c.oh = static_cast<uint32_t>(ys[1]), c.ow = static_cast<uint32_t>(ys[2]);
+    c.kh = static_cast<uint32_t>(ws[1]), c.kw = static_cast<uint32_t>(ws[2]);
+    c.stride_h = std::max(1, a.stride_h()), c.stride_w = std::max(1, a.stride_w());
+    c.pad_top = a.pad_h(), c.pad_left = a.pad_w();
+    c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
+    c.c_begin = 0;
+    c.group_c = static_cast<uint32_t>(ws[3]);
+    const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), n = static_cast<uint32_t>(ws[0]);
+    c.out = b_.Scratch(absl::StrCat("im2col:", op.name()), graph::BF16,
+                       {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+    const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/im2col"));
+    const std::vector<uint32_t> after = ReadyOf({x});
+    const uint32_t per = RowsPerInstruction(m), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    for (uint32_t r = 0; r < padded; r += per) {
+      c.row_begin = r;
+      c.rows = std::min(per, padded - r);
+      Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), "/im2col"));
+    }
+    const uint32_t weight = b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true);
+    const uint32_t bias =
+        op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
+                             : kNone;
+    EmitGemm(FuseEpilogue(op), c.out, pack_stage, weight, bias, m, n, k);
+    return absl::OkStatus();
+  }
+
+  // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
+  // into an operand image, then a GEMM.
+  absl::Status LowerMatmul(const OpDef& op) {
+    const std::string& x = op.inputs(0);
+    const std::string& w = op.inputs(1);
+    const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w));
+    const bool linear = op.type() == graph::LINEAR;
+    if (T(w).kind() != graph::WEIGHT || ws.size() != 2) {
+      return Unsupported(op, "only a constant 2-D right-hand side is lowered (a product of two activations is not)");
+    }
+    if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
+      return Unsupported(op, "a bias computed at run time is not lowered");
+    }
+    absl::StatusOr<uint32_t> input = Operand(op, x);
+    if (!input.ok()) return input.status();
+    const uint32_t k = static_cast<uint32_t>(xs.back()), n = static_cast<uint32_t>(linear ? ws[0] : ws[1]);
+    const uint64_t rows = Product(xs) / k;
+    if (rows >= (uint64_t{1} << 31)) return Unsupported(op, "too many rows");
+    const uint32_t m = static_cast<uint32_t>(rows);
+    const uint32_t image = b_.Scratch(absl::StrCat("rows:", op.name()), graph::BF16,
+                                      {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+    const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
+    const std::vector<uint32_t> after = ReadyOf({x});
+    const uint32_t per = RowsPerInstruction(m), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    for (uint32_t r = 0; r < padded; r += per) {
+      const isa::PackRowsArgs a{*input, image, m, k, r, std::min(per, padded - r), kNone, 0.0f};
+      Emit(Make(isa::Opcode::PACK_ROWS, a), pack_stage, after, absl::StrCat(op.name(), "/pack"));
+    }
+    const uint32_t weight = linear ? b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true)
+                                   : b_.Packed(absl::StrCat("imageT:", w), {w}, ROWS_TRANSPOSED, n, k, true);
+    const uint32_t bias =
+        op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
+                             : kNone;
+    EmitGemm(FuseEpilogue(op), image, pack_stage, weight, bias, m, n, k);
+    return absl::OkStatus();
+  }
+
+  static uint32_t FuncOf(const OpDef& op) {
+    switch (op.type()) {
+      case graph::RELU: return isa::kEwRelu;
+      case graph::SIGMOID: return isa::kEwSigmoid;
+      case graph::GELU: return op.gelu().tanh() ? isa::kEwGeluTanh : isa::kEwGelu;
+      case graph::ERF: return isa::kEwErf;
+      case graph::TANH: return isa::kEwTanh;
+      case graph::EXP: return isa::kEwExp;
+      case graph::ADD: return isa::kEwAdd;
+      case graph::SUB: return isa::kEwSub;
+      case graph::MUL: return isa::kEwMul;
+      case graph::DIV: return isa::kEwDiv;
+      default: return isa::kEwCopy;  // TRANSPOSE
+    }
+  }
+
+  absl::Status LowerElementwise(const OpDef& op) {
+    const std::string& out = op.outputs(0);
+    const std::vector<uint64_t> ys = ShapeOf(T(out));
+    StridedDims dims;
+    dims.size = ys;
+    std::vector<uint32_t> operands;
+    for (const std::string& in : op.inputs()) {
+      absl::StatusOr<uint32_t> id = Operand(op, in);
+      if (!id.ok()) return id.status();
+      operands.push_back(*id);
+      const std::vector<uint64_t> xs = ShapeOf(T(in));
+      if (op.type() == graph::TRANSPOSE) {
+        const std::vector<uint64_t> contiguous = ContiguousStrides(xs);
+        std::vector<uint64_t> strides;
+        for (int p : op.transpose().perm()) strides.push_back(contiguous[p]);
+        dims.strides.push_back(strides);
+      } else {
+        dims.strides.push_back(BroadcastStrides(xs, ys));
+      }
+    }
+    const std::optional<StridedDims> d = Collapse(dims);
+    if (!d) return Unsupported(op, absl::StrCat("more than ", isa::kElementwiseDims, " dimensions after merging"));
+    isa::ElementwiseArgs e{};
+    e.func = FuncOf(op);
+    e.a = operands[0];
+    e.b = operands.size() > 1 ? operands[1] : kNone;
+    e.out = Arena(out);
+    for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) {
+      e.size[i] = static_cast<uint32_t>(d->size[i]);
+      e.a_stride[i] = static_cast<uint32_t>(d->strides[0][i]);
+      e.b_stride[i] = operands.size() > 1 ? static_cast<uint32_t>(d->strides[1][i]) : 0;
+    }
+    const uint32_t stage = b_.Stage(op.name());
+    const std::vector<uint32_t> after = ReadyOf({op.inputs().begin(), op.inputs().end()});
+    for (const auto& [begin, end] : Chunks(Product(ys), 256)) {
+      e.begin = static_cast<uint32_t>(begin);
+      e.count = static_cast<uint32_t>(end - begin);
+      Emit(Make(isa::Opcode::ELEMENTWISE, e), stage, after, op.name());
+    }
+    stage_[out] = stage;
+    return absl::OkStatus();
+  }
+
+  absl::Status LowerPool(const OpDef& op) {
+    const std::string& x = op.inputs(0);
+    const std::vector<uint64_t> xs = ShapeOf(T(x)), ys = ShapeOf(T(op.outputs(0)));
+    absl::StatusOr<uint32_t> input = Operand(op, x);
+    if (!input.ok()) return input.status();
+    isa::PoolArgs p{};
+    p.input = *input;
+    p.out = Arena(op.outputs(0));
+    p.n = static_cast<uint32_t>(xs[0]), p.h = static_cast<uint32_t>(xs[1]), p.w = static_cast<uint32_t>(xs[2]);
+    p.c = static_cast<uint32_t>(xs[3]), p.oh = static_cast<uint32_t>(ys[1]), p.ow = static_cast<uint32_t>(ys[2]);
+    p.stride_h = p.stride_w = p.dilation_h = p.dilation_w = 1;
+    if (op.type() == graph::GLOBAL_AVG_POOL) {
+      p.kh = p.h, p.kw = p.w, p.mode = isa::kPoolAvg;
+    } else {
+      const graph::PoolAttrs& a = op.pool();
+      p.kh = a.kernel_h(), p.kw = a.kernel_w();
+      p.stride_h = std::max(1, a.stride_h()), p.stride_w = std::max(1, a.stride_w());
+      p.pad_top = a.pad_top(), p.pad_left = a.pad_left(), p.pad_bottom = a.pad_bottom(), p.pad_right = a.pad_right();
+      p.dilation_h = std::max(1, a.dilation_h()), p.dilation_w = std::max(1, a.dilation_w());
+      p.mode = op.type() == graph::MAX_POOL ? isa::kPoolMax : a.count_include_pad() ? isa::kPoolAvgIncludePad : isa::kPoolAvg;
+    }
+    const uint32_t stage = b_.Stage(op.name());
+    const std::vector<uint32_t> after = ReadyOf({x});
+    for (const auto& [begin, end] : Chunks(Product(ys), 256)) {
+      p.begin = static_cast<uint32_t>(begin);
+      p.count = static_cast<uint32_t>(end - begin);
+      Emit(Make(isa::Opcode::POOL, p), stage, after, op.name());
+    }
+    stage_[op.outputs(0)] = stage;
+    return absl::OkStatus();
+  }
+
+  // The same f32 elements under the output's shape: a view of the input's arena tensor.
+  absl::Status LowerReshape(const OpDef& op) {
+    const std::string& x = op.inputs(0);
+    absl::StatusOr<uint32_t> input = Operand(op, x);
+    if (!input.ok()) return input.status();
+    if (T(x).kind() == graph::WEIGHT) return Unsupported(op, "reshaping a weight is not lowered");
+    const std::vector<uint64_t> ys = ShapeOf(T(op.outputs(0)));
+    arena_[op.outputs(0)] =
+        b_.Scratch(op.outputs(0), graph::F32, std::vector<int64_t>(ys.begin(), ys.end()), x, 0);
+    if (auto it = stage_.find(x); it != stage_.end()) stage_[op.outputs(0)] = it->second;
+    return absl::OkStatus();
+  }
+
+  const graph::Graph& g_;
+  const CompileOptions& o_;
+  PassBuilder b_;
+  absl::flat_hash_map<std::string, uint32_t> arena_;  // graph tensor -> its schedule tensor
+  absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
+  absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over
+};
+
+}  // namespace
+
+bool IsDecoderGraph(const graph::Graph& graph) {
+  for (const OpDef& op : graph.def().ops()) {
+    if (op.type() == graph::EMBEDDING || op.type() == graph::ATTENTION) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<Schedule> CompileGraphPass(const graph::Graph& graph, const std::string& model,
+                                          const CompileOptions& options) {
+  return NnLowering(graph, options).Run(model);
+}
+
+}  // namespace loom::scheduler
