@@ -87,6 +87,7 @@ class NnLowering {
       IoTensor* in = io.add_inputs();
       in->set_name(t->name());
       in->set_tensor(Arena(t->name()));
+      input_backed_.insert(t->name());
     }
     for (int index : g_.topological_order()) {
       const OpDef& op = g_.def().ops(index);
@@ -101,7 +102,9 @@ class NnLowering {
       }
       IoTensor* out = io.add_outputs();
       out->set_name(t.name());
-      out->set_tensor(it->second);
+      // An output that is an input (or a view of one: a graph of reshapes) is copied out, so the caller's next
+      // inputs cannot change it and the pass computes something.
+      out->set_tensor(input_backed_.contains(t.name()) ? CopyOut(t.name()) : it->second);
     }
     if (io.outputs_size() == 0) return absl::InvalidArgumentError("the graph marks no tensor as its output");
     b_.FinishWaits();
@@ -155,6 +158,28 @@ class NnLowering {
     const uint32_t id = b_.Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
     arena_[name] = id;
     return id;
+  }
+
+  // A copy of `name` (input-backed) in a tensor of its own, by an ELEMENTWISE copy.
+  uint32_t CopyOut(const std::string& name) {
+    const std::vector<uint64_t> shape = ShapeOf(T(name));
+    const uint32_t out = b_.Scratch(absl::StrCat("output:", name), graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    isa::ElementwiseArgs e{};
+    e.func = isa::kEwCopy;
+    e.a = arena_.at(name);
+    e.b = kNone;
+    e.out = out;
+    for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) e.size[i] = 1;
+    const uint64_t elements = Product(shape);
+    e.size[isa::kElementwiseDims - 1] = static_cast<uint32_t>(elements);
+    e.a_stride[isa::kElementwiseDims - 1] = 1;
+    const uint32_t stage = b_.Stage(absl::StrCat("output:", name));
+    for (const auto& [begin, end] : Chunks(elements, 256)) {
+      e.begin = static_cast<uint32_t>(begin);
+      e.count = static_cast<uint32_t>(end - begin);
+      Emit(Make(isa::Opcode::ELEMENTWISE, e), stage, ReadyOf({name}), absl::StrCat("output:", name));
+    }
+    return out;
   }
 
   // An f32 operand of an element-wise op: an activation's arena tensor, or a weight's exact f32 copy.
@@ -462,6 +487,7 @@ class NnLowering {
     arena_[op.outputs(0)] =
         b_.Scratch(op.outputs(0), graph::F32, std::vector<int64_t>(ys.begin(), ys.end()), x, 0);
     if (auto it = stage_.find(x); it != stage_.end()) stage_[op.outputs(0)] = it->second;
+    if (input_backed_.contains(x)) input_backed_.insert(op.outputs(0));
     return absl::OkStatus();
   }
 
@@ -471,6 +497,7 @@ class NnLowering {
   absl::flat_hash_map<std::string, uint32_t> arena_;  // graph tensor -> its schedule tensor
   absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
   absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over
+  absl::flat_hash_set<std::string> input_backed_;     // inputs and views of them
 };
 
 }  // namespace

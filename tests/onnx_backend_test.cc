@@ -21,6 +21,9 @@
 #include "absl/strings/str_join.h"
 #include "graph/evaluator.h"
 #include "graph/onnx_import.h"
+#include "megakernel/gpu_backend.h"
+#include "megakernel/graph_runner.h"
+#include "scheduler/compiler.h"
 #include "onnx/onnx.pb.h"
 
 namespace loom {
@@ -47,6 +50,16 @@ std::string OpTypes(const fs::path& model) {
 struct Tally {
   int pass = 0, refused = 0, fail = 0;
 };
+
+// The test_data_set_* folders of a case.
+std::vector<fs::path> DataSets(const fs::path& dir) {
+  std::vector<fs::path> sets;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  }
+  std::sort(sets.begin(), sets.end());
+  return sets;
+}
 
 // Runs one case; "" when every data set matches, else what differed.
 std::string RunCase(const graph::OnnxModel& m, const fs::path& dir) {
@@ -139,6 +152,106 @@ TEST(OnnxBackend, EveryCaseMatchesOrIsRefusedByName) {
                            "test_PReLU_1d" /* refused: keeps the list honest below */}) {
     if (std::string(name) == "test_PReLU_1d") continue;
     EXPECT_TRUE(passed.contains(name)) << name << " did not import and match: " << refusals[name];
+  }
+}
+
+// A case's lowered pass on `runner`: "" when every output of every data set is within the graph tolerance
+// (relative RMS error, the GEMM operands being bf16), else what differed.
+std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, megakernel::GraphRunner& runner) {
+  for (const fs::path& set : DataSets(dir)) {
+    megakernel::TensorMap inputs;
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      absl::StatusOr<graph::HostTensor> t = graph::ReadOnnxTensor((set / absl::StrCat("input_", i, ".pb")).string());
+      if (!t.ok()) return std::string(t.status().message());
+      inputs[m.inputs[i]] = *std::move(t);
+    }
+    absl::StatusOr<megakernel::TensorMap> got = runner.Run(inputs);
+    if (!got.ok()) return std::string(got.status().message());
+    for (size_t k = 0; k < m.outputs.size(); ++k) {
+      absl::StatusOr<graph::HostTensor> want = graph::ReadOnnxTensor((set / absl::StrCat("output_", k, ".pb")).string());
+      if (!want.ok()) return std::string(want.status().message());
+      const graph::HostTensor& y = got->at(m.outputs[k]);
+      if (y.size() != want->size()) return absl::StrCat("output ", k, ": ", y.size(), " elements, expected ", want->size());
+      double err = 0, norm = 0;
+      for (int64_t i = 0; i < y.size(); ++i) {
+        const double d = y.Get(i) - want->Get(i);
+        err += d * d;
+        norm += want->Get(i) * want->Get(i);
+      }
+      const double rel = std::sqrt(err / std::max(norm, 1e-30));
+      if (!(rel <= megakernel::kGraphTolerance) && !(err <= 1e-12)) {
+        return absl::StrCat(set.filename().string(), " output ", k, ": relative RMS error ", rel);
+      }
+    }
+  }
+  return "";
+}
+
+// Every case that imports is lowered to a graph pass and run on the CPU VM (and on the GPU where there is one),
+// matching the expected outputs within the graph tolerance, or its lowering is refused in one line naming the op.
+TEST(OnnxBackend, EveryImportedCaseRunsLoweredOrIsRefusedByName) {
+  if (!fs::is_directory(kData)) GTEST_SKIP() << kData << " is missing (apt-get install libonnx-testdata)";
+  std::string why_no_gpu;
+  const bool gpu = megakernel::GpuAvailable(&why_no_gpu);
+  if (!gpu) std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
+  std::map<std::string, Tally> per_op;
+  std::map<std::string, std::string> refusals;
+  std::set<std::string> lowered;
+  Tally total;
+  for (const char* suite : {"node", "pytorch-converted"}) {
+    std::vector<fs::path> cases;
+    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(kData) / suite)) cases.push_back(e.path());
+    std::sort(cases.begin(), cases.end());
+    for (const fs::path& dir : cases) {
+      const fs::path model = dir / "model.onnx";
+      if (!fs::exists(model)) continue;
+      absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnx(model.string());
+      if (!m.ok()) continue;  // the import's own refusals: the test above
+      Tally& t = per_op[OpTypes(model)];
+      scheduler::CompileOptions options;
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, model.string(), options);
+      if (!pass.ok()) {
+        ++t.refused, ++total.refused;
+        const std::string why(pass.status().message());
+        refusals[dir.filename().string()] = why;
+        EXPECT_EQ(pass.status().code(), absl::StatusCode::kUnimplemented) << dir << ": " << why;
+        EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+        EXPECT_TRUE(why.find("op '") != std::string::npos || why.find("output '") != std::string::npos) << why;
+        continue;
+      }
+      std::string diff;
+      for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
+        if (backend == megakernel::GraphRunner::Backend::kGpu && !gpu) continue;
+        absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner =
+            megakernel::GraphRunner::Create(*pass, m->weights, backend);
+        diff = runner.ok() ? RunLoweredCase(*m, dir, **runner) : std::string(runner.status().message());
+        if (!diff.empty()) {
+          diff = absl::StrCat(backend == megakernel::GraphRunner::Backend::kGpu ? "GPU: " : "VM: ", diff);
+          break;
+        }
+      }
+      if (diff.empty()) {
+        ++t.pass, ++total.pass;
+        lowered.insert(dir.filename().string());
+      } else {
+        ++t.fail, ++total.fail;
+        ADD_FAILURE() << suite << "/" << dir.filename().string() << ": " << diff;
+      }
+    }
+  }
+  std::printf("\nlowered to a graph pass (%s):\n%-48s %6s %8s %6s\n", gpu ? "CPU VM and GPU" : "CPU VM",
+              "ops in the model", "pass", "refused", "fail");
+  for (const auto& [ops, t] : per_op) std::printf("%-48s %6d %8d %6d\n", ops.c_str(), t.pass, t.refused, t.fail);
+  std::printf("%-48s %6d %8d %6d\n", "total", total.pass, total.refused, total.fail);
+  if (std::getenv("LOOM_ONNX_REFUSALS") != nullptr) {
+    for (const auto& [name, why] : refusals) std::printf("not lowered %s: %s\n", name.c_str(), why.c_str());
+  }
+  EXPECT_EQ(total.fail, 0);
+  for (const char* name : {"test_relu", "test_add_bcast", "test_flatten_axis1", "test_identity",
+                           "test_transpose_default", "test_Conv2d_padding", "test_Conv2d_strided",
+                           "test_maxpool_2d_pads", "test_averagepool_2d_pads_count_include_pad",
+                           "test_globalaveragepool", "test_Conv2d_dilated", "test_BatchNorm2d_eval", "test_Linear"}) {
+    EXPECT_TRUE(lowered.contains(name)) << name << " was not lowered and matched: " << refusals[name];
   }
 }
 

@@ -106,7 +106,7 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
         worst = std::max(worst, std::fabs(d));
       }
       const double rel = std::sqrt(err / std::max(norm, 1e-30));
-      const bool ok = std::isfinite(rel) && rel <= kGraphCheckTolerance;
+      const bool ok = std::isfinite(rel) && rel <= megakernel::kGraphTolerance;
       agree &= ok;
       std::printf("; against the oracle: relative RMS error %.2e, max abs %.3g %s", rel, worst, ok ? "(ok)" : "(TOO LARGE)");
     }
@@ -120,7 +120,7 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
   if (oracle != nullptr) {
     std::printf(agree ? "every output agrees with the op-by-op oracle (relative RMS error <= %.0e)\n"
                       : "outputs DIFFER from the op-by-op oracle (relative RMS error > %.0e)\n",
-                kGraphCheckTolerance);
+                megakernel::kGraphTolerance);
   }
   return agree ? 0 : 1;
 }

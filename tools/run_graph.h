@@ -20,10 +20,6 @@ struct GraphRunFlags {
   uint64_t seed = 0;
 };
 
-// Relative RMS error ||loom - oracle|| / ||oracle|| that --check accepts: the GEMM operands are bf16 (8 bits of
-// mantissa), so each GEMM adds ~2^-9 relative rounding, and ResNet-18's 20 layers compound it.
-inline constexpr double kGraphCheckTolerance = 3e-2;
-
 // Returns the process exit code (errors printed as one line).
 int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const GraphRunFlags& flags);
 
