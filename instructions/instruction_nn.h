@@ -3,6 +3,7 @@
 //   IM2COL      a convolution's rows of input patches as a GEMM's A operand image (the conv is then a GEMM)
 //   POOL        max / average windows over NHWC f32
 //   ELEMENTWISE a unary or binary map over up to 4 strided dimensions (broadcasts, copies, transposes)
+//   SOFTMAX     softmax along one axis of f32 rows
 #pragma once
 
 #include <math.h>
@@ -175,5 +176,18 @@ LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint64_t i, uint64_t* a, uint64
   *a = oa;
   *b = ob;
 }
+
+// Softmax along the middle axis of an input viewed as [outer, len, inner] (contiguous), for the rows
+// (o, i) = divmod(r, inner) with r in [begin, +count): out = exp(x - max) / sum, as graph/nn_ops' SOFTMAX.
+struct SoftmaxArgs {
+  uint32_t input;  // f32 [outer * len * inner]
+  uint32_t out;    // f32, the same shape
+  uint32_t outer;
+  uint32_t len;
+  uint32_t inner;
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"input", "out", "outer", "len", "inner", "begin", "count"};
+};
 
 }  // namespace loom::isa

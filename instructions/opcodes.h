@@ -20,4 +20,5 @@
   V(FLASH_ATTN, FlashAttnArgs) \
   V(IM2COL, ImToColArgs) \
   V(POOL, PoolArgs) \
-  V(ELEMENTWISE, ElementwiseArgs)
+  V(ELEMENTWISE, ElementwiseArgs) \
+  V(SOFTMAX, SoftmaxArgs)

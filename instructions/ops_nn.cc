@@ -1,5 +1,6 @@
-// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE (instruction_nn.h).
+// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX (instruction_nn.h).
 #include <algorithm>
+#include <cmath>
 
 #include "instructions/opcode_host.h"
 #include "instructions/swizzle.h"
@@ -53,6 +54,17 @@ void Validate(const ElementwiseArgs& a, Checker& c) {
   c.Tensor("out", a.out, F32, total);
 }
 
+void Validate(const SoftmaxArgs& a, Checker& c) {
+  c.Require(a.outer > 0 && a.len > 0 && a.inner > 0, "outer, len and inner must be positive");
+  const uint64_t rows = U(a.outer) * a.inner;
+  c.Require(a.count > 0 && U(a.begin) + a.count <= rows,
+            absl::StrCat("rows [", a.begin, ", +", a.count, ") outside the ", rows, " rows"));
+  c.Tensor("input", a.input, F32, rows * a.len);
+  c.Tensor("out", a.out, F32, rows * a.len);
+}
+
+Footprint Cost(const SoftmaxArgs& a, uint32_t) { return {0, 12ull * a.count * a.len, 0, 4ull * a.count * a.len}; }
+
 Footprint Cost(const ImToColArgs& a, uint32_t) {
   const uint64_t elements = U(a.rows) * GemmSlabs(ImToColK(a)) * kGemmSlabK;
   return {0, 6 * elements, 0, elements};
@@ -102,6 +114,18 @@ void Reference(const ElementwiseArgs& a, const MachineView& m) {
     uint64_t oa, ob;
     EwOffsets(a, i, &oa, &ob);
     out[i] = EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
+  }
+}
+
+void Reference(const SoftmaxArgs& a, const MachineView& m) {
+  const float* x = m.ptr<float>(a.input);
+  float* y = m.ptr<float>(a.out);
+  for (uint64_t r = a.begin; r < U(a.begin) + a.count; ++r) {
+    const uint64_t base = r / a.inner * a.len * a.inner + r % a.inner;
+    float mx = -INFINITY, sum = 0.0f;
+    for (uint64_t i = 0; i < a.len; ++i) mx = std::max(mx, x[base + i * a.inner]);
+    for (uint64_t i = 0; i < a.len; ++i) sum += (y[base + i * a.inner] = std::exp(x[base + i * a.inner] - mx));
+    for (uint64_t i = 0; i < a.len; ++i) y[base + i * a.inner] /= sum;
   }
 }
 

@@ -376,6 +376,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::IM2COL: RunImToCol(inst.as<isa::ImToColArgs>(), ctx); break;
       case isa::Opcode::POOL: RunPool(inst.as<isa::PoolArgs>(), ctx); break;
       case isa::Opcode::ELEMENTWISE: RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx); break;
+      case isa::Opcode::SOFTMAX: RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx); break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
         break;

@@ -141,6 +141,7 @@ class NnLowering {
       case graph::AVG_POOL:
       case graph::GLOBAL_AVG_POOL: return LowerPool(op);
       case graph::RESHAPE: return LowerReshape(op);
+      case graph::SOFTMAX: return LowerSoftmax(op);
       default: return Unsupported(op, "no lowering for this op in a graph pass yet (the oracle evaluates it)");
     }
   }
@@ -472,6 +473,32 @@ class NnLowering {
       p.begin = static_cast<uint32_t>(begin);
       p.count = static_cast<uint32_t>(end - begin);
       Emit(Make(isa::Opcode::POOL, p), stage, after, op.name());
+    }
+    stage_[op.outputs(0)] = stage;
+    return absl::OkStatus();
+  }
+
+  absl::Status LowerSoftmax(const OpDef& op) {
+    const std::string& x = op.inputs(0);
+    const std::vector<uint64_t> xs = ShapeOf(T(x));
+    absl::StatusOr<uint32_t> input = Operand(op, x);
+    if (!input.ok()) return input.status();
+    const int rank = static_cast<int>(xs.size());
+    const int axis = op.axis().axis() < 0 ? op.axis().axis() + rank : op.axis().axis();
+    isa::SoftmaxArgs a{};
+    a.input = *input;
+    a.out = Arena(op.outputs(0));
+    a.len = static_cast<uint32_t>(xs[axis]);
+    a.inner = static_cast<uint32_t>(Product(xs, axis + 1));
+    a.outer = static_cast<uint32_t>(Product(xs) / (uint64_t{a.len} * a.inner));
+    const uint32_t stage = b_.Stage(op.name());
+    const std::vector<uint32_t> after = ReadyOf({x});
+    // Rows per instruction: about two instructions per SM, at least kMinElementsPerInstruction elements each.
+    const uint64_t rows = uint64_t{a.outer} * a.inner;
+    for (const auto& [begin, end] : Chunks(rows * a.len, a.len)) {
+      a.begin = static_cast<uint32_t>(begin / a.len);
+      a.count = static_cast<uint32_t>((end - begin + a.len - 1) / a.len);
+      Emit(Make(isa::Opcode::SOFTMAX, a), stage, after, op.name());
     }
     stage_[op.outputs(0)] = stage;
     return absl::OkStatus();

@@ -9,6 +9,7 @@
 //   RELU, SIGMOID, GELU, ERF, TANH, EXP, ADD, SUB, MUL, DIV (broadcasting), TRANSPOSE
 //                                ELEMENTWISE over up to 4 strided dimensions
 //   MAX_POOL, AVG_POOL, GLOBAL_AVG_POOL   POOL
+//   SOFTMAX                      SOFTMAX (any axis)
 //   RESHAPE                      a view of its input (no instruction)
 //
 // Every other op (and grouped convolutions, a MATMUL of two activations) is refused by name. Each graph tensor

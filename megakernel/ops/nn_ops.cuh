@@ -75,4 +75,27 @@ __device__ __forceinline__ void RunElementwise(const isa::ElementwiseArgs& a, Co
   }
 }
 
+// A warp per row: its maximum, the sum of exp(x - max) (each lane keeps its exps in out), then the division.
+__device__ __forceinline__ void RunSoftmax(const isa::SoftmaxArgs& a, ConsumerContext& ctx) {
+  const float* x = ctx.machine.ptr<float>(a.input);
+  float* y = ctx.machine.ptr<float>(a.out);
+  for (uint64_t r = a.begin + ctx.warp; r < static_cast<uint64_t>(a.begin) + a.count; r += kConsumerWarps) {
+    const uint64_t base = r / a.inner * a.len * a.inner + r % a.inner;
+    float mx = -INFINITY;
+    for (uint32_t i = ctx.lane; i < a.len; i += 32) mx = fmaxf(mx, x[base + static_cast<uint64_t>(i) * a.inner]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (uint32_t i = ctx.lane; i < a.len; i += 32) {
+      const uint64_t at = base + static_cast<uint64_t>(i) * a.inner;
+      const float e = expf(x[at] - mx);
+      y[at] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (uint32_t i = ctx.lane; i < a.len; i += 32) y[base + static_cast<uint64_t>(i) * a.inner] /= sum;
+  }
+}
+
 }  // namespace loom::megakernel
