@@ -222,7 +222,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
       }
     }
     if (const Constant* c = ConstantOf(n.input(0)); c != nullptr) {
-      consts_[out] = *c;
+      Constant copy = *c;  // before inserting: a rehash of consts_ would move what c points to
+      consts_[out] = std::move(copy);
     } else {
       absl::StatusOr<std::string> x = Activation(n.input(0), "input");
       if (!x.ok()) return x.status();

@@ -498,5 +498,32 @@ TEST(OnnxImport, TransposesSinkPastConstantOperands) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
 }
 
+// torch.onnx.export shares one initializer between convs through Identity nodes (ResNet-18's biases): every
+// Identity of a constant is that constant, however many there are (each used to be copied out of the constants'
+// hash map while inserting into it; a rehash left a garbage shape).
+TEST(OnnxImport, ManyIdentitiesOfOneInitializer) {
+  onnx::ModelProto proto;
+  proto.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = proto.mutable_graph();
+  *g->add_initializer() = FloatTensor("b", {4}, {1, 2, 3, 4});
+  AddValue(g->add_input(), "x", {4});
+  constexpr int kIdentities = 200;
+  for (int i = 0; i < kIdentities; ++i) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("Identity");
+    n->add_input("b");
+    n->add_output(absl::StrCat("b", i));
+  }
+  onnx::NodeProto* add = g->add_node();
+  add->set_op_type("Add");
+  add->add_input("x");
+  add->add_input(absl::StrCat("b", kIdentities - 1));
+  add->add_output("y");
+  AddValue(g->add_output(), "y", {4});
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "ids.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({4}, {10, 20, 30, 40}), 0), (std::vector<float>{11, 22, 33, 44}));
+}
+
 }  // namespace
 }  // namespace loom
