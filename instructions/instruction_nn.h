@@ -120,6 +120,7 @@ enum ElementwiseFunc : uint32_t {
   kEwErf = 5,
   kEwTanh = 6,
   kEwExp = 7,
+  kEwZero = 8,  // out = 0 (a is read for its shape only)
   kEwFirstBinary = 16,  // binary: out = f(a, b)
   kEwAdd = 16,
   kEwSub = 17,
@@ -127,7 +128,7 @@ enum ElementwiseFunc : uint32_t {
   kEwDiv = 19,
   kEwEnd = 20,
 };
-LOOM_HD bool EwValid(uint32_t f) { return f <= kEwExp || (f >= kEwFirstBinary && f < kEwEnd); }
+LOOM_HD bool EwValid(uint32_t f) { return f <= kEwZero || (f >= kEwFirstBinary && f < kEwEnd); }
 LOOM_HD bool EwBinary(uint32_t f) { return f >= kEwFirstBinary; }
 // f(x[, y]) in the graph oracle's operation order (graph/nn_ops).
 LOOM_HD float EwApply(uint32_t f, float x, float y) {
@@ -139,6 +140,7 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwErf: return erff(x);
     case kEwTanh: return tanhf(x);
     case kEwExp: return expf(x);
+    case kEwZero: return 0.0f;
     case kEwAdd: return x + y;
     case kEwSub: return x - y;
     case kEwMul: return x * y;

@@ -9,6 +9,7 @@
 #include "megakernel/gpu_backend.h"
 #include "megakernel/gpu_machine.h"
 #include "megakernel/reference_vm.h"
+#include "megakernel/trace.h"
 #include "scheduler/packing.h"
 
 namespace loom::megakernel {
@@ -33,6 +34,7 @@ absl::StatusOr<std::unique_ptr<GraphRunner>> GraphRunner::Create(const scheduler
   if (!packed.ok()) return packed.status();
   absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);
   if (!machine.ok()) return machine.status();
+  r->program_ = std::make_unique<GpuProgram>(*std::move(program));
   r->gpu_ = *std::move(machine);
   return r;
 }
@@ -59,14 +61,15 @@ absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TensorMap> GraphRunner::Run(const TensorMap& inputs) {
+absl::StatusOr<TensorMap> GraphRunner::Run(const TensorMap& inputs, bool trace) {
+  if (trace && gpu_ == nullptr) return absl::InvalidArgumentError("traces are taken on the GPU only");
   if (absl::Status s = WriteInputs(inputs); !s.ok()) return s;
   if (vm_ != nullptr) {
     const auto start = std::chrono::steady_clock::now();
     if (absl::Status s = vm_->RunGraph(); !s.ok()) return s;
     last_ms_ = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - start).count();
   } else {
-    absl::StatusOr<float> ms = gpu_->Run(1, false);
+    absl::StatusOr<float> ms = gpu_->Run(1, trace);
     if (!ms.ok()) return ms.status();
     last_ms_ = *ms;
   }
@@ -83,6 +86,16 @@ absl::StatusOr<TensorMap> GraphRunner::Run(const TensorMap& inputs) {
     outputs[io.name()] = std::move(out);
   }
   return outputs;
+}
+
+absl::StatusOr<std::string> GraphRunner::TraceReport(const std::string& chrome_path) const {
+  if (gpu_ == nullptr || gpu_->trace().empty()) return absl::FailedPreconditionError("no traced GPU run");
+  const std::vector<std::vector<std::string>> names = OpNames(pass_);
+  TraceInput in{program_.get(), &gpu_->queue_begin(), &gpu_->trace(), 1, 0, &names};
+  if (!chrome_path.empty()) {
+    if (absl::Status s = WriteChromeTrace(chrome_path, in); !s.ok()) return s;
+  }
+  return TraceSummary(in);
 }
 
 }  // namespace loom::megakernel

@@ -13,6 +13,7 @@
 namespace loom::megakernel {
 
 class GpuMachine;
+struct GpuProgram;
 class ReferenceVm;
 
 using TensorMap = absl::flat_hash_map<std::string, graph::HostTensor>;
@@ -30,8 +31,12 @@ class GraphRunner {
                                                              const graph::WeightStore& weights, Backend backend);
   ~GraphRunner();
 
-  // Runs the pass once. `inputs` holds every input of the graph (f32, its shape); returns every output.
-  absl::StatusOr<TensorMap> Run(const TensorMap& inputs);
+  // Runs the pass once. `inputs` holds every input of the graph (f32, its shape); returns every output. With
+  // `trace` (GPU only), every instruction's timing is kept for TraceReport.
+  absl::StatusOr<TensorMap> Run(const TensorMap& inputs, bool trace = false);
+  // After a traced run: the time per opcode and per stage (the graph's ops), and the Chrome trace JSON written
+  // to `chrome_path` unless it is empty.
+  absl::StatusOr<std::string> TraceReport(const std::string& chrome_path) const;
   // GPU: the kernel time of the last Run in ms (CUDA events); CPU: its wall time.
   float last_ms() const { return last_ms_; }
 
@@ -40,6 +45,7 @@ class GraphRunner {
   absl::Status WriteInputs(const TensorMap& inputs);
 
   scheduler::Schedule pass_;
+  std::unique_ptr<GpuProgram> program_;
   std::unique_ptr<GpuMachine> gpu_;
   std::unique_ptr<ReferenceVm> vm_;
   float last_ms_ = 0;

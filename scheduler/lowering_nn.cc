@@ -21,6 +21,8 @@ using graph::TensorDef;
 constexpr uint64_t kMinElementsPerInstruction = 4096;
 constexpr uint32_t kPackRows = 16;  // PACK_ROWS / IM2COL rows per instruction, at least
 constexpr uint32_t kNone = isa::kNoTensor;
+constexpr uint32_t kMaxKSplits = 16;       // of a GEMM with few output tiles
+constexpr uint32_t kMinSlabsPerSplit = 2;  // K slabs (of 64) each split multiplies, at least
 
 std::vector<uint64_t> ShapeOf(const TensorDef& t) { return {t.shape().begin(), t.shape().end()}; }
 uint64_t Product(const std::vector<uint64_t>& s, size_t from = 0) {
@@ -164,22 +166,9 @@ class NnLowering {
   // A copy of `name` (input-backed) in a tensor of its own, by an ELEMENTWISE copy.
   uint32_t CopyOut(const std::string& name) {
     const std::vector<uint64_t> shape = ShapeOf(T(name));
-    const uint32_t out = b_.Scratch(absl::StrCat("output:", name), graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
-    isa::ElementwiseArgs e{};
-    e.func = isa::kEwCopy;
-    e.a = arena_.at(name);
-    e.b = kNone;
-    e.out = out;
-    for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) e.size[i] = 1;
-    const uint64_t elements = Product(shape);
-    e.size[isa::kElementwiseDims - 1] = static_cast<uint32_t>(elements);
-    e.a_stride[isa::kElementwiseDims - 1] = 1;
-    const uint32_t stage = b_.Stage(absl::StrCat("output:", name));
-    for (const auto& [begin, end] : Chunks(elements, 256)) {
-      e.begin = static_cast<uint32_t>(begin);
-      e.count = static_cast<uint32_t>(end - begin);
-      Emit(Make(isa::Opcode::ELEMENTWISE, e), stage, ReadyOf({name}), absl::StrCat("output:", name));
-    }
+    const uint32_t out =
+        b_.Scratch(absl::StrCat("output:", name), graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    EmitMap(isa::kEwCopy, arena_.at(name), out, Product(shape), ReadyOf({name}), absl::StrCat("output:", name));
     return out;
   }
 
@@ -272,11 +261,32 @@ class NnLowering {
     return e;
   }
 
+  // One ELEMENTWISE stage over a contiguous f32 tensor of `elements`: out = f(a) elementwise.
+  uint32_t EmitMap(uint32_t func, uint32_t a, uint32_t out, uint64_t elements, const std::vector<uint32_t>& after,
+                   const std::string& name) {
+    isa::ElementwiseArgs e{};
+    e.func = func;
+    e.a = a;
+    e.b = kNone;
+    e.out = out;
+    for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) e.size[i] = 1;
+    e.size[isa::kElementwiseDims - 1] = static_cast<uint32_t>(elements);
+    e.a_stride[isa::kElementwiseDims - 1] = 1;
+    const uint32_t stage = b_.Stage(name);
+    for (const auto& [begin, end] : Chunks(elements, 256)) {
+      e.begin = static_cast<uint32_t>(begin);
+      e.count = static_cast<uint32_t>(end - begin);
+      Emit(Make(isa::Opcode::ELEMENTWISE, e), stage, after, name);
+    }
+    return stage;
+  }
+
   // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
-  // W tiles in L2), waiting for A's stage and the residual's.
+  // W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
+  // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
+  // residual or zero, and a ReLU follows as its own stage.
   void EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias, uint32_t m,
                 uint32_t n, uint32_t k) {
-    const uint32_t stage = b_.Stage(e.ops);
     isa::GemmArgs g{};
     g.a = image;
     g.weight = weight;
@@ -290,14 +300,36 @@ class NnLowering {
     g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
     std::vector<uint32_t> after = ReadyOf(e.residual_names);
     after.push_back(image_stage);
+    const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
+    uint32_t splits = 1;
+    if (2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit) {
+      splits = std::min({(o_.num_sms() + tiles - 1) / tiles, slabs / kMinSlabsPerSplit, kMaxKSplits});
+      const uint64_t elements = uint64_t{m} * n;
+      const uint32_t init = e.residual != kNone
+                                ? EmitMap(isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
+                                          absl::StrCat(e.ops, "/residual"))
+                                : EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"));
+      after = {image_stage, init};
+      g.epilogue = isa::kGemmAccumulateF32;
+      g.residual = kNone;
+    }
+    const uint32_t stage = b_.Stage(e.ops);
     for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt) {
       for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
-        g.m_tile = mt;
-        g.n_tile = nt;
-        Emit(Make(isa::Opcode::GEMM, g), stage, after, e.ops);
+        for (uint32_t s = 0; s < splits; ++s) {
+          g.m_tile = mt;
+          g.n_tile = nt;
+          if (splits > 1) {
+            g.slab_begin = slabs * s / splits;
+            g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
+          }
+          Emit(Make(isa::Opcode::GEMM, g), stage, after, e.ops);
+        }
       }
     }
-    stage_[e.out] = stage;
+    stage_[e.out] = splits > 1 && e.relu ? EmitMap(isa::kEwRelu, g.out, g.out, uint64_t{m} * n, {stage},
+                                                     absl::StrCat(e.ops, "/relu"))
+                                         : stage;
   }
 
   // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM.

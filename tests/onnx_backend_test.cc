@@ -25,6 +25,7 @@
 #include "megakernel/graph_runner.h"
 #include "scheduler/compiler.h"
 #include "onnx/onnx.pb.h"
+#include "tests/onnx_builders.h"
 
 namespace loom {
 namespace {
@@ -290,20 +291,6 @@ TEST(OnnxBackend, BadFilesAreRefused) {
 }
 
 
-// Builders of small ONNX models for what the backend data does not cover.
-onnx::TensorProto FloatTensor(const std::string& name, const std::vector<int64_t>& dims, std::vector<float> values) {
-  onnx::TensorProto t;
-  t.set_name(name);
-  t.set_data_type(onnx::TensorProto::FLOAT);
-  for (int64_t d : dims) t.add_dims(d);
-  for (float v : values) t.add_float_data(v);
-  return t;
-}
-void AddValue(onnx::ValueInfoProto* v, const std::string& name, const std::vector<int64_t>& dims) {
-  v->set_name(name);
-  v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-  for (int64_t d : dims) v->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
-}
 std::vector<float> Ramp(size_t n, float scale, float offset) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = std::sin(static_cast<float>(i) * scale) + offset;

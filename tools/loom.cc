@@ -256,6 +256,7 @@ int RunCommand() {
     flags.backend = backend;
     flags.input = absl::GetFlag(FLAGS_input);
     flags.out = absl::GetFlag(FLAGS_out);
+    flags.trace = absl::GetFlag(FLAGS_trace);
     flags.check = absl::GetFlag(FLAGS_check);
     flags.repeat = absl::GetFlag(FLAGS_repeat);
     flags.seed = absl::GetFlag(FLAGS_seed);

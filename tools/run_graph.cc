@@ -74,10 +74,16 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
   if (!runner.ok()) return Fail(runner.status());
   absl::StatusOr<megakernel::TensorMap> outputs;
   std::vector<float> ms;
-  for (int i = 0; i < std::max(1, flags.repeat); ++i) {
-    outputs = (*runner)->Run(*inputs);
+  const int runs = std::max(1, flags.repeat);
+  for (int i = 0; i < runs; ++i) {
+    outputs = (*runner)->Run(*inputs, !flags.trace.empty() && i == runs - 1);
     if (!outputs.ok()) return Fail(outputs.status());
-    ms.push_back((*runner)->last_ms());
+    if (flags.trace.empty() || i < runs - 1 || runs == 1) ms.push_back((*runner)->last_ms());  // untraced times
+  }
+  if (!flags.trace.empty()) {
+    absl::StatusOr<std::string> report = (*runner)->TraceReport(flags.trace);
+    if (!report.ok()) return Fail(report.status());
+    std::printf("%s", report->c_str());
   }
   std::sort(ms.begin(), ms.end());
   std::printf("%s: %s pass in %.3f ms (%s over %zu runs)\n", pass.model().c_str(), flags.backend.c_str(),

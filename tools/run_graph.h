@@ -15,6 +15,7 @@ struct GraphRunFlags {
   std::string backend;  // cpu | gpu
   std::string input;    // "random", or name=file.npy,... (a lone file.npy for a graph of one input)
   std::string out;      // folder for <output>.npy files, or empty
+  std::string trace;    // GPU: a Chrome trace JSON of the last run here, and its summary printed
   bool check = false;
   int repeat = 1;
   uint64_t seed = 0;
