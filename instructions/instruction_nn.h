@@ -78,30 +78,30 @@ struct PoolArgs {
                                             "pad_right", "dilation_h", "dilation_w", "mode", "begin", "count"};
 };
 
-// The pooled value of output element `i` (NHWC index), shared by the reference and the device.
-LOOM_HD float PoolElement(const PoolArgs& a, const float* x, uint64_t i) {
-  const uint32_t ch = static_cast<uint32_t>(i % a.c);
-  uint64_t rest = i / a.c;
+// The pooled value of output element `i` (NHWC index), shared by the reference and the device. 32-bit index
+// arithmetic (Validate keeps every index below 2^32): a 64-bit division costs the GPU a few dozen instructions.
+LOOM_HD float PoolElement(const PoolArgs& a, const float* x, uint32_t i) {
+  const uint32_t ch = i % a.c;
+  uint32_t rest = i / a.c;
   const int32_t ox = static_cast<int32_t>(rest % a.ow);
   rest /= a.ow;
   const int32_t oy = static_cast<int32_t>(rest % a.oh);
-  const uint64_t b = rest / a.oh;
+  const uint32_t b = rest / a.oh;
   const bool max = a.mode == kPoolMax;
   float acc = max ? -INFINITY : 0.0f;
   int32_t count = 0, padded = 0;
   const int32_t h = static_cast<int32_t>(a.h), w = static_cast<int32_t>(a.w);
+  const int32_t pt = static_cast<int32_t>(a.pad_top), pl = static_cast<int32_t>(a.pad_left);
+  const int32_t pb = static_cast<int32_t>(a.pad_bottom), pr = static_cast<int32_t>(a.pad_right);
+  const int32_t y0 = oy * static_cast<int32_t>(a.stride_h) - pt, x0 = ox * static_cast<int32_t>(a.stride_w) - pl;
+  const float* plane = x + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch;
   for (uint32_t ky = 0; ky < a.kh; ++ky) {
-    const int32_t iy = oy * static_cast<int32_t>(a.stride_h) - static_cast<int32_t>(a.pad_top) +
-                       static_cast<int32_t>(ky * a.dilation_h);
+    const int32_t iy = y0 + static_cast<int32_t>(ky * a.dilation_h);
     for (uint32_t kx = 0; kx < a.kw; ++kx) {
-      const int32_t ix = ox * static_cast<int32_t>(a.stride_w) - static_cast<int32_t>(a.pad_left) +
-                         static_cast<int32_t>(kx * a.dilation_w);
-      if (iy >= -static_cast<int32_t>(a.pad_top) && iy < h + static_cast<int32_t>(a.pad_bottom) &&
-          ix >= -static_cast<int32_t>(a.pad_left) && ix < w + static_cast<int32_t>(a.pad_right)) {
-        ++padded;
-      }
+      const int32_t ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
+      if (iy >= -pt && iy < h + pb && ix >= -pl && ix < w + pr) ++padded;
       if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
-      const float v = x[((b * a.h + iy) * a.w + ix) * a.c + ch];
+      const float v = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
       acc = max ? (v > acc ? v : acc) : acc + v;
       ++count;
     }
@@ -166,17 +166,27 @@ struct ElementwiseArgs {
                                             "a_stride0", "a_stride1", "a_stride2", "a_stride3", "b_stride0",
                                             "b_stride1", "b_stride2", "b_stride3"};
 };
-// Element offsets of output element i in a and b.
-LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint64_t i, uint64_t* a, uint64_t* b) {
-  uint64_t oa = 0, ob = 0;
+// Element offsets of output element i in a and b (32-bit: Validate keeps every offset below 2^32).
+LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint32_t i, uint32_t* a, uint32_t* b) {
+  uint32_t oa = 0, ob = 0;
   for (int d = kElementwiseDims - 1; d >= 0; --d) {
-    const uint64_t coord = i % e.size[d];
+    if (e.size[d] == 1) continue;
+    const uint32_t coord = i % e.size[d];
     i /= e.size[d];
     oa += coord * e.a_stride[d];
     ob += coord * e.b_stride[d];
   }
   *a = oa;
   *b = ob;
+}
+// Whether a and b are read at the output's own index (no broadcast, no transpose): the ops' fast path.
+LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
+  uint32_t stride = 1;
+  for (int d = kElementwiseDims - 1; d >= 0; --d) {
+    if (e.size[d] != 1 && (e.a_stride[d] != stride || (e.b != kNoTensor && e.b_stride[d] != stride))) return false;
+    stride *= e.size[d];
+  }
+  return true;
 }
 
 // Softmax along the middle axis of an input viewed as [outer, len, inner] (contiguous), for the rows

@@ -32,6 +32,7 @@ void Validate(const PoolArgs& a, Checker& c) {
   const uint64_t out = U(a.n) * a.oh * a.ow * a.c;
   c.Require(a.count > 0 && U(a.begin) + a.count <= out,
             absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", out, " outputs"));
+  c.Require(U(a.n) * a.h * a.w * a.c < (uint64_t{1} << 32), "input of 2^32 elements or more");
   c.Tensor("input", a.input, F32, U(a.n) * a.h * a.w * a.c);
   c.Tensor("out", a.out, F32, out);
 }
@@ -49,6 +50,8 @@ void Validate(const ElementwiseArgs& a, Checker& c) {
   }
   c.Require(a.count > 0 && U(a.begin) + a.count <= total,
             absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", total, " outputs"));
+  c.Require(total < (uint64_t{1} << 32) && a_end < (uint64_t{1} << 32) && b_end < (uint64_t{1} << 32),
+            "offsets of 2^32 elements or more");
   c.Tensor("a", a.a, F32, a_end);
   if (a.b != kNoTensor) c.Tensor("b", a.b, F32, b_end);
   c.Tensor("out", a.out, F32, total);
@@ -103,15 +106,15 @@ void Reference(const ImToColArgs& a, const MachineView& m) {
 void Reference(const PoolArgs& a, const MachineView& m) {
   const float* in = m.ptr<float>(a.input);
   float* out = m.ptr<float>(a.out);
-  for (uint64_t i = a.begin; i < U(a.begin) + a.count; ++i) out[i] = PoolElement(a, in, i);
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) out[i] = PoolElement(a, in, i);
 }
 
 void Reference(const ElementwiseArgs& a, const MachineView& m) {
   const float* x = m.ptr<float>(a.a);
   const float* y = a.b != kNoTensor ? m.ptr<float>(a.b) : nullptr;
   float* out = m.ptr<float>(a.out);
-  for (uint64_t i = a.begin; i < U(a.begin) + a.count; ++i) {
-    uint64_t oa, ob;
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
+    uint32_t oa, ob;
     EwOffsets(a, i, &oa, &ob);
     out[i] = EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
   }

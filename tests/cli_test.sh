@@ -136,17 +136,33 @@ expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly
 expect_error "random:<missing json>" "no-such.json" "$WORK/tl2.pb" -- \
   "$LOOM" compile --model="random:$WORK/no-such.json" --out="$WORK/tl2.pb"
 
-# ONNX models (Debian's libonnx-testdata, when installed): imported, then refused by the lowering by op; an op the
-# importer does not map is refused naming the node; a file that is not a model names the file.
+# ONNX models (Debian's libonnx-testdata, when installed): imported, lowered to one graph pass and run against the
+# oracle; an op the lowering lacks is refused by op, one the importer does not map naming the node; a file that is
+# not a model names the file. Inputs and outputs as .npy files round-trip.
 ONNX=/usr/share/libonnx-testdata/data
 if [ -d "$ONNX" ]; then
-  expect_error "onnx conv lowering" "(TRANSPOSE): has no lowering to instructions yet" "$WORK/onnx.pb" -- \
-    "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb"
-  expect_error "onnx unsupported op" "(Cos): op type not supported" "$WORK/onnx.pb" -- \
-    "$LOOM" compile --model="$ONNX/node/test_cos/model.onnx" --out="$WORK/onnx.pb"
+  "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb" >/dev/null &&
+    "$LOOM" inspect "$WORK/onnx.pb" | grep -q "IM2COL" && pass "onnx conv compiles to IM2COL + GEMM" ||
+    fail "onnx conv compiles to IM2COL + GEMM"
+  "$LOOM" run --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --check 2>/dev/null |
+    grep -q "every output agrees with the op-by-op oracle" && pass "onnx conv run --check" || fail "onnx conv run --check"
+  mkdir -p "$WORK/npy1" "$WORK/npy2"
+  R="$ONNX/pytorch-converted/test_ReLU/model.onnx"
+  "$LOOM" run --model="$R" --out="$WORK/npy1" >/dev/null 2>&1 && out=$(ls "$WORK/npy1") &&
+    "$LOOM" run --model="$R" --input="$WORK/npy1/$out" --out="$WORK/npy2" >/dev/null 2>&1 &&
+    cmp -s "$WORK/npy1/$out" "$WORK/npy2/$out" && pass "onnx run --input/--out .npy round trip" ||
+    fail "onnx run --input/--out .npy round trip"
+  expect_error "onnx missing input file" "no-such.npy: cannot open" "" -- \
+    "$LOOM" run --model="$R" --input="$WORK/no-such.npy"
+  expect_error "onnx input of another shape" "must be f32 [" "" -- \
+    "$LOOM" run --model="$R" --input="$WORK/npy1/$out" --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx"
+  expect_error "onnx depthwise not lowered" "(CONV2D): grouped convolution (groups 4) is not lowered yet" \
+    "$WORK/dw.pb" -- "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d_depthwise/model.onnx" --out="$WORK/dw.pb"
+  expect_error "onnx unsupported op" "(Cos): op type not supported" "$WORK/onnx2.pb" -- \
+    "$LOOM" compile --model="$ONNX/node/test_cos/model.onnx" --out="$WORK/onnx2.pb"
   printf 'not a model' >"$WORK/bad.onnx"
-  expect_error "onnx garbage" "bad.onnx: not an ONNX model file" "$WORK/onnx.pb" -- \
-    "$LOOM" compile --model="$WORK/bad.onnx" --out="$WORK/onnx.pb"
+  expect_error "onnx garbage" "bad.onnx: not an ONNX model file" "$WORK/onnx3.pb" -- \
+    "$LOOM" compile --model="$WORK/bad.onnx" --out="$WORK/onnx3.pb"
 else
   echo "skip: ONNX cases ($ONNX missing: apt-get install libonnx-testdata)"
 fi

@@ -4,7 +4,7 @@ instructions, run on the GPU, and compared with PyTorch and onnxruntime on the s
 PyTorch eager, torch.compile (CUDA graphs) and onnxruntime.
 
 On a machine with a Hopper GPU, torch, torchvision and onnxruntime (from the repository root, after a build):
-  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8
+  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8 [--layers] [--trace] [--check]
 Prints, per batch: Loom's relative error against PyTorch float32 and onnxruntime, top-1 agreement, and
 milliseconds per forward pass of each (medians; Loom's is the kernel time of its one launch, CUDA events).
 """
@@ -40,12 +40,11 @@ def median_ms(fn, warmup=5, iters=30):
 
 
 def export(model, batch, path):
-    x = torch.zeros(batch, 3, 224, 224)
     kwargs = dict(input_names=["x"], output_names=["logits"], opset_version=17)
     try:
-        torch.onnx.export(model, (x,), path, dynamo=False, **kwargs)
+        torch.onnx.export(model, (torch.zeros(batch, 3, 224, 224),), path, dynamo=False, **kwargs)
     except TypeError:  # an older torch without the dynamo argument
-        torch.onnx.export(model, (x,), path, **kwargs)
+        torch.onnx.export(model, (torch.zeros(batch, 3, 224, 224),), path, **kwargs)
 
 
 def main():
@@ -54,6 +53,10 @@ def main():
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeat", type=int, default=30, help="timed runs of each (medians)")
     ap.add_argument("--check", action="store_true", help="also run loom's op-by-op float32 oracle (slow on the CPU)")
+    ap.add_argument("--layers", action="store_true",
+                    help="also time every distinct Conv2d of ResNet-18 alone: Loom's pass (IM2COL + GEMM, one launch) "
+                         "against cuDNN (torch.nn.functional.conv2d, bf16, channels_last)")
+    ap.add_argument("--trace", action="store_true", help="print Loom's per-op trace summary of the whole network")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -68,7 +71,8 @@ def main():
         out = os.path.join(work, f"out_b{batch}")
         os.makedirs(out, exist_ok=True)
         cmd = [args.loom, "run", f"--model={path}", f"--input={work}/x.npy", "--backend=gpu", f"--out={out}",
-               f"--repeat={args.repeat}"] + (["--check"] if args.check else [])
+               f"--repeat={args.repeat}"] + (["--check"] if args.check else []) + \
+              ([f"--trace={work}/trace_b{batch}.json"] if args.trace else [])
         print("$", " ".join(cmd), flush=True)
         run = subprocess.run(cmd, capture_output=True, text=True)
         sys.stdout.write(run.stdout)
@@ -114,6 +118,62 @@ def main():
     print("|---|---|---|---|---|---|")
     for b, lm, e, eb, c, o, prov in rows:
         print(f"| {b} | {lm:.3f} ms | {e:.3f} ms | {eb:.3f} ms | {c:.3f} ms | {o:.3f} ms ({prov}) |")
+    if args.layers:
+        bench_layers(model.cpu(), args.loom, [int(b) for b in args.batches.split(",")], args.repeat, work)
+
+
+def conv_layers(model):
+    """(name, conv, input height) of every distinct Conv2d shape of the network."""
+    seen, layers = set(), []
+    h = {"conv1": 224, "layer1": 56, "layer2": 56, "layer3": 28, "layer4": 14}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Conv2d):
+            continue
+        stage = name.split(".")[0]
+        inp = h[stage]
+        if stage != "conv1" and not (name.endswith("0.conv1") or "downsample" in name):
+            inp = inp // 2 if stage != "layer1" else inp  # after the block's stride
+        key = (mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride, mod.padding, inp)
+        if key not in seen:
+            seen.add(key)
+            layers.append((name, mod, inp))
+    return layers
+
+
+def bench_layers(model, loom, batches, repeat, work):
+    print("\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom TFLOP/s | cuDNN bf16 | cuDNN TFLOP/s | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, conv, h in conv_layers(model):
+        for batch in batches:
+            single = torch.nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                                     conv.padding, bias=True).eval()
+            path = os.path.join(work, f"conv_{name}_b{batch}.onnx")
+            export_shape(single, (batch, conv.in_channels, h, h), path)
+            run = subprocess.run([loom, "run", f"--model={path}", "--backend=gpu", f"--repeat={repeat}"],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                print(f"| {name} | loom failed: {run.stderr.strip().splitlines()[-1]} |")
+                continue
+            loom_ms = float(re.search(r"pass in ([0-9.]+) ms", run.stdout).group(1))
+            oh = (h + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
+            flops = 2 * batch * oh * oh * conv.out_channels * conv.in_channels * conv.kernel_size[0] ** 2
+            x = torch.randn(batch, conv.in_channels, h, h, device="cuda", dtype=torch.bfloat16).to(
+                memory_format=torch.channels_last)
+            w = single.weight.detach().to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
+            b = single.bias.detach().to("cuda", torch.bfloat16)
+            with torch.no_grad():
+                cudnn = median_ms(lambda: torch.nn.functional.conv2d(x, w, b, conv.stride, conv.padding), iters=repeat)
+            print(f"| {name} | {conv.in_channels}->{conv.out_channels}, {conv.kernel_size[0]}x{conv.kernel_size[1]}, "
+                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {flops / loom_ms / 1e9:.1f} | "
+                  f"{cudnn * 1e3:.1f} us | {flops / cudnn / 1e9:.1f} | {cudnn / loom_ms:.2f} |", flush=True)
+
+
+def export_shape(model, shape, path):
+    kwargs = dict(input_names=["x"], output_names=["y"], opset_version=17)
+    try:
+        torch.onnx.export(model, (torch.zeros(*shape),), path, dynamo=False, **kwargs)
+    except TypeError:
+        torch.onnx.export(model, (torch.zeros(*shape),), path, **kwargs)
 
 
 if __name__ == "__main__":
