@@ -189,6 +189,13 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
   return true;
 }
 
+// The kernel variant an opcode runs in: the tensor-op one (many accumulator registers) takes GEMM, FLASH_ATTN and the
+// general-graph ops; the decode one the rest (a program with any of these runs the tensor-op variant).
+LOOM_HD bool NeedsTensorOpKernel(Opcode op) {
+  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::IM2COL || op == Opcode::POOL ||
+         op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX;
+}
+
 // Softmax along the middle axis of an input viewed as [outer, len, inner] (contiguous), for the rows
 // (o, i) = divmod(r, inner) with r in [begin, +count): out = exp(x - max) / sum, as graph/nn_ops' SOFTMAX.
 struct SoftmaxArgs {

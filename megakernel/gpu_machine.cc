@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
-    for (const isa::Instruction& inst : q) m->tensor_ops_ |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
+    for (const isa::Instruction& inst : q) m->tensor_ops_ |= isa::NeedsTensorOpKernel(inst.op());
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -280,7 +280,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   std::vector<isa::Instruction> all;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
-      up->tensor_ops |= inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN;
+      up->tensor_ops |= isa::NeedsTensorOpKernel(inst.op());
     }
     up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());

@@ -83,7 +83,7 @@ class GpuMachine {
 
  private:
   GpuMachine() = default;
-  bool tensor_ops_ = false;  // the program has GEMM instructions (KernelParams::tensor_ops)
+  bool tensor_ops_ = false;  // the program has opcodes of the tensor-op variant (KernelParams::tensor_ops)
   absl::Status CheckError(const char* what) const;
   // Launches with `params` (error record and trace filled in here), times it with CUDA events, checks the error
   // record; with trace_events > 0, reads that many trace events into trace_.

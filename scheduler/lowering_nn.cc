@@ -18,8 +18,9 @@ namespace {
 using graph::OpDef;
 using graph::TensorDef;
 
-constexpr uint64_t kMinElementsPerInstruction = 4096;
-constexpr uint32_t kPackRows = 16;  // PACK_ROWS / IM2COL rows per instruction, at least
+constexpr uint64_t kMinElementsPerInstruction = 1024;
+constexpr uint32_t kPackRows = 16;    // PACK_ROWS rows per instruction, at least (a warp per row)
+constexpr uint32_t kImToColRows = 4;  // IM2COL rows per instruction, at least (all threads share the rows' chunks)
 constexpr uint32_t kNone = isa::kNoTensor;
 constexpr uint32_t kMaxKSplits = 16;       // of a GEMM with few output tiles
 constexpr uint32_t kMinSlabsPerSplit = 2;  // K slabs (of 64) each split multiplies, at least
@@ -261,9 +262,10 @@ class NnLowering {
     return e;
   }
 
-  // One ELEMENTWISE stage over a contiguous f32 tensor of `elements`: out = f(a) elementwise.
+  // ELEMENTWISE instructions over a contiguous f32 tensor of `elements`, out = f(a) elementwise, signalling
+  // `stage` (a new one unless given); returns the stage.
   uint32_t EmitMap(uint32_t func, uint32_t a, uint32_t out, uint64_t elements, const std::vector<uint32_t>& after,
-                   const std::string& name) {
+                   const std::string& name, std::optional<uint32_t> into = std::nullopt) {
     isa::ElementwiseArgs e{};
     e.func = func;
     e.a = a;
@@ -272,7 +274,7 @@ class NnLowering {
     for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) e.size[i] = 1;
     e.size[isa::kElementwiseDims - 1] = static_cast<uint32_t>(elements);
     e.a_stride[isa::kElementwiseDims - 1] = 1;
-    const uint32_t stage = b_.Stage(name);
+    const uint32_t stage = into ? *into : b_.Stage(name);
     for (const auto& [begin, end] : Chunks(elements, 256)) {
       e.begin = static_cast<uint32_t>(begin);
       e.count = static_cast<uint32_t>(end - begin);
@@ -305,11 +307,14 @@ class NnLowering {
     if (2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit) {
       splits = std::min({(o_.num_sms() + tiles - 1) / tiles, slabs / kMinSlabsPerSplit, kMaxKSplits});
       const uint64_t elements = uint64_t{m} * n;
-      const uint32_t init = e.residual != kNone
-                                ? EmitMap(isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
-                                          absl::StrCat(e.ops, "/residual"))
-                                : EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"));
-      after = {image_stage, init};
+      // Into A's stage: the GEMM waits for one barrier, not two.
+      if (e.residual != kNone) {
+        EmitMap(isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names), absl::StrCat(e.ops, "/residual"),
+                image_stage);
+      } else {
+        EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), image_stage);
+      }
+      after = {image_stage};
       g.epilogue = isa::kGemmAccumulateF32;
       g.residual = kNone;
     }
@@ -332,11 +337,12 @@ class NnLowering {
                                          : stage;
   }
 
-  // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM.
-  uint32_t RowsPerInstruction(uint32_t m) const {
+  // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least
+  // `granule` rows (PACK_ROWS: a warp per row).
+  uint32_t RowsPerInstruction(uint32_t m, uint32_t granule) const {
     const uint32_t padded = isa::GemmTiles(m) * isa::kGemmTileM;
     const uint32_t per = (padded + 2 * o_.num_sms() - 1) / (2 * o_.num_sms());
-    return std::clamp((per + kPackRows - 1) / kPackRows * kPackRows, kPackRows, isa::kGemmTileM);
+    return std::clamp((per + granule - 1) / granule * granule, granule, isa::kGemmTileM);
   }
 
   absl::Status LowerConv(const OpDef& op) {
@@ -368,7 +374,7 @@ class NnLowering {
                        {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
     const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/im2col"));
     const std::vector<uint32_t> after = ReadyOf({x});
-    const uint32_t per = RowsPerInstruction(m), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
     for (uint32_t r = 0; r < padded; r += per) {
       c.row_begin = r;
       c.rows = std::min(per, padded - r);
@@ -405,7 +411,7 @@ class NnLowering {
                                       {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
     const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
     const std::vector<uint32_t> after = ReadyOf({x});
-    const uint32_t per = RowsPerInstruction(m), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    const uint32_t per = RowsPerInstruction(m, kPackRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
     for (uint32_t r = 0; r < padded; r += per) {
       const isa::PackRowsArgs a{*input, image, m, k, r, std::min(per, padded - r), kNone, 0.0f};
       Emit(Make(isa::Opcode::PACK_ROWS, a), pack_stage, after, absl::StrCat(op.name(), "/pack"));

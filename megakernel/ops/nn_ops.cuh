@@ -82,31 +82,56 @@ __device__ __noinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ct
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) out[i] = isa::PoolElement(a, in, i);
 }
 
-// Contiguous operands (no broadcast or transpose): float4 at a time where the range is 16-byte aligned.
+// Each thread takes kEwBatch elements (float4s on the contiguous path: no broadcast or transpose, 16-byte aligned)
+// kConsumerThreads apart, every load issued before the first store: an instruction is a few thousand elements, so
+// one load's latency after another would be most of its time.
+constexpr uint32_t kEwBatch = 4;
 __device__ __noinline__ void RunElementwise(const isa::ElementwiseArgs& a, ConsumerContext& ctx) {
   const float* x = ctx.machine.ptr<float>(a.a);
   const float* y = a.b != isa::kNoTensor ? ctx.machine.ptr<float>(a.b) : nullptr;
   float* out = ctx.machine.ptr<float>(a.out);
   const uint32_t end = a.begin + a.count;
-  if (isa::EwContiguous(a)) {
-    uint32_t i = a.begin;
-    if (a.begin % 4 == 0) {
-      const uint32_t vec_end = a.begin + a.count / 4 * 4;
-      for (uint32_t v = a.begin / 4 + ctx.tid; v < vec_end / 4; v += kConsumerThreads) {
-        const float4 p = reinterpret_cast<const float4*>(x)[v];
-        const float4 q = y != nullptr ? reinterpret_cast<const float4*>(y)[v] : make_float4(0, 0, 0, 0);
-        reinterpret_cast<float4*>(out)[v] = make_float4(isa::EwApply(a.func, p.x, q.x), isa::EwApply(a.func, p.y, q.y),
-                                                        isa::EwApply(a.func, p.z, q.z), isa::EwApply(a.func, p.w, q.w));
+  uint32_t scalar_begin = a.begin;
+  if (isa::EwContiguous(a) && a.begin % 4 == 0) {
+    const uint32_t end4 = (a.begin + a.count / 4 * 4) / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+    for (uint32_t v0 = a.begin / 4 + ctx.tid; v0 < end4; v0 += kConsumerThreads * kEwBatch) {
+      float4 p[kEwBatch], q[kEwBatch];
+#pragma unroll
+      for (uint32_t j = 0; j < kEwBatch; ++j) {
+        const uint32_t v = v0 + j * kConsumerThreads;
+        if (v < end4) p[j] = x4[v], q[j] = y4 != nullptr ? y4[v] : make_float4(0, 0, 0, 0);
       }
-      i = vec_end;
+#pragma unroll
+      for (uint32_t j = 0; j < kEwBatch; ++j) {
+        const uint32_t v = v0 + j * kConsumerThreads;
+        if (v < end4) {
+          reinterpret_cast<float4*>(out)[v] =
+              make_float4(isa::EwApply(a.func, p[j].x, q[j].x), isa::EwApply(a.func, p[j].y, q[j].y),
+                          isa::EwApply(a.func, p[j].z, q[j].z), isa::EwApply(a.func, p[j].w, q[j].w));
+        }
+      }
     }
-    for (i += ctx.tid; i < end; i += kConsumerThreads) out[i] = isa::EwApply(a.func, x[i], y != nullptr ? y[i] : 0.0f);
-    return;
+    scalar_begin = end4 * 4;
   }
-  for (uint32_t i = a.begin + ctx.tid; i < end; i += kConsumerThreads) {
-    uint32_t oa, ob;
-    isa::EwOffsets(a, i, &oa, &ob);
-    out[i] = isa::EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
+  for (uint32_t i0 = scalar_begin + ctx.tid; i0 < end; i0 += kConsumerThreads * kEwBatch) {
+    float p[kEwBatch], q[kEwBatch];
+#pragma unroll
+    for (uint32_t j = 0; j < kEwBatch; ++j) {
+      const uint32_t i = i0 + j * kConsumerThreads;
+      if (i < end) {
+        uint32_t oa, ob;
+        isa::EwOffsets(a, i, &oa, &ob);
+        p[j] = x[oa];
+        q[j] = y != nullptr ? y[ob] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kEwBatch; ++j) {
+      const uint32_t i = i0 + j * kConsumerThreads;
+      if (i < end) out[i] = isa::EwApply(a.func, p[j], q[j]);
+    }
   }
 }
 
