@@ -189,11 +189,19 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
   return true;
 }
 
-// The kernel variant an opcode runs in: the tensor-op one (many accumulator registers) takes GEMM, FLASH_ATTN and the
-// general-graph ops; the decode one the rest (a program with any of these runs the tensor-op variant).
-LOOM_HD bool NeedsTensorOpKernel(Opcode op) {
-  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::IM2COL || op == Opcode::POOL ||
-         op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX;
+// The megakernel variant a program runs in: the largest its opcodes need. Each variant compiles only its opcodes, so
+// the tensor-core ones' accumulator registers (and the general-graph ops' code) do not push the decode opcodes, or
+// the prefill pass's, into spills.
+enum KernelVariant : uint32_t {
+  kDecodeKernel = 0,  // the decode opcodes
+  kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
+  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX (general graphs' passes)
+};
+LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
+  if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX) {
+    return kGraphKernel;
+  }
+  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
 }
 
 // Softmax along the middle axis of an input viewed as [outer, len, inner] (contiguous), for the rows

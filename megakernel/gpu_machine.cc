@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
-    for (const isa::Instruction& inst : q) m->tensor_ops_ |= isa::NeedsTensorOpKernel(inst.op());
+    for (const isa::Instruction& inst : q) m->variant_ = std::max(m->variant_, isa::KernelVariantOf(inst.op()));
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -200,7 +200,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.activation_bytes = program_.activation_bytes;
   params.activation_slots = program_.activation_slots;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
-  params.tensor_ops = tensor_ops_ ? 1 : 0;
+  params.kernel_variant = variant_;
   absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
   if (!ms.ok()) return ms;
   next_step_ += steps;
@@ -280,7 +280,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   std::vector<isa::Instruction> all;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
-      up->tensor_ops |= isa::NeedsTensorOpKernel(inst.op());
+      up->variant = std::max(up->variant, isa::KernelVariantOf(inst.op()));
     }
     up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
@@ -322,7 +322,7 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   params.num_pages = up.num_pages;
   params.activation_bytes = up.activation_bytes;
   params.activation_slots = up.activation_slots;
-  params.tensor_ops = up.tensor_ops ? 1 : 0;
+  params.kernel_variant = up.variant;
   absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass");
   if (ms.ok() && trace) queue_begin_other_ = up.queue_begin;
   return ms;

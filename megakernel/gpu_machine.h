@@ -60,7 +60,7 @@ class GpuMachine {
     uint64_t arena_bytes = 0;
     uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
              activation_slots = 1;
-    bool tensor_ops = false;
+    isa::KernelVariant variant = isa::kDecodeKernel;
   };
   absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;
   absl::StatusOr<float> RunOnce(const OnceProgram& program, bool trace = false);
@@ -83,7 +83,7 @@ class GpuMachine {
 
  private:
   GpuMachine() = default;
-  bool tensor_ops_ = false;  // the program has opcodes of the tensor-op variant (KernelParams::tensor_ops)
+  isa::KernelVariant variant_ = isa::kDecodeKernel;  // the kernel the program needs (KernelParams::kernel_variant)
   absl::Status CheckError(const char* what) const;
   // Launches with `params` (error record and trace filled in here), times it with CUDA events, checks the error
   // record; with trace_events > 0, reads that many trace events into trace_.

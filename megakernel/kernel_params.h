@@ -76,9 +76,9 @@ struct KernelParams {
   // matvecs compute on stale pages. Shows what compute and the dependency
   // chain cost with weight loading taken away. Results are garbage.
   uint32_t skip_weight_loads;
-  // Nonzero when the program has tensor-core instructions (GEMM): the launcher picks the kernel variant
-  // that runs them (decode programs run the one without, which keeps their registers free of spills).
-  uint32_t tensor_ops;
+  // The isa::KernelVariant the program needs (its largest opcode's): the launcher runs the kernel compiled for it
+  // (decode programs run the one without the tensor-core opcodes, which keeps their registers free of spills).
+  uint32_t kernel_variant;
   TraceEvent* trace;  // [num_steps][total instructions], or null
   DeviceError* error; // mapped host memory, or null
 };

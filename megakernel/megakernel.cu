@@ -330,11 +330,12 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
-// kTensorOps: this variant runs the tensor-core opcodes (GEMM, FLASH_ATTN) and the general-graph ones
-// (isa::NeedsTensorOpKernel). They need many accumulator registers, and in the same consumer loop they push the decode
-// opcodes into spills; decode programs run the variant without them.
-template <bool kTensorOps>
+// kVariant (isa::KernelVariant): kTensorKernel and up run the tensor-core opcodes (GEMM, FLASH_ATTN), kGraphKernel
+// the general-graph ones too. The tensor-core ones need many accumulator registers, and in the same consumer loop
+// they push the decode opcodes into spills; decode programs run the variant without them.
+template <uint32_t kVariant>
 __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
+  constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
   ConsumerContext ctx;
@@ -374,19 +375,19 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
       case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
-      // The general-graph ops run in the tensor-op variant only (isa::NeedsTensorOpKernel): their calls change the
-      // decode kernel's register allocation, which measured 11% slower decode with them.
+      // The general-graph ops in their own variant: in the decode one they measured 11% slower decode (their code
+      // changes its register allocation), in the tensor one they doubled its spills.
       case isa::Opcode::IM2COL:
-        if constexpr (kTensorOps) RunImToCol(inst.as<isa::ImToColArgs>(), ctx);
+        if constexpr (kGraphOps) RunImToCol(inst.as<isa::ImToColArgs>(), ctx);
         break;
       case isa::Opcode::POOL:
-        if constexpr (kTensorOps) RunPool(inst.as<isa::PoolArgs>(), ctx);
+        if constexpr (kGraphOps) RunPool(inst.as<isa::PoolArgs>(), ctx);
         break;
       case isa::Opcode::ELEMENTWISE:
-        if constexpr (kTensorOps) RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx);
+        if constexpr (kGraphOps) RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx);
         break;
       case isa::Opcode::SOFTMAX:
-        if constexpr (kTensorOps) RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx);
+        if constexpr (kGraphOps) RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx);
         break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
@@ -416,7 +417,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
   }
 }
 
-template <bool kTensorOps>
+template <uint32_t kVariant>
 __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_constant__ KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const SharedLayout s = Carve(smem, p);
@@ -445,11 +446,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   __syncthreads();
   if (warp < kConsumerWarps) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-    Consumers<kTensorOps>(p, s, sm, threadIdx.x);
+    Consumers<kVariant>(p, s, sm, threadIdx.x);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
     if (threadIdx.x % 32 == 0) {
-      if (warp == kLoaderWarp) Loader<kTensorOps>(p, s, sm);
+      if (warp == kLoaderWarp) Loader<(kVariant >= isa::kTensorKernel)>(p, s, sm);
       if (warp == kStorerWarp) Storer(p, s, sm);
       if (warp == kControllerWarp) Controller(p, s, sm);
       if (warp == kActivationWarp) ActivationLoader(p, s, sm);
@@ -460,13 +461,17 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
 }  // namespace
 
 cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
-  static uint32_t configured_smem[2] = {0, 0};
-  const bool tensor_ops = params.tensor_ops != 0;
-  void* kernel = tensor_ops ? reinterpret_cast<void*>(Megakernel<true>) : reinterpret_cast<void*>(Megakernel<false>);
-  if (configured_smem[tensor_ops] < smem_bytes) {
+  static uint32_t configured_smem[3] = {0, 0, 0};
+  const uint32_t variant = params.kernel_variant;
+  if (variant > isa::kGraphKernel) return cudaErrorInvalidValue;
+  void* const kernels[3] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
+                            reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
+                            reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>)};
+  void* kernel = kernels[variant];
+  if (configured_smem[variant] < smem_bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;
-    configured_smem[tensor_ops] = smem_bytes;
+    configured_smem[variant] = smem_bytes;
   }
   // Cooperative launch: fails, instead of hanging, if the blocks cannot all be resident.
   void* args[] = {const_cast<KernelParams*>(&params)};

@@ -52,7 +52,7 @@ __device__ __forceinline__ uint4 ImToColChunk(const isa::ImToColArgs& a, const f
 // are a multiple of 8 a chunk is 8 consecutive channels of one input pixel (two float4 loads), else it is gathered
 // column by column.
 constexpr uint32_t kImToColBatch = 4;
-__device__ __noinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerContext& ctx) {
+__device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   uint8_t* image = ctx.machine.ptr<uint8_t>(a.out);
   const uint32_t rows = isa::ImToColRows(a), k = isa::ImToColK(a);
@@ -76,7 +76,7 @@ __device__ __noinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerConte
   }
 }
 
-__device__ __noinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
+__device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) out[i] = isa::PoolElement(a, in, i);
@@ -86,7 +86,7 @@ __device__ __noinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ct
 // kConsumerThreads apart, every load issued before the first store: an instruction is a few thousand elements, so
 // one load's latency after another would be most of its time.
 constexpr uint32_t kEwBatch = 4;
-__device__ __noinline__ void RunElementwise(const isa::ElementwiseArgs& a, ConsumerContext& ctx) {
+__device__ __forceinline__ void RunElementwise(const isa::ElementwiseArgs& a, ConsumerContext& ctx) {
   const float* x = ctx.machine.ptr<float>(a.a);
   const float* y = a.b != isa::kNoTensor ? ctx.machine.ptr<float>(a.b) : nullptr;
   float* out = ctx.machine.ptr<float>(a.out);
@@ -136,7 +136,7 @@ __device__ __noinline__ void RunElementwise(const isa::ElementwiseArgs& a, Consu
 }
 
 // A warp per row: its maximum, the sum of exp(x - max) (each lane keeps its exps in out), then the division.
-__device__ __noinline__ void RunSoftmax(const isa::SoftmaxArgs& a, ConsumerContext& ctx) {
+__device__ __forceinline__ void RunSoftmax(const isa::SoftmaxArgs& a, ConsumerContext& ctx) {
   const float* x = ctx.machine.ptr<float>(a.input);
   float* y = ctx.machine.ptr<float>(a.out);
   for (uint64_t r = a.begin + ctx.warp; r < static_cast<uint64_t>(a.begin) + a.count; r += kConsumerWarps) {
