@@ -52,6 +52,7 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
 
 absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::Schedule& schedule,
                                                                const graph::WeightStore& weights) {
+  if (schedule.has_graph()) return absl::FailedPreconditionError("a general graph's pass: not a decoder (GraphRunner)");
   absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
   if (!program.ok()) return program.status();
   std::string why;

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<ReferenceVm>> ReferenceVm::Create(const scheduler
 }
 
 absl::Status ReferenceVm::Reset(const std::vector<int32_t>& prompt) {
+  if (schedule_.has_graph()) return absl::FailedPreconditionError("a general graph's pass has no prompt (RunGraph)");
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
   if (prompt.size() > schedule_.max_seq()) {
     return absl::InvalidArgumentError(
@@ -51,6 +52,7 @@ absl::Status ReferenceVm::Reset(const std::vector<int32_t>& prompt) {
 }
 
 absl::Status ReferenceVm::Run(int steps) {
+  if (schedule_.has_graph()) return absl::FailedPreconditionError("a general graph's pass has no steps (RunGraph)");
   if (steps < 0) return absl::InvalidArgumentError("steps must be >= 0");
   if (position() + steps >= static_cast<int32_t>(schedule_.max_seq())) {
     return absl::OutOfRangeError(absl::StrCat("position ", position(), " + ", steps, " steps exceeds the KV cache of ",

@@ -20,6 +20,10 @@ double MsSince(std::chrono::steady_clock::time_point start) {
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& graph, const scheduler::Schedule& schedule,
                                                          const graph::WeightStore& weights, Backend backend) {
+  if (schedule.has_graph()) {
+    return absl::FailedPreconditionError(
+        "a general graph's pass (no token decoding): run it with `loom run --model=<file.onnx>` (GraphRunner)");
+  }
   std::unique_ptr<Session> s(new Session);
   s->backend_ = backend;
   s->graph_ = graph;
