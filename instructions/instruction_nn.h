@@ -148,9 +148,10 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     default: return x;
   }
 }
-// out[i] = f(a[Σ d_k a_stride_k], b[Σ d_k b_stride_k]) for output elements i in [begin, +count) of the
-// contiguous out [size0, size1, size2, size3] (size3 fastest; i = (d0, d1, d2, d3)). A stride of 0 broadcasts;
-// permuted strides transpose.
+// For the elements i in [begin, +count) of the index space [size0, size1, size2, size3] (size3 fastest; i =
+// (d0, d1, d2, d3)): out[Σ d_k o_stride_k] = f(a[Σ d_k a_stride_k], b[Σ d_k b_stride_k]). A stride of 0
+// broadcasts, permuted strides transpose, out strides other than the contiguous ones write a slice (a CONCAT's
+// input into its part of the output, through a view of it).
 struct ElementwiseArgs {
   uint32_t func;  // ElementwiseFunc
   uint32_t a;     // f32
@@ -161,29 +162,35 @@ struct ElementwiseArgs {
   uint32_t size[kElementwiseDims];
   uint32_t a_stride[kElementwiseDims];
   uint32_t b_stride[kElementwiseDims];
-  static constexpr const char* kFields[] = {"func",      "a",         "b",         "out",       "begin",
-                                            "count",     "size0",     "size1",     "size2",     "size3",
-                                            "a_stride0", "a_stride1", "a_stride2", "a_stride3", "b_stride0",
-                                            "b_stride1", "b_stride2", "b_stride3"};
+  uint32_t o_stride[kElementwiseDims];
+  static constexpr const char* kFields[] = {
+      "func",      "a",         "b",         "out",       "begin",     "count",     "size0",     "size1",
+      "size2",     "size3",     "a_stride0", "a_stride1", "a_stride2", "a_stride3", "b_stride0", "b_stride1",
+      "b_stride2", "b_stride3", "o_stride0", "o_stride1", "o_stride2", "o_stride3"};
 };
-// Element offsets of output element i in a and b (32-bit: Validate keeps every offset below 2^32).
-LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint32_t i, uint32_t* a, uint32_t* b) {
-  uint32_t oa = 0, ob = 0;
+// Element offsets of index i in a, b and out (32-bit: Validate keeps every offset below 2^32).
+LOOM_HD void EwOffsets(const ElementwiseArgs& e, uint32_t i, uint32_t* a, uint32_t* b, uint32_t* o) {
+  uint32_t oa = 0, ob = 0, oo = 0;
   for (int d = kElementwiseDims - 1; d >= 0; --d) {
     if (e.size[d] == 1) continue;
     const uint32_t coord = i % e.size[d];
     i /= e.size[d];
     oa += coord * e.a_stride[d];
     ob += coord * e.b_stride[d];
+    oo += coord * e.o_stride[d];
   }
   *a = oa;
   *b = ob;
+  *o = oo;
 }
-// Whether a and b are read at the output's own index (no broadcast, no transpose): the ops' fast path.
+// Whether a, b and out are all walked at the index itself (no broadcast, transpose or slice): the fast path.
 LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
   uint32_t stride = 1;
   for (int d = kElementwiseDims - 1; d >= 0; --d) {
-    if (e.size[d] != 1 && (e.a_stride[d] != stride || (e.b != kNoTensor && e.b_stride[d] != stride))) return false;
+    if (e.size[d] != 1 && (e.a_stride[d] != stride || e.o_stride[d] != stride ||
+                           (e.b != kNoTensor && e.b_stride[d] != stride))) {
+      return false;
+    }
     stride *= e.size[d];
   }
   return true;

@@ -40,17 +40,19 @@ void Validate(const PoolArgs& a, Checker& c) {
 void Validate(const ElementwiseArgs& a, Checker& c) {
   c.Require(EwValid(a.func), absl::StrCat("unknown function ", a.func));
   c.Require(EwBinary(a.func) == (a.b != kNoTensor), "b is needed exactly by the binary functions");
-  uint64_t total = 1, a_end = 1, b_end = 1;
+  uint64_t total = 1, a_end = 1, b_end = 1, o_end = 1;
   for (uint32_t d = 0; d < kElementwiseDims; ++d) {
     c.Require(a.size[d] > 0, "sizes must be positive");
     if (a.size[d] == 0) return;
     total *= a.size[d];
     a_end += U(a.size[d] - 1) * a.a_stride[d];
     b_end += U(a.size[d] - 1) * a.b_stride[d];
+    o_end += U(a.size[d] - 1) * a.o_stride[d];
   }
   c.Require(a.count > 0 && U(a.begin) + a.count <= total,
             absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", total, " outputs"));
-  c.Require(total < (uint64_t{1} << 32) && a_end < (uint64_t{1} << 32) && b_end < (uint64_t{1} << 32),
+  c.Require(total < (uint64_t{1} << 32) && a_end < (uint64_t{1} << 32) && b_end < (uint64_t{1} << 32) &&
+                o_end < (uint64_t{1} << 32),
             "offsets of 2^32 elements or more");
   c.Tensor("a", a.a, F32, a_end);
   if (a.b != kNoTensor) c.Tensor("b", a.b, F32, b_end);
@@ -114,9 +116,9 @@ void Reference(const ElementwiseArgs& a, const MachineView& m) {
   const float* y = a.b != kNoTensor ? m.ptr<float>(a.b) : nullptr;
   float* out = m.ptr<float>(a.out);
   for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
-    uint32_t oa, ob;
-    EwOffsets(a, i, &oa, &ob);
-    out[i] = EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
+    uint32_t oa, ob, oo;
+    EwOffsets(a, i, &oa, &ob, &oo);
+    out[oo] = EwApply(a.func, x[oa], y != nullptr ? y[ob] : 0.0f);
   }
 }
 

@@ -145,6 +145,7 @@ class NnLowering {
       case graph::GLOBAL_AVG_POOL: return LowerPool(op);
       case graph::RESHAPE: return LowerReshape(op);
       case graph::SOFTMAX: return LowerSoftmax(op);
+      case graph::CONCAT: return LowerConcat(op);
       default: return Unsupported(op, "no lowering for this op in a graph pass yet (the oracle evaluates it)");
     }
   }
@@ -273,7 +274,7 @@ class NnLowering {
     e.out = out;
     for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) e.size[i] = 1;
     e.size[isa::kElementwiseDims - 1] = static_cast<uint32_t>(elements);
-    e.a_stride[isa::kElementwiseDims - 1] = 1;
+    e.a_stride[isa::kElementwiseDims - 1] = e.o_stride[isa::kElementwiseDims - 1] = 1;
     const uint32_t stage = into ? *into : b_.Stage(name);
     for (const auto& [begin, end] : Chunks(elements, 256)) {
       e.begin = static_cast<uint32_t>(begin);
@@ -461,26 +462,70 @@ class NnLowering {
         dims.strides.push_back(BroadcastStrides(xs, ys));
       }
     }
+    dims.strides.push_back(ContiguousStrides(ys));  // out
+    const uint32_t stage = b_.Stage(op.name());
+    if (absl::Status s = EmitStrided(op, FuncOf(op), operands, Arena(out), dims, stage,
+                                     ReadyOf({op.inputs().begin(), op.inputs().end()}));
+        !s.ok()) {
+      return s;
+    }
+    stage_[out] = stage;
+    return absl::OkStatus();
+  }
+
+  // ELEMENTWISE instructions over `dims` (strides: each operand's, then out's) into `out`, signalling `stage`.
+  absl::Status EmitStrided(const OpDef& op, uint32_t func, const std::vector<uint32_t>& operands, uint32_t out,
+                           const StridedDims& dims, uint32_t stage, const std::vector<uint32_t>& after) {
     const std::optional<StridedDims> d = Collapse(dims);
     if (!d) return Unsupported(op, absl::StrCat("more than ", isa::kElementwiseDims, " dimensions after merging"));
     isa::ElementwiseArgs e{};
-    e.func = FuncOf(op);
+    e.func = func;
     e.a = operands[0];
     e.b = operands.size() > 1 ? operands[1] : kNone;
-    e.out = Arena(out);
+    e.out = out;
+    const std::vector<uint64_t>& o = d->strides.back();
     for (uint32_t i = 0; i < isa::kElementwiseDims; ++i) {
       e.size[i] = static_cast<uint32_t>(d->size[i]);
       e.a_stride[i] = static_cast<uint32_t>(d->strides[0][i]);
       e.b_stride[i] = operands.size() > 1 ? static_cast<uint32_t>(d->strides[1][i]) : 0;
+      e.o_stride[i] = static_cast<uint32_t>(o[i]);
     }
-    const uint32_t stage = b_.Stage(op.name());
-    const std::vector<uint32_t> after = ReadyOf({op.inputs().begin(), op.inputs().end()});
-    for (const auto& [begin, end] : Chunks(Product(ys), 256)) {
+    for (const auto& [begin, end] : Chunks(Product(d->size), 256)) {
       e.begin = static_cast<uint32_t>(begin);
       e.count = static_cast<uint32_t>(end - begin);
       Emit(Make(isa::Opcode::ELEMENTWISE, e), stage, after, op.name());
     }
-    stage_[out] = stage;
+    return absl::OkStatus();
+  }
+
+  // Each input copied into its slice of the output (a view of it from the slice's first element), strided.
+  absl::Status LowerConcat(const OpDef& op) {
+    const std::string& y = op.outputs(0);
+    const std::vector<uint64_t> ys = ShapeOf(T(y));
+    const int rank = static_cast<int>(ys.size());
+    const int axis = op.axis().axis() < 0 ? op.axis().axis() + rank : op.axis().axis();
+    const uint64_t inner = Product(ys, axis + 1), total = Product(ys);
+    Arena(y);
+    const uint32_t stage = b_.Stage(op.name());
+    uint64_t offset = 0;  // along the axis
+    for (int i = 0; i < op.inputs_size(); ++i) {
+      const std::string& x = op.inputs(i);
+      absl::StatusOr<uint32_t> input = Operand(op, x);
+      if (!input.ok()) return input.status();
+      const std::vector<uint64_t> xs = ShapeOf(T(x));
+      const uint64_t first = offset * inner;
+      offset += xs[axis];
+      if (Product(xs) == 0) continue;
+      const uint32_t slice = b_.Scratch(absl::StrCat(y, "[", i, "]"), graph::F32,
+                                        {static_cast<int64_t>(total - first)}, y, first * 4);
+      StridedDims dims;
+      dims.size = xs;
+      dims.strides = {ContiguousStrides(xs), ContiguousStrides(ys)};
+      if (absl::Status s = EmitStrided(op, isa::kEwCopy, {*input}, slice, dims, stage, ReadyOf({x})); !s.ok()) {
+        return s;
+      }
+    }
+    stage_[y] = stage;
     return absl::OkStatus();
   }
 

@@ -10,6 +10,7 @@
 //                                ELEMENTWISE over up to 4 strided dimensions
 //   MAX_POOL, AVG_POOL, GLOBAL_AVG_POOL   POOL
 //   SOFTMAX                      SOFTMAX (any axis)
+//   CONCAT                       ELEMENTWISE copies, each into its slice of the output (a view, strided)
 //   RESHAPE                      a view of its input (no instruction)
 //
 // Every other op (and grouped convolutions, a MATMUL of two activations) is refused by name. Each graph tensor

@@ -82,7 +82,8 @@ __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext&
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) out[i] = isa::PoolElement(a, in, i);
 }
 
-// Each thread takes kEwBatch elements (float4s on the contiguous path: no broadcast or transpose, 16-byte aligned)
+// Each thread takes kEwBatch elements (float4s on the contiguous path: no broadcast, transpose or slice, 16-byte
+// aligned)
 // kConsumerThreads apart, every load issued before the first store: an instruction is a few thousand elements, so
 // one load's latency after another would be most of its time.
 constexpr uint32_t kEwBatch = 4;
@@ -92,7 +93,9 @@ __device__ __forceinline__ void RunElementwise(const isa::ElementwiseArgs& a, Co
   float* out = ctx.machine.ptr<float>(a.out);
   const uint32_t end = a.begin + a.count;
   uint32_t scalar_begin = a.begin;
-  if (isa::EwContiguous(a) && a.begin % 4 == 0) {
+  const bool aligned =
+      (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
+  if (isa::EwContiguous(a) && a.begin % 4 == 0 && aligned) {
     const uint32_t end4 = (a.begin + a.count / 4 * 4) / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     const float4* y4 = reinterpret_cast<const float4*>(y);
@@ -117,20 +120,20 @@ __device__ __forceinline__ void RunElementwise(const isa::ElementwiseArgs& a, Co
   }
   for (uint32_t i0 = scalar_begin + ctx.tid; i0 < end; i0 += kConsumerThreads * kEwBatch) {
     float p[kEwBatch], q[kEwBatch];
+    uint32_t at[kEwBatch];
 #pragma unroll
     for (uint32_t j = 0; j < kEwBatch; ++j) {
       const uint32_t i = i0 + j * kConsumerThreads;
       if (i < end) {
         uint32_t oa, ob;
-        isa::EwOffsets(a, i, &oa, &ob);
+        isa::EwOffsets(a, i, &oa, &ob, &at[j]);
         p[j] = x[oa];
         q[j] = y != nullptr ? y[ob] : 0.0f;
       }
     }
 #pragma unroll
     for (uint32_t j = 0; j < kEwBatch; ++j) {
-      const uint32_t i = i0 + j * kConsumerThreads;
-      if (i < end) out[i] = isa::EwApply(a.func, p[j], q[j]);
+      if (i0 + j * kConsumerThreads < end) out[at[j]] = isa::EwApply(a.func, p[j], q[j]);
     }
   }
 }
