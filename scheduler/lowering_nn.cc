@@ -293,7 +293,7 @@ class NnLowering {
     isa::GemmArgs g{};
     g.a = image;
     g.weight = weight;
-    g.out = Arena(e.out);
+    g.out = arena_.contains(e.out) ? arena_.at(e.out) : Arena(e.out);
     g.m = m;
     g.n = n;
     g.k = k;
@@ -346,14 +346,15 @@ class NnLowering {
     return std::clamp((per + granule - 1) / granule * granule, granule, isa::kGemmTileM);
   }
 
+  // Groups 1: one IM2COL + GEMM (with the epilogue fusions). Groups g: per group an IM2COL of its input channels, a
+  // GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
+  // output (depthwise convolutions run this way too, correct but with one-column GEMMs).
   absl::Status LowerConv(const OpDef& op) {
     const std::string& x = op.inputs(0);
     const std::string& w = op.inputs(1);
     const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
     const graph::Conv2dAttrs& a = op.conv2d();
-    if (std::max(1, a.groups()) != 1) {
-      return Unsupported(op, absl::StrCat("grouped convolution (groups ", a.groups(), ") is not lowered yet"));
-    }
+    const uint32_t groups = static_cast<uint32_t>(std::max(1, a.groups()));
     if (T(w).kind() != graph::WEIGHT || (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT)) {
       return Unsupported(op, "weights and bias computed at run time are not lowered (constants only)");
     }
@@ -368,24 +369,51 @@ class NnLowering {
     c.stride_h = std::max(1, a.stride_h()), c.stride_w = std::max(1, a.stride_w());
     c.pad_top = a.pad_h(), c.pad_left = a.pad_w();
     c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
-    c.c_begin = 0;
     c.group_c = static_cast<uint32_t>(ws[3]);
-    const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), n = static_cast<uint32_t>(ws[0]);
-    c.out = b_.Scratch(absl::StrCat("im2col:", op.name()), graph::BF16,
-                       {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
-    const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/im2col"));
+    const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
     const std::vector<uint32_t> after = ReadyOf({x});
-    const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
-    for (uint32_t r = 0; r < padded; r += per) {
-      c.row_begin = r;
-      c.rows = std::min(per, padded - r);
-      Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), "/im2col"));
+    const uint32_t copy_stage = groups > 1 ? b_.Stage(op.name()) : 0;
+    const uint32_t y = Arena(op.outputs(0));
+    for (uint32_t gi = 0; gi < groups; ++gi) {
+      const std::string tag = groups > 1 ? absl::StrCat("/g", gi) : "";
+      c.c_begin = gi * c.group_c;
+      c.out = b_.Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
+                         {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+      const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), tag, "/im2col"));
+      const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+      for (uint32_t r = 0; r < padded; r += per) {
+        c.row_begin = r;
+        c.rows = std::min(per, padded - r);
+        Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), tag, "/im2col"));
+      }
+      const uint32_t weight =
+          b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
+      const uint32_t bias = op.inputs_size() > 2
+                                ? b_.Packed(absl::StrCat("bias:", op.inputs(2), tag), {op.inputs(2)}, ROWS_IDENTITY, n,
+                                            1, false, graph::BF16, gi * n)
+                                : kNone;
+      if (groups == 1) {
+        EmitGemm(FuseEpilogue(op), c.out, pack_stage, weight, bias, m, n, k);
+        break;
+      }
+      Epilogue e;
+      e.out = absl::StrCat(op.outputs(0), tag);  // a scratch [M, OC / g]
+      e.ops = absl::StrCat(op.name(), tag);
+      arena_[e.out] = b_.Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
+      EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k);
+      const uint32_t slice = b_.Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
+                                        {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
+      StridedDims dims;
+      dims.size = {m, n};
+      dims.strides = {{n, 1}, {oc, 1}};
+      if (absl::Status s = EmitStrided(op, isa::kEwCopy, {arena_.at(e.out)}, slice, dims, copy_stage,
+                                       {stage_.at(e.out)});
+          !s.ok()) {
+        return s;
+      }
     }
-    const uint32_t weight = b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true);
-    const uint32_t bias =
-        op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
-                             : kNone;
-    EmitGemm(FuseEpilogue(op), c.out, pack_stage, weight, bias, m, n, k);
+    if (groups > 1) stage_[op.outputs(0)] = copy_stage;
+    (void)y;
     return absl::OkStatus();
   }
 

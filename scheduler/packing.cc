@@ -49,6 +49,14 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       src.push_back(&w->second);
       rows += static_cast<uint64_t>(w->second.size()) / cols;
     }
+    const bool ranged = p.source_rows() > 0;
+    if (ranged) {
+      if (src.size() != 1 || p.order() != ROWS_IDENTITY || p.source_row_begin() + p.source_rows() > rows) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': rows [", p.source_row_begin(), ", +",
+                                                       p.source_rows(), ") of one source of ", rows, " rows needed"));
+      }
+      rows = p.source_rows();
+    }
     const bool image = p.tile_rows() > 0;
     if (image && (p.tile_rows() != isa::kGemmTileM || stride != cols ||
                   isa::GemmImageBytes(static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)) != dst.bytes())) {
@@ -90,6 +98,10 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], r);
         break;
       case ROWS_IDENTITY: {
+        if (ranged) {
+          for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], p.source_row_begin() + r);
+          break;
+        }
         uint64_t r = 0;
         for (const graph::HostTensor* t : src) {
           for (uint64_t i = 0; i < static_cast<uint64_t>(t->size()) / cols; ++i) copy_row(r++, t, i);

@@ -142,10 +142,16 @@ class PassBuilder {
     p_.nodes.push_back(std::move(node));
   }
   // A packed WEIGHTS tensor (AddPacked), added once per name.
+  // With `source_row_begin`: the rows [source_row_begin, +rows) of the one source (a convolution group's).
   uint32_t Packed(const std::string& name, const std::vector<std::string>& sources, RowOrder order, uint64_t rows,
-                  uint64_t cols, bool image, graph::DType dtype = graph::BF16) {
+                  uint64_t cols, bool image, graph::DType dtype = graph::BF16,
+                  std::optional<uint64_t> source_row_begin = std::nullopt) {
     if (auto it = ids_.find(name); it != ids_.end()) return it->second;
     AddPacked(&p_, name, sources, order, rows, cols, image, 0, 0, dtype);
+    if (source_row_begin) {
+      p_.packing.back().set_source_row_begin(*source_row_begin);
+      p_.packing.back().set_source_rows(rows);
+    }
     ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
     return ids_[name];
   }
