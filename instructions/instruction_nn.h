@@ -36,9 +36,10 @@ struct ImToColArgs {
   uint32_t group_c;  // input channels per group
   uint32_t row_begin;
   uint32_t rows;
+  uint32_t relu;  // 1: max(0, input) (a ReLU the producing GEMM split over K left to its readers)
   static constexpr const char* kFields[] = {"input", "out", "n", "h", "w", "c", "oh", "ow", "kh", "kw",
                                             "stride_h", "stride_w", "pad_top", "pad_left", "dilation_h",
-                                            "dilation_w", "c_begin", "group_c", "row_begin", "rows"};
+                                            "dilation_w", "c_begin", "group_c", "row_begin", "rows", "relu"};
 };
 LOOM_HD uint32_t ImToColRows(const ImToColArgs& a) { return a.n * a.oh * a.ow; }
 LOOM_HD uint32_t ImToColK(const ImToColArgs& a) { return a.kh * a.kw * a.group_c; }

@@ -12,6 +12,7 @@ void Validate(const ImToColArgs& a, Checker& c) {
             "every dimension must be positive");
   c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
             "strides and dilations must be positive");
+  c.Require(a.relu <= 1, "relu must be 0 or 1");
   c.Require(a.group_c > 0 && U(a.c_begin) + a.group_c <= a.c,
             absl::StrCat("channels [", a.c_begin, ", +", a.group_c, ") outside the input's ", a.c));
   const uint64_t m = U(a.n) * a.oh * a.ow, k = U(a.kh) * a.kw * a.group_c;
@@ -98,6 +99,7 @@ void Reference(const ImToColArgs& a, const MachineView& m) {
         const int64_t ix = int64_t{ox} * a.stride_w - a.pad_left + int64_t{kx} * a.dilation_w;
         if (iy >= 0 && iy < a.h && ix >= 0 && ix < a.w) {
           v = in[((uint64_t{b} * a.h + iy) * a.w + ix) * a.c + a.c_begin + ch];
+          if (a.relu != 0) v = std::max(v, 0.0f);
         }
       }
       image[Swizzled128Offset(k, kGemmTileM, r, col) / 2] = graph::FloatToBf16(v);

@@ -98,6 +98,9 @@ class NnLowering {
       if (absl::Status s = Lower(op); !s.ok()) return s;
     }
     for (const TensorDef& t : g_.def().tensors()) {
+      if (t.is_output()) Materialize(t.name());
+    }
+    for (const TensorDef& t : g_.def().tensors()) {
       if (!t.is_output()) continue;
       auto it = arena_.find(t.name());
       if (it == arena_.end()) {
@@ -174,8 +177,14 @@ class NnLowering {
     return out;
   }
 
-  // An f32 operand of an element-wise op: an activation's arena tensor, or a weight's exact f32 copy.
+  // An f32 operand read as it is (a pending ReLU applied first): an activation's arena tensor, or a weight's exact
+  // f32 copy.
   absl::StatusOr<uint32_t> Operand(const OpDef& op, const std::string& name) {
+    Materialize(name);
+    return OperandRaw(op, name);
+  }
+  // The same without applying a pending ReLU (a reader that applies it itself).
+  absl::StatusOr<uint32_t> OperandRaw(const OpDef& op, const std::string& name) {
     const TensorDef& t = T(name);
     if (t.kind() == graph::WEIGHT) {
       // The packing plan's rows of a weight: its first dimension (rank >= 2), or one element each.
@@ -301,17 +310,22 @@ class NnLowering {
     g.residual = e.residual;
     g.epilogue = e.relu ? isa::kGemmStoreF32Relu : isa::kGemmStoreF32;
     g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
+    const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
+    const bool split = 2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit;
+    // A residual whose ReLU is still pending: the split form's initial copy applies it; the fused epilogue reads
+    // the tensor as it is, so the ReLU is applied first.
+    const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
+    if (residual_relu && !split) Materialize(e.residual_names[0]);
     std::vector<uint32_t> after = ReadyOf(e.residual_names);
     after.push_back(image_stage);
-    const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
     uint32_t splits = 1;
-    if (2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit) {
+    if (split) {
       splits = std::min({(o_.num_sms() + tiles - 1) / tiles, slabs / kMinSlabsPerSplit, kMaxKSplits});
       const uint64_t elements = uint64_t{m} * n;
       // Into A's stage: the GEMM waits for one barrier, not two.
       if (e.residual != kNone) {
-        EmitMap(isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names), absl::StrCat(e.ops, "/residual"),
-                image_stage);
+        EmitMap(residual_relu ? isa::kEwRelu : isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
+                absl::StrCat(e.ops, "/residual"), image_stage);
       } else {
         EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), image_stage);
       }
@@ -333,9 +347,19 @@ class NnLowering {
         }
       }
     }
-    stage_[e.out] = splits > 1 && e.relu ? EmitMap(isa::kEwRelu, g.out, g.out, uint64_t{m} * n, {stage},
-                                                     absl::StrCat(e.ops, "/relu"))
-                                         : stage;
+    stage_[e.out] = stage;
+    // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (IM2COL and the
+    // next split GEMM's residual copy apply it as they read), or applied in place by the first reader that cannot.
+    if (splits > 1 && e.relu) pending_relu_[e.out] = {g.out, uint64_t{m} * n, e.ops};
+  }
+
+  // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
+  void Materialize(const std::string& name) {
+    auto it = pending_relu_.find(name);
+    if (it == pending_relu_.end()) return;
+    const PendingRelu p = it->second;
+    pending_relu_.erase(it);
+    stage_[name] = EmitMap(isa::kEwRelu, p.tensor, p.tensor, p.elements, ReadyOf({name}), absl::StrCat(p.ops, "/relu"));
   }
 
   // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least
@@ -358,10 +382,11 @@ class NnLowering {
     if (T(w).kind() != graph::WEIGHT || (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT)) {
       return Unsupported(op, "weights and bias computed at run time are not lowered (constants only)");
     }
-    absl::StatusOr<uint32_t> input = Operand(op, x);
+    absl::StatusOr<uint32_t> input = OperandRaw(op, x);
     if (!input.ok()) return input.status();
     isa::ImToColArgs c{};
     c.input = *input;
+    c.relu = pending_relu_.contains(x) ? 1 : 0;
     c.n = static_cast<uint32_t>(xs[0]), c.h = static_cast<uint32_t>(xs[1]), c.w = static_cast<uint32_t>(xs[2]);
     c.c = static_cast<uint32_t>(xs[3]);
     c.oh = static_cast<uint32_t>(ys[1]), c.ow = static_cast<uint32_t>(ys[2]);
@@ -636,6 +661,12 @@ class NnLowering {
   absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
   absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over
   absl::flat_hash_set<std::string> input_backed_;     // inputs and views of them
+  struct PendingRelu {
+    uint32_t tensor;
+    uint64_t elements;
+    std::string ops;
+  };
+  absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
 };
 
 }  // namespace

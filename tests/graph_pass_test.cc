@@ -1,7 +1,8 @@
 // A general graph's pass (scheduler/lowering_nn) on the CPU VM against the op-by-op oracle: a ResNet-style block
 // imported from ONNX (Conv, Relu, Conv, residual Add, Relu, GlobalAveragePool, Flatten, Gemm, Softmax), lowered
 // with its GEMM epilogues taking over the bias, the residual and the ReLUs, once with few output tiles (split
-// over K: the residual copied in first, the ReLU its own stage) and once with enough tiles for the fused
+// over K: the residual copied in first, the ReLU applied by the next conv's IM2COL as it reads, or in place before
+// the pool) and once with enough tiles for the fused
 // epilogue; a product of two activations refused by name. The ONNX backend data covers the rest of the ops (grouped
 // and depthwise convolutions, CONCAT, pools, softmax) on the VM and the GPU.
 #include <gtest/gtest.h>
@@ -77,11 +78,13 @@ std::string ResidualBlock(int64_t batch) {
 
 struct PassShape {
   int gemms = 0, accumulating = 0, fused = 0;  // GEMM instructions; split over K; taking over an ADD or RELU
+  int relu_on_read = 0;                         // IM2COL instructions applying a split GEMM's pending ReLU
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
   for (const scheduler::SmQueue& q : s.queues()) {
     for (const scheduler::Instruction& inst : q.instructions()) {
+      p.relu_on_read += inst.opcode() == "IM2COL" && inst.args(20) == 1;  // ImToColArgs.relu
       if (inst.opcode() != "GEMM") continue;
       ++p.gemms;
       p.accumulating += inst.args(10) == isa::kGemmAccumulateF32;  // GemmArgs.epilogue
@@ -140,10 +143,11 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
   }
 }
 
-TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedIn) {
+TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders) {
   PassShape shape;
   RunAgainstOracle(1, 132, &shape);
   EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
+  EXPECT_GT(shape.relu_on_read, 0) << "conv2's IM2COL should apply conv1's ReLU as it reads";
 }
 
 TEST(GraphPass, ManyTilesTakeTheBiasResidualAndReluIntoTheEpilogue) {

@@ -40,6 +40,10 @@ __device__ __forceinline__ uint4 ImToColChunk(const isa::ImToColArgs& a, const f
       }
     }
   }
+  if (a.relu != 0) {
+#pragma unroll
+    for (uint32_t e = 0; e < 8; ++e) v[e] = fmaxf(v[e], 0.0f);
+  }
   __nv_bfloat162 pairs[4];
 #pragma unroll
   for (uint32_t j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
