@@ -605,9 +605,14 @@ class NnLowering {
     }
     const uint32_t stage = b_.Stage(op.name());
     const std::vector<uint32_t> after = ReadyOf({x});
-    for (const auto& [begin, end] : Chunks(Product(ys), 256)) {
+    // Chunked by work (outputs x window): a global pool's few outputs each sum a whole map.
+    const uint64_t outputs = Product(ys), window = uint64_t{p.kh} * p.kw;
+    const uint64_t per = std::max<uint64_t>(
+        64, (std::max<uint64_t>(kMinElementsPerInstruction * 4, outputs * window / (2 * o_.num_sms())) / window + 63) /
+                64 * 64);
+    for (uint64_t begin = 0; begin < outputs; begin += per) {
       p.begin = static_cast<uint32_t>(begin);
-      p.count = static_cast<uint32_t>(end - begin);
+      p.count = static_cast<uint32_t>(std::min(outputs, begin + per) - begin);
       Emit(Make(isa::Opcode::POOL, p), stage, after, op.name());
     }
     stage_[op.outputs(0)] = stage;

@@ -80,10 +80,54 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
   }
 }
 
+// Windows of at most kPoolGather positions: the window's loads all issued (an unrolled, guarded gather), then
+// reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by PoolElement itself.
+constexpr uint32_t kPoolGather = 16;
+__device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
+  const uint32_t ch = i % a.c;
+  uint32_t rest = i / a.c;
+  const int32_t ox = static_cast<int32_t>(rest % a.ow);
+  rest /= a.ow;
+  const int32_t oy = static_cast<int32_t>(rest % a.oh);
+  const uint32_t b = rest / a.oh;
+  const int32_t h = static_cast<int32_t>(a.h), w = static_cast<int32_t>(a.w);
+  const int32_t pt = static_cast<int32_t>(a.pad_top), pl = static_cast<int32_t>(a.pad_left);
+  const int32_t pb = static_cast<int32_t>(a.pad_bottom), pr = static_cast<int32_t>(a.pad_right);
+  const int32_t y0 = oy * static_cast<int32_t>(a.stride_h) - pt, x0 = ox * static_cast<int32_t>(a.stride_w) - pl;
+  const float* plane = x + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch;
+  const bool max = a.mode == isa::kPoolMax;
+  float v[kPoolGather];
+  uint32_t inside = 0;  // bit t: window position t lies inside the input
+  int32_t padded = 0;
+#pragma unroll
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
+    if (t < a.kh * a.kw) {
+      const int32_t iy = y0 + static_cast<int32_t>(t / a.kw * a.dilation_h);
+      const int32_t ix = x0 + static_cast<int32_t>(t % a.kw * a.dilation_w);
+      padded += iy >= -pt && iy < h + pb && ix >= -pl && ix < w + pr;
+      if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
+        v[t] = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+        inside |= 1u << t;
+      }
+    }
+  }
+  float acc = max ? -INFINITY : 0.0f;
+#pragma unroll
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
+    if ((inside >> t) & 1u) acc = max ? (v[t] > acc ? v[t] : acc) : acc + v[t];
+  }
+  const int32_t count = __popc(inside);
+  if (!max) acc /= static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+  return acc;
+}
+
 __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
-  for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) out[i] = isa::PoolElement(a, in, i);
+  const bool gather = a.kh * a.kw <= kPoolGather;
+  for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
+    out[i] = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
+  }
 }
 
 // Each thread takes kEwBatch elements (float4s on the contiguous path: no broadcast, transpose or slice, 16-byte
