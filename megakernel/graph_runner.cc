@@ -48,9 +48,9 @@ absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
     const scheduler::Tensor& t = pass_.tensors(io.tensor());
     const graph::HostTensor& v = it->second;
     if (v.dtype != graph::F32 || !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end())) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' must be f32 [",
-                                                     absl::StrJoin(t.shape(), ", "), "], got ",
-                                                     graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", io.name(), "' must be f32 [", absl::StrJoin(t.shape(), ", "), "], got ",
+                       graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));
     }
     if (vm_ != nullptr) {
       vm_->WriteArena(t.offset(), v.f32.data(), t.bytes());

@@ -30,7 +30,8 @@ std::vector<float> Wave(size_t n, float scale, float phase) {
   return v;
 }
 
-onnx::NodeProto* Node(onnx::GraphProto* g, const std::string& type, std::vector<std::string> in, const std::string& out) {
+onnx::NodeProto* Node(onnx::GraphProto* g, const std::string& type, std::vector<std::string> in,
+                      const std::string& out) {
   onnx::NodeProto* n = g->add_node();
   n->set_op_type(type);
   n->set_name(out);
@@ -78,7 +79,7 @@ std::string ResidualBlock(int64_t batch) {
 
 struct PassShape {
   int gemms = 0, accumulating = 0, fused = 0;  // GEMM instructions; split over K; taking over an ADD or RELU
-  int relu_on_read = 0;                         // IM2COL instructions applying a split GEMM's pending ReLU
+  int relu_on_read = 0;                        // IM2COL instructions applying a split GEMM's pending ReLU
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
@@ -122,7 +123,8 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
            int64_t batch) {
   graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, {batch, 64, 8, 8});
   x.f32 = Wave(x.f32.size(), 1.0f, 0.0f);
-  absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> vm = megakernel::GraphRunner::Create(pass, m.weights, backend);
+  absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> vm =
+      megakernel::GraphRunner::Create(pass, m.weights, backend);
   ASSERT_TRUE(vm.ok()) << vm.status();
   for (int run = 0; run < 2; ++run) {  // a second run starts from the first's arena and barrier counts
     absl::StatusOr<megakernel::TensorMap> got = (*vm)->Run({{m.inputs[0], x}});
@@ -137,8 +139,8 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
       err += (y.Get(i) - want.Get(i)) * (y.Get(i) - want.Get(i));
       norm += want.Get(i) * want.Get(i);
     }
-    EXPECT_LT(std::sqrt(err / norm), 1e-2) << (backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM")
-                                           << ", batch " << batch << ", run " << run;
+    EXPECT_LT(std::sqrt(err / norm), 1e-2)
+        << (backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", batch " << batch << ", run " << run;
     x.f32 = Wave(x.f32.size(), 1.0f, 1.0f);  // fresh inputs for the second run
   }
 }
@@ -170,8 +172,7 @@ TEST(GraphPass, UnsupportedOpsAreRefusedByName) {
   absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(model->graph, "mm.onnx", {});
   ASSERT_FALSE(pass.ok());
   EXPECT_EQ(pass.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(pass.status().message().find("(MATMUL): only a constant 2-D right-hand side is lowered"),
-            std::string::npos)
+  EXPECT_NE(pass.status().message().find("(MATMUL): only a constant 2-D right-hand side is lowered"), std::string::npos)
       << pass.status();
 }
 

@@ -39,8 +39,8 @@ absl::StatusOr<megakernel::TensorMap> Inputs(const graph::Graph& graph, const Gr
     std::vector<std::string> parts = absl::StrSplit(entry, absl::MaxSplits('=', 1));
     if (parts.size() == 1) {
       if (defs.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("--input: the graph has ", defs.size(),
-                                                       " inputs; name each as name=file.npy"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--input: the graph has ", defs.size(), " inputs; name each as name=file.npy"));
       }
       parts.insert(parts.begin(), defs[0]->name());
     }
@@ -100,8 +100,8 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
     const graph::HostTensor& y = outputs->at(io.name());
     double sum = 0, lo = INFINITY, hi = -INFINITY;
     for (float v : y.f32) sum += v, lo = std::min<double>(lo, v), hi = std::max<double>(hi, v);
-    std::printf("output '%s' [%s]: mean %.5g, min %.5g, max %.5g", io.name().c_str(), absl::StrJoin(y.shape, ", ").c_str(),
-                y.f32.empty() ? 0.0 : sum / y.f32.size(), lo, hi);
+    std::printf("output '%s' [%s]: mean %.5g, min %.5g, max %.5g", io.name().c_str(),
+                absl::StrJoin(y.shape, ", ").c_str(), y.f32.empty() ? 0.0 : sum / y.f32.size(), lo, hi);
     if (oracle != nullptr) {
       const graph::HostTensor& ref = oracle->Get(io.name());
       double err = 0, norm = 0, worst = 0;
@@ -114,7 +114,8 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
       const double rel = std::sqrt(err / std::max(norm, 1e-30));
       const bool ok = std::isfinite(rel) && rel <= megakernel::kGraphTolerance;
       agree &= ok;
-      std::printf("; against the oracle: relative RMS error %.2e, max abs %.3g %s", rel, worst, ok ? "(ok)" : "(TOO LARGE)");
+      std::printf("; against the oracle: relative RMS error %.2e, max abs %.3g %s", rel, worst,
+                  ok ? "(ok)" : "(TOO LARGE)");
     }
     std::printf("\n");
     if (!flags.out.empty()) {

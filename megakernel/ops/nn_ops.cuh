@@ -21,7 +21,8 @@ __device__ __forceinline__ uint4 ImToColChunk(const isa::ImToColArgs& a, const f
     const float* image = in + static_cast<uint64_t>(b) * a.h * a.w * a.c + a.c_begin;
     if (vector && col < k) {  // 8 consecutive channels of one input pixel
       const uint32_t c = col % a.group_c, kx = col / a.group_c % a.kw, ky = col / a.group_c / a.kw;
-      const int32_t iy = y0 + static_cast<int32_t>(ky * a.dilation_h), ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
+      const int32_t iy = y0 + static_cast<int32_t>(ky * a.dilation_h),
+                    ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
       if (iy >= 0 && iy < static_cast<int32_t>(a.h) && ix >= 0 && ix < static_cast<int32_t>(a.w)) {
         const float4* p = reinterpret_cast<const float4*>(image + (static_cast<uint32_t>(iy) * a.w + ix) * a.c + c);
         const float4 lo = p[0], hi = p[1];
@@ -73,8 +74,8 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
     for (uint32_t j = 0; j < kImToColBatch; ++j) {
       const uint32_t at = base + j * kConsumerThreads;
       if (at < total) {
-        *reinterpret_cast<uint4*>(image + isa::Swizzled128Offset(k, isa::kGemmTileM, a.row_begin + at / chunks,
-                                                                 at % chunks * 8)) = packed[j];
+        *reinterpret_cast<uint4*>(
+            image + isa::Swizzled128Offset(k, isa::kGemmTileM, a.row_begin + at / chunks, at % chunks * 8)) = packed[j];
       }
     }
   }

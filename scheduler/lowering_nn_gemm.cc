@@ -1,0 +1,221 @@
+// The general-graph lowering's GEMM side: convolutions (IM2COL + GEMM, per group when grouped), LINEAR / MATMUL
+// (PACK_ROWS + GEMM), the GEMM epilogue's fusions, split-K and the ReLU it leaves to its readers.
+#include "scheduler/lowering_nn_internal.h"
+
+namespace loom::scheduler::lowering_nn_internal {
+
+NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
+  Epilogue e;
+  e.out = op.outputs(0);
+  e.ops = op.name();
+  auto only_reader = [&](const std::string& t, graph::OpType type) -> const OpDef* {
+    if (T(t).is_output()) return nullptr;
+    const std::vector<const OpDef*> readers = g_.consumers(t);
+    return readers.size() == 1 && readers[0]->type() == type ? readers[0] : nullptr;
+  };
+  if (const OpDef* add = only_reader(e.out, graph::ADD)) {
+    const std::string& other = add->inputs(0) == e.out ? add->inputs(1) : add->inputs(0);
+    const bool ready = T(other).kind() == graph::INPUT || arena_.contains(other);
+    if (other != e.out && ready && T(other).kind() != graph::WEIGHT && T(other).dtype() == graph::F32 &&
+        ShapeOf(T(other)) == ShapeOf(T(e.out)) && ShapeOf(T(add->outputs(0))) == ShapeOf(T(e.out))) {
+      e.residual = Arena(other);
+      e.residual_names = {other};
+      e.out = add->outputs(0);
+      e.ops = absl::StrCat(e.ops, ",", add->name());
+      consumed_.insert(add->name());
+    }
+  }
+  if (const OpDef* relu = only_reader(e.out, graph::RELU)) {
+    e.relu = true;
+    e.out = relu->outputs(0);
+    e.ops = absl::StrCat(e.ops, ",", relu->name());
+    consumed_.insert(relu->name());
+  }
+  return e;
+}
+
+// C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
+// W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
+// over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
+// residual or zero, and a ReLU follows as its own stage.
+void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias,
+                          uint32_t m, uint32_t n, uint32_t k) {
+  isa::GemmArgs g{};
+  g.a = image;
+  g.weight = weight;
+  g.out = arena_.contains(e.out) ? arena_.at(e.out) : Arena(e.out);
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.bias = bias;
+  g.residual = e.residual;
+  g.epilogue = e.relu ? isa::kGemmStoreF32Relu : isa::kGemmStoreF32;
+  g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
+  const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
+  const bool split = 2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit;
+  // A residual whose ReLU is still pending: the split form's initial copy applies it; the fused epilogue reads
+  // the tensor as it is, so the ReLU is applied first.
+  const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
+  if (residual_relu && !split) Materialize(e.residual_names[0]);
+  std::vector<uint32_t> after = ReadyOf(e.residual_names);
+  after.push_back(image_stage);
+  uint32_t splits = 1;
+  if (split) {
+    splits = std::min({(o_.num_sms() + tiles - 1) / tiles, slabs / kMinSlabsPerSplit, kMaxKSplits});
+    const uint64_t elements = uint64_t{m} * n;
+    // Into A's stage: the GEMM waits for one barrier, not two.
+    if (e.residual != kNone) {
+      EmitMap(residual_relu ? isa::kEwRelu : isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
+              absl::StrCat(e.ops, "/residual"), image_stage);
+    } else {
+      EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), image_stage);
+    }
+    after = {image_stage};
+    g.epilogue = isa::kGemmAccumulateF32;
+    g.residual = kNone;
+  }
+  const uint32_t stage = b_.Stage(e.ops);
+  for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt) {
+    for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
+      for (uint32_t s = 0; s < splits; ++s) {
+        g.m_tile = mt;
+        g.n_tile = nt;
+        if (splits > 1) {
+          g.slab_begin = slabs * s / splits;
+          g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
+        }
+        Emit(Make(isa::Opcode::GEMM, g), stage, after, e.ops);
+      }
+    }
+  }
+  stage_[e.out] = stage;
+  // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (IM2COL and the
+  // next split GEMM's residual copy apply it as they read), or applied in place by the first reader that cannot.
+  if (splits > 1 && e.relu) pending_relu_[e.out] = {g.out, uint64_t{m} * n, e.ops};
+}
+
+// A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
+void NnLowering::Materialize(const std::string& name) {
+  auto it = pending_relu_.find(name);
+  if (it == pending_relu_.end()) return;
+  const PendingRelu p = it->second;
+  pending_relu_.erase(it);
+  stage_[name] = EmitMap(isa::kEwRelu, p.tensor, p.tensor, p.elements, ReadyOf({name}), absl::StrCat(p.ops, "/relu"));
+}
+
+// Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least
+// `granule` rows (PACK_ROWS: a warp per row).
+uint32_t NnLowering::RowsPerInstruction(uint32_t m, uint32_t granule) const {
+  const uint32_t padded = isa::GemmTiles(m) * isa::kGemmTileM;
+  const uint32_t per = (padded + 2 * o_.num_sms() - 1) / (2 * o_.num_sms());
+  return std::clamp((per + granule - 1) / granule * granule, granule, isa::kGemmTileM);
+}
+
+// Groups 1: one IM2COL + GEMM (with the epilogue fusions). Groups g: per group an IM2COL of its input channels, a
+// GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
+// output (depthwise convolutions run this way too, correct but with one-column GEMMs).
+absl::Status NnLowering::LowerConv(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::string& w = op.inputs(1);
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
+  const graph::Conv2dAttrs& a = op.conv2d();
+  const uint32_t groups = static_cast<uint32_t>(std::max(1, a.groups()));
+  if (T(w).kind() != graph::WEIGHT || (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT)) {
+    return Unsupported(op, "weights and bias computed at run time are not lowered (constants only)");
+  }
+  absl::StatusOr<uint32_t> input = OperandRaw(op, x);
+  if (!input.ok()) return input.status();
+  isa::ImToColArgs c{};
+  c.input = *input;
+  c.relu = pending_relu_.contains(x) ? 1 : 0;
+  c.n = static_cast<uint32_t>(xs[0]), c.h = static_cast<uint32_t>(xs[1]), c.w = static_cast<uint32_t>(xs[2]);
+  c.c = static_cast<uint32_t>(xs[3]);
+  c.oh = static_cast<uint32_t>(ys[1]), c.ow = static_cast<uint32_t>(ys[2]);
+  c.kh = static_cast<uint32_t>(ws[1]), c.kw = static_cast<uint32_t>(ws[2]);
+  c.stride_h = std::max(1, a.stride_h()), c.stride_w = std::max(1, a.stride_w());
+  c.pad_top = a.pad_h(), c.pad_left = a.pad_w();
+  c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
+  c.group_c = static_cast<uint32_t>(ws[3]);
+  const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
+  const std::vector<uint32_t> after = ReadyOf({x});
+  const uint32_t copy_stage = groups > 1 ? b_.Stage(op.name()) : 0;
+  const uint32_t y = Arena(op.outputs(0));
+  for (uint32_t gi = 0; gi < groups; ++gi) {
+    const std::string tag = groups > 1 ? absl::StrCat("/g", gi) : "";
+    c.c_begin = gi * c.group_c;
+    c.out = b_.Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
+                       {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+    const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), tag, "/im2col"));
+    const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    for (uint32_t r = 0; r < padded; r += per) {
+      c.row_begin = r;
+      c.rows = std::min(per, padded - r);
+      Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), tag, "/im2col"));
+    }
+    const uint32_t weight =
+        b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
+    const uint32_t bias = op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2), tag), {op.inputs(2)},
+                                                           ROWS_IDENTITY, n, 1, false, graph::BF16, gi * n)
+                                               : kNone;
+    if (groups == 1) {
+      EmitGemm(FuseEpilogue(op), c.out, pack_stage, weight, bias, m, n, k);
+      break;
+    }
+    Epilogue e;
+    e.out = absl::StrCat(op.outputs(0), tag);  // a scratch [M, OC / g]
+    e.ops = absl::StrCat(op.name(), tag);
+    arena_[e.out] = b_.Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
+    EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k);
+    const uint32_t slice = b_.Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
+                                      {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
+    StridedDims dims;
+    dims.size = {m, n};
+    dims.strides = {{n, 1}, {oc, 1}};
+    if (absl::Status s = EmitStrided(op, isa::kEwCopy, {arena_.at(e.out)}, slice, dims, copy_stage, {stage_.at(e.out)});
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (groups > 1) stage_[op.outputs(0)] = copy_stage;
+  (void)y;
+  return absl::OkStatus();
+}
+
+// LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
+// into an operand image, then a GEMM.
+absl::Status NnLowering::LowerMatmul(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::string& w = op.inputs(1);
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w));
+  const bool linear = op.type() == graph::LINEAR;
+  if (T(w).kind() != graph::WEIGHT || ws.size() != 2) {
+    return Unsupported(op, "only a constant 2-D right-hand side is lowered (a product of two activations is not)");
+  }
+  if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
+    return Unsupported(op, "a bias computed at run time is not lowered");
+  }
+  absl::StatusOr<uint32_t> input = Operand(op, x);
+  if (!input.ok()) return input.status();
+  const uint32_t k = static_cast<uint32_t>(xs.back()), n = static_cast<uint32_t>(linear ? ws[0] : ws[1]);
+  const uint64_t rows = Product(xs) / k;
+  if (rows >= (uint64_t{1} << 31)) return Unsupported(op, "too many rows");
+  const uint32_t m = static_cast<uint32_t>(rows);
+  const uint32_t image =
+      b_.Scratch(absl::StrCat("rows:", op.name()), graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+  const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
+  const std::vector<uint32_t> after = ReadyOf({x});
+  const uint32_t per = RowsPerInstruction(m, kPackRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+  for (uint32_t r = 0; r < padded; r += per) {
+    const isa::PackRowsArgs a{*input, image, m, k, r, std::min(per, padded - r), kNone, 0.0f};
+    Emit(Make(isa::Opcode::PACK_ROWS, a), pack_stage, after, absl::StrCat(op.name(), "/pack"));
+  }
+  const uint32_t weight = linear ? b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true)
+                                 : b_.Packed(absl::StrCat("imageT:", w), {w}, ROWS_TRANSPOSED, n, k, true);
+  const uint32_t bias = op.inputs_size() > 2
+                            ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
+                            : kNone;
+  EmitGemm(FuseEpilogue(op), image, pack_stage, weight, bias, m, n, k);
+  return absl::OkStatus();
+}
+
+}  // namespace loom::scheduler::lowering_nn_internal

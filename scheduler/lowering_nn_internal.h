@@ -1,0 +1,253 @@
+// The general-graph lowering's internals (lowering_nn.cc: the driver, element-wise ops, pools, softmax, concat,
+// reshape; lowering_nn_gemm.cc: convolutions, matmuls, GEMM emission and its epilogue fusions). Not an API:
+// scheduler/lowering_nn.h is.
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "graph/graph.h"
+#include "scheduler/pass_builder.h"
+#include "scheduler/schedule.pb.h"
+
+namespace loom::scheduler::lowering_nn_internal {
+
+using graph::OpDef;
+using graph::TensorDef;
+
+constexpr uint64_t kMinElementsPerInstruction = 1024;
+constexpr uint32_t kPackRows = 16;    // PACK_ROWS rows per instruction, at least (a warp per row)
+constexpr uint32_t kImToColRows = 4;  // IM2COL rows per instruction, at least (all threads share the rows' chunks)
+constexpr uint32_t kNone = isa::kNoTensor;
+constexpr uint32_t kMaxKSplits = 16;       // of a GEMM with few output tiles
+constexpr uint32_t kMinSlabsPerSplit = 2;  // K slabs (of 64) each split multiplies, at least
+
+inline std::vector<uint64_t> ShapeOf(const TensorDef& t) { return {t.shape().begin(), t.shape().end()}; }
+inline uint64_t Product(const std::vector<uint64_t>& s, size_t from = 0) {
+  uint64_t p = 1;
+  for (size_t i = from; i < s.size(); ++i) p *= s[i];
+  return p;
+}
+inline std::vector<uint64_t> ContiguousStrides(const std::vector<uint64_t>& shape) {
+  std::vector<uint64_t> strides(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) strides[i] = Product(shape, i + 1);
+  return strides;
+}
+// Element strides of an operand of shape `in` broadcast (numpy rules, aligned right) to `out`.
+inline std::vector<uint64_t> BroadcastStrides(const std::vector<uint64_t>& in, const std::vector<uint64_t>& out) {
+  const std::vector<uint64_t> contiguous = ContiguousStrides(in);
+  std::vector<uint64_t> strides(out.size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t j = static_cast<int64_t>(i) - static_cast<int64_t>(out.size() - in.size());
+    if (j >= 0 && !(in[j] == 1 && out[i] != 1)) strides[i] = contiguous[j];
+  }
+  return strides;
+}
+
+// An output shape walked with an element stride per operand (0: broadcast), outermost dimension first.
+struct StridedDims {
+  std::vector<uint64_t> size;
+  std::vector<std::vector<uint64_t>> strides;  // [operand][dimension]
+};
+// Drops size-1 dimensions and merges neighbours every operand walks contiguously; nullopt if more than
+// kElementwiseDims remain (otherwise padded to exactly that many).
+inline std::optional<StridedDims> Collapse(const StridedDims& d) {
+  StridedDims out;
+  out.strides.resize(d.strides.size());
+  for (size_t i = 0; i < d.size.size(); ++i) {
+    if (d.size[i] == 1) continue;
+    bool merge = !out.size.empty();
+    for (size_t o = 0; merge && o < d.strides.size(); ++o) merge = out.strides[o].back() == d.strides[o][i] * d.size[i];
+    if (merge)
+      out.size.back() *= d.size[i];
+    else
+      out.size.push_back(d.size[i]);
+    for (size_t o = 0; o < d.strides.size(); ++o) {
+      if (merge)
+        out.strides[o].back() = d.strides[o][i];
+      else
+        out.strides[o].push_back(d.strides[o][i]);
+    }
+  }
+  if (out.size.size() > isa::kElementwiseDims) return std::nullopt;
+  while (out.size.size() < isa::kElementwiseDims) {
+    out.size.insert(out.size.begin(), 1);
+    for (auto& s : out.strides) s.insert(s.begin(), 0);
+  }
+  return out;
+}
+
+class NnLowering {
+ public:
+  NnLowering(const graph::Graph& graph, const CompileOptions& options) : g_(graph), o_(options) {}
+
+  absl::StatusOr<Schedule> Run(const std::string& model);
+
+ private:
+  absl::Status Lower(const OpDef& op);
+
+  absl::Status Unsupported(const OpDef& op, const std::string& why) const {
+    return absl::UnimplementedError(absl::StrCat("op '", op.name(), "' (", graph::OpType_Name(op.type()), "): ", why));
+  }
+
+  const TensorDef& T(const std::string& name) const { return g_.tensor(name); }
+
+  // The f32 arena tensor of a graph tensor, created on first use in the graph's shape.
+  uint32_t Arena(const std::string& name) {
+    if (auto it = arena_.find(name); it != arena_.end()) return it->second;
+    const std::vector<uint64_t> shape = ShapeOf(T(name));
+    const uint32_t id = b_.Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    arena_[name] = id;
+    return id;
+  }
+
+  // A copy of `name` (input-backed) in a tensor of its own, by an ELEMENTWISE copy.
+  uint32_t CopyOut(const std::string& name);
+
+  // An f32 operand read as it is (a pending ReLU applied first): an activation's arena tensor, or a weight's exact
+  // f32 copy.
+  absl::StatusOr<uint32_t> Operand(const OpDef& op, const std::string& name) {
+    Materialize(name);
+    return OperandRaw(op, name);
+  }
+  // The same without applying a pending ReLU (a reader that applies it itself).
+  absl::StatusOr<uint32_t> OperandRaw(const OpDef& op, const std::string& name);
+
+  // The stages to wait for before reading `names` (inputs and weights: none).
+  std::vector<uint32_t> ReadyOf(const std::vector<std::string>& names) const {
+    std::vector<uint32_t> stages;
+    for (const std::string& n : names) {
+      auto it = stage_.find(n);
+      if (it != stage_.end() && std::find(stages.begin(), stages.end(), it->second) == stages.end()) {
+        stages.push_back(it->second);
+      }
+    }
+    return stages;
+  }
+
+  void Emit(isa::Instruction inst, uint32_t stage, const std::vector<uint32_t>& after, const std::string& name) {
+    inst.num_waits = static_cast<uint8_t>(after.size());
+    for (size_t i = 0; i < after.size(); ++i) inst.waits[i] = {after[i], 0};
+    b_.EmitRaw(inst, stage, name);
+  }
+  template <typename Args>
+  static isa::Instruction Make(isa::Opcode op, const Args& args) {
+    isa::Instruction inst{};
+    inst.opcode = static_cast<uint8_t>(op);
+    inst.as<Args>() = args;
+    return inst;
+  }
+
+  // [begin, end) chunks of `total` elements: about two instructions per SM, none tiny.
+  std::vector<std::pair<uint64_t, uint64_t>> Chunks(uint64_t total, uint64_t granule) const {
+    uint64_t per = std::max<uint64_t>(kMinElementsPerInstruction, (total + 2 * o_.num_sms() - 1) / (2 * o_.num_sms()));
+    per = (per + granule - 1) / granule * granule;
+    std::vector<std::pair<uint64_t, uint64_t>> chunks;
+    for (uint64_t b = 0; b < total; b += per) chunks.emplace_back(b, std::min(total, b + per));
+    return chunks;
+  }
+
+  // What a GEMM computing `op`'s output writes: that output, or (taking over the ops as its epilogue) the output
+  // of a following residual ADD and / or RELU that are the only readers of what they read.
+  struct Epilogue {
+    std::string out;
+    uint32_t residual = kNone;
+    std::vector<std::string> residual_names;
+    bool relu = false;
+    std::string ops;
+  };
+  Epilogue FuseEpilogue(const OpDef& op);
+
+  // ELEMENTWISE instructions over a contiguous f32 tensor of `elements`, out = f(a) elementwise, signalling
+  // `stage` (a new one unless given); returns the stage.
+  uint32_t EmitMap(uint32_t func, uint32_t a, uint32_t out, uint64_t elements, const std::vector<uint32_t>& after,
+                   const std::string& name, std::optional<uint32_t> into = std::nullopt);
+
+  // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
+  // W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
+  // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
+  // residual or zero, and a ReLU follows as its own stage.
+  void EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias, uint32_t m,
+                uint32_t n, uint32_t k);
+
+  // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
+  void Materialize(const std::string& name);
+
+  // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least
+  // `granule` rows (PACK_ROWS: a warp per row).
+  uint32_t RowsPerInstruction(uint32_t m, uint32_t granule) const;
+
+  // Groups 1: one IM2COL + GEMM (with the epilogue fusions). Groups g: per group an IM2COL of its input channels, a
+  // GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
+  // output (depthwise convolutions run this way too, correct but with one-column GEMMs).
+  absl::Status LowerConv(const OpDef& op);
+
+  // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
+  // into an operand image, then a GEMM.
+  absl::Status LowerMatmul(const OpDef& op);
+
+  static uint32_t FuncOf(const OpDef& op) {
+    switch (op.type()) {
+      case graph::RELU:
+        return isa::kEwRelu;
+      case graph::SIGMOID:
+        return isa::kEwSigmoid;
+      case graph::GELU:
+        return op.gelu().tanh() ? isa::kEwGeluTanh : isa::kEwGelu;
+      case graph::ERF:
+        return isa::kEwErf;
+      case graph::TANH:
+        return isa::kEwTanh;
+      case graph::EXP:
+        return isa::kEwExp;
+      case graph::ADD:
+        return isa::kEwAdd;
+      case graph::SUB:
+        return isa::kEwSub;
+      case graph::MUL:
+        return isa::kEwMul;
+      case graph::DIV:
+        return isa::kEwDiv;
+      default:
+        return isa::kEwCopy;  // TRANSPOSE
+    }
+  }
+
+  absl::Status LowerElementwise(const OpDef& op);
+
+  // ELEMENTWISE instructions over `dims` (strides: each operand's, then out's) into `out`, signalling `stage`.
+  absl::Status EmitStrided(const OpDef& op, uint32_t func, const std::vector<uint32_t>& operands, uint32_t out,
+                           const StridedDims& dims, uint32_t stage, const std::vector<uint32_t>& after);
+
+  // Each input copied into its slice of the output (a view of it from the slice's first element), strided.
+  absl::Status LowerConcat(const OpDef& op);
+
+  absl::Status LowerPool(const OpDef& op);
+
+  absl::Status LowerSoftmax(const OpDef& op);
+
+  // The same f32 elements under the output's shape: a view of the input's arena tensor.
+  absl::Status LowerReshape(const OpDef& op);
+
+  const graph::Graph& g_;
+  const CompileOptions& o_;
+  PassBuilder b_;
+  absl::flat_hash_map<std::string, uint32_t> arena_;  // graph tensor -> its schedule tensor
+  absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
+  absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over
+  absl::flat_hash_set<std::string> input_backed_;     // inputs and views of them
+  struct PendingRelu {
+    uint32_t tensor;
+    uint64_t elements;
+    std::string ops;
+  };
+  absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
+};
+
+}  // namespace loom::scheduler::lowering_nn_internal
