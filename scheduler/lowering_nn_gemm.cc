@@ -37,7 +37,7 @@ NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
 // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
 // W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
 // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
-// residual or zero, and a ReLU follows as its own stage.
+// residual or zero, and the ReLU is left to the readers (Materialize).
 void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias,
                           uint32_t m, uint32_t n, uint32_t k) {
   isa::GemmArgs g{};
@@ -139,7 +139,7 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
   const std::vector<uint32_t> after = ReadyOf({x});
   const uint32_t copy_stage = groups > 1 ? b_.Stage(op.name()) : 0;
-  const uint32_t y = Arena(op.outputs(0));
+  Arena(op.outputs(0));
   for (uint32_t gi = 0; gi < groups; ++gi) {
     const std::string tag = groups > 1 ? absl::StrCat("/g", gi) : "";
     c.c_begin = gi * c.group_c;
@@ -177,7 +177,6 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     }
   }
   if (groups > 1) stage_[op.outputs(0)] = copy_stage;
-  (void)y;
   return absl::OkStatus();
 }
 
