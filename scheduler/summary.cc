@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "instructions/isa.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/simulator.h"
@@ -36,6 +37,17 @@ absl::StatusOr<std::string> ScheduleSummary(const Schedule& schedule, const std:
   absl::StrAppendFormat(&out, "  weights %.1f MB (streamed per step %.1f MB), arena %.1f MB, %d tensors, %d barriers\n",
                         s->weight_bytes() / 1e6, s->weight_bytes_per_step() / 1e6, s->arena_bytes() / 1e6,
                         s->tensors_size(), s->barriers_size());
+  if (s->has_graph()) {  // a general graph's pass: one run per evaluation ("step" below means that run)
+    auto list = [&](const google::protobuf::RepeatedPtrField<IoTensor>& io) {
+      std::vector<std::string> items;
+      for (const IoTensor& t : io) {
+        items.push_back(absl::StrCat(t.name(), " [", absl::StrJoin(s->tensors(t.tensor()).shape(), ", "), "]"));
+      }
+      return absl::StrJoin(items, ", ");
+    };
+    absl::StrAppendFormat(&out, "  graph pass, run once per evaluation: inputs %s; outputs %s\n",
+                          list(s->graph().inputs()), list(s->graph().outputs()));
+  }
   struct PerOpcode {
     int count = 0;
     double weight_mb = 0, cost_us = 0;
