@@ -81,28 +81,47 @@ struct PoolArgs {
 
 // The pooled value of output element `i` (NHWC index), shared by the reference and the device. 32-bit index
 // arithmetic (Validate keeps every index below 2^32): a 64-bit division costs the GPU a few dozen instructions.
-LOOM_HD float PoolElement(const PoolArgs& a, const float* x, uint32_t i) {
+// Output element i's window: its input plane (image b, channel ch; the next pixel a.c floats on) and the input
+// position of the window's first tap, which may lie in the padding.
+struct PoolWindow {
+  const float* plane;
+  int32_t y0, x0;
+  // Whether input position (iy, ix) lies inside the input, or inside the input and its explicit padding.
+  LOOM_HD static bool Inside(const PoolArgs& a, int32_t iy, int32_t ix) {
+    return iy >= 0 && iy < static_cast<int32_t>(a.h) && ix >= 0 && ix < static_cast<int32_t>(a.w);
+  }
+  LOOM_HD static bool InsidePadded(const PoolArgs& a, int32_t iy, int32_t ix) {
+    return iy >= -static_cast<int32_t>(a.pad_top) && iy < static_cast<int32_t>(a.h + a.pad_bottom) &&
+           ix >= -static_cast<int32_t>(a.pad_left) && ix < static_cast<int32_t>(a.w + a.pad_right);
+  }
+  LOOM_HD float At(const PoolArgs& a, int32_t iy, int32_t ix) const {
+    return plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+  }
+};
+LOOM_HD PoolWindow PoolWindowOf(const PoolArgs& a, const float* x, uint32_t i) {
   const uint32_t ch = i % a.c;
   uint32_t rest = i / a.c;
   const int32_t ox = static_cast<int32_t>(rest % a.ow);
   rest /= a.ow;
   const int32_t oy = static_cast<int32_t>(rest % a.oh);
   const uint32_t b = rest / a.oh;
+  return {x + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch,
+          oy * static_cast<int32_t>(a.stride_h) - static_cast<int32_t>(a.pad_top),
+          ox * static_cast<int32_t>(a.stride_w) - static_cast<int32_t>(a.pad_left)};
+}
+
+LOOM_HD float PoolElement(const PoolArgs& a, const float* x, uint32_t i) {
+  const PoolWindow win = PoolWindowOf(a, x, i);
   const bool max = a.mode == kPoolMax;
   float acc = max ? -INFINITY : 0.0f;
   int32_t count = 0, padded = 0;
-  const int32_t h = static_cast<int32_t>(a.h), w = static_cast<int32_t>(a.w);
-  const int32_t pt = static_cast<int32_t>(a.pad_top), pl = static_cast<int32_t>(a.pad_left);
-  const int32_t pb = static_cast<int32_t>(a.pad_bottom), pr = static_cast<int32_t>(a.pad_right);
-  const int32_t y0 = oy * static_cast<int32_t>(a.stride_h) - pt, x0 = ox * static_cast<int32_t>(a.stride_w) - pl;
-  const float* plane = x + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch;
   for (uint32_t ky = 0; ky < a.kh; ++ky) {
-    const int32_t iy = y0 + static_cast<int32_t>(ky * a.dilation_h);
+    const int32_t iy = win.y0 + static_cast<int32_t>(ky * a.dilation_h);
     for (uint32_t kx = 0; kx < a.kw; ++kx) {
-      const int32_t ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
-      if (iy >= -pt && iy < h + pb && ix >= -pl && ix < w + pr) ++padded;
-      if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
-      const float v = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+      const int32_t ix = win.x0 + static_cast<int32_t>(kx * a.dilation_w);
+      padded += PoolWindow::InsidePadded(a, iy, ix);
+      if (!PoolWindow::Inside(a, iy, ix)) continue;
+      const float v = win.At(a, iy, ix);
       acc = max ? (v > acc ? v : acc) : acc + v;
       ++count;
     }

@@ -54,6 +54,20 @@ struct Tally {
   int pass = 0, refused = 0, fail = 0;
 };
 
+// Every node/ and pytorch-converted/ case folder that holds a model.onnx, in order.
+std::vector<fs::path> CaseDirs() {
+  std::vector<fs::path> cases;
+  for (const char* suite : {"node", "pytorch-converted"}) {
+    std::vector<fs::path> in_suite;
+    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(kData) / suite)) {
+      if (fs::exists(e.path() / "model.onnx")) in_suite.push_back(e.path());
+    }
+    std::sort(in_suite.begin(), in_suite.end());
+    cases.insert(cases.end(), in_suite.begin(), in_suite.end());
+  }
+  return cases;
+}
+
 // The test_data_set_* folders of a case.
 std::vector<fs::path> DataSets(const fs::path& dir) {
   std::vector<fs::path> sets;
@@ -82,10 +96,13 @@ std::string RunCase(const graph::OnnxModel& m, const fs::path& dir) {
     graph::Evaluator ev(m.graph, m.weights);
     if (absl::Status s = ev.Run(inputs); !s.ok()) return std::string(s.message());
     for (size_t k = 0; k < m.outputs.size(); ++k) {
-      absl::StatusOr<graph::HostTensor> want = graph::ReadOnnxTensor((set / absl::StrCat("output_", k, ".pb")).string());
+      absl::StatusOr<graph::HostTensor> want =
+          graph::ReadOnnxTensor((set / absl::StrCat("output_", k, ".pb")).string());
       if (!want.ok()) return std::string(want.status().message());
       const graph::HostTensor& got = ev.Get(m.outputs[k]);
-      if (got.size() != want->size()) return absl::StrCat("output ", k, ": ", got.size(), " elements, expected ", want->size());
+      if (got.size() != want->size()) {
+        return absl::StrCat("output ", k, ": ", got.size(), " elements, expected ", want->size());
+      }
       for (int64_t i = 0; i < got.size(); ++i) {
         const double g = got.Get(i), w = want->Get(i);
         if (std::isnan(g) != std::isnan(w) || std::fabs(g - w) > kAtol + kRtol * std::fabs(w)) {
@@ -103,31 +120,26 @@ TEST(OnnxBackend, EveryCaseMatchesOrIsRefusedByName) {
   std::set<std::string> passed;
   std::map<std::string, std::string> refusals;  // case -> why
   Tally total;
-  for (const char* suite : {"node", "pytorch-converted"}) {
-    std::vector<fs::path> cases;
-    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(kData) / suite)) cases.push_back(e.path());
-    std::sort(cases.begin(), cases.end());
-    for (const fs::path& dir : cases) {
-      const fs::path model = dir / "model.onnx";
-      if (!fs::exists(model)) continue;
-      Tally& t = per_op[OpTypes(model)];
-      absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnx(model.string());
-      if (!m.ok()) {
-        ++t.refused, ++total.refused;
-        const std::string why(m.status().message());
-        refusals[dir.filename().string()] = why;
-        EXPECT_EQ(why.find('\n'), std::string::npos) << why;  // one line
-        EXPECT_NE(why.find(model.string()), std::string::npos) << why;  // naming the file
-        continue;
-      }
-      const std::string diff = RunCase(*m, dir);
-      if (diff.empty()) {
-        ++t.pass, ++total.pass;
-        passed.insert(dir.filename().string());
-      } else {
-        ++t.fail, ++total.fail;
-        ADD_FAILURE() << suite << "/" << dir.filename().string() << ": " << diff;
-      }
+  for (const fs::path& dir : CaseDirs()) {
+    const std::string suite = dir.parent_path().filename().string();
+    const fs::path model = dir / "model.onnx";
+    Tally& t = per_op[OpTypes(model)];
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnx(model.string());
+    if (!m.ok()) {
+      ++t.refused, ++total.refused;
+      const std::string why(m.status().message());
+      refusals[dir.filename().string()] = why;
+      EXPECT_EQ(why.find('\n'), std::string::npos) << why;  // one line
+      EXPECT_NE(why.find(model.string()), std::string::npos) << why;  // naming the file
+      continue;
+    }
+    const std::string diff = RunCase(*m, dir);
+    if (diff.empty()) {
+      ++t.pass, ++total.pass;
+      passed.insert(dir.filename().string());
+    } else {
+      ++t.fail, ++total.fail;
+      ADD_FAILURE() << suite << "/" << dir.filename().string() << ": " << diff;
     }
   }
   std::printf("\n%-48s %6s %8s %6s\n", "ops in the model", "pass", "refused", "fail");
@@ -171,10 +183,13 @@ std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, megak
     absl::StatusOr<megakernel::TensorMap> got = runner.Run(inputs);
     if (!got.ok()) return std::string(got.status().message());
     for (size_t k = 0; k < m.outputs.size(); ++k) {
-      absl::StatusOr<graph::HostTensor> want = graph::ReadOnnxTensor((set / absl::StrCat("output_", k, ".pb")).string());
+      absl::StatusOr<graph::HostTensor> want =
+          graph::ReadOnnxTensor((set / absl::StrCat("output_", k, ".pb")).string());
       if (!want.ok()) return std::string(want.status().message());
       const graph::HostTensor& y = got->at(m.outputs[k]);
-      if (y.size() != want->size()) return absl::StrCat("output ", k, ": ", y.size(), " elements, expected ", want->size());
+      if (y.size() != want->size()) {
+        return absl::StrCat("output ", k, ": ", y.size(), " elements, expected ", want->size());
+      }
       double err = 0, norm = 0;
       for (int64_t i = 0; i < y.size(); ++i) {
         const double d = y.Get(i) - want->Get(i);
@@ -201,45 +216,40 @@ TEST(OnnxBackend, EveryImportedCaseRunsLoweredOrIsRefusedByName) {
   std::map<std::string, std::string> refusals;
   std::set<std::string> lowered;
   Tally total;
-  for (const char* suite : {"node", "pytorch-converted"}) {
-    std::vector<fs::path> cases;
-    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(kData) / suite)) cases.push_back(e.path());
-    std::sort(cases.begin(), cases.end());
-    for (const fs::path& dir : cases) {
-      const fs::path model = dir / "model.onnx";
-      if (!fs::exists(model)) continue;
-      absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnx(model.string());
-      if (!m.ok()) continue;  // the import's own refusals: the test above
-      Tally& t = per_op[OpTypes(model)];
-      scheduler::CompileOptions options;
-      absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, model.string(), options);
-      if (!pass.ok()) {
-        ++t.refused, ++total.refused;
-        const std::string why(pass.status().message());
-        refusals[dir.filename().string()] = why;
-        EXPECT_EQ(pass.status().code(), absl::StatusCode::kUnimplemented) << dir << ": " << why;
-        EXPECT_EQ(why.find('\n'), std::string::npos) << why;
-        EXPECT_TRUE(why.find("op '") != std::string::npos || why.find("output '") != std::string::npos) << why;
-        continue;
+  for (const fs::path& dir : CaseDirs()) {
+    const std::string suite = dir.parent_path().filename().string();
+    const fs::path model = dir / "model.onnx";
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnx(model.string());
+    if (!m.ok()) continue;  // the import's own refusals: the test above
+    Tally& t = per_op[OpTypes(model)];
+    scheduler::CompileOptions options;
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, model.string(), options);
+    if (!pass.ok()) {
+      ++t.refused, ++total.refused;
+      const std::string why(pass.status().message());
+      refusals[dir.filename().string()] = why;
+      EXPECT_EQ(pass.status().code(), absl::StatusCode::kUnimplemented) << dir << ": " << why;
+      EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+      EXPECT_TRUE(why.find("op '") != std::string::npos || why.find("output '") != std::string::npos) << why;
+      continue;
+    }
+    std::string diff;
+    for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
+      if (backend == megakernel::GraphRunner::Backend::kGpu && !gpu) continue;
+      absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner =
+          megakernel::GraphRunner::Create(*pass, m->weights, backend);
+      diff = runner.ok() ? RunLoweredCase(*m, dir, **runner) : std::string(runner.status().message());
+      if (!diff.empty()) {
+        diff = absl::StrCat(backend == megakernel::GraphRunner::Backend::kGpu ? "GPU: " : "VM: ", diff);
+        break;
       }
-      std::string diff;
-      for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
-        if (backend == megakernel::GraphRunner::Backend::kGpu && !gpu) continue;
-        absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner =
-            megakernel::GraphRunner::Create(*pass, m->weights, backend);
-        diff = runner.ok() ? RunLoweredCase(*m, dir, **runner) : std::string(runner.status().message());
-        if (!diff.empty()) {
-          diff = absl::StrCat(backend == megakernel::GraphRunner::Backend::kGpu ? "GPU: " : "VM: ", diff);
-          break;
-        }
-      }
-      if (diff.empty()) {
-        ++t.pass, ++total.pass;
-        lowered.insert(dir.filename().string());
-      } else {
-        ++t.fail, ++total.fail;
-        ADD_FAILURE() << suite << "/" << dir.filename().string() << ": " << diff;
-      }
+    }
+    if (diff.empty()) {
+      ++t.pass, ++total.pass;
+      lowered.insert(dir.filename().string());
+    } else {
+      ++t.fail, ++total.fail;
+      ADD_FAILURE() << suite << "/" << dir.filename().string() << ": " << diff;
     }
   }
   std::printf("\nlowered to a graph pass (%s):\n%-48s %6s %8s %6s\n", gpu ? "CPU VM and GPU" : "CPU VM",

@@ -85,17 +85,7 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
 // reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by PoolElement itself.
 constexpr uint32_t kPoolGather = 16;
 __device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
-  const uint32_t ch = i % a.c;
-  uint32_t rest = i / a.c;
-  const int32_t ox = static_cast<int32_t>(rest % a.ow);
-  rest /= a.ow;
-  const int32_t oy = static_cast<int32_t>(rest % a.oh);
-  const uint32_t b = rest / a.oh;
-  const int32_t h = static_cast<int32_t>(a.h), w = static_cast<int32_t>(a.w);
-  const int32_t pt = static_cast<int32_t>(a.pad_top), pl = static_cast<int32_t>(a.pad_left);
-  const int32_t pb = static_cast<int32_t>(a.pad_bottom), pr = static_cast<int32_t>(a.pad_right);
-  const int32_t y0 = oy * static_cast<int32_t>(a.stride_h) - pt, x0 = ox * static_cast<int32_t>(a.stride_w) - pl;
-  const float* plane = x + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch;
+  const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
   const bool max = a.mode == isa::kPoolMax;
   float v[kPoolGather];
   uint32_t inside = 0;  // bit t: window position t lies inside the input
@@ -103,11 +93,11 @@ __device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const floa
 #pragma unroll
   for (uint32_t t = 0; t < kPoolGather; ++t) {
     if (t < a.kh * a.kw) {
-      const int32_t iy = y0 + static_cast<int32_t>(t / a.kw * a.dilation_h);
-      const int32_t ix = x0 + static_cast<int32_t>(t % a.kw * a.dilation_w);
-      padded += iy >= -pt && iy < h + pb && ix >= -pl && ix < w + pr;
-      if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
-        v[t] = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+      const int32_t iy = win.y0 + static_cast<int32_t>(t / a.kw * a.dilation_h);
+      const int32_t ix = win.x0 + static_cast<int32_t>(t % a.kw * a.dilation_w);
+      padded += isa::PoolWindow::InsidePadded(a, iy, ix);
+      if (isa::PoolWindow::Inside(a, iy, ix)) {
+        v[t] = win.At(a, iy, ix);
         inside |= 1u << t;
       }
     }
