@@ -4,6 +4,8 @@
 //   POOL        max / average windows over NHWC f32
 //   ELEMENTWISE a unary or binary map over up to 4 strided dimensions (broadcasts, copies, transposes)
 //   SOFTMAX     softmax along one axis of f32 rows
+//   NORM_ROWS   LayerNorm or RMSNorm of f32 rows with f32 scale (and shift)
+//   CONV1D      depthwise causal convolution over f32 rows, carrying its state across calls (decode and prefill)
 #pragma once
 
 #include <math.h>
@@ -146,7 +148,8 @@ enum ElementwiseFunc : uint32_t {
   kEwSub = 17,
   kEwMul = 18,
   kEwDiv = 19,
-  kEwEnd = 20,
+  kEwSiluMul = 20,  // silu(a) * b (a gate and its value)
+  kEwEnd = 21,
 };
 LOOM_HD bool EwValid(uint32_t f) { return f <= kEwZero || (f >= kEwFirstBinary && f < kEwEnd); }
 LOOM_HD bool EwBinary(uint32_t f) { return f >= kEwFirstBinary; }
@@ -165,6 +168,7 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwSub: return x - y;
     case kEwMul: return x * y;
     case kEwDiv: return x / y;
+    case kEwSiluMul: return x / (1.0f + expf(-x)) * y;
     default: return x;
   }
 }
@@ -222,10 +226,11 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
 enum KernelVariant : uint32_t {
   kDecodeKernel = 0,  // the decode opcodes
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
-  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX (general graphs' passes)
+  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D (general graphs' passes)
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
-  if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX) {
+  if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
+      op == Opcode::NORM_ROWS || op == Opcode::CONV1D) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
@@ -243,5 +248,52 @@ struct SoftmaxArgs {
   uint32_t count;
   static constexpr const char* kFields[] = {"input", "out", "outer", "len", "inner", "begin", "count"};
 };
+
+enum NormMode : uint32_t {
+  kNormLayer = 0,  // (x - mean) * rsqrt(mean((x - mean)^2) + eps) * scale + shift
+  kNormRms = 1,    // x * rsqrt(mean(x^2) + eps) * scale
+  kNumNormModes = 2,
+};
+// Rows [begin, +count) of an f32 input [rows, len] normalised, as graph/evaluator's LAYER_NORM / RMS_NORM (a
+// per-head RMSNorm: rows of head_dim).
+struct NormRowsArgs {
+  uint32_t input;  // f32 [rows, len]
+  uint32_t out;    // f32 [rows, len] (may be the input)
+  uint32_t scale;  // f32 [len]
+  uint32_t shift;  // f32 [len], or kNoTensor (kNormRms: always)
+  uint32_t rows;
+  uint32_t len;
+  uint32_t mode;  // NormMode
+  float eps;
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"input", "out", "scale", "shift", "rows", "len",
+                                            "mode", "eps", "begin", "count"};
+};
+
+// A depthwise causal convolution of f32 rows [rows, channels] (row t is the token after row t - 1), channels
+// [c_begin, +c_count): out[t, c] = bias[c] + sum_j w[c, j] * window[c, t + j], where the window is the state's
+// k - 1 earlier inputs [c, 0..k-2] (oldest first) followed by the rows. Then the state holds the window's last
+// k - 1 inputs, so the next call (the next token, or the rest of a prompt) continues the sequence: what
+// graph/evaluator's CONV1D computes.
+struct Conv1dArgs {
+  uint32_t input;   // f32 [rows, channels]
+  uint32_t weight;  // f32 [channels, k]
+  uint32_t state;   // f32 [channels, k - 1] (read, then updated), or kNoTensor when k == 1
+  uint32_t bias;    // f32 [channels] or kNoTensor
+  uint32_t out;     // f32 [rows, channels]
+  uint32_t rows;
+  uint32_t channels;
+  uint32_t k;
+  uint32_t c_begin;
+  uint32_t c_count;
+  static constexpr const char* kFields[] = {"input", "weight", "state", "bias", "out",
+                                            "rows", "channels", "k", "c_begin", "c_count"};
+};
+// Window element i (0 <= i < k - 1 + rows) of channel c.
+LOOM_HD float Conv1dWindow(const Conv1dArgs& a, const float* in, const float* state, uint32_t c, uint32_t i) {
+  return i + 1 < a.k ? state[static_cast<uint64_t>(c) * (a.k - 1) + i]
+                     : in[static_cast<uint64_t>(i + 1 - a.k) * a.channels + c];
+}
 
 }  // namespace loom::isa

@@ -21,4 +21,6 @@
   V(IM2COL, ImToColArgs) \
   V(POOL, PoolArgs) \
   V(ELEMENTWISE, ElementwiseArgs) \
-  V(SOFTMAX, SoftmaxArgs)
+  V(SOFTMAX, SoftmaxArgs) \
+  V(NORM_ROWS, NormRowsArgs) \
+  V(CONV1D, Conv1dArgs)

@@ -1,4 +1,4 @@
-// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX (instruction_nn.h).
+// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D (instruction_nn.h).
 #include <algorithm>
 #include <cmath>
 
@@ -133,6 +133,82 @@ void Reference(const SoftmaxArgs& a, const MachineView& m) {
     for (uint64_t i = 0; i < a.len; ++i) mx = std::max(mx, x[base + i * a.inner]);
     for (uint64_t i = 0; i < a.len; ++i) sum += (y[base + i * a.inner] = std::exp(x[base + i * a.inner] - mx));
     for (uint64_t i = 0; i < a.len; ++i) y[base + i * a.inner] /= sum;
+  }
+}
+
+void Validate(const NormRowsArgs& a, Checker& c) {
+  c.Require(a.rows > 0 && a.len > 0, "rows and len must be positive");
+  c.Require(a.mode < kNumNormModes, absl::StrCat("unknown norm mode ", a.mode));
+  c.Require(a.mode == kNormLayer || a.shift == kNoTensor, "RMSNorm has no shift");
+  c.Require(a.eps >= 0.0f, "eps must not be negative");
+  c.Require(a.count > 0 && U(a.begin) + a.count <= a.rows,
+            absl::StrCat("rows [", a.begin, ", +", a.count, ") outside the ", a.rows, " rows"));
+  c.Require(U(a.rows) * a.len < (uint64_t{1} << 32), "input of 2^32 elements or more");
+  c.Tensor("input", a.input, F32, U(a.rows) * a.len);
+  c.Tensor("out", a.out, F32, U(a.rows) * a.len);
+  c.Tensor("scale", a.scale, F32, a.len);
+  if (a.shift != kNoTensor) c.Tensor("shift", a.shift, F32, a.len);
+}
+
+Footprint Cost(const NormRowsArgs& a, uint32_t) {
+  return {0, 16ull * a.count * a.len, 0, 8ull * a.count * a.len};
+}
+
+void Reference(const NormRowsArgs& a, const MachineView& m) {
+  const float* x = m.ptr<float>(a.input);
+  float* y = m.ptr<float>(a.out);
+  const float* w = m.ptr<float>(a.scale);
+  const float* b = a.shift != kNoTensor ? m.ptr<float>(a.shift) : nullptr;
+  for (uint64_t r = a.begin; r < U(a.begin) + a.count; ++r) {
+    const float* row = x + r * a.len;
+    float mean = 0.0f;
+    if (a.mode == kNormLayer) {
+      for (uint32_t j = 0; j < a.len; ++j) mean += row[j];
+      mean /= static_cast<float>(a.len);
+    }
+    float sum_sq = 0.0f;
+    for (uint32_t j = 0; j < a.len; ++j) sum_sq += (row[j] - mean) * (row[j] - mean);
+    const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(a.len) + a.eps);
+    for (uint32_t j = 0; j < a.len; ++j) {
+      y[r * a.len + j] = (row[j] - mean) * scale * w[j] + (b != nullptr ? b[j] : 0.0f);
+    }
+  }
+}
+
+void Validate(const Conv1dArgs& a, Checker& c) {
+  c.Require(a.rows > 0 && a.channels > 0 && a.k > 0, "rows, channels and k must be positive");
+  c.Require(a.c_count > 0 && U(a.c_begin) + a.c_count <= a.channels,
+            absl::StrCat("channels [", a.c_begin, ", +", a.c_count, ") outside the ", a.channels));
+  c.Require((a.state == kNoTensor) == (a.k == 1), "a state is needed exactly when k > 1");
+  c.Require(U(a.rows + a.k) * a.channels < (uint64_t{1} << 32), "input of 2^32 elements or more");
+  c.Tensor("input", a.input, F32, U(a.rows) * a.channels);
+  c.Tensor("weight", a.weight, F32, U(a.channels) * a.k);
+  if (a.state != kNoTensor) c.Tensor("state", a.state, F32, U(a.channels) * (a.k - 1));
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, F32, a.channels);
+  c.Tensor("out", a.out, F32, U(a.rows) * a.channels);
+}
+
+Footprint Cost(const Conv1dArgs& a, uint32_t) {
+  const uint64_t outputs = U(a.rows) * a.c_count;
+  return {0, 8 * outputs + 8ull * a.c_count * a.k, 0, 2 * outputs * a.k};
+}
+
+// Every output first (they read the old state), then the state shifted along.
+void Reference(const Conv1dArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  const float* w = m.ptr<float>(a.weight);
+  float* state = a.state != kNoTensor ? m.ptr<float>(a.state) : nullptr;
+  const float* bias = a.bias != kNoTensor ? m.ptr<float>(a.bias) : nullptr;
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t c = a.c_begin; c < a.c_begin + a.c_count; ++c) {
+    for (uint32_t t = 0; t < a.rows; ++t) {
+      float acc = bias != nullptr ? bias[c] : 0.0f;
+      for (uint32_t j = 0; j < a.k; ++j) acc += w[U(c) * a.k + j] * Conv1dWindow(a, in, state, c, t + j);
+      out[U(t) * a.channels + c] = acc;
+    }
+  }
+  for (uint32_t c = a.c_begin; c < a.c_begin + a.c_count; ++c) {
+    for (uint32_t j = 0; j + 1 < a.k; ++j) state[U(c) * (a.k - 1) + j] = Conv1dWindow(a, in, state, c, a.rows + j);
   }
 }
 

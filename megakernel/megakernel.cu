@@ -389,6 +389,12 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::SOFTMAX:
         if constexpr (kGraphOps) RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx);
         break;
+      case isa::Opcode::NORM_ROWS:
+        if constexpr (kGraphOps) RunNormRows(inst.as<isa::NormRowsArgs>(), ctx);
+        break;
+      case isa::Opcode::CONV1D:
+        if constexpr (kGraphOps) RunConv1d(inst.as<isa::Conv1dArgs>(), ctx);
+        break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
         break;

@@ -70,8 +70,14 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::SUB:
     case graph::MUL:
     case graph::DIV:
+    case graph::SILU_MUL:
     case graph::TRANSPOSE:
       return LowerElementwise(op);
+    case graph::LAYER_NORM:
+    case graph::RMS_NORM:
+      return LowerNorm(op);
+    case graph::CONV1D:
+      return LowerConv1d(op);
     case graph::MAX_POOL:
     case graph::AVG_POOL:
     case graph::GLOBAL_AVG_POOL:
@@ -287,12 +293,92 @@ absl::Status NnLowering::LowerSoftmax(const OpDef& op) {
   return absl::OkStatus();
 }
 
-// The same f32 elements under the output's shape: a view of the input's arena tensor.
-absl::Status NnLowering::LowerReshape(const OpDef& op) {
+absl::Status NnLowering::LowerNorm(const OpDef& op) {
   const std::string& x = op.inputs(0);
+  const std::vector<uint64_t> xs = ShapeOf(T(x));
+  const bool layer = op.type() == graph::LAYER_NORM;
+  isa::NormRowsArgs a{};
+  a.len = static_cast<uint32_t>(op.norm().group_size() > 0 ? op.norm().group_size() : xs.back());
+  const uint64_t rows = Product(xs) / a.len;
+  if (rows * a.len >= (uint64_t{1} << 32)) return Unsupported(op, "input of 2^32 elements or more");
   absl::StatusOr<uint32_t> input = Operand(op, x);
   if (!input.ok()) return input.status();
-  if (T(x).kind() == graph::WEIGHT) return Unsupported(op, "reshaping a weight is not lowered");
+  absl::StatusOr<uint32_t> scale = Operand(op, op.inputs(1));
+  if (!scale.ok()) return scale.status();
+  a.input = *input;
+  a.scale = *scale;
+  a.shift = kNone;
+  if (layer) {
+    absl::StatusOr<uint32_t> shift = Operand(op, op.inputs(2));
+    if (!shift.ok()) return shift.status();
+    a.shift = *shift;
+  }
+  a.out = Arena(op.outputs(0));
+  a.rows = static_cast<uint32_t>(rows);
+  a.mode = layer ? isa::kNormLayer : isa::kNormRms;
+  a.eps = op.norm().eps();
+  const uint32_t stage = b_.Stage(op.name());
+  const std::vector<uint32_t> after = ReadyOf({op.inputs().begin(), op.inputs().end()});
+  for (const auto& [begin, end] : Chunks(rows * a.len, a.len)) {
+    a.begin = static_cast<uint32_t>(begin / a.len);
+    a.count = static_cast<uint32_t>((end - begin) / a.len);
+    Emit(Make(isa::Opcode::NORM_ROWS, a), stage, after, op.name());
+  }
+  stage_[op.outputs(0)] = stage;
+  return absl::OkStatus();
+}
+
+absl::Status NnLowering::LowerConv1d(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(op.inputs(1)));
+  isa::Conv1dArgs a{};
+  a.rows = static_cast<uint32_t>(xs[0]);
+  a.channels = static_cast<uint32_t>(xs[1]);
+  a.k = static_cast<uint32_t>(ws[1]);
+  absl::StatusOr<uint32_t> input = Operand(op, x);
+  if (!input.ok()) return input.status();
+  absl::StatusOr<uint32_t> weight = Operand(op, op.inputs(1));
+  if (!weight.ok()) return weight.status();
+  a.input = *input;
+  a.weight = *weight;
+  a.state = kNone;
+  if (a.k > 1) {
+    const std::string& state = op.inputs(2);
+    if (T(state).kind() != graph::STATE || T(state).dtype() != graph::F32) {
+      return Unsupported(op, absl::StrCat("the state '", state, "' must be an f32 STATE tensor"));
+    }
+    a.state = Arena(state);
+  }
+  a.bias = kNone;
+  if (op.inputs_size() > 3) {
+    absl::StatusOr<uint32_t> bias = Operand(op, op.inputs(3));
+    if (!bias.ok()) return bias.status();
+    a.bias = *bias;
+  }
+  a.out = Arena(op.outputs(0));
+  // Channel ranges of 32: about two instructions per SM, at least kMinElementsPerInstruction outputs each.
+  uint64_t per = std::max<uint64_t>((a.channels + 2 * o_.num_sms() - 1) / (2 * o_.num_sms()),
+                                    (kMinElementsPerInstruction + a.rows - 1) / a.rows);
+  per = std::min<uint64_t>((per + 31) / 32 * 32, a.channels);
+  const uint32_t stage = b_.Stage(op.name());
+  std::vector<std::string> reads = {op.inputs().begin(), op.inputs().end()};
+  const std::vector<uint32_t> after = ReadyOf(reads);
+  for (uint64_t c = 0; c < a.channels; c += per) {
+    a.c_begin = static_cast<uint32_t>(c);
+    a.c_count = static_cast<uint32_t>(std::min<uint64_t>(per, a.channels - c));
+    Emit(Make(isa::Opcode::CONV1D, a), stage, after, op.name());
+  }
+  stage_[op.outputs(0)] = stage;
+  if (a.k > 1) stage_[op.inputs(2)] = stage;
+  return absl::OkStatus();
+}
+
+// The same f32 elements under the output's shape: a view of the input's arena tensor.
+absl::Status NnLowering::LowerReshape(const OpDef& op) {
+  // A reshaped weight: a view of its f32 copy in the arena.
+  absl::StatusOr<std::pair<std::string, std::vector<uint32_t>>> copy = ArenaCopy(op, op.inputs(0));
+  if (!copy.ok()) return copy.status();
+  const std::string& x = copy->first;
   const std::vector<uint64_t> ys = ShapeOf(T(op.outputs(0)));
   arena_[op.outputs(0)] = b_.Scratch(op.outputs(0), graph::F32, std::vector<int64_t>(ys.begin(), ys.end()), x, 0);
   if (auto it = stage_.find(x); it != stage_.end()) stage_[op.outputs(0)] = it->second;

@@ -39,7 +39,7 @@ NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
 // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
 // residual or zero, and the ReLU is left to the readers (Materialize).
 void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias,
-                          uint32_t m, uint32_t n, uint32_t k) {
+                          uint32_t m, uint32_t n, uint32_t k, std::optional<uint32_t> into, uint32_t siblings) {
   isa::GemmArgs g{};
   g.a = image;
   g.weight = weight;
@@ -52,7 +52,7 @@ void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stag
   g.epilogue = e.relu ? isa::kGemmStoreF32Relu : isa::kGemmStoreF32;
   g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
   const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
-  const bool split = 2 * tiles <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit;
+  const bool split = 2 * tiles * siblings <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit;
   // A residual whose ReLU is still pending: the split form's initial copy applies it; the fused epilogue reads
   // the tensor as it is, so the ReLU is applied first.
   const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
@@ -61,7 +61,8 @@ void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stag
   after.push_back(image_stage);
   uint32_t splits = 1;
   if (split) {
-    splits = std::min({(o_.num_sms() + tiles - 1) / tiles, slabs / kMinSlabsPerSplit, kMaxKSplits});
+    splits = std::min({(o_.num_sms() + tiles * siblings - 1) / (tiles * siblings), slabs / kMinSlabsPerSplit,
+                       kMaxKSplits});
     const uint64_t elements = uint64_t{m} * n;
     // Into A's stage: the GEMM waits for one barrier, not two.
     if (e.residual != kNone) {
@@ -74,7 +75,7 @@ void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stag
     g.epilogue = isa::kGemmAccumulateF32;
     g.residual = kNone;
   }
-  const uint32_t stage = b_.Stage(e.ops);
+  const uint32_t stage = into ? *into : b_.Stage(e.ops);
   for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt) {
     for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
       for (uint32_t s = 0; s < splits; ++s) {
@@ -120,8 +121,15 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
   const graph::Conv2dAttrs& a = op.conv2d();
   const uint32_t groups = static_cast<uint32_t>(std::max(1, a.groups()));
-  if (T(w).kind() != graph::WEIGHT || (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT)) {
-    return Unsupported(op, "weights and bias computed at run time are not lowered (constants only)");
+  if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
+    return Unsupported(op, "a bias computed at run time is not lowered (constants only)");
+  }
+  // A weight computed at run time (or fed as an input) is packed into an operand image in the pass, once.
+  std::optional<uint32_t> runtime_weight;
+  if (T(w).kind() != graph::WEIGHT) {
+    absl::StatusOr<uint32_t> wid = Operand(op, w);
+    if (!wid.ok()) return wid.status();
+    runtime_weight = *wid;
   }
   absl::StatusOr<uint32_t> input = OperandRaw(op, x);
   if (!input.ok()) return input.status();
@@ -152,8 +160,20 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
       c.rows = std::min(per, padded - r);
       Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), tag, "/im2col"));
     }
-    const uint32_t weight =
-        b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
+    uint32_t weight;
+    if (runtime_weight) {
+      const uint32_t view = b_.Scratch(absl::StrCat(w, tag, "@", op.name()), graph::F32,
+                                       {static_cast<int64_t>(uint64_t{n} * k)}, w, uint64_t{gi} * n * k * 4);
+      weight = b_.Scratch(absl::StrCat("wimage:", op.name(), tag), graph::BF16,
+                          {static_cast<int64_t>(isa::GemmImageBytes(n, k) / 2)});
+      const uint32_t per = RowsPerInstruction(n, kPackRows), padded = isa::GemmTiles(n) * isa::kGemmTileM;
+      for (uint32_t r = 0; r < padded; r += per) {
+        const isa::PackRowsArgs p{view, weight, n, k, r, std::min(per, padded - r), kNone, 0.0f};
+        Emit(Make(isa::Opcode::PACK_ROWS, p), pack_stage, ReadyOf({w}), absl::StrCat(op.name(), tag, "/weight"));
+      }
+    } else {
+      weight = b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
+    }
     const uint32_t bias = op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2), tag), {op.inputs(2)},
                                                            ROWS_IDENTITY, n, 1, false, graph::BF16, gi * n)
                                                : kNone;
@@ -187,9 +207,8 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
   const std::string& w = op.inputs(1);
   const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w));
   const bool linear = op.type() == graph::LINEAR;
-  if (T(w).kind() != graph::WEIGHT || ws.size() != 2) {
-    return Unsupported(op, "only a constant 2-D right-hand side is lowered (a product of two activations is not)");
-  }
+  if (linear && T(w).kind() != graph::WEIGHT) return Unsupported(op, "a LINEAR weight computed at run time");
+  if (!linear && (T(w).kind() != graph::WEIGHT || ws.size() != 2)) return LowerBatchedMatmul(op);
   if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
     return Unsupported(op, "a bias computed at run time is not lowered");
   }
@@ -214,6 +233,94 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
                             ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
                             : kNone;
   EmitGemm(FuseEpilogue(op), image, pack_stage, weight, bias, m, n, k);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, std::vector<uint32_t>>> NnLowering::ArenaCopy(const OpDef& op,
+                                                                                     const std::string& name) {
+  absl::StatusOr<uint32_t> id = Operand(op, name);
+  if (!id.ok()) return id.status();
+  if (T(name).kind() != graph::WEIGHT) return std::make_pair(name, ReadyOf({name}));
+  const std::string copy = absl::StrCat("copy:", name);
+  if (!arena_.contains(copy)) {
+    const std::vector<uint64_t> shape = ShapeOf(T(name));
+    arena_[copy] = b_.Scratch(copy, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    stage_[copy] = EmitMap(isa::kEwCopy, *id, arena_[copy], Product(shape), {}, copy);
+  }
+  return std::make_pair(copy, std::vector<uint32_t>{stage_.at(copy)});
+}
+
+absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
+  std::vector<uint64_t> as = ShapeOf(T(op.inputs(0))), bs = ShapeOf(T(op.inputs(1)));
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  const uint64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  const std::vector<uint64_t> a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
+  const std::vector<uint64_t> ys = ShapeOf(T(op.outputs(0)));
+  const std::vector<uint64_t> batch(ys.begin(), ys.begin() + std::max(a_batch.size(), b_batch.size()));
+  const uint64_t batches = Product(batch), a_count = Product(a_batch), b_count = Product(b_batch);
+  if (m * k >= (uint64_t{1} << 31) || n * k >= (uint64_t{1} << 31) || batches * m * n >= (uint64_t{1} << 32)) {
+    return Unsupported(op, "operands of 2^31 elements or more");
+  }
+  absl::StatusOr<std::pair<std::string, std::vector<uint32_t>>> a = ArenaCopy(op, op.inputs(0));
+  if (!a.ok()) return a.status();
+  absl::StatusOr<uint32_t> b = Operand(op, op.inputs(1));
+  if (!b.ok()) return b.status();
+  // Bᵀ: [b_count, n, k] from b [b_count, k, n].
+  const std::string bt = absl::StrCat("bT:", op.name());
+  Arena(op.outputs(0));
+  arena_[bt] = b_.Scratch(bt, graph::F32, {static_cast<int64_t>(b_count), static_cast<int64_t>(n),
+                                           static_cast<int64_t>(k)});
+  const uint32_t transpose_stage = b_.Stage(bt);
+  StridedDims dims;
+  dims.size = {b_count, n, k};
+  dims.strides = {{k * n, 1, n}, {n * k, k, 1}};
+  if (absl::Status s = EmitStrided(op, isa::kEwCopy, {*b}, arena_[bt], dims, transpose_stage, ReadyOf({op.inputs(1)}));
+      !s.ok()) {
+    return s;
+  }
+  // Operand images: every batch of A ([m, k] rows) and of Bᵀ ([n, k] rows), all in one stage.
+  const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
+  auto pack = [&](const std::string& source, uint64_t index, uint64_t rows, std::vector<uint32_t> after) {
+    const std::string tag = absl::StrCat(source, "[", index, "]");
+    const uint32_t view = b_.Scratch(absl::StrCat(tag, "@", op.name()), graph::F32,
+                                     {static_cast<int64_t>(rows * k)}, source, index * rows * k * 4);
+    const uint32_t image = b_.Scratch(absl::StrCat("rows:", op.name(), ":", tag), graph::BF16,
+                                      {static_cast<int64_t>(isa::GemmImageBytes(static_cast<uint32_t>(rows),
+                                                                                static_cast<uint32_t>(k)) / 2)});
+    const uint32_t r32 = static_cast<uint32_t>(rows), k32 = static_cast<uint32_t>(k);
+    const uint32_t per = RowsPerInstruction(r32, kPackRows), padded = isa::GemmTiles(r32) * isa::kGemmTileM;
+    for (uint32_t r = 0; r < padded; r += per) {
+      const isa::PackRowsArgs p{view, image, r32, k32, r, std::min(per, padded - r), kNone, 0.0f};
+      Emit(Make(isa::Opcode::PACK_ROWS, p), pack_stage, after, absl::StrCat(op.name(), "/pack"));
+    }
+    return image;
+  };
+  std::vector<uint32_t> a_images, b_images;
+  for (uint64_t i = 0; i < a_count; ++i) a_images.push_back(pack(a->first, i, m, a->second));
+  for (uint64_t i = 0; i < b_count; ++i) b_images.push_back(pack(bt, i, n, {transpose_stage}));
+  // A GEMM per output batch q into rows [q * m, +m) of the output, from the batches of A and B it broadcasts.
+  const std::vector<uint64_t> out_strides = ContiguousStrides(batch);
+  auto index_of = [&](const std::vector<uint64_t>& in, uint64_t q) {
+    const std::vector<uint64_t> in_strides = BroadcastStrides(in, batch);
+    uint64_t index = 0;
+    for (size_t d = 0; d < batch.size(); ++d) index += q / out_strides[d] % batch[d] * in_strides[d];
+    return index;
+  };
+  const uint32_t stage = b_.Stage(op.name());
+  for (uint64_t q = 0; q < batches; ++q) {
+    Epilogue e;
+    e.out = batches == 1 ? op.outputs(0) : absl::StrCat(op.outputs(0), "[", q, "]");
+    e.ops = op.name();
+    if (batches > 1) {
+      arena_[e.out] = b_.Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)},
+                                 op.outputs(0), q * m * n * 4);
+    }
+    EmitGemm(e, a_images[index_of(a_batch, q)], pack_stage, b_images[index_of(b_batch, q)], kNone,
+             static_cast<uint32_t>(m), static_cast<uint32_t>(n), static_cast<uint32_t>(k), stage,
+             static_cast<uint32_t>(batches));
+  }
+  stage_[op.outputs(0)] = stage;
   return absl::OkStatus();
 }
 

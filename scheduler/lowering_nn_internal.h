@@ -173,8 +173,10 @@ class NnLowering {
   // W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
   // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
   // residual or zero, and a ReLU follows as its own stage.
+  // `siblings` GEMMs of this shape run side by side (a batched MATMUL's, all signalling `into`): the split over K
+  // counts all their tiles.
   void EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias, uint32_t m,
-                uint32_t n, uint32_t k);
+                uint32_t n, uint32_t k, std::optional<uint32_t> into = std::nullopt, uint32_t siblings = 1);
 
   // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
   void Materialize(const std::string& name);
@@ -191,6 +193,21 @@ class NnLowering {
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.
   absl::Status LowerMatmul(const OpDef& op);
+
+  // MATMUL whose right-hand side is not a constant matrix (two activations: attention's Q·Kᵀ and P·V): B
+  // transposed into a scratch by ELEMENTWISE, every batch's A and Bᵀ packed into operand images, a GEMM per batch
+  // into its slice of the output (numpy batch broadcasting: one image per distinct batch of each operand).
+  absl::Status LowerBatchedMatmul(const OpDef& op);
+
+  // An f32 arena tensor holding `name` (a weight is copied in first: views need an arena tensor), ready at the
+  // returned stage (or none).
+  absl::StatusOr<std::pair<std::string, std::vector<uint32_t>>> ArenaCopy(const OpDef& op, const std::string& name);
+
+  // LAYER_NORM and RMS_NORM (per-head too: rows of group_size): NORM_ROWS, a warp per row.
+  absl::Status LowerNorm(const OpDef& op);
+
+  // CONV1D (depthwise causal, with state): CONV1D instructions over channel ranges, the state updated in place.
+  absl::Status LowerConv1d(const OpDef& op);
 
   static uint32_t FuncOf(const OpDef& op) {
     switch (op.type()) {
@@ -214,6 +231,8 @@ class NnLowering {
         return isa::kEwMul;
       case graph::DIV:
         return isa::kEwDiv;
+      case graph::SILU_MUL:
+        return isa::kEwSiluMul;
       default:
         return isa::kEwCopy;  // TRANSPOSE
     }

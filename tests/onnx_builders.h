@@ -18,6 +18,15 @@ inline onnx::TensorProto FloatTensor(const std::string& name, const std::vector<
   for (float v : values) t.add_float_data(v);
   return t;
 }
+inline onnx::TensorProto Int64Tensor(const std::string& name, const std::vector<int64_t>& dims,
+                                     std::vector<int64_t> values) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(onnx::TensorProto::INT64);
+  for (int64_t d : dims) t.add_dims(d);
+  for (int64_t v : values) t.add_int64_data(v);
+  return t;
+}
 inline void AddValue(onnx::ValueInfoProto* v, const std::string& name, const std::vector<int64_t>& dims) {
   v->set_name(name);
   v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);

@@ -200,4 +200,58 @@ __device__ __forceinline__ void RunSoftmax(const isa::SoftmaxArgs& a, ConsumerCo
   }
 }
 
+// A warp per row: the mean (LayerNorm), the mean square of the deviations, then the scaled (and shifted) row.
+__device__ __forceinline__ void RunNormRows(const isa::NormRowsArgs& a, ConsumerContext& ctx) {
+  const float* x = ctx.machine.ptr<float>(a.input);
+  float* y = ctx.machine.ptr<float>(a.out);
+  const float* w = ctx.machine.ptr<float>(a.scale);
+  const float* b = a.shift != isa::kNoTensor ? ctx.machine.ptr<float>(a.shift) : nullptr;
+  for (uint32_t r = a.begin + ctx.warp; r < a.begin + a.count; r += kConsumerWarps) {
+    const float* row = x + static_cast<uint64_t>(r) * a.len;
+    float mean = 0.0f;
+    if (a.mode == isa::kNormLayer) {
+      for (uint32_t j = ctx.lane; j < a.len; j += 32) mean += row[j];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) mean += __shfl_xor_sync(0xffffffffu, mean, o);
+      mean /= static_cast<float>(a.len);
+    }
+    float sum_sq = 0.0f;
+    for (uint32_t j = ctx.lane; j < a.len; j += 32) sum_sq += (row[j] - mean) * (row[j] - mean);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
+    const float scale = rsqrtf(sum_sq / static_cast<float>(a.len) + a.eps);
+    float* out = y + static_cast<uint64_t>(r) * a.len;
+    for (uint32_t j = ctx.lane; j < a.len; j += 32) {
+      out[j] = (row[j] - mean) * scale * w[j] + (b != nullptr ? b[j] : 0.0f);
+    }
+  }
+}
+
+// A thread per output (row, channel), channels fastest (coalesced); every output is written before the first
+// state update (a consumer barrier), then a thread per channel shifts its state along (reading ahead of its
+// writes).
+__device__ __forceinline__ void RunConv1d(const isa::Conv1dArgs& a, ConsumerContext& ctx) {
+  const float* in = ctx.machine.ptr<float>(a.input);
+  const float* w = ctx.machine.ptr<float>(a.weight);
+  float* state = a.state != isa::kNoTensor ? ctx.machine.ptr<float>(a.state) : nullptr;
+  const float* bias = a.bias != isa::kNoTensor ? ctx.machine.ptr<float>(a.bias) : nullptr;
+  float* out = ctx.machine.ptr<float>(a.out);
+  const uint32_t total = a.rows * a.c_count;
+  for (uint32_t i = ctx.tid; i < total; i += kConsumerThreads) {
+    const uint32_t c = a.c_begin + i % a.c_count, t = i / a.c_count;
+    float acc = bias != nullptr ? bias[c] : 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) {
+      acc += w[static_cast<uint64_t>(c) * a.k + j] * isa::Conv1dWindow(a, in, state, c, t + j);
+    }
+    out[static_cast<uint64_t>(t) * a.channels + c] = acc;
+  }
+  if (state == nullptr) return;
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  for (uint32_t c = a.c_begin + ctx.tid; c < a.c_begin + a.c_count; c += kConsumerThreads) {
+    for (uint32_t j = 0; j + 1 < a.k; ++j) {
+      state[static_cast<uint64_t>(c) * (a.k - 1) + j] = isa::Conv1dWindow(a, in, state, c, a.rows + j);
+    }
+  }
+}
+
 }  // namespace loom::megakernel
