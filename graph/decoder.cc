@@ -45,6 +45,13 @@ void FillUniform(HostTensor& t, uint64_t stream, float center, float half_width)
 
 }  // namespace
 
+HostTensor RandomBf16Weight(const std::string& name, std::vector<int64_t> shape, uint64_t seed, float center,
+                            float half_width) {
+  HostTensor t = HostTensor::Zeros(BF16, std::move(shape));
+  FillUniform(t, SplitMix64(seed ^ HashName(name)), center, half_width);
+  return t;
+}
+
 absl::Status DecoderConfig::Validate() const {
   if (hidden_size <= 0 || num_layers <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 ||
       intermediate_size <= 0 || vocab_size <= 0) {

@@ -53,6 +53,11 @@ std::string DecoderWeightName(int layer, const std::string& suffix);
 // Every weight tensor the config implies, with its [rows, cols] / [n] shape.
 std::vector<std::pair<std::string, std::vector<int64_t>>> DecoderWeightShapes(const DecoderConfig& config);
 
+// A bf16 weight of center + uniform(-half_width, half_width), element i from hash(seed, name, i) (what random:
+// models are made of).
+HostTensor RandomBf16Weight(const std::string& name, std::vector<int64_t> shape, uint64_t seed, float center,
+                            float half_width);
+
 // The batch-1 decode graph: inputs token[1] (i32) and pos[1] (i32), one KV cache
 // [kv_heads, max_seq, head_dim] per layer (STATE), outputs logits[1,vocab] and
 // next_token[1].

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/families/gated_conv.h"
 #include "graph/hf_config.h"
 #include "graph/onnx_import.h"
 #include "graph/progress.h"
@@ -155,6 +156,21 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     }
     return absl::OkStatus();
   };
+  if (random && IsGatedConvPreset(spec.substr(7))) {  // a gated depthwise-conv LM (families/gated_conv.h)
+    absl::StatusOr<GatedConvConfig> config = GatedConvPreset(spec.substr(7));
+    if (!config.ok()) return config.status();
+    absl::StatusOr<Graph> graph = BuildGatedConvGraph(*config, options.max_seq > 0 ? options.max_seq : 4096);
+    if (!graph.ok()) return graph.status();
+    model.graph = *std::move(graph);
+    model.config.family = "gated-conv";
+    model.config.hidden_size = config->hidden;
+    model.config.num_layers = config->layers;
+    model.config.intermediate_size = config->intermediate;
+    model.config.vocab_size = config->vocab;
+    model.config.max_position_embeddings = model.graph.def().max_seq();
+    if (options.load_weights) model.weights = RandomGatedConvWeights(model.graph, options.seed);
+    return model;
+  }
   if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
     if (absl::Status s = read_config(spec.substr(7)); !s.ok()) return s;
   } else if (random) {

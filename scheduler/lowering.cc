@@ -392,6 +392,51 @@ absl::Status Lowering::LowerElementwise(const OpDef& op) {
   return absl::OkStatus();
 }
 
+uint32_t Lowering::F32WeightFor(const std::string& weight) {
+  const std::string name = absl::StrCat("f32:", weight);
+  if (auto it = tensor_ids_.find(name); it != tensor_ids_.end()) return it->second;
+  const graph::TensorDef& t = graph_.tensor(weight);
+  const int64_t elements = graph::NumElements(t), cols = t.shape_size() <= 1 ? 1 : t.shape(t.shape_size() - 1);
+  const uint32_t id = AddTensor(name, graph::F32, {elements / cols, cols}, WEIGHTS);
+  PackedWeight pw;
+  pw.set_tensor(name);
+  pw.add_sources(weight);
+  pw.set_order(ROWS_IDENTITY);
+  pw.set_cols(cols);
+  pw.set_row_stride(cols);
+  pw.set_dtype(graph::F32);
+  p_.packing.push_back(pw);
+  return id;
+}
+
+absl::Status Lowering::LowerConv1d(const OpDef& op) {
+  const graph::TensorDef& x = graph_.tensor(op.inputs(0));
+  isa::Conv1dArgs a{};
+  a.rows = static_cast<uint32_t>(x.shape(0));
+  a.channels = static_cast<uint32_t>(x.shape(1));
+  a.k = static_cast<uint32_t>(graph_.tensor(op.inputs(1)).shape(1));
+  if (a.rows != 1) return Unsupported(op, "only batch-1 rows are lowered");
+  if (a.k > 1 && (graph_.tensor(op.inputs(2)).kind() != graph::STATE || graph_.tensor(op.inputs(2)).dtype() != graph::F32)) {
+    return Unsupported(op, absl::StrCat("the state '", op.inputs(2), "' must be an f32 STATE tensor"));
+  }
+  const std::vector<isa::Wait> waits = WaitsFor(ReadyBarriers(op.inputs(0)));
+  const int group = NewGroup(op.name());
+  const uint32_t barrier = NewBarrier(op.name(), waits);
+  a.input = ArenaTensorFor(op.inputs(0));
+  a.weight = F32WeightFor(op.inputs(1));
+  a.state = a.k > 1 ? ArenaTensorFor(op.inputs(2)) : isa::kNoTensor;
+  a.bias = op.inputs_size() > 3 ? F32WeightFor(op.inputs(3)) : isa::kNoTensor;
+  a.out = ArenaTensorFor(op.outputs(0));
+  // One instruction per elementwise chunk of channels (each owns its channels' state).
+  for (uint32_t c = 0; c < a.channels; c += o_.elementwise_chunk()) {
+    a.c_begin = c;
+    a.c_count = std::min<uint32_t>(o_.elementwise_chunk(), a.channels - c);
+    Emit(Make(Opcode::CONV1D, a), barrier, waits, op.name(), group);
+  }
+  ready_[op.outputs(0)] = {{barrier}};
+  return absl::OkStatus();
+}
+
 absl::Status Lowering::LowerArgmax(const OpDef& op, uint32_t partials, uint32_t num_partials,
                                    const std::vector<uint32_t>& ready) {
   const int group = NewGroup(absl::StrCat(op.name(), ".reduce"));
@@ -407,11 +452,11 @@ absl::StatusOr<Program> Lowering::Run() {
     const OpDef& op = graph_.def().ops(index);
     switch (op.type()) {
       case graph::EMBEDDING: case graph::RMS_NORM: case graph::LINEAR: case graph::ROPE: case graph::ATTENTION:
-      case graph::SILU_MUL: case graph::ADD: case graph::ARGMAX:
+      case graph::SILU_MUL: case graph::ADD: case graph::ARGMAX: case graph::CONV1D:
         break;
       default:
         return Unsupported(op, "has no lowering to instructions yet: the graph imports and runs on the op-by-op "
-                               "oracle; the lowering covers Llama-family decode graphs");
+                               "oracle; the decode lowering covers Llama-family decoders and causal CONV1D blocks");
     }
   }
   // The decode loop's inputs: the token (read by the embedding) and the position.
@@ -438,7 +483,11 @@ absl::StatusOr<Program> Lowering::Run() {
   for (const OpDef& op : graph_.def().ops()) {
     if (op.type() == graph::EMBEDDING) vocab = static_cast<uint32_t>(graph_.tensor(op.inputs(0)).shape(0));
   }
-  if (max_seq == 0) return absl::UnimplementedError("the graph has no KV cache to size the decode loop");
+  // A decoder without attention (causal CONV1D blocks) has no KV cache: the graph says how far it may decode.
+  if (max_seq == 0) max_seq = static_cast<uint32_t>(std::max(0, graph_.def().max_seq()));
+  if (max_seq == 0) {
+    return absl::UnimplementedError("the graph has neither a KV cache nor max_seq to size the decode loop");
+  }
   p_.max_seq = max_seq;
   p_.vocab_size = vocab;
 
@@ -459,6 +508,7 @@ absl::StatusOr<Program> Lowering::Run() {
       case graph::ATTENTION: s = LowerAttention(op); break;
       case graph::ADD:
       case graph::SILU_MUL: s = LowerElementwise(op); break;
+      case graph::CONV1D: s = LowerConv1d(op); break;
       case graph::ROPE: s = Unsupported(op, "RoPE is lowered only together with the attention it feeds"); break;
       case graph::ARGMAX: {
         const graph::TensorDef& logits = graph_.tensor(op.inputs(0));

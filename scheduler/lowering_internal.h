@@ -76,6 +76,10 @@ class Lowering {
   absl::Status LowerLinear(const OpDef& op);
   absl::Status LowerAttention(const OpDef& op);
   absl::Status LowerElementwise(const OpDef& op);
+  // CONV1D (depthwise causal, its state in the arena): CONV1D instructions over channel ranges.
+  absl::Status LowerConv1d(const OpDef& op);
+  // An exact f32 copy of a weight (CONV1D's taps and bias).
+  uint32_t F32WeightFor(const std::string& weight);
   absl::Status LowerArgmax(const OpDef& op, uint32_t partials, uint32_t num_partials,
                            const std::vector<uint32_t>& ready);
 
