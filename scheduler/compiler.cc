@@ -73,7 +73,7 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
   // The prefill pass's weights: by default when the graph has a prefill lowering, an error when asked for.
   if (!options.has_prefill() || options.prefill()) {
     if (absl::Status s = PrefillSupported(graph); s.ok()) {
-      if (absl::Status a = AddPrefillWeights(graph, &*program); !a.ok()) return a;
+      if (absl::Status a = AddPrefillWeights(graph, resolved, &*program); !a.ok()) return a;
     } else if (options.has_prefill()) {
       return s;
     }

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "scheduler/program.h"
 #include "scheduler/schedule.pb.h"
 
 namespace loom::scheduler {
@@ -32,5 +33,16 @@ bool IsDecoderGraph(const graph::Graph& graph);
 // `options` must be resolved (ResolveOptions); num_sms and the cost model are read. Verifies the pass.
 absl::StatusOr<Schedule> CompileGraphPass(const graph::Graph& graph, const std::string& model,
                                           const CompileOptions& options);
+
+// The one-pass prefill of a decoder without attention (token embedding, norms, linears, causal CONV1D blocks,
+// gated / residual element-wise ops, the argmax), lowered as a graph pass over the prompt's rows that continues
+// from the decode schedule's state: CONV1D reads and updates the decode's conv states, ARGMAX writes the next token
+// as a decode step's end does, the last row's logits land where decode writes them. Decoders with attention take
+// scheduler/prefill.h's lowering (this is what it dispatches to otherwise).
+absl::Status GeneralPrefillSupported(const graph::Graph& graph);
+// Compile time: adds the pass's weights (GEMM operand images, f32 copies) to the decode program.
+absl::Status AddGeneralPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program);
+absl::StatusOr<Schedule> CompileGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+                                               bool verify);
 
 }  // namespace loom::scheduler

@@ -151,7 +151,7 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   for (uint32_t gi = 0; gi < groups; ++gi) {
     const std::string tag = groups > 1 ? absl::StrCat("/g", gi) : "";
     c.c_begin = gi * c.group_c;
-    c.out = b_.Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
+    c.out = Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
                        {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
     const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), tag, "/im2col"));
     const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
@@ -162,9 +162,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     }
     uint32_t weight;
     if (runtime_weight) {
-      const uint32_t view = b_.Scratch(absl::StrCat(w, tag, "@", op.name()), graph::F32,
+      const uint32_t view = Scratch(absl::StrCat(w, tag, "@", op.name()), graph::F32,
                                        {static_cast<int64_t>(uint64_t{n} * k)}, w, uint64_t{gi} * n * k * 4);
-      weight = b_.Scratch(absl::StrCat("wimage:", op.name(), tag), graph::BF16,
+      weight = Scratch(absl::StrCat("wimage:", op.name(), tag), graph::BF16,
                           {static_cast<int64_t>(isa::GemmImageBytes(n, k) / 2)});
       const uint32_t per = RowsPerInstruction(n, kPackRows), padded = isa::GemmTiles(n) * isa::kGemmTileM;
       for (uint32_t r = 0; r < padded; r += per) {
@@ -184,9 +184,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     Epilogue e;
     e.out = absl::StrCat(op.outputs(0), tag);  // a scratch [M, OC / g]
     e.ops = absl::StrCat(op.name(), tag);
-    arena_[e.out] = b_.Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
+    arena_[e.out] = Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
     EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k);
-    const uint32_t slice = b_.Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
+    const uint32_t slice = Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
                                       {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
     StridedDims dims;
     dims.size = {m, n};
@@ -219,7 +219,7 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
   if (rows >= (uint64_t{1} << 31)) return Unsupported(op, "too many rows");
   const uint32_t m = static_cast<uint32_t>(rows);
   const uint32_t image =
-      b_.Scratch(absl::StrCat("rows:", op.name()), graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+      Scratch(absl::StrCat("rows:", op.name()), graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
   const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
   const std::vector<uint32_t> after = ReadyOf({x});
   const uint32_t per = RowsPerInstruction(m, kPackRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
@@ -244,7 +244,7 @@ absl::StatusOr<std::pair<std::string, std::vector<uint32_t>>> NnLowering::ArenaC
   const std::string copy = absl::StrCat("copy:", name);
   if (!arena_.contains(copy)) {
     const std::vector<uint64_t> shape = ShapeOf(T(name));
-    arena_[copy] = b_.Scratch(copy, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    arena_[copy] = Scratch(copy, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
     stage_[copy] = EmitMap(isa::kEwCopy, *id, arena_[copy], Product(shape), {}, copy);
   }
   return std::make_pair(copy, std::vector<uint32_t>{stage_.at(copy)});
@@ -269,7 +269,7 @@ absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
   // Bᵀ: [b_count, n, k] from b [b_count, k, n].
   const std::string bt = absl::StrCat("bT:", op.name());
   Arena(op.outputs(0));
-  arena_[bt] = b_.Scratch(bt, graph::F32, {static_cast<int64_t>(b_count), static_cast<int64_t>(n),
+  arena_[bt] = Scratch(bt, graph::F32, {static_cast<int64_t>(b_count), static_cast<int64_t>(n),
                                            static_cast<int64_t>(k)});
   const uint32_t transpose_stage = b_.Stage(bt);
   StridedDims dims;
@@ -283,9 +283,9 @@ absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
   const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
   auto pack = [&](const std::string& source, uint64_t index, uint64_t rows, std::vector<uint32_t> after) {
     const std::string tag = absl::StrCat(source, "[", index, "]");
-    const uint32_t view = b_.Scratch(absl::StrCat(tag, "@", op.name()), graph::F32,
+    const uint32_t view = Scratch(absl::StrCat(tag, "@", op.name()), graph::F32,
                                      {static_cast<int64_t>(rows * k)}, source, index * rows * k * 4);
-    const uint32_t image = b_.Scratch(absl::StrCat("rows:", op.name(), ":", tag), graph::BF16,
+    const uint32_t image = Scratch(absl::StrCat("rows:", op.name(), ":", tag), graph::BF16,
                                       {static_cast<int64_t>(isa::GemmImageBytes(static_cast<uint32_t>(rows),
                                                                                 static_cast<uint32_t>(k)) / 2)});
     const uint32_t r32 = static_cast<uint32_t>(rows), k32 = static_cast<uint32_t>(k);
@@ -313,7 +313,7 @@ absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
     e.out = batches == 1 ? op.outputs(0) : absl::StrCat(op.outputs(0), "[", q, "]");
     e.ops = op.name();
     if (batches > 1) {
-      arena_[e.out] = b_.Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)},
+      arena_[e.out] = Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)},
                                  op.outputs(0), q * m * n * 4);
     }
     EmitGemm(e, a_images[index_of(a_batch, q)], pack_stage, b_images[index_of(b_batch, q)], kNone,

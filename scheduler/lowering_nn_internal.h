@@ -83,26 +83,62 @@ inline std::optional<StridedDims> Collapse(const StridedDims& d) {
   return out;
 }
 
+// A prefill pass of a decoder without attention (decode graph: batch-1 rows): what it extends and how many rows.
+struct PrefillTarget {
+  IoBinding io;          // the decode schedule's tokens, step state and logits
+  uint32_t max_seq = 0;  // of the decode loop
+  uint32_t rows = 0;     // prompt rows
+};
+
 class NnLowering {
  public:
+  // A general graph's pass.
   NnLowering(const graph::Graph& graph, const CompileOptions& options) : g_(graph), o_(options) {}
+  // A prefill pass over `decode`'s tensors (its weights, STATE tensors, token buffer), scratch past its arena.
+  NnLowering(const graph::Graph& graph, const CompileOptions& options, PassBuilder decode, const PrefillTarget& target);
 
   absl::StatusOr<Schedule> Run(const std::string& model);
+  // The prefill pass: every row-wise op over `rows` rows (those only the last row's logits need, over that row),
+  // CONV1D continuing from the decode's state, ARGMAX writing the next token as a decode step's end does.
+  absl::StatusOr<Schedule> RunPrefill(const std::string& model);
+
+  // Ops a prefill pass covers (nullptr), or the first it does not.
+  static const OpDef* FirstNotPrefillable(const graph::Graph& graph);
 
  private:
+  bool prefill() const { return target_.rows > 0; }
+  // A scratch tensor of this pass (named with the pass's prefix, as `view_of` is).
+  uint32_t Scratch(const std::string& name, graph::DType dtype, std::vector<int64_t> shape,
+                   const std::string& view_of = "", uint64_t view_offset = 0) {
+    return b_.Scratch(prefix_ + name, dtype, std::move(shape), view_of.empty() ? "" : prefix_ + view_of,
+                      view_offset);
+  }
+  absl::Status LowerEmbedding(const OpDef& op);
+  absl::Status LowerArgmax(const OpDef& op);
+
   absl::Status Lower(const OpDef& op);
 
   absl::Status Unsupported(const OpDef& op, const std::string& why) const {
     return absl::UnimplementedError(absl::StrCat("op '", op.name(), "' (", graph::OpType_Name(op.type()), "): ", why));
   }
 
-  const TensorDef& T(const std::string& name) const { return g_.tensor(name); }
+  // A graph tensor's definition (in a prefill pass: with the rows it has there).
+  const TensorDef& T(const std::string& name) const {
+    if (auto it = rows_defs_.find(name); it != rows_defs_.end()) return it->second;
+    return g_.tensor(name);
+  }
 
-  // The f32 arena tensor of a graph tensor, created on first use in the graph's shape.
+  // The f32 arena tensor of a graph tensor, created on first use in the graph's shape (a prefill pass's STATE
+  // tensors and logits are the decode schedule's).
   uint32_t Arena(const std::string& name) {
     if (auto it = arena_.find(name); it != arena_.end()) return it->second;
+    if (prefill() && T(name).kind() == graph::STATE) {
+      absl::StatusOr<uint32_t> found = b_.Find(name);
+      if (found.ok()) return arena_[name] = *found;
+    }
+    if (prefill() && name == logits_) return arena_[name] = target_.io.logits();
     const std::vector<uint64_t> shape = ShapeOf(T(name));
-    const uint32_t id = b_.Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    const uint32_t id = Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
     arena_[name] = id;
     return id;
   }
@@ -257,6 +293,11 @@ class NnLowering {
   const graph::Graph& g_;
   const CompileOptions& o_;
   PassBuilder b_;
+  PrefillTarget target_;
+  std::string prefix_;                                       // of scratch names ("prefill." in a prefill pass)
+  absl::flat_hash_map<std::string, TensorDef> rows_defs_;    // prefill: tensors that have every prompt row
+  uint32_t pass_state_ = kNone;                              // prefill: the pass's step state
+  std::string logits_;                                       // prefill: what the ARGMAX reads (decode's logits)
   absl::flat_hash_map<std::string, uint32_t> arena_;  // graph tensor -> its schedule tensor
   absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
   absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over

@@ -77,6 +77,16 @@ class PassBuilder {
     p_.arena_bytes = decode.arena_bytes();
   }
 
+  // The same over a decode program still being compiled (its tensors so far).
+  explicit PassBuilder(const Program& decode) {
+    for (size_t i = 0; i < decode.tensors.size(); ++i) {
+      p_.tensors.push_back(decode.tensors[i]);
+      ids_[decode.tensors[i].name()] = static_cast<uint32_t>(i);
+    }
+    p_.weight_bytes = decode.weight_bytes;
+    p_.arena_bytes = decode.arena_bytes;
+  }
+
   absl::StatusOr<uint32_t> Find(const std::string& name) const {
     auto it = ids_.find(name);
     if (it == ids_.end()) {

@@ -1,5 +1,7 @@
 #include "scheduler/prefill.h"
 
+#include "scheduler/lowering_nn.h"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -14,6 +16,7 @@
 #include "scheduler/compiler.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/decoded_schedule.h"
+#include "scheduler/lowering_nn.h"
 #include "scheduler/options.h"
 #include "scheduler/pass_builder.h"
 #include "scheduler/prefill_plan.h"
@@ -53,7 +56,18 @@ LayerWeights WeightsOf(const Layer& l) {
 
 }  // namespace
 
-absl::Status PrefillSupported(const graph::Graph& graph) { return ParsePlan(graph).status(); }
+namespace {
+bool HasAttention(const graph::Graph& graph) {
+  for (const graph::OpDef& op : graph.def().ops()) {
+    if (op.type() == graph::ATTENTION) return true;
+  }
+  return false;
+}
+}  // namespace
+
+absl::Status PrefillSupported(const graph::Graph& graph) {
+  return HasAttention(graph) ? ParsePlan(graph).status() : GeneralPrefillSupported(graph);
+}
 
 bool HasPrefillWeights(const Schedule& decode) {
   for (const PackedWeight& p : decode.packing()) {
@@ -62,7 +76,8 @@ bool HasPrefillWeights(const Schedule& decode) {
   return false;
 }
 
-absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program) {
+absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program) {
+  if (!HasAttention(graph)) return AddGeneralPrefillWeights(graph, options, program);
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   for (const Layer& l : plan->layers) {
@@ -112,6 +127,10 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
+  if (!HasAttention(graph)) {
+    if (prefill_options.all_logits) return absl::UnimplementedError("prefill: all_logits needs a decoder with attention");
+    return CompileGeneralPrefill(graph, decode, rows, prefill_options.verify);
+  }
   const bool all_logits = prefill_options.all_logits;
   if (prefill_options.page_bytes != 0 && prefill_options.page_bytes != isa::kGemmSlabBytes &&
       prefill_options.page_bytes != 2 * isa::kGemmSlabBytes) {

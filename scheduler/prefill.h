@@ -32,7 +32,7 @@ absl::Status PrefillSupported(const graph::Graph& graph);
 
 // Compile time: adds what a prefill pass streams (GEMM operand images of the projections, their biases in the
 // images' row order) to a lowered decode program's WEIGHTS and packing plan.
-absl::Status AddPrefillWeights(const graph::Graph& graph, Program* program);
+absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program);
 
 // True when `decode` was compiled with the prefill weights.
 bool HasPrefillWeights(const Schedule& decode);

@@ -148,6 +148,13 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
                  weights ? absl::StrFormat(", %zu weights (%.1f MB)", model->weights.size(), bytes / 1e6).c_str() : "");
     return model;
   }
+  if (c.family == "gated-conv") {  // no attention: no heads
+    double params = 0;
+    for (const graph::TensorDef* t : model->graph.TensorsOfKind(graph::WEIGHT)) params += graph::NumElements(*t);
+    std::fprintf(stderr, "%s: gated depthwise-conv LM, %.1fM parameters, %d layers, hidden %d, intermediate %d\n",
+                 absl::GetFlag(FLAGS_model).c_str(), params / 1e6, c.num_layers, c.hidden_size, c.intermediate_size);
+    return model;
+  }
   std::fprintf(stderr, "%s: %s, %.2fB parameters, %d layers, hidden %d, %d/%d heads of %d%s\n",
                absl::GetFlag(FLAGS_model).c_str(), c.family.c_str(), c.Parameters() / 1e9, c.num_layers,
                c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,

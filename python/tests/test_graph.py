@@ -95,10 +95,15 @@ def test_bad_weights_and_graphs_are_refused():
 
 
 def test_lowering_refuses_what_it_does_not_cover():
-    model = loom.Model.from_graph(mlp_graph(), {"norm": np.ones(8), "gate": np.ones((16, 8)),
-                                                "up": np.ones((16, 8)), "down": np.ones((8, 16))})
-    with pytest.raises(loom.Error):
-        loom.compile(model)
+    weights = {"norm": np.ones(8), "gate": np.ones((16, 8)), "up": np.ones((16, 8)), "down": np.ones((8, 16))}
+    # The MLP (RMSNorm, linears, SiLU-mul, residual) compiles to a graph pass ...
+    assert "graph pass" in loom.compile(loom.Model.from_graph(mlp_graph(), weights)).summary()
+    # ... an ARGMAX outside a decoder does not.
+    b = loom.GraphBuilder("argmax")
+    b.input("x", [2, 8], loom.DType.F32)
+    b.mark_output(b.argmax("i", "x"))
+    with pytest.raises(loom.Error, match=r"\(ARGMAX\): an ARGMAX outside a decoder's prefill"):
+        loom.compile(loom.Model.from_graph(b.build(), {}))
 
 
 def test_trace_png(tmp_path):
