@@ -127,6 +127,40 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
   return absl::OkStatus();
 }
 
+// The WEIGHT tensors of `graph` by name from <dir>/model.safetensors, each with exactly its shape.
+absl::Status LoadGraphWeights(const std::string& dir, const Graph& graph, bool load, WeightStore* weights,
+                              std::vector<std::string>* notes) {
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  std::set<std::string> used;
+  for (const TensorDef* t : graph.TensorsOfKind(WEIGHT)) {
+    auto entry = (*file)->header().tensors.find(t->name());
+    if (entry == (*file)->header().tensors.end()) {
+      return absl::NotFoundError(absl::StrCat(path, ": weight '", t->name(), "' is missing"));
+    }
+    if (!std::equal(entry->second.shape.begin(), entry->second.shape.end(), t->shape().begin(), t->shape().end())) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": weight '", t->name(), "' has shape [",
+                                                     absl::StrJoin(entry->second.shape, ","), "], the graph needs [",
+                                                     absl::StrJoin(t->shape(), ","), "]"));
+    }
+    used.insert(t->name());
+    if (!load) continue;
+    absl::StatusOr<HostTensor> w = (*file)->ReadBf16(t->name());
+    if (!w.ok()) return w.status();
+    weights->emplace(t->name(), *std::move(w));
+  }
+  std::vector<std::string> unused;
+  for (const auto& [name, entry] : (*file)->header().tensors) {
+    if (!used.contains(name)) unused.push_back(name);
+  }
+  if (!unused.empty()) {
+    std::sort(unused.begin(), unused.end());
+    notes->push_back(absl::StrCat(path, ": tensors the graph does not use, ignored: ", absl::StrJoin(unused, ", ")));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options) {
@@ -156,19 +190,36 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     }
     return absl::OkStatus();
   };
-  if (random && IsGatedConvPreset(spec.substr(7))) {  // a gated depthwise-conv LM (families/gated_conv.h)
+  // A gated depthwise-conv LM (families/gated_conv.h): a preset, or a folder whose config.json names the family.
+  std::optional<GatedConvConfig> gated;
+  if (random && IsGatedConvPreset(spec.substr(7))) {
     absl::StatusOr<GatedConvConfig> config = GatedConvPreset(spec.substr(7));
     if (!config.ok()) return config.status();
-    absl::StatusOr<Graph> graph = BuildGatedConvGraph(*config, options.max_seq > 0 ? options.max_seq : 4096);
+    gated = *config;
+  } else if (!random && fs::exists(config_path)) {
+    absl::StatusOr<std::string> text = ReadFileToString(config_path);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::optional<GatedConvConfig>> config = ParseGatedConvConfig(*text, config_path);
+    if (!config.ok()) return config.status();
+    gated = *config;
+  }
+  if (gated) {
+    absl::StatusOr<Graph> graph = BuildGatedConvGraph(*gated, options.max_seq > 0 ? options.max_seq : 4096);
     if (!graph.ok()) return graph.status();
     model.graph = *std::move(graph);
+    model.gated_conv = gated;
     model.config.family = "gated-conv";
-    model.config.hidden_size = config->hidden;
-    model.config.num_layers = config->layers;
-    model.config.intermediate_size = config->intermediate;
-    model.config.vocab_size = config->vocab;
+    model.config.hidden_size = gated->hidden;
+    model.config.num_layers = gated->layers;
+    model.config.intermediate_size = gated->intermediate;
+    model.config.vocab_size = gated->vocab;
     model.config.max_position_embeddings = model.graph.def().max_seq();
-    if (options.load_weights) model.weights = RandomGatedConvWeights(model.graph, options.seed);
+    if (random) {
+      if (options.load_weights) model.weights = RandomGatedConvWeights(model.graph, options.seed);
+    } else if (absl::Status s = LoadGraphWeights(spec, model.graph, options.load_weights, &model.weights, &model.notes);
+               !s.ok()) {
+      return s;
+    }
     return model;
   }
   if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
@@ -201,6 +252,15 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
 
 absl::Status ExportModel(const Model& model, const std::string& dir) {
   if (model.weights.empty()) return absl::FailedPreconditionError("export needs a model loaded with its weights");
+  if (model.gated_conv) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+    std::vector<std::pair<std::string, const HostTensor*>> tensors;
+    for (const TensorDef* t : model.graph.TensorsOfKind(WEIGHT)) tensors.emplace_back(t->name(), &model.weights.at(t->name()));
+    if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;
+    return WriteFileAtomically((fs::path(dir) / "config.json").string(), GatedConvConfigJson(*model.gated_conv));
+  }
   absl::StatusOr<nlohmann::json> config = HfConfigToJson(model.config);
   if (!config.ok()) return config.status();
   std::error_code ec;

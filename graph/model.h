@@ -1,8 +1,9 @@
 // Loading a model by spec: "random:<preset>" or "random:<config.json>" (that
-// architecture with deterministic random weights), a
+// architecture with deterministic random weights; "random:gated-conv-*": the
+// gated depthwise-conv LM of graph/families/gated_conv.h), a
 // Hugging Face folder (config.json + model.safetensors or a sharded index) of a
-// family in graph/families/, or an ONNX file (*.onnx, graph/onnx_import.h).
-// Exporting writes a random model as such a folder.
+// family in graph/families/ (or model_type "loom-gated-conv"), or an ONNX file
+// (*.onnx, graph/onnx_import.h). Exporting writes a random model as such a folder.
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "graph/graph.h"
 #include "graph/host_tensor.h"
 #include "graph/decoder.h"
+#include "graph/families/gated_conv.h"
 
 namespace loom::graph {
 
@@ -27,7 +29,8 @@ struct Model {
   // read for this family (ignored), weights rounded to bf16.
   std::vector<std::string> notes;
   Graph graph;
-  WeightStore weights;  // empty unless ModelOptions::load_weights
+  WeightStore weights;
+  std::optional<GatedConvConfig> gated_conv;  // family "gated-conv" (config then holds its sizes for messages)  // empty unless ModelOptions::load_weights
 };
 
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});

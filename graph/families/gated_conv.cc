@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/decoder.h"
 #include "graph/graph_builder.h"
+#include "nlohmann/json.hpp"
 
 namespace loom::graph {
 
@@ -31,6 +32,47 @@ absl::StatusOr<GatedConvConfig> GatedConvPreset(const std::string& name) {
     return absl::NotFoundError(
         absl::StrCat("unknown gated-conv preset '", name, "' (gated-conv-tiny, gated-conv-small)"));
   }
+  return c;
+}
+
+std::string GatedConvConfigJson(const GatedConvConfig& c) {
+  nlohmann::json j = {{"model_type", kGatedConvModelType}, {"hidden_size", c.hidden},
+                      {"num_hidden_layers", c.layers}, {"intermediate_size", c.intermediate},
+                      {"conv_kernel", c.kernel}, {"vocab_size", c.vocab}, {"rms_norm_eps", std::stod(absl::StrCat(c.eps))},
+                      {"tie_word_embeddings", c.tie_embeddings}};
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<std::optional<GatedConvConfig>> ParseGatedConvConfig(const std::string& text, const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  if (!j.contains("model_type") || j["model_type"] != kGatedConvModelType) return std::nullopt;
+  GatedConvConfig c;
+  auto get_int = [&](const char* key, int* out) -> absl::Status {
+    if (!j.contains(key) || !j[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": '", key, "' must be an integer"));
+    }
+    *out = j[key].get<int>();
+    return absl::OkStatus();
+  };
+  for (auto [key, out] : std::vector<std::pair<const char*, int*>>{{"hidden_size", &c.hidden},
+                                                                   {"num_hidden_layers", &c.layers},
+                                                                   {"intermediate_size", &c.intermediate},
+                                                                   {"conv_kernel", &c.kernel},
+                                                                   {"vocab_size", &c.vocab}}) {
+    if (absl::Status s = get_int(key, out); !s.ok()) return s;
+  }
+  if (!j.contains("rms_norm_eps") || !j["rms_norm_eps"].is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": 'rms_norm_eps' must be a number"));
+  }
+  c.eps = j["rms_norm_eps"].get<float>();
+  if (j.contains("tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": 'tie_word_embeddings' must be true or false"));
+    }
+    c.tie_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   return c;
 }
 

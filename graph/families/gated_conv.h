@@ -11,6 +11,7 @@
 // "lm_head".
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,14 @@ absl::StatusOr<GatedConvConfig> GatedConvPreset(const std::string& name);
 bool IsGatedConvPreset(const std::string& name);
 
 // `max_seq`: the positions a decode may reach (GraphDef.max_seq).
+// A folder's config.json for this family: {"model_type": "loom-gated-conv", "hidden_size", "num_hidden_layers",
+// "intermediate_size", "conv_kernel", "vocab_size", "rms_norm_eps", "tie_word_embeddings"}; the weights in
+// model.safetensors under the graph's names.
+inline constexpr char kGatedConvModelType[] = "loom-gated-conv";
+std::string GatedConvConfigJson(const GatedConvConfig& config);
+// The config, or nullopt when the text is not this family's (another model_type); errors name the file and field.
+absl::StatusOr<std::optional<GatedConvConfig>> ParseGatedConvConfig(const std::string& text, const std::string& path);
+
 absl::StatusOr<Graph> BuildGatedConvGraph(const GatedConvConfig& config, int max_seq);
 
 // Deterministic random weights for every WEIGHT tensor of the graph (the same seed, the same weights).
