@@ -6,6 +6,7 @@
 //   SOFTMAX     softmax along one axis of f32 rows
 //   NORM_ROWS   LayerNorm or RMSNorm of f32 rows with f32 scale (and shift)
 //   CONV1D      depthwise causal convolution over f32 rows, carrying its state across calls (decode and prefill)
+//   DWCONV      depthwise 2-D convolution of NHWC f32 (one input channel per output channel), direct
 #pragma once
 
 #include <math.h>
@@ -226,11 +227,11 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
 enum KernelVariant : uint32_t {
   kDecodeKernel = 0,  // the decode opcodes
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
-  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D (general graphs' passes)
+  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D, DWCONV (general graphs' passes)
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
   if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
-      op == Opcode::NORM_ROWS || op == Opcode::CONV1D) {
+      op == Opcode::NORM_ROWS || op == Opcode::CONV1D || op == Opcode::DWCONV) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
@@ -294,6 +295,65 @@ struct Conv1dArgs {
 LOOM_HD float Conv1dWindow(const Conv1dArgs& a, const float* in, const float* state, uint32_t c, uint32_t i) {
   return i + 1 < a.k ? state[static_cast<uint64_t>(c) * (a.k - 1) + i]
                      : in[static_cast<uint64_t>(i + 1 - a.k) * a.channels + c];
+}
+
+// A depthwise convolution (CONV2D with one input channel per group, groups = c, oc = c * multiplier), directly in
+// f32: out[b, oy, ox, o] = bias[o] + sum_{ky, kx} w[o, ky, kx] * in[b, oy * stride_h - pad_top + ky * dilation_h,
+// ox * stride_w - pad_left + kx * dilation_w, o / (oc / c)] (zero outside the input), for output elements
+// [begin, +count) in NHWC order.
+struct DwConvArgs {
+  uint32_t input;   // f32 [n, h, w, c]
+  uint32_t weight;  // f32 [oc, kh * kw]
+  uint32_t bias;    // f32 [oc], or kNoTensor
+  uint32_t out;     // f32 [n, oh, ow, oc]
+  uint32_t n;
+  uint32_t h;
+  uint32_t w;
+  uint32_t c;
+  uint32_t oh;
+  uint32_t ow;
+  uint32_t oc;
+  uint32_t kh;
+  uint32_t kw;
+  uint32_t stride_h;
+  uint32_t stride_w;
+  uint32_t pad_top;
+  uint32_t pad_left;
+  uint32_t dilation_h;
+  uint32_t dilation_w;
+  uint32_t relu_in;  // 1: max(0, input) (a ReLU a split GEMM left to its readers)
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"input", "weight", "bias", "out", "n", "h", "w", "c", "oh", "ow", "oc",
+                                            "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_left",
+                                            "dilation_h", "dilation_w", "relu_in", "begin", "count"};
+};
+// Output element i, shared by the reference and the device (32-bit indices: Validate keeps them below 2^32).
+LOOM_HD float DwConvElement(const DwConvArgs& a, const float* in, const float* w, const float* bias, uint32_t i) {
+  const uint32_t o = i % a.oc;
+  uint32_t rest = i / a.oc;
+  const int32_t ox = static_cast<int32_t>(rest % a.ow);
+  rest /= a.ow;
+  const int32_t oy = static_cast<int32_t>(rest % a.oh);
+  const uint32_t b = rest / a.oh;
+  const uint32_t ch = o / (a.oc / a.c);
+  const float* plane = in + static_cast<uint64_t>(b) * a.h * a.w * a.c + ch;
+  const float* taps = w + static_cast<uint64_t>(o) * a.kh * a.kw;
+  const int32_t y0 = oy * static_cast<int32_t>(a.stride_h) - static_cast<int32_t>(a.pad_top);
+  const int32_t x0 = ox * static_cast<int32_t>(a.stride_w) - static_cast<int32_t>(a.pad_left);
+  float acc = bias != nullptr ? bias[o] : 0.0f;
+  for (uint32_t ky = 0; ky < a.kh; ++ky) {
+    const int32_t iy = y0 + static_cast<int32_t>(ky * a.dilation_h);
+    if (iy < 0 || iy >= static_cast<int32_t>(a.h)) continue;
+    for (uint32_t kx = 0; kx < a.kw; ++kx) {
+      const int32_t ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
+      if (ix < 0 || ix >= static_cast<int32_t>(a.w)) continue;
+      float v = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+      if (a.relu_in != 0) v = v > 0.0f ? v : 0.0f;
+      acc += taps[ky * a.kw + kx] * v;
+    }
+  }
+  return acc;
 }
 
 }  // namespace loom::isa

@@ -23,4 +23,5 @@
   V(ELEMENTWISE, ElementwiseArgs) \
   V(SOFTMAX, SoftmaxArgs) \
   V(NORM_ROWS, NormRowsArgs) \
-  V(CONV1D, Conv1dArgs)
+  V(CONV1D, Conv1dArgs) \
+  V(DWCONV, DwConvArgs)

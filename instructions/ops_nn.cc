@@ -1,4 +1,5 @@
-// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D (instruction_nn.h).
+// Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D,
+// DWCONV (instruction_nn.h).
 #include <algorithm>
 #include <cmath>
 
@@ -210,6 +211,36 @@ void Reference(const Conv1dArgs& a, const MachineView& m) {
   for (uint32_t c = a.c_begin; c < a.c_begin + a.c_count; ++c) {
     for (uint32_t j = 0; j + 1 < a.k; ++j) state[U(c) * (a.k - 1) + j] = Conv1dWindow(a, in, state, c, a.rows + j);
   }
+}
+
+void Validate(const DwConvArgs& a, Checker& c) {
+  c.Require(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0 && a.oh > 0 && a.ow > 0 && a.kh > 0 && a.kw > 0,
+            "every dimension must be positive");
+  c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
+            "strides and dilations must be positive");
+  c.Require(a.oc > 0 && a.oc % a.c == 0, absl::StrCat("oc ", a.oc, " is not a multiple of c ", a.c));
+  c.Require(a.relu_in <= 1, "relu_in must be 0 or 1");
+  const uint64_t out = U(a.n) * a.oh * a.ow * a.oc;
+  c.Require(a.count > 0 && U(a.begin) + a.count <= out,
+            absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", out, " outputs"));
+  c.Require(out < (uint64_t{1} << 32) && U(a.n) * a.h * a.w * a.c < (uint64_t{1} << 32), "2^32 elements or more");
+  c.Tensor("input", a.input, F32, U(a.n) * a.h * a.w * a.c);
+  c.Tensor("weight", a.weight, F32, U(a.oc) * a.kh * a.kw);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, F32, a.oc);
+  c.Tensor("out", a.out, F32, out);
+}
+
+Footprint Cost(const DwConvArgs& a, uint32_t) {
+  const uint64_t window = U(a.kh) * a.kw;
+  return {0, 4ull * a.count * (window + 2), 0, 2ull * a.count * window};
+}
+
+void Reference(const DwConvArgs& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  const float* w = m.ptr<float>(a.weight);
+  const float* bias = a.bias != kNoTensor ? m.ptr<float>(a.bias) : nullptr;
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) out[i] = DwConvElement(a, in, w, bias, i);
 }
 
 }  // namespace loom::isa::ref

@@ -395,6 +395,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::CONV1D:
         if constexpr (kGraphOps) RunConv1d(inst.as<isa::Conv1dArgs>(), ctx);
         break;
+      case isa::Opcode::DWCONV:
+        if constexpr (kGraphOps) RunDwConv(inst.as<isa::DwConvArgs>(), ctx);
+        break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
         break;

@@ -121,6 +121,7 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
   const graph::Conv2dAttrs& a = op.conv2d();
   const uint32_t groups = static_cast<uint32_t>(std::max(1, a.groups()));
+  if (groups > 1 && ws[3] == 1) return LowerDepthwise(op);
   if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
     return Unsupported(op, "a bias computed at run time is not lowered (constants only)");
   }
@@ -146,6 +147,10 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   c.group_c = static_cast<uint32_t>(ws[3]);
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
   const std::vector<uint32_t> after = ReadyOf({x});
+  // One stage each for every group's IM2COL, GEMM and copy (a barrier per stage, not per group).
+  const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/im2col"));
+  const std::optional<uint32_t> gemm_stage =
+      groups > 1 ? std::optional<uint32_t>(b_.Stage(absl::StrCat(op.name(), "/gemm"))) : std::nullopt;
   const uint32_t copy_stage = groups > 1 ? b_.Stage(op.name()) : 0;
   Arena(op.outputs(0));
   for (uint32_t gi = 0; gi < groups; ++gi) {
@@ -153,8 +158,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     c.c_begin = gi * c.group_c;
     c.out = Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
                        {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
-    const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), tag, "/im2col"));
-    const uint32_t per = RowsPerInstruction(m, kImToColRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    const uint32_t per = RowsPerInstruction(static_cast<uint32_t>(std::min<uint64_t>(uint64_t{m} * groups, 1u << 30)),
+                                            kImToColRows),
+                   padded = isa::GemmTiles(m) * isa::kGemmTileM;
     for (uint32_t r = 0; r < padded; r += per) {
       c.row_begin = r;
       c.rows = std::min(per, padded - r);
@@ -185,7 +191,7 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     e.out = absl::StrCat(op.outputs(0), tag);  // a scratch [M, OC / g]
     e.ops = absl::StrCat(op.name(), tag);
     arena_[e.out] = Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
-    EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k);
+    EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k, gemm_stage, groups);
     const uint32_t slice = Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
                                       {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
     StridedDims dims;
@@ -197,6 +203,49 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     }
   }
   if (groups > 1) stage_[op.outputs(0)] = copy_stage;
+  return absl::OkStatus();
+}
+
+// One input channel per group (depthwise, any channel multiplier): DWCONV, direct in f32, chunked by work.
+absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(op.inputs(1))), ys = ShapeOf(T(op.outputs(0)));
+  const graph::Conv2dAttrs& a = op.conv2d();
+  absl::StatusOr<uint32_t> input = OperandRaw(op, x);
+  if (!input.ok()) return input.status();
+  absl::StatusOr<uint32_t> weight = Operand(op, op.inputs(1));
+  if (!weight.ok()) return weight.status();
+  isa::DwConvArgs d{};
+  d.input = *input;
+  d.relu_in = pending_relu_.contains(x) ? 1 : 0;
+  d.weight = *weight;
+  d.bias = kNone;
+  if (op.inputs_size() > 2) {
+    absl::StatusOr<uint32_t> bias = Operand(op, op.inputs(2));
+    if (!bias.ok()) return bias.status();
+    d.bias = *bias;
+  }
+  d.out = Arena(op.outputs(0));
+  d.n = static_cast<uint32_t>(xs[0]), d.h = static_cast<uint32_t>(xs[1]), d.w = static_cast<uint32_t>(xs[2]);
+  d.c = static_cast<uint32_t>(xs[3]);
+  d.oh = static_cast<uint32_t>(ys[1]), d.ow = static_cast<uint32_t>(ys[2]), d.oc = static_cast<uint32_t>(ws[0]);
+  d.kh = static_cast<uint32_t>(ws[1]), d.kw = static_cast<uint32_t>(ws[2]);
+  d.stride_h = std::max(1, a.stride_h()), d.stride_w = std::max(1, a.stride_w());
+  d.pad_top = a.pad_h(), d.pad_left = a.pad_w();
+  d.dilation_h = std::max(1, a.dilation_h()), d.dilation_w = std::max(1, a.dilation_w());
+  const uint32_t stage = b_.Stage(op.name());
+  const std::vector<uint32_t> after = ReadyOf({op.inputs().begin(), op.inputs().end()});
+  // About two instructions per SM by work (outputs x window), whole multiples of 64 outputs.
+  const uint64_t outputs = Product(ys), window = uint64_t{d.kh} * d.kw;
+  const uint64_t per = std::max<uint64_t>(
+      64, (std::max<uint64_t>(kMinElementsPerInstruction * 4, outputs * window / (2 * o_.num_sms())) / window + 63) /
+              64 * 64);
+  for (uint64_t begin = 0; begin < outputs; begin += per) {
+    d.begin = static_cast<uint32_t>(begin);
+    d.count = static_cast<uint32_t>(std::min(outputs, begin + per) - begin);
+    Emit(Make(isa::Opcode::DWCONV, d), stage, after, op.name());
+  }
+  stage_[op.outputs(0)] = stage;
   return absl::OkStatus();
 }
 

@@ -225,6 +225,8 @@ class NnLowering {
   // GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
   // output (depthwise convolutions run this way too, correct but with one-column GEMMs).
   absl::Status LowerConv(const OpDef& op);
+  // Depthwise (one input channel per group): DWCONV, direct.
+  absl::Status LowerDepthwise(const OpDef& op);
 
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.

@@ -139,6 +139,21 @@ expect_error "random:<missing json>" "no-such.json" "$WORK/tl2.pb" -- \
 # ONNX models (Debian's libonnx-testdata, when installed): imported, lowered to one graph pass and run against the
 # oracle; an op the lowering lacks is refused by op, one the importer does not map naming the node; a file that is
 # not a model names the file. Inputs and outputs as .npy files round-trip.
+# The gated depthwise-conv LM: prefill + decode against the oracle, an exported folder loads back the same.
+"$LOOM" run --model=random:gated-conv-tiny --prompt=5,6,7,8,9,10,11,12,13,14 --tokens=6 --check 2>&1 |
+  grep -q "identical to the op-by-op oracle" && pass "gated-conv prefill + decode --check" ||
+  fail "gated-conv prefill + decode --check"
+"$LOOM" export --model=random:gated-conv-tiny --out="$WORK/gc" >/dev/null &&
+  [ "$("$LOOM" run --model="$WORK/gc" --prompt=3,4,5 --tokens=4 2>/dev/null | grep tokens:)" = \
+    "$("$LOOM" run --model=random:gated-conv-tiny --prompt=3,4,5 --tokens=4 2>/dev/null | grep tokens:)" ] &&
+  pass "gated-conv export + load folder" || fail "gated-conv export + load folder"
+cp -r "$WORK/gc" "$WORK/gc_bad" && sed -i 's/"conv_kernel": 4/"conv_kernel": "four"/' "$WORK/gc_bad/config.json"
+expect_error "gated-conv bad config" "gc_bad/config.json: 'conv_kernel' must be an integer" "" -- \
+  "$LOOM" run --model="$WORK/gc_bad" --tokens=2
+cp -r "$WORK/gc" "$WORK/gc_k3" && sed -i 's/"conv_kernel": 4/"conv_kernel": 3/' "$WORK/gc_k3/config.json"
+expect_error "gated-conv weights vs config" "weight 'layers.0.conv.weight' has shape [64,4], the graph needs [64,3]" "" -- \
+  "$LOOM" run --model="$WORK/gc_k3" --tokens=2
+
 ONNX=/usr/share/libonnx-testdata/data
 if [ -d "$ONNX" ]; then
   "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb" >/dev/null &&
@@ -159,6 +174,9 @@ if [ -d "$ONNX" ]; then
     "$LOOM" run --model="$R" --input="$WORK/npy1/$out" --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx"
   "$LOOM" run --model="$ONNX/pytorch-converted/test_Conv2d_depthwise/model.onnx" --check 2>/dev/null |
     grep -q "every output agrees" && pass "onnx depthwise conv run --check" || fail "onnx depthwise conv run --check"
+  "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d_depthwise_with_multiplier/model.onnx" \
+    --out="$WORK/dw.pb" >/dev/null 2>&1 && "$LOOM" inspect "$WORK/dw.pb" | grep -q "^  DWCONV " &&
+    pass "onnx depthwise conv lowers to DWCONV" || fail "onnx depthwise conv lowers to DWCONV"
   "$LOOM" run --model="$ONNX/node/test_matmul_3d/model.onnx" --check 2>/dev/null |
     grep -q "every output agrees" && pass "onnx product of two activations run --check" ||
     fail "onnx product of two activations run --check"

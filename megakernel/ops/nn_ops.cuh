@@ -254,4 +254,26 @@ __device__ __forceinline__ void RunConv1d(const isa::Conv1dArgs& a, ConsumerCont
   }
 }
 
+// A thread per output element (channels fastest: neighbouring threads read neighbouring channels), kEwBatch of
+// them with every window gathered before the first store.
+__device__ __forceinline__ void RunDwConv(const isa::DwConvArgs& a, ConsumerContext& ctx) {
+  const float* in = ctx.machine.ptr<float>(a.input);
+  const float* w = ctx.machine.ptr<float>(a.weight);
+  const float* bias = a.bias != isa::kNoTensor ? ctx.machine.ptr<float>(a.bias) : nullptr;
+  float* out = ctx.machine.ptr<float>(a.out);
+  const uint32_t end = a.begin + a.count;
+  for (uint32_t i0 = a.begin + ctx.tid; i0 < end; i0 += kConsumerThreads * kEwBatch) {
+    float v[kEwBatch];
+#pragma unroll
+    for (uint32_t j = 0; j < kEwBatch; ++j) {
+      const uint32_t i = i0 + j * kConsumerThreads;
+      if (i < end) v[j] = isa::DwConvElement(a, in, w, bias, i);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kEwBatch; ++j) {
+      if (i0 + j * kConsumerThreads < end) out[i0 + j * kConsumerThreads] = v[j];
+    }
+  }
+}
+
 }  // namespace loom::megakernel
