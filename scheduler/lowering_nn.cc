@@ -101,25 +101,12 @@ absl::StatusOr<Schedule> NnLowering::RunPrefill(const std::string& model) {
   for (int index : g_.topological_order()) {
     const OpDef& op = g_.def().ops(index);
     if (consumed_.contains(op.name())) continue;
-    // An op over the last row only reads the last row of what has every row (a view of it).
+    // An op over the last row only reads the last row of what has every row (a view of it; of a deferred
+    // RMSNorm, the same norm of its input's last row).
     OpDef local = op;
     if (!rows_defs_.contains(op.outputs(0))) {
       for (int i = 0; i < local.inputs_size(); ++i) {
-        const std::string& in = op.inputs(i);
-        if (!rows_defs_.contains(in)) continue;
-        const std::string last = absl::StrCat(in, "@last");
-        if (!arena_.contains(last)) {
-          const std::vector<uint64_t> shape = ShapeOf(T(in));
-          TensorDef def = T(in);
-          def.set_name(last);
-          def.set_shape(0, 1);
-          const uint64_t row = Product(shape) / P;
-          Arena(in);
-          arena_[last] = Scratch(last, graph::F32, {static_cast<int64_t>(row)}, in, (P - 1) * row * 4);
-          rows_defs_[last] = std::move(def);
-          if (auto st = stage_.find(in); st != stage_.end()) stage_[last] = st->second;
-        }
-        local.set_inputs(i, last);
+        if (rows_defs_.contains(op.inputs(i))) local.set_inputs(i, LastRow(op.inputs(i)));
       }
     }
     if (absl::Status s = Lower(local); !s.ok()) return s;
@@ -134,6 +121,26 @@ absl::StatusOr<Schedule> NnLowering::RunPrefill(const std::string& model) {
   s.mutable_prefill()->set_rows(P);
   s.mutable_prefill()->set_state(pass_state_);
   return s;
+}
+
+std::string NnLowering::LastRow(const std::string& name) {
+  const std::string last = absl::StrCat(name, "@last");
+  if (rows_defs_.contains(last)) return last;
+  TensorDef def = T(name);
+  def.set_name(last);
+  def.set_shape(0, 1);
+  if (auto norm = deferred_norms_.find(name); norm != deferred_norms_.end()) {
+    DeferredNorm d = norm->second;
+    d.x = LastRow(d.x);
+    deferred_norms_[last] = d;
+  } else {
+    const uint64_t row = Product(ShapeOf(T(name))) / target_.rows;
+    Arena(name);
+    arena_[last] = Scratch(last, graph::F32, {static_cast<int64_t>(row)}, name, (target_.rows - 1) * row * 4);
+    if (auto st = stage_.find(name); st != stage_.end()) stage_[last] = st->second;
+  }
+  rows_defs_[last] = std::move(def);
+  return last;
 }
 
 // The prompt's token rows (positions [state.position, +rows) of the token buffer), a few rows per instruction.
@@ -427,6 +434,18 @@ absl::Status NnLowering::LowerSoftmax(const OpDef& op) {
 
 absl::Status NnLowering::LowerNorm(const OpDef& op) {
   const std::string& x = op.inputs(0);
+  // An RMSNorm over whole rows read only by LINEARs (a decoder's pre-norms): PACK_ROWS applies it.
+  if (op.type() == graph::RMS_NORM && op.norm().group_size() == 0 && !T(op.outputs(0)).is_output() &&
+      T(op.inputs(1)).kind() == graph::WEIGHT) {
+    bool all_linear = true;
+    for (const OpDef* c : g_.consumers(op.outputs(0))) {
+      all_linear &= c->type() == graph::LINEAR && c->inputs(0) == op.outputs(0) && T(c->inputs(1)).kind() == graph::WEIGHT;
+    }
+    if (all_linear) {
+      deferred_norms_[op.outputs(0)] = {x, op.inputs(1), op.norm().eps()};
+      return absl::OkStatus();
+    }
+  }
   const std::vector<uint64_t> xs = ShapeOf(T(x));
   const bool layer = op.type() == graph::LAYER_NORM;
   isa::NormRowsArgs a{};

@@ -261,21 +261,36 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
   if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
     return Unsupported(op, "a bias computed at run time is not lowered");
   }
-  absl::StatusOr<uint32_t> input = Operand(op, x);
-  if (!input.ok()) return input.status();
   const uint32_t k = static_cast<uint32_t>(xs.back()), n = static_cast<uint32_t>(linear ? ws[0] : ws[1]);
   const uint64_t rows = Product(xs) / k;
   if (rows >= (uint64_t{1} << 31)) return Unsupported(op, "too many rows");
   const uint32_t m = static_cast<uint32_t>(rows);
-  const uint32_t image =
-      Scratch(absl::StrCat("rows:", op.name()), graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
-  const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/pack"));
-  const std::vector<uint32_t> after = ReadyOf({x});
-  const uint32_t per = RowsPerInstruction(m, kPackRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
-  for (uint32_t r = 0; r < padded; r += per) {
-    const isa::PackRowsArgs a{*input, image, m, k, r, std::min(per, padded - r), kNone, 0.0f};
-    Emit(Make(isa::Opcode::PACK_ROWS, a), pack_stage, after, absl::StrCat(op.name(), "/pack"));
+  // One operand image per input, shared by every matmul reading it (a layer's u / gate projections, gate / up);
+  // a deferred RMSNorm is applied as the rows are packed.
+  if (!images_.contains(x)) {
+    auto norm = deferred_norms_.find(x);
+    const std::string& source = norm != deferred_norms_.end() ? norm->second.x : x;
+    absl::StatusOr<uint32_t> input = Operand(op, source);
+    if (!input.ok()) return input.status();
+    uint32_t norm_weight = kNone;
+    float eps = 0.0f;
+    if (norm != deferred_norms_.end()) {
+      norm_weight = b_.Packed(absl::StrCat("bf16:", norm->second.weight), {norm->second.weight}, ROWS_IDENTITY, k, 1,
+                              false);
+      eps = norm->second.eps;
+    }
+    const uint32_t image =
+        Scratch(absl::StrCat("rows:", x), graph::BF16, {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+    const uint32_t pack_stage = b_.Stage(absl::StrCat(x, "/pack"));
+    const std::vector<uint32_t> after = ReadyOf({source});
+    const uint32_t per = RowsPerInstruction(m, kPackRows), padded = isa::GemmTiles(m) * isa::kGemmTileM;
+    for (uint32_t r = 0; r < padded; r += per) {
+      const isa::PackRowsArgs a{*input, image, m, k, r, std::min(per, padded - r), norm_weight, eps};
+      Emit(Make(isa::Opcode::PACK_ROWS, a), pack_stage, after, absl::StrCat(x, "/pack"));
+    }
+    images_[x] = {image, pack_stage};
   }
+  const auto [image, pack_stage] = images_.at(x);
   const uint32_t weight = linear ? b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true)
                                  : b_.Packed(absl::StrCat("imageT:", w), {w}, ROWS_TRANSPOSED, n, k, true);
   const uint32_t bias = op.inputs_size() > 2

@@ -115,6 +115,9 @@ class NnLowering {
   }
   absl::Status LowerEmbedding(const OpDef& op);
   absl::Status LowerArgmax(const OpDef& op);
+  // Prefill: the graph tensor holding the last row of `name` (which has every prompt row): a view of it, or of a
+  // deferred RMSNorm the same norm over its input's last row.
+  std::string LastRow(const std::string& name);
 
   absl::Status Lower(const OpDef& op);
 
@@ -310,6 +313,14 @@ class NnLowering {
     std::string ops;
   };
   absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
+  // Operand images of matmul inputs already packed: the image and its stage.
+  absl::flat_hash_map<std::string, std::pair<uint32_t, uint32_t>> images_;
+  // RMSNorms read only by LINEARs: applied by PACK_ROWS as it packs their input.
+  struct DeferredNorm {
+    std::string x, weight;
+    float eps;
+  };
+  absl::flat_hash_map<std::string, DeferredNorm> deferred_norms_;
 };
 
 }  // namespace loom::scheduler::lowering_nn_internal
