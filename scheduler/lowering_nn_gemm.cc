@@ -249,6 +249,31 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   return absl::OkStatus();
 }
 
+// `op` as the gate or the up projection of SILU_MUL(gate, up): both LINEARs of one input without biases, each read
+// only by the SILU_MUL, whose output only LINEARs read (as their input); the intermediate a multiple of 64 (the
+// image epilogue's pairs).
+std::optional<NnLowering::GateUp> NnLowering::FindGateUp(const OpDef& op) const {
+  const std::vector<const OpDef*> readers = g_.consumers(op.outputs(0));
+  if (readers.size() != 1 || readers[0]->type() != graph::SILU_MUL || T(op.outputs(0)).is_output()) {
+    return std::nullopt;
+  }
+  const OpDef* silu = readers[0];
+  const OpDef* gate = g_.producer(silu->inputs(0));
+  const OpDef* up = g_.producer(silu->inputs(1));
+  if (gate == nullptr || up == nullptr || gate == up || gate->type() != graph::LINEAR || up->type() != graph::LINEAR ||
+      gate->inputs(0) != up->inputs(0) || gate->inputs_size() != 2 || up->inputs_size() != 2 ||
+      g_.consumers(gate->outputs(0)).size() != 1 || g_.consumers(up->outputs(0)).size() != 1 ||
+      T(gate->inputs(1)).kind() != graph::WEIGHT || T(up->inputs(1)).kind() != graph::WEIGHT ||
+      ShapeOf(T(gate->inputs(1))) != ShapeOf(T(up->inputs(1))) || T(gate->inputs(1)).shape(0) % 64 != 0 ||
+      T(silu->outputs(0)).is_output()) {
+    return std::nullopt;
+  }
+  for (const OpDef* c : g_.consumers(silu->outputs(0))) {
+    if (c->type() != graph::LINEAR || c->inputs(0) != silu->outputs(0)) return std::nullopt;
+  }
+  return GateUp{gate, up, silu};
+}
+
 // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
 // into an operand image, then a GEMM.
 absl::Status NnLowering::LowerMatmul(const OpDef& op) {
@@ -261,6 +286,7 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
   if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
     return Unsupported(op, "a bias computed at run time is not lowered");
   }
+  const std::optional<GateUp> gate_up = linear ? FindGateUp(op) : std::nullopt;
   const uint32_t k = static_cast<uint32_t>(xs.back()), n = static_cast<uint32_t>(linear ? ws[0] : ws[1]);
   const uint64_t rows = Product(xs) / k;
   if (rows >= (uint64_t{1} << 31)) return Unsupported(op, "too many rows");
@@ -291,6 +317,34 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
     images_[x] = {image, pack_stage};
   }
   const auto [image, pack_stage] = images_.at(x);
+  if (gate_up) {
+    // One GEMM over interleaved (gate, up) rows whose epilogue writes silu(gate) * up as the bf16 operand image of
+    // the matmuls that read it (no f32 tensor, no pack).
+    const uint32_t inter = n, both = 2 * n;
+    const uint32_t out = Scratch(absl::StrCat("rows:", gate_up->silu->outputs(0)), graph::BF16,
+                                 {static_cast<int64_t>(isa::GemmImageBytes(m, inter) / 2)});
+    isa::GemmArgs g{};
+    g.a = image;
+    g.weight = b_.Packed(absl::StrCat("image:", gate_up->gate->inputs(1), "+", gate_up->up->inputs(1)),
+                         {gate_up->gate->inputs(1), gate_up->up->inputs(1)}, ROWS_INTERLEAVE_PAIRS, both, k, true);
+    g.out = out;
+    g.m = m, g.n = both, g.k = k;
+    g.bias = g.residual = g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
+    g.epilogue = isa::kGemmSiluMulToImage;
+    const std::string name = absl::StrCat(gate_up->gate->name(), ",", gate_up->up->name(), ",", gate_up->silu->name());
+    const uint32_t stage = b_.Stage(name);
+    for (uint32_t nt = 0; nt < isa::GemmTiles(both); ++nt) {
+      for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
+        g.m_tile = mt, g.n_tile = nt;
+        Emit(Make(isa::Opcode::GEMM, g), stage, {pack_stage}, name);
+      }
+    }
+    consumed_.insert(gate_up->gate->name());
+    consumed_.insert(gate_up->up->name());
+    consumed_.insert(gate_up->silu->name());
+    images_[gate_up->silu->outputs(0)] = {out, stage};
+    return absl::OkStatus();
+  }
   const uint32_t weight = linear ? b_.Packed(absl::StrCat("image:", w), {w}, ROWS_IDENTITY, n, k, true)
                                  : b_.Packed(absl::StrCat("imageT:", w), {w}, ROWS_TRANSPOSED, n, k, true);
   const uint32_t bias = op.inputs_size() > 2

@@ -234,6 +234,12 @@ class NnLowering {
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.
   absl::Status LowerMatmul(const OpDef& op);
+  struct GateUp {
+    const OpDef* gate;
+    const OpDef* up;
+    const OpDef* silu;
+  };
+  std::optional<GateUp> FindGateUp(const OpDef& op) const;
 
   // MATMUL whose right-hand side is not a constant matrix (two activations: attention's Q·Kᵀ and P·V): B
   // transposed into a scratch by ELEMENTWISE, every batch's A and Bᵀ packed into operand images, a GEMM per batch
