@@ -10,7 +10,8 @@ in one pass and decodes token by token, each layer's conv state carried from the
    the prompt, then a rolling K - 1 state per layer for each new token);
 3. runs `loom run` with the one-pass prefill and compares the greedy tokens, and `loom run --prefill=false
    --logits_out` (every position's logits, token by token) against PyTorch's logits of the same sequence;
-4. times Loom's prefill and decode against PyTorch eager and torch.compile in the same call (GPU only).
+4. times Loom's prefill (prefill_bench beside the loom binary: warm, medians) and decode against PyTorch eager and
+   torch.compile in the same call (GPU only).
 
     python3 examples/gated_conv_lm/gated_conv_lm.py --loom build/tools/loom [--preset gated-conv-small]
         [--prompt-len 256] [--tokens 64] [--backend gpu|cpu]
@@ -152,7 +153,15 @@ def main():
 
     if device != "cuda" or args.backend != "gpu":
         return
-    print(f"Loom: {loom_timing}")
+    print(f"Loom `loom run` (one cold prefill, its pass just uploaded): {loom_timing}")
+    bench = os.path.join(os.path.dirname(args.loom), "prefill_bench")
+    if os.path.exists(bench):  # warm: the pass for this prompt length lowered and uploaded once, medians
+        out = subprocess.run([bench, f"--model={folder}", f"--prompts={len(prompt)}", f"--repeats={args.repeats}"],
+                             capture_output=True, text=True).stdout
+        row = re.search(rf"^\s+{len(prompt)}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+        if row:
+            print(f"Loom prefill_bench: time to first token {row.group(1)} ms (kernel {row.group(2)} ms; lowering the "
+                  f"pass for a new prompt length adds {row.group(3)} ms), median of {args.repeats}")
     sync = torch.cuda.synchronize
     with torch.no_grad():
         _, states = model.forward(prompt_t)
