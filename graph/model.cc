@@ -257,7 +257,9 @@ absl::Status ExportModel(const Model& model, const std::string& dir) {
     fs::create_directories(dir, ec);
     if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
     std::vector<std::pair<std::string, const HostTensor*>> tensors;
-    for (const TensorDef* t : model.graph.TensorsOfKind(WEIGHT)) tensors.emplace_back(t->name(), &model.weights.at(t->name()));
+    for (const TensorDef* t : model.graph.TensorsOfKind(WEIGHT)) {
+      tensors.emplace_back(t->name(), &model.weights.at(t->name()));
+    }
     if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;
     return WriteFileAtomically((fs::path(dir) / "config.json").string(), GatedConvConfigJson(*model.gated_conv));
   }

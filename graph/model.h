@@ -29,8 +29,8 @@ struct Model {
   // read for this family (ignored), weights rounded to bf16.
   std::vector<std::string> notes;
   Graph graph;
-  WeightStore weights;
-  std::optional<GatedConvConfig> gated_conv;  // family "gated-conv" (config then holds its sizes for messages)  // empty unless ModelOptions::load_weights
+  WeightStore weights;  // empty unless ModelOptions::load_weights
+  std::optional<GatedConvConfig> gated_conv;  // family "gated-conv" (config then holds its sizes for messages)
 };
 
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});

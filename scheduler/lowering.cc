@@ -416,7 +416,8 @@ absl::Status Lowering::LowerConv1d(const OpDef& op) {
   a.channels = static_cast<uint32_t>(x.shape(1));
   a.k = static_cast<uint32_t>(graph_.tensor(op.inputs(1)).shape(1));
   if (a.rows != 1) return Unsupported(op, "only batch-1 rows are lowered");
-  if (a.k > 1 && (graph_.tensor(op.inputs(2)).kind() != graph::STATE || graph_.tensor(op.inputs(2)).dtype() != graph::F32)) {
+  const graph::TensorDef* state = a.k > 1 ? &graph_.tensor(op.inputs(2)) : nullptr;
+  if (state != nullptr && (state->kind() != graph::STATE || state->dtype() != graph::F32)) {
     return Unsupported(op, absl::StrCat("the state '", op.inputs(2), "' must be an f32 STATE tensor"));
   }
   const std::vector<isa::Wait> waits = WaitsFor(ReadyBarriers(op.inputs(0)));

@@ -235,14 +235,9 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   d.dilation_h = std::max(1, a.dilation_h()), d.dilation_w = std::max(1, a.dilation_w());
   const uint32_t stage = b_.Stage(op.name());
   const std::vector<uint32_t> after = ReadyOf({op.inputs().begin(), op.inputs().end()});
-  // About two instructions per SM by work (outputs x window), whole multiples of 64 outputs.
-  const uint64_t outputs = Product(ys), window = uint64_t{d.kh} * d.kw;
-  const uint64_t per = std::max<uint64_t>(
-      64, (std::max<uint64_t>(kMinElementsPerInstruction * 4, outputs * window / (2 * o_.num_sms())) / window + 63) /
-              64 * 64);
-  for (uint64_t begin = 0; begin < outputs; begin += per) {
+  for (const auto& [begin, end] : WindowChunks(Product(ys), uint64_t{d.kh} * d.kw)) {
     d.begin = static_cast<uint32_t>(begin);
-    d.count = static_cast<uint32_t>(std::min(outputs, begin + per) - begin);
+    d.count = static_cast<uint32_t>(end - begin);
     Emit(Make(isa::Opcode::DWCONV, d), stage, after, op.name());
   }
   stage_[op.outputs(0)] = stage;

@@ -192,6 +192,17 @@ class NnLowering {
     return chunks;
   }
 
+  // [begin, end) chunks of `outputs` elements that each reduce a window of `window` inputs (POOL, DWCONV): about
+  // two instructions per SM by work (outputs x window), whole multiples of 64 outputs.
+  std::vector<std::pair<uint64_t, uint64_t>> WindowChunks(uint64_t outputs, uint64_t window) const {
+    const uint64_t per = std::max<uint64_t>(
+        64, (std::max<uint64_t>(kMinElementsPerInstruction * 4, outputs * window / (2 * o_.num_sms())) / window + 63) /
+                64 * 64);
+    std::vector<std::pair<uint64_t, uint64_t>> chunks;
+    for (uint64_t b = 0; b < outputs; b += per) chunks.emplace_back(b, std::min(outputs, b + per));
+    return chunks;
+  }
+
   // What a GEMM computing `op`'s output writes: that output, or (taking over the ops as its epilogue) the output
   // of a following residual ADD and / or RELU that are the only readers of what they read.
   struct Epilogue {

@@ -47,7 +47,8 @@ class TorchGatedConv:
 
     def mlp(self, x, p):
         n = self.rms(x, p + "norm2.weight")
-        return x + (F.silu(n @ self.w[p + "gate.weight"].T) * (n @ self.w[p + "up.weight"].T)) @ self.w[p + "down.weight"].T
+        gated = F.silu(n @ self.w[p + "gate.weight"].T) * (n @ self.w[p + "up.weight"].T)
+        return x + gated @ self.w[p + "down.weight"].T
 
     def forward(self, tokens):
         """The whole sequence: logits [T, vocab] and each layer's state (its last K - 1 conv inputs)."""

@@ -36,9 +36,13 @@ absl::StatusOr<GatedConvConfig> GatedConvPreset(const std::string& name) {
 }
 
 std::string GatedConvConfigJson(const GatedConvConfig& c) {
-  nlohmann::json j = {{"model_type", kGatedConvModelType}, {"hidden_size", c.hidden},
-                      {"num_hidden_layers", c.layers}, {"intermediate_size", c.intermediate},
-                      {"conv_kernel", c.kernel}, {"vocab_size", c.vocab}, {"rms_norm_eps", std::stod(absl::StrCat(c.eps))},
+  nlohmann::json j = {{"model_type", kGatedConvModelType},
+                      {"hidden_size", c.hidden},
+                      {"num_hidden_layers", c.layers},
+                      {"intermediate_size", c.intermediate},
+                      {"conv_kernel", c.kernel},
+                      {"vocab_size", c.vocab},
+                      {"rms_norm_eps", std::stod(absl::StrCat(c.eps))},
                       {"tie_word_embeddings", c.tie_embeddings}};
   return j.dump(2) + "\n";
 }
@@ -97,8 +101,8 @@ absl::StatusOr<Graph> BuildGatedConvGraph(const GatedConvConfig& c, int max_seq)
     const std::string gated = b.SiluMul(p + "gated", g, conv);
     x = b.Add(p + "x1", b.Linear(p + "o", gated, w("out", {d, d})), x);
     const std::string n2 = b.RmsNorm(p + "n2", x, w("norm2", {d}), c.eps);
-    const std::string act = b.SiluMul(p + "act", b.Linear(p + "gate", n2, w("gate", {f, d})),
-                                      b.Linear(p + "up", n2, w("up", {f, d})));
+    const std::string act =
+        b.SiluMul(p + "act", b.Linear(p + "gate", n2, w("gate", {f, d})), b.Linear(p + "up", n2, w("up", {f, d})));
     x = b.Add(p + "x2", b.Linear(p + "down", act, w("down", {d, f})), x);
   }
   const std::string normed = b.RmsNorm("final", x, b.Weight("final_norm", {d}), c.eps);
@@ -119,11 +123,11 @@ WeightStore RandomGatedConvWeights(const Graph& graph, uint64_t seed) {
     const std::vector<int64_t> shape(t->shape().begin(), t->shape().end());
     // Norms near 1; the conv taps wide enough that the sequence matters; the rest scaled to their fan-in.
     const bool norm = absl::StrContains(name, "norm");
-    const float width = norm                                ? 0.1f
+    const float width = norm                                  ? 0.1f
                         : absl::EndsWith(name, "conv.weight") ? 0.5f
                         : absl::EndsWith(name, "conv.bias")   ? 0.1f
-                        : name == "embed"                   ? 1.0f
-                                                            : std::sqrt(3.0f / static_cast<float>(shape.back()));
+                        : name == "embed"                     ? 1.0f
+                                                              : std::sqrt(3.0f / static_cast<float>(shape.back()));
     weights.emplace(name, RandomBf16Weight(name, shape, seed, norm ? 1.0f : 0.0f, width));
   }
   return weights;

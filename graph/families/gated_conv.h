@@ -7,8 +7,8 @@
 // then a final RMSNorm, the LM head (tied to the embedding or not) and the argmax. The decode graph is batch 1
 // like the transformers' (inputs token[1] i32; outputs logits [1, vocab] and next_token [1]); each layer's conv
 // state is a STATE tensor [hidden, K - 1] that carries the sequence from token to token, and from a one-pass
-// prefill to decode. Weights are named "layers.<i>.<name>.weight" (and "layers.<i>.conv.bias"), plus "embed", "final_norm" and
-// "lm_head".
+// prefill to decode. Weights are named "layers.<i>.<name>.weight" (and "layers.<i>.conv.bias"), plus "embed",
+// "final_norm" and "lm_head".
 #pragma once
 
 #include <optional>
