@@ -164,3 +164,13 @@ def test_onnx_models_load_and_run_on_the_oracle():
     assert "GEMM" in loom.compile(matmul).summary()
     with pytest.raises(loom.InvalidArgumentError, match=r"\(Cos\): op type not supported"):
         loom.load("/usr/share/libonnx-testdata/data/node/test_cos/model.onnx")
+
+
+def test_gated_conv_lm_prefills_and_decodes_like_token_by_token():
+    # A decoder without attention: causal Conv1d state carried through the one-pass prefill into decode.
+    model = loom.load("random:gated-conv-tiny")
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    one_pass = loom.Session(loom.compile(model), backend="cpu").generate(prompt, max_new_tokens=8)
+    stepwise = loom.Session(loom.compile(model, prefill=False), backend="cpu").generate(prompt, max_new_tokens=8)
+    assert one_pass.used_prefill and not stepwise.used_prefill
+    assert one_pass.new_ids == stepwise.new_ids and len(one_pass.new_ids) == 8
