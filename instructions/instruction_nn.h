@@ -225,13 +225,13 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
 // the tensor-core ones' accumulator registers (and the general-graph ops' code) do not push the decode opcodes, or
 // the prefill pass's, into spills.
 enum KernelVariant : uint32_t {
-  kDecodeKernel = 0,  // the decode opcodes
+  kDecodeKernel = 0,  // the decode opcodes (CONV1D too: a gated-conv decoder's steps)
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
-  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D, DWCONV (general graphs' passes)
+  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
   if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
-      op == Opcode::NORM_ROWS || op == Opcode::CONV1D || op == Opcode::DWCONV) {
+      op == Opcode::NORM_ROWS || op == Opcode::DWCONV) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;

@@ -392,9 +392,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::NORM_ROWS:
         if constexpr (kGraphOps) RunNormRows(inst.as<isa::NormRowsArgs>(), ctx);
         break;
-      case isa::Opcode::CONV1D:
-        if constexpr (kGraphOps) RunConv1d(inst.as<isa::Conv1dArgs>(), ctx);
-        break;
+      case isa::Opcode::CONV1D: RunConv1d(inst.as<isa::Conv1dArgs>(), ctx); break;
       case isa::Opcode::DWCONV:
         if constexpr (kGraphOps) RunDwConv(inst.as<isa::DwConvArgs>(), ctx);
         break;
