@@ -76,19 +76,9 @@ void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stag
     g.residual = kNone;
   }
   const uint32_t stage = into ? *into : b_.Stage(e.ops);
-  for (uint32_t nt = 0; nt < isa::GemmTiles(n); ++nt) {
-    for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
-      for (uint32_t s = 0; s < splits; ++s) {
-        g.m_tile = mt;
-        g.n_tile = nt;
-        if (splits > 1) {
-          g.slab_begin = slabs * s / splits;
-          g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
-        }
-        Emit(Make(isa::Opcode::GEMM, g), stage, after, e.ops);
-      }
-    }
-  }
+  ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
+    Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
+  });
   stage_[e.out] = stage;
   // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (IM2COL and the
   // next split GEMM's residual copy apply it as they read), or applied in place by the first reader that cannot.
@@ -328,12 +318,9 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
     g.epilogue = isa::kGemmSiluMulToImage;
     const std::string name = absl::StrCat(gate_up->gate->name(), ",", gate_up->up->name(), ",", gate_up->silu->name());
     const uint32_t stage = b_.Stage(name);
-    for (uint32_t nt = 0; nt < isa::GemmTiles(both); ++nt) {
-      for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
-        g.m_tile = mt, g.n_tile = nt;
-        Emit(Make(isa::Opcode::GEMM, g), stage, {pack_stage}, name);
-      }
-    }
+    ForEachGemmTile(g, 1, [&](const isa::GemmArgs& tile, uint32_t) {
+      Emit(Make(isa::Opcode::GEMM, tile), stage, {pack_stage}, name);
+    });
     consumed_.insert(gate_up->gate->name());
     consumed_.insert(gate_up->up->name());
     consumed_.insert(gate_up->silu->name());

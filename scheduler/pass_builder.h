@@ -182,6 +182,26 @@ class PassBuilder {
   absl::flat_hash_map<std::string, uint32_t> ids_;
 };
 
+// Every output tile of a GEMM (m-tiles inside n-tiles: concurrent SMs share W tiles in L2), each split over K
+// into `splits` slab ranges (splits > 1 needs the accumulating epilogue): emit(args, m_tile) per instruction.
+template <typename EmitFn>
+void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit) {
+  const uint32_t slabs = isa::GemmSlabs(g.k);
+  for (uint32_t n = 0; n < isa::GemmTiles(g.n); ++n) {
+    for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
+      for (uint32_t s = 0; s < splits; ++s) {
+        g.m_tile = m;
+        g.n_tile = n;
+        if (splits > 1) {
+          g.slab_begin = slabs * s / splits;
+          g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
+        }
+        emit(g, m);
+      }
+    }
+  }
+}
+
 inline constexpr uint32_t kMaxPagesPerSm = 32;  // the megakernel's page mbarriers
 inline constexpr uint32_t kMinWidePages = 4;    // 32 KB pages, fewest worth taking over 16 KB ones
 

@@ -210,19 +210,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       g.epilogue = isa::kGemmAccumulateF32;
       g.residual = isa::kNoTensor;
     }
-    for (uint32_t n = 0; n < isa::GemmTiles(g.n); ++n) {
-      for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
-        for (uint32_t s = 0; s < splits; ++s) {
-          g.m_tile = m;
-          g.n_tile = n;
-          if (splits > 1) {
-            g.slab_begin = slabs * s / splits;
-            g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
-          }
-          b.Emit(isa::Opcode::GEMM, g, stage.Of(m), after.Of(m), name);
-        }
-      }
-    }
+    ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t m) {
+      b.Emit(isa::Opcode::GEMM, tile, stage.Of(m), after.Of(m), name);
+    });
     return stage;
   };
   auto bias_of = [&](const std::vector<std::string>& sources) -> absl::StatusOr<uint32_t> {
