@@ -128,7 +128,9 @@ absl::StatusOr<std::string> RopeTableName(const Schedule& decode, const graph::R
 absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
   if (!HasAttention(graph)) {
-    if (prefill_options.all_logits) return absl::UnimplementedError("prefill: all_logits needs a decoder with attention");
+    if (prefill_options.all_logits) {
+      return absl::UnimplementedError("prefill: all_logits needs a decoder with attention");
+    }
     return CompileGeneralPrefill(graph, decode, rows, prefill_options.verify);
   }
   const bool all_logits = prefill_options.all_logits;
