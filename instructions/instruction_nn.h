@@ -1,5 +1,6 @@
 // Arguments of the opcodes general graphs (ONNX) lower to, included by
 // instruction.h (same rules: 32-bit words, tensor ids, kFields):
+//   CONV_GEMM   a convolution's output tile as an implicit GEMM on the tensor cores (patches gathered into the page)
 //   IM2COL      a convolution's rows of input patches as a GEMM's A operand image (the conv is then a GEMM)
 //   POOL        max / average windows over NHWC f32
 //   ELEMENTWISE a unary or binary map over up to 4 strided dimensions (broadcasts, copies, transposes)
@@ -46,6 +47,89 @@ struct ImToColArgs {
 };
 LOOM_HD uint32_t ImToColRows(const ImToColArgs& a) { return a.n * a.oh * a.ow; }
 LOOM_HD uint32_t ImToColK(const ImToColArgs& a) { return a.kh * a.kw * a.group_c; }
+
+// Two 16-bit fields of one argument word (ConvGemmArgs' packed geometry): hi << 16 | lo.
+LOOM_HD uint32_t Pack16(uint32_t hi, uint32_t lo) { return hi << 16 | lo; }
+LOOM_HD uint32_t Hi16(uint32_t v) { return v >> 16; }
+LOOM_HD uint32_t Lo16(uint32_t v) { return v & 0xffffu; }
+
+// One 128 x 128 output tile of a convolution as an implicit GEMM on the tensor cores: out[r, col] (+)= sum over k
+// of patch(r, k) * W[col, k], with the rows and columns of IM2COL's image (row r = (b, oy, ox), column k = (ky, kx,
+// ch), ch fastest), but no image in memory: the consumers gather each K slab's patches from the NHWC f32 input,
+// round them to bf16 and store them swizzled into the page beside the slab of W the loader streams. K slabs
+// [slab_begin, +slab_count) only (slab_count 0: all); epilogues as GEMM's kGemmStoreF32, kGemmStoreF32Relu and
+// kGemmAccumulateF32 (bias, residual). Spatial sizes, kernel, strides, padding and dilations are packed two to a
+// word (Pack16): each below 2^16.
+struct ConvGemmArgs {
+  uint32_t input;     // f32 [batch, h, w, c]
+  uint32_t weight;    // bf16 operand image [n, ConvGemmK]
+  uint32_t out;       // f32 [ConvGemmRows, n]
+  uint32_t bias;      // bf16 [n] or kNoTensor
+  uint32_t residual;  // f32 [ConvGemmRows, n] or kNoTensor
+  uint32_t epilogue;  // GemmEpilogue: kGemmStoreF32, kGemmStoreF32Relu or kGemmAccumulateF32
+  uint32_t n;         // output channels (of this group)
+  uint32_t m_tile;
+  uint32_t n_tile;
+  uint32_t slab_begin;
+  uint32_t slab_count;
+  uint32_t batch;
+  uint32_t c;         // input channels (every group's)
+  uint32_t hw;        // h, w
+  uint32_t ohw;       // oh, ow
+  uint32_t kernel;    // kh, kw
+  uint32_t stride;    // stride_h, stride_w
+  uint32_t pad;       // pad_top, pad_left
+  uint32_t dilation;  // dilation_h, dilation_w
+  uint32_t c_begin;   // the group's first input channel
+  uint32_t group_c;   // input channels per group
+  uint32_t relu;      // 1: max(0, input) as it is read (a ReLU a split GEMM left to its readers)
+  static constexpr const char* kFields[] = {"input", "weight", "out", "bias", "residual", "epilogue", "n", "m_tile",
+                                            "n_tile", "slab_begin", "slab_count", "batch", "c", "hw", "ohw",
+                                            "kernel", "stride", "pad", "dilation", "c_begin", "group_c", "relu"};
+};
+// The geometry unpacked, shared by the reference and the device.
+struct ConvShape {
+  uint32_t h, w, oh, ow, kh, kw, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
+};
+LOOM_HD ConvShape ConvShapeOf(const ConvGemmArgs& a) {
+  return {Hi16(a.hw),     Lo16(a.hw),       Hi16(a.ohw), Lo16(a.ohw), Hi16(a.kernel),   Lo16(a.kernel),
+          Hi16(a.stride), Lo16(a.stride),   Hi16(a.pad), Lo16(a.pad), Hi16(a.dilation), Lo16(a.dilation)};
+}
+LOOM_HD uint32_t ConvGemmRows(const ConvGemmArgs& a) { return a.batch * Hi16(a.ohw) * Lo16(a.ohw); }
+LOOM_HD uint32_t ConvGemmK(const ConvGemmArgs& a) { return Hi16(a.kernel) * Lo16(a.kernel) * a.group_c; }
+LOOM_HD GemmSlabRange ConvGemmSlabsOf(const ConvGemmArgs& a) {
+  return {a.slab_begin, a.slab_count == 0 ? GemmSlabs(ConvGemmK(a)) - a.slab_begin : a.slab_count};
+}
+// Where output row r's window starts: its image's first element (relative to the group's first channel) and the
+// input position of its (0, 0) tap, which may lie in the padding.
+struct ConvRow {
+  uint32_t plane;  // b * h * w * c + c_begin
+  int32_t y0, x0;
+};
+LOOM_HD ConvRow ConvRowOf(const ConvGemmArgs& a, const ConvShape& s, uint32_t r) {
+  const uint32_t ox = r % s.ow, oy = r / s.ow % s.oh, b = r / s.ow / s.oh;
+  return {b * s.h * s.w * a.c + a.c_begin, static_cast<int32_t>(oy * s.stride_h) - static_cast<int32_t>(s.pad_top),
+          static_cast<int32_t>(ox * s.stride_w) - static_cast<int32_t>(s.pad_left)};
+}
+// Column k's tap: the input offset from the window's (0, 0) tap (dy * w + dx) * c + ch, and (dy, dx).
+struct ConvTap {
+  int32_t dy, dx;
+  uint32_t ch;
+};
+LOOM_HD ConvTap ConvTapOf(const ConvGemmArgs& a, const ConvShape& s, uint32_t k) {
+  const uint32_t tap = k / a.group_c;
+  return {static_cast<int32_t>(tap / s.kw * s.dilation_h), static_cast<int32_t>(tap % s.kw * s.dilation_w),
+          k % a.group_c};
+}
+// patch(r, k) for a row below ConvGemmRows and a column below ConvGemmK: the input there (ReLU'd when asked), zero
+// in the padding.
+LOOM_HD float ConvPatch(const ConvGemmArgs& a, const ConvShape& s, const float* x, const ConvRow& row,
+                        const ConvTap& tap) {
+  const int32_t iy = row.y0 + tap.dy, ix = row.x0 + tap.dx;
+  if (iy < 0 || iy >= static_cast<int32_t>(s.h) || ix < 0 || ix >= static_cast<int32_t>(s.w)) return 0.0f;
+  const float v = x[row.plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch];
+  return a.relu != 0 && v < 0.0f ? 0.0f : v;
+}
 
 enum PoolMode : uint32_t {
   kPoolMax = 0,
@@ -227,14 +311,18 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
 enum KernelVariant : uint32_t {
   kDecodeKernel = 0,  // the decode opcodes (CONV1D too: a gated-conv decoder's steps)
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
-  kGraphKernel = 2,   // + IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
+  kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
-  if (op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
+  if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
       op == Opcode::NORM_ROWS || op == Opcode::DWCONV) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
+}
+// Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.
+LOOM_HD bool UsesTensorCores(Opcode op) {
+  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::CONV_GEMM;
 }
 
 // Softmax along the middle axis of an input viewed as [outer, len, inner] (contiguous), for the rows

@@ -24,4 +24,5 @@
   V(SOFTMAX, SoftmaxArgs) \
   V(NORM_ROWS, NormRowsArgs) \
   V(CONV1D, Conv1dArgs) \
-  V(DWCONV, DwConvArgs)
+  V(DWCONV, DwConvArgs) \
+  V(CONV_GEMM, ConvGemmArgs)

@@ -1,4 +1,5 @@
-// Host side of the tensor-core opcodes: GEMM (every epilogue) and PACK_ROWS, over swizzled operand images.
+// Host side of the tensor-core opcodes: GEMM (every epilogue) and PACK_ROWS, over swizzled operand images, and
+// CONV_GEMM (a convolution's implicit GEMM).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -53,6 +54,41 @@ void Validate(const GemmArgs& a, Checker& c) {
   if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
 }
 
+void Validate(const ConvGemmArgs& a, Checker& c) {
+  const ConvShape s = ConvShapeOf(a);
+  c.Require(a.batch > 0 && s.h > 0 && s.w > 0 && a.c > 0 && s.oh > 0 && s.ow > 0 && s.kh > 0 && s.kw > 0 && a.n > 0,
+            "every dimension must be positive");
+  c.Require(s.stride_h > 0 && s.stride_w > 0 && s.dilation_h > 0 && s.dilation_w > 0,
+            "strides and dilations must be positive");
+  c.Require(a.relu <= 1, "relu must be 0 or 1");
+  c.Require(a.group_c > 0 && U(a.c_begin) + a.group_c <= a.c,
+            absl::StrCat("channels [", a.c_begin, ", +", a.group_c, ") outside the input's ", a.c));
+  c.Require(U(s.oh) * s.stride_h + U(s.kh) * s.dilation_h < (uint64_t{1} << 30) &&
+                U(s.ow) * s.stride_w + U(s.kw) * s.dilation_w < (uint64_t{1} << 30),
+            "window positions of 2^30 or more");
+  const uint64_t input = U(a.batch) * s.h * s.w * a.c, m = U(a.batch) * s.oh * s.ow, k = U(s.kh) * s.kw * a.group_c;
+  c.Require(input < (uint64_t{1} << 31) && m < (uint64_t{1} << 31) && m * a.n < (uint64_t{1} << 32) &&
+                k < (uint64_t{1} << 20),
+            "input, rows or output of 2^31 elements or more");
+  if (!c.status().ok()) return;
+  c.Require(a.m_tile < GemmTiles(static_cast<uint32_t>(m)) && a.n_tile < GemmTiles(a.n),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(static_cast<uint32_t>(m)),
+                         " x ", GemmTiles(a.n), " output tiles"));
+  const uint32_t slabs = GemmSlabs(static_cast<uint32_t>(k));
+  c.Require(U(a.slab_begin) + (a.slab_count == 0 ? 1 : a.slab_count) <= slabs,
+            absl::StrCat("K slabs [", a.slab_begin, ", +", a.slab_count, ") outside the ", slabs));
+  c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmAccumulateF32,
+            absl::StrCat("epilogue ", a.epilogue, ": a convolution stores or accumulates f32"));
+  c.Require(a.epilogue == kGemmAccumulateF32 || (a.slab_begin == 0 && a.slab_count == 0),
+            "only the accumulating epilogue may take part of K");
+  if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
+  c.Tensor("input", a.input, F32, input);
+  c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, static_cast<uint32_t>(k)) / 2);
+  c.Tensor("out", a.out, F32, m * a.n);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
+  if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, m * a.n);
+}
+
 void Validate(const PackRowsArgs& a, Checker& c) {
   c.Require(a.m > 0 && a.k > 0 && a.rows > 0, "m, k and rows must be positive");
   c.Require(U(a.row_begin) + a.rows <= U(GemmTiles(a.m)) * kGemmTileM,
@@ -75,6 +111,54 @@ Footprint Cost(const GemmArgs& a, uint32_t) {
   const uint64_t slabs = GemmSlabsOf(a).count;
   return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, GemmActivationBytes(a),
           2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+}
+
+// The patches are gathered from the input per K slab (reading each input element once per tap that covers it).
+Footprint Cost(const ConvGemmArgs& a, uint32_t) {
+  const uint64_t slabs = ConvGemmSlabsOf(a).count;
+  return {slabs * kGemmSlabBytes, slabs * 2 * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, 0,
+          2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+}
+
+// The tile's patches rounded to bf16 as the device stores them, times the bf16 weight image, summed in f32.
+void Reference(const ConvGemmArgs& a, const MachineView& m) {
+  const ConvShape s = ConvShapeOf(a);
+  const uint32_t rows = ConvGemmRows(a), k = ConvGemmK(a);
+  const GemmSlabRange slabs = ConvGemmSlabsOf(a);
+  const uint32_t x_begin = slabs.begin * kGemmSlabK, x_end = std::min(k, (slabs.begin + slabs.count) * kGemmSlabK);
+  const uint32_t width = x_end - x_begin, row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * kGemmTileN;
+  const uint32_t row_end = std::min(rows, row0 + kGemmTileM), col_end = std::min(a.n, col0 + kGemmTileN);
+  const float* x = m.ptr<float>(a.input);
+  const uint16_t* w = m.ptr<uint16_t>(a.weight);
+  std::vector<ConvTap> taps(width);
+  for (uint32_t j = 0; j < width; ++j) taps[j] = ConvTapOf(a, s, x_begin + j);
+  std::vector<float> weights(uint64_t{col_end - col0} * width), patch(width);
+  for (uint32_t col = col0; col < col_end; ++col) {
+    for (uint32_t j = 0; j < width; ++j) {
+      weights[uint64_t{col - col0} * width + j] =
+          graph::Bf16ToFloat(w[SwizzledImageOffset(k, kGemmTileM, Swizzle::k128B, col, x_begin + j) / 2]);
+    }
+  }
+  float* out = m.ptr<float>(a.out);
+  for (uint32_t r = row0; r < row_end; ++r) {
+    const ConvRow row = ConvRowOf(a, s, r);
+    for (uint32_t j = 0; j < width; ++j) {
+      patch[j] = graph::Bf16ToFloat(graph::FloatToBf16(ConvPatch(a, s, x, row, taps[j])));
+    }
+    for (uint32_t col = col0; col < col_end; ++col) {
+      float acc = 0.0f;
+      const float* rw = weights.data() + uint64_t{col - col0} * width;
+      for (uint32_t j = 0; j < width; ++j) acc += patch[j] * rw[j];
+      if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      float& o = out[uint64_t{r} * a.n + col];
+      if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
+        std::atomic_ref<float>(o).fetch_add(acc);
+        continue;
+      }
+      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
+      o = a.epilogue == kGemmStoreF32Relu ? std::max(acc, 0.0f) : acc;
+    }
+  }
 }
 
 void Reference(const PackRowsArgs& a, const MachineView& m) {

@@ -59,7 +59,7 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
       // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
       // isa::ValidateInstruction, which the compiler and every schedule load run.
-      if ((inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN) && p.page_bytes < isa::kGemmSlabBytes) {
+      if (isa::UsesTensorCores(inst.op()) && p.page_bytes < isa::kGemmSlabBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
       }

@@ -31,6 +31,7 @@
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/megakernel_launch.h"
 #include "megakernel/ops/attention.cuh"
+#include "megakernel/ops/conv_gemm.cuh"
 #include "megakernel/ops/flash_attention.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/ops/matvec.cuh"
@@ -118,8 +119,9 @@ __device__ void Controller(const KernelParams& p, const SharedLayout& s, uint32_
   }
 }
 
-template <bool kTensorOps>
+template <uint32_t kVariant>
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
   PipelineState ring{0, 0, p.num_pages};
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
@@ -143,15 +145,33 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       FenceProxyAsyncGlobal();
       if (inst.op() == isa::Opcode::GEMM) gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
       else flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
+    } else if (kGraphOps && inst.op() == isa::Opcode::CONV_GEMM) {
+      // Only W streams (the consumers gather A): it runs ahead unless W itself is computed in the pass.
+      const isa::ConvGemmArgs& c = inst.as<isa::ConvGemmArgs>();
+      if (p.machine.tensors[c.weight].region == isa::kArenaRegion) {
+        for (uint32_t k = 0; k < inst.num_waits; ++k) {
+          WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
+        }
+        FenceProxyAsyncGlobal();
+      }
+      gemm = ConvGemmPagesOf(c, p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
+    // A page (or half page) with no source is CONV_GEMM's A slab: full at once, the consumers write it.
     const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
     for (uint32_t i = 0; i < gemm.count; i += gemm_per_page) {
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page * isa::kGemmSlabBytes);
-      for (uint32_t j = 0; j < gemm_per_page; ++j) {
-        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
-                         gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
+      uint32_t copies = 0;
+      for (uint32_t j = 0; j < gemm_per_page; ++j) copies += gemm.Source(i + j) != nullptr;
+      if (copies == 0) {
+        MbarrierArrive(&s.full[ring.index]);
+      } else {
+        MbarrierArriveExpectTx(&s.full[ring.index], copies * isa::kGemmSlabBytes);
+        for (uint32_t j = 0; j < gemm_per_page; ++j) {
+          if (gemm.Source(i + j) == nullptr) continue;
+          BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
+                           gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
+        }
       }
       ++ring;
     }
@@ -377,6 +397,9 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
       case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
       // The general-graph ops in their own variant: in the decode one they measured 11% slower decode (their code
       // changes its register allocation), in the tensor one they doubled its spills.
+      case isa::Opcode::CONV_GEMM:
+        if constexpr (kGraphOps) RunConvGemm(inst.as<isa::ConvGemmArgs>(), ctx);
+        break;
       case isa::Opcode::IM2COL:
         if constexpr (kGraphOps) RunImToCol(inst.as<isa::ImToColArgs>(), ctx);
         break;
@@ -457,7 +480,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
     if (threadIdx.x % 32 == 0) {
-      if (warp == kLoaderWarp) Loader<(kVariant >= isa::kTensorKernel)>(p, s, sm);
+      if (warp == kLoaderWarp) Loader<kVariant>(p, s, sm);
       if (warp == kStorerWarp) Storer(p, s, sm);
       if (warp == kControllerWarp) Controller(p, s, sm);
       if (warp == kActivationWarp) ActivationLoader(p, s, sm);

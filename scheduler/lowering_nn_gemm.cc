@@ -1,4 +1,4 @@
-// The general-graph lowering's GEMM side: convolutions (IM2COL + GEMM, per group when grouped), LINEAR / MATMUL
+// The general-graph lowering's GEMM side: convolutions (CONV_GEMM, per group when grouped), LINEAR / MATMUL
 // (PACK_ROWS + GEMM), the GEMM epilogue's fusions, split-K and the ReLU it leaves to its readers.
 #include "scheduler/lowering_nn_internal.h"
 
@@ -35,13 +35,13 @@ NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
 }
 
 // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
-// W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
-// over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
-// residual or zero, and the ReLU is left to the readers (Materialize).
-void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias,
-                          uint32_t m, uint32_t n, uint32_t k, std::optional<uint32_t> into, uint32_t siblings) {
+// W tiles in L2), waiting for A and the residual. A GEMM of fewer tiles than half the SMs is split over K as well
+// (each split adds its part into out atomically, the first one the bias): out starts as the residual or zero, and
+// the ReLU is left to the readers (Materialize).
+void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, uint32_t bias, uint32_t m, uint32_t n,
+                          uint32_t k, std::optional<uint32_t> into, uint32_t siblings) {
   isa::GemmArgs g{};
-  g.a = image;
+  g.a = a.image;
   g.weight = weight;
   g.out = arena_.contains(e.out) ? arena_.at(e.out) : Arena(e.out);
   g.m = m;
@@ -58,30 +58,43 @@ void NnLowering::EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stag
   const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
   if (residual_relu && !split) Materialize(e.residual_names[0]);
   std::vector<uint32_t> after = ReadyOf(e.residual_names);
-  after.push_back(image_stage);
+  for (uint32_t r : a.ready) {
+    if (std::find(after.begin(), after.end(), r) == after.end()) after.push_back(r);
+  }
   uint32_t splits = 1;
   if (split) {
     splits = std::min({(o_.num_sms() + tiles * siblings - 1) / (tiles * siblings), slabs / kMinSlabsPerSplit,
                        kMaxKSplits});
     const uint64_t elements = uint64_t{m} * n;
-    // Into A's stage: the GEMM waits for one barrier, not two.
+    // Into an operand image's stage (the GEMM then waits for one barrier, not two), else a stage of its own.
+    const uint32_t init = a.conv || a.ready.empty() ? b_.Stage(absl::StrCat(e.ops, "/init")) : a.ready[0];
     if (e.residual != kNone) {
       EmitMap(residual_relu ? isa::kEwRelu : isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
-              absl::StrCat(e.ops, "/residual"), image_stage);
+              absl::StrCat(e.ops, "/residual"), init);
     } else {
-      EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), image_stage);
+      EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), init);
     }
-    after = {image_stage};
+    after = a.ready;
+    if (std::find(after.begin(), after.end(), init) == after.end()) after.push_back(init);
     g.epilogue = isa::kGemmAccumulateF32;
     g.residual = kNone;
   }
   const uint32_t stage = into ? *into : b_.Stage(e.ops);
   ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
-    Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
+    if (!a.conv) {
+      Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
+      return;
+    }
+    isa::ConvGemmArgs c = *a.conv;
+    c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
+    c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
+    c.slab_begin = tile.slab_begin, c.slab_count = tile.slab_count;
+    Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
   });
   stage_[e.out] = stage;
-  // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (IM2COL and the
-  // next split GEMM's residual copy apply it as they read), or applied in place by the first reader that cannot.
+  // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (CONV_GEMM, IM2COL
+  // and the next split GEMM's residual copy apply it as they read), or applied in place by the first reader that
+  // cannot.
   if (splits > 1 && e.relu) pending_relu_[e.out] = {g.out, uint64_t{m} * n, e.ops};
 }
 
@@ -102,9 +115,40 @@ uint32_t NnLowering::RowsPerInstruction(uint32_t m, uint32_t granule) const {
   return std::clamp((per + granule - 1) / granule * granule, granule, isa::kGemmTileM);
 }
 
-// Groups 1: one IM2COL + GEMM (with the epilogue fusions). Groups g: per group an IM2COL of its input channels, a
-// GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
-// output (depthwise convolutions run this way too, correct but with one-column GEMMs).
+namespace {
+// CONV_GEMM's packed geometry (two 16-bit fields to a word) holds this convolution, with its window positions in
+// 32-bit signed arithmetic.
+bool ConvGemmPackable(const isa::ImToColArgs& c) {
+  constexpr uint64_t kField = uint64_t{1} << 16, kSpan = uint64_t{1} << 30;
+  for (uint32_t v : {c.h, c.w, c.oh, c.ow, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dilation_h,
+                     c.dilation_w}) {
+    if (v >= kField) return false;
+  }
+  return uint64_t{c.oh} * c.stride_h + uint64_t{c.kh} * c.dilation_h < kSpan &&
+         uint64_t{c.ow} * c.stride_w + uint64_t{c.kw} * c.dilation_w < kSpan;
+}
+
+isa::ConvGemmArgs ConvGemmOf(const isa::ImToColArgs& c) {
+  isa::ConvGemmArgs g{};
+  g.input = c.input;
+  g.batch = c.n;
+  g.c = c.c;
+  g.hw = isa::Pack16(c.h, c.w);
+  g.ohw = isa::Pack16(c.oh, c.ow);
+  g.kernel = isa::Pack16(c.kh, c.kw);
+  g.stride = isa::Pack16(c.stride_h, c.stride_w);
+  g.pad = isa::Pack16(c.pad_top, c.pad_left);
+  g.dilation = isa::Pack16(c.dilation_h, c.dilation_w);
+  g.c_begin = c.c_begin;
+  g.group_c = c.group_c;
+  g.relu = c.relu;
+  return g;
+}
+}  // namespace
+
+// Groups 1: one CONV_GEMM (with the epilogue fusions). Groups g: per group a CONV_GEMM over its input channels
+// against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the output.
+// With CompileOptions.conv_im2col (or a geometry CONV_GEMM cannot pack), IM2COL + GEMM instead.
 absl::Status NnLowering::LowerConv(const OpDef& op) {
   const std::string& x = op.inputs(0);
   const std::string& w = op.inputs(1);
@@ -136,9 +180,12 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
   c.group_c = static_cast<uint32_t>(ws[3]);
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
+  const bool implicit = !o_.conv_im2col() && ConvGemmPackable(c);
   const std::vector<uint32_t> after = ReadyOf({x});
-  // One stage each for every group's IM2COL, GEMM and copy (a barrier per stage, not per group).
-  const uint32_t pack_stage = b_.Stage(absl::StrCat(op.name(), "/im2col"));
+  // One stage each for every group's IM2COL (and run-time weight packing), GEMM and copy (a barrier per stage, not
+  // per group).
+  std::optional<uint32_t> pack_stage;
+  if (!implicit || runtime_weight) pack_stage = b_.Stage(absl::StrCat(op.name(), implicit ? "/weight" : "/im2col"));
   const std::optional<uint32_t> gemm_stage =
       groups > 1 ? std::optional<uint32_t>(b_.Stage(absl::StrCat(op.name(), "/gemm"))) : std::nullopt;
   const uint32_t copy_stage = groups > 1 ? b_.Stage(op.name()) : 0;
@@ -146,26 +193,35 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   for (uint32_t gi = 0; gi < groups; ++gi) {
     const std::string tag = groups > 1 ? absl::StrCat("/g", gi) : "";
     c.c_begin = gi * c.group_c;
-    c.out = Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
-                       {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
-    const uint32_t per = RowsPerInstruction(static_cast<uint32_t>(std::min<uint64_t>(uint64_t{m} * groups, 1u << 30)),
-                                            kImToColRows),
-                   padded = isa::GemmTiles(m) * isa::kGemmTileM;
-    for (uint32_t r = 0; r < padded; r += per) {
-      c.row_begin = r;
-      c.rows = std::min(per, padded - r);
-      Emit(Make(isa::Opcode::IM2COL, c), pack_stage, after, absl::StrCat(op.name(), tag, "/im2col"));
+    GemmA operand;
+    if (implicit) {
+      operand.conv = ConvGemmOf(c);
+      operand.ready = after;
+      if (pack_stage) operand.ready.push_back(*pack_stage);
+    } else {
+      c.out = Scratch(absl::StrCat("im2col:", op.name(), tag), graph::BF16,
+                      {static_cast<int64_t>(isa::GemmImageBytes(m, k) / 2)});
+      const uint32_t per = RowsPerInstruction(
+                         static_cast<uint32_t>(std::min<uint64_t>(uint64_t{m} * groups, 1u << 30)), kImToColRows),
+                     padded = isa::GemmTiles(m) * isa::kGemmTileM;
+      for (uint32_t r = 0; r < padded; r += per) {
+        c.row_begin = r;
+        c.rows = std::min(per, padded - r);
+        Emit(Make(isa::Opcode::IM2COL, c), *pack_stage, after, absl::StrCat(op.name(), tag, "/im2col"));
+      }
+      operand.image = c.out;
+      operand.ready = {*pack_stage};
     }
     uint32_t weight;
     if (runtime_weight) {
       const uint32_t view = Scratch(absl::StrCat(w, tag, "@", op.name()), graph::F32,
-                                       {static_cast<int64_t>(uint64_t{n} * k)}, w, uint64_t{gi} * n * k * 4);
+                                    {static_cast<int64_t>(uint64_t{n} * k)}, w, uint64_t{gi} * n * k * 4);
       weight = Scratch(absl::StrCat("wimage:", op.name(), tag), graph::BF16,
-                          {static_cast<int64_t>(isa::GemmImageBytes(n, k) / 2)});
+                       {static_cast<int64_t>(isa::GemmImageBytes(n, k) / 2)});
       const uint32_t per = RowsPerInstruction(n, kPackRows), padded = isa::GemmTiles(n) * isa::kGemmTileM;
       for (uint32_t r = 0; r < padded; r += per) {
         const isa::PackRowsArgs p{view, weight, n, k, r, std::min(per, padded - r), kNone, 0.0f};
-        Emit(Make(isa::Opcode::PACK_ROWS, p), pack_stage, ReadyOf({w}), absl::StrCat(op.name(), tag, "/weight"));
+        Emit(Make(isa::Opcode::PACK_ROWS, p), *pack_stage, ReadyOf({w}), absl::StrCat(op.name(), tag, "/weight"));
       }
     } else {
       weight = b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
@@ -174,16 +230,16 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
                                                            ROWS_IDENTITY, n, 1, false, graph::BF16, gi * n)
                                                : kNone;
     if (groups == 1) {
-      EmitGemm(FuseEpilogue(op), c.out, pack_stage, weight, bias, m, n, k);
+      EmitGemm(FuseEpilogue(op), operand, weight, bias, m, n, k);
       break;
     }
     Epilogue e;
     e.out = absl::StrCat(op.outputs(0), tag);  // a scratch [M, OC / g]
     e.ops = absl::StrCat(op.name(), tag);
     arena_[e.out] = Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)});
-    EmitGemm(e, c.out, pack_stage, weight, bias, m, n, k, gemm_stage, groups);
+    EmitGemm(e, operand, weight, bias, m, n, k, gemm_stage, groups);
     const uint32_t slice = Scratch(absl::StrCat(op.outputs(0), "[", gi, "]"), graph::F32,
-                                      {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
+                                   {static_cast<int64_t>(uint64_t{m} * oc - gi * n)}, op.outputs(0), gi * n * 4ull);
     StridedDims dims;
     dims.size = {m, n};
     dims.strides = {{n, 1}, {oc, 1}};
@@ -332,7 +388,7 @@ absl::Status NnLowering::LowerMatmul(const OpDef& op) {
   const uint32_t bias = op.inputs_size() > 2
                             ? b_.Packed(absl::StrCat("bias:", op.inputs(2)), {op.inputs(2)}, ROWS_IDENTITY, n, 1, false)
                             : kNone;
-  EmitGemm(FuseEpilogue(op), image, pack_stage, weight, bias, m, n, k);
+  EmitGemm(FuseEpilogue(op), {image, {pack_stage}, std::nullopt}, weight, bias, m, n, k);
   return absl::OkStatus();
 }
 
@@ -416,7 +472,7 @@ absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
       arena_[e.out] = Scratch(e.out, graph::F32, {static_cast<int64_t>(m), static_cast<int64_t>(n)},
                                  op.outputs(0), q * m * n * 4);
     }
-    EmitGemm(e, a_images[index_of(a_batch, q)], pack_stage, b_images[index_of(b_batch, q)], kNone,
+    EmitGemm(e, {a_images[index_of(a_batch, q)], {pack_stage}, std::nullopt}, b_images[index_of(b_batch, q)], kNone,
              static_cast<uint32_t>(m), static_cast<uint32_t>(n), static_cast<uint32_t>(k), stage,
              static_cast<uint32_t>(batches));
   }

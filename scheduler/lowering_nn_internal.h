@@ -225,8 +225,15 @@ class NnLowering {
   // residual or zero, and a ReLU follows as its own stage.
   // `siblings` GEMMs of this shape run side by side (a batched MATMUL's, all signalling `into`): the split over K
   // counts all their tiles.
-  void EmitGemm(const Epilogue& e, uint32_t image, uint32_t image_stage, uint32_t weight, uint32_t bias, uint32_t m,
-                uint32_t n, uint32_t k, std::optional<uint32_t> into = std::nullopt, uint32_t siblings = 1);
+  // What it multiplies: an operand image (ready once `ready`, its packing stage, is), or a convolution's patches,
+  // gathered from the input by CONV_GEMM (the geometry in `conv`; ready once the input's stages are).
+  struct GemmA {
+    uint32_t image = kNone;
+    std::vector<uint32_t> ready;
+    std::optional<isa::ConvGemmArgs> conv;
+  };
+  void EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, uint32_t bias, uint32_t m, uint32_t n, uint32_t k,
+                std::optional<uint32_t> into = std::nullopt, uint32_t siblings = 1);
 
   // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
   void Materialize(const std::string& name);
@@ -235,9 +242,10 @@ class NnLowering {
   // `granule` rows (PACK_ROWS: a warp per row).
   uint32_t RowsPerInstruction(uint32_t m, uint32_t granule) const;
 
-  // Groups 1: one IM2COL + GEMM (with the epilogue fusions). Groups g: per group an IM2COL of its input channels, a
-  // GEMM against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
-  // output (depthwise convolutions run this way too, correct but with one-column GEMMs).
+  // Groups 1: one CONV_GEMM (implicit GEMM, with the epilogue fusions). Groups g: per group a CONV_GEMM over its input
+  // channels against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the
+  // output. With CompileOptions.conv_im2col (or a geometry CONV_GEMM cannot pack), each CONV_GEMM is an IM2COL of
+  // the patches into an operand image + a GEMM.
   absl::Status LowerConv(const OpDef& op);
   // Depthwise (one input channel per group): DWCONV, direct.
   absl::Status LowerDepthwise(const OpDef& op);

@@ -312,8 +312,7 @@ absl::Status VerifySchedule(const Schedule& s) {
       if (absl::Status st = isa::ValidateInstruction(inst, infos); !st.ok()) {
         return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
       }
-      if ((inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN) &&
-          smem.page_bytes() < isa::kGemmSlabBytes) {
+      if (isa::UsesTensorCores(inst.op()) && smem.page_bytes() < isa::kGemmSlabBytes) {
         return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ",
                                  smem.page_bytes()));
       }

@@ -157,11 +157,17 @@ expect_error "gated-conv weights vs config" "weight 'layers.0.conv.weight' has s
 ONNX=/usr/share/libonnx-testdata/data
 if [ -d "$ONNX" ]; then
   "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb" >/dev/null &&
-    "$LOOM" inspect "$WORK/onnx.pb" | grep -q "IM2COL" && "$LOOM" inspect "$WORK/onnx.pb" | grep -q "graph pass" &&
-    pass "onnx conv compiles to IM2COL + GEMM" ||
-    fail "onnx conv compiles to IM2COL + GEMM"
+    "$LOOM" inspect "$WORK/onnx.pb" | grep -q "CONV_GEMM" && "$LOOM" inspect "$WORK/onnx.pb" | grep -q "graph pass" &&
+    pass "onnx conv compiles to CONV_GEMM" ||
+    fail "onnx conv compiles to CONV_GEMM"
   "$LOOM" run --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --check 2>/dev/null |
     grep -q "every output agrees with the op-by-op oracle" && pass "onnx conv run --check" || fail "onnx conv run --check"
+  IM2COL_OPTIONS="$(cd "$(dirname "$0")/.." && pwd)/tools/bench_options/conv_im2col.pbtxt"
+  "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --options="$IM2COL_OPTIONS" \
+    --out="$WORK/onnx_im2col.pb" >/dev/null && "$LOOM" inspect "$WORK/onnx_im2col.pb" | grep -q "IM2COL" &&
+    "$LOOM" run --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --options="$IM2COL_OPTIONS" --check \
+      2>/dev/null | grep -q "every output agrees with the op-by-op oracle" &&
+    pass "onnx conv as IM2COL + GEMM (conv_im2col) run --check" || fail "onnx conv as IM2COL + GEMM run --check"
   mkdir -p "$WORK/npy1" "$WORK/npy2"
   R="$ONNX/pytorch-converted/test_ReLU/model.onnx"
   "$LOOM" run --model="$R" --out="$WORK/npy1" >/dev/null 2>&1 && out=$(ls "$WORK/npy1") &&

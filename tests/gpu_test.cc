@@ -93,14 +93,16 @@ class OpBench {
   // Runs `queue` once on the GPU and on the CPU; every output must agree.
   // `tolerance`: kTolerance, or looser where a chain rounds intermediates to bf16 (a value within float noise
   // of a bf16 rounding boundary may round either way on the two sides; a wrong result is off by O(1)).
+  // `page_bytes`: 16 KB pages (a GEMM slab of A or W each) or 32 KB (both slabs of a K step in one page).
   void RunAndCompare(const std::vector<isa::Instruction>& queue, const std::string& what,
-                     double tolerance = kTolerance) {
+                     double tolerance = kTolerance, uint32_t page_bytes = 16384) {
     GpuProgram program;
     program.queues = {queue};
     program.tensors = table_;
     program.arena_bytes = arena_.size();
     program.activation_bytes = kActivationBytes;
-    program.num_pages = 10;  // a 48 KB activation ring leaves room for 10 pages
+    program.page_bytes = page_bytes;
+    program.num_pages = page_bytes == 16384 ? 10 : 5;  // a 48 KB activation ring leaves room for 10 x 16 KB
     for (const isa::Instruction& inst : queue) {  // FLASH_ATTN at head_dim 128 takes 97 KB: 7 pages beside it
       if (isa::ActivationBytes(inst) > program.activation_bytes) {
         program.activation_bytes = isa::ActivationBytes(inst);
@@ -360,6 +362,78 @@ TEST(GpuOpcodes, GemmSplitKAccumulates) {
       }
     }
     b.RunAndCompare(queue, absl::StrCat("GEMM split-K M ", c.m, " N ", c.n, " K ", c.k, " seed ", seed));
+  }
+}
+
+// CONV_GEMM (a convolution's implicit GEMM: patches gathered into the page by the consumers) at shapes that take
+// both gathers (8 channels of a tap per chunk, or column by column), ragged M, N and K, strides, padding,
+// dilation, a group's channel range, a ReLU on the input, the epilogues (bias + residual + ReLU; split over K
+// adding into a residual), with 16 KB pages (A and W slabs in pages of their own) and 32 KB (one page per K step).
+TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    uint32_t batch, h, w, c, oc, kh, kw, stride, pad_top, pad_left, dilation, c_begin, group_c, relu;
+    uint32_t oh() const { return (h + 2 * pad_top - dilation * (kh - 1) - 1) / stride + 1; }
+    uint32_t ow() const { return (w + 2 * pad_left - dilation * (kw - 1) - 1) / stride + 1; }
+  };
+  const std::vector<Case> cases = {
+      {2, 10, 10, 64, 64, 3, 3, 1, 1, 1, 1, 0, 64, 0},     // a ResNet block conv, M 200, K 576
+      {1, 20, 18, 3, 64, 7, 7, 2, 3, 3, 1, 0, 3, 0},       // a stem: 3 channels, K 147, asymmetric spatial size
+      {3, 9, 11, 32, 40, 3, 3, 2, 1, 0, 2, 16, 16, 1},     // second group of two, dilation 2, ReLU'd input, N 40
+      {3, 15, 15, 128, 200, 1, 1, 2, 0, 0, 1, 0, 128, 0},  // a 1x1 stride-2 downsample, N over two tiles
+      {1, 6, 6, 24, 136, 2, 2, 1, 1, 1, 1, 0, 24, 1},      // 24 channels: vector chunks, K 96 (a ragged slab)
+  };
+  for (uint32_t page_bytes : {16384u, 32768u}) {
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const Case& c = cases[ci];
+      for (uint32_t form = 0; form < 3; ++form) {  // 0: plain store; 1: bias + residual + ReLU; 2: split over K
+        const uint32_t seed = Seed();
+        OpBench b(seed);
+        isa::ConvGemmArgs g{};
+        g.batch = c.batch, g.c = c.c, g.c_begin = c.c_begin, g.group_c = c.group_c, g.relu = c.relu;
+        g.hw = isa::Pack16(c.h, c.w), g.ohw = isa::Pack16(c.oh(), c.ow()), g.kernel = isa::Pack16(c.kh, c.kw);
+        g.stride = isa::Pack16(c.stride, c.stride), g.pad = isa::Pack16(c.pad_top, c.pad_left);
+        g.dilation = isa::Pack16(c.dilation, c.dilation);
+        g.n = c.oc;
+        const uint32_t m = isa::ConvGemmRows(g), k = isa::ConvGemmK(g);
+        g.input = b.Arena(uint64_t{c.batch} * c.h * c.w * c.c);
+        b.FillRandom(g.input);
+        g.weight = b.RandomOperandImage(isa::kWeightRegion, c.oc, k, 0.25f);
+        g.out = b.Output(uint64_t{m} * c.oc);
+        g.bias = g.residual = isa::kNoTensor;
+        g.epilogue = isa::kGemmStoreF32;
+        if (form == 1) {
+          g.bias = b.Weight(c.oc);
+          b.FillRandom(g.bias);
+          g.residual = b.Arena(uint64_t{m} * c.oc);
+          b.FillRandom(g.residual);
+          g.epilogue = isa::kGemmStoreF32Relu;
+        } else if (form == 2) {
+          b.FillRandom(g.out);  // the residual stream the splits add to
+          g.bias = b.Weight(c.oc);
+          b.FillRandom(g.bias);
+          g.epilogue = isa::kGemmAccumulateF32;
+        }
+        const uint32_t slabs = isa::GemmSlabs(k), splits = form == 2 ? std::min(3u, slabs) : 1;
+        std::vector<isa::Instruction> queue;
+        for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
+          for (uint32_t nt = 0; nt < isa::GemmTiles(c.oc); ++nt) {
+            for (uint32_t sp = 0; sp < splits; ++sp) {
+              g.m_tile = mt, g.n_tile = nt;
+              if (form == 2) {
+                g.slab_begin = slabs * sp / splits;
+                g.slab_count = slabs * (sp + 1) / splits - g.slab_begin;
+              }
+              queue.push_back(Make(isa::Opcode::CONV_GEMM, g));
+            }
+          }
+        }
+        b.RunAndCompare(queue,
+                        absl::StrCat("CONV_GEMM case ", ci, " form ", form, " (M ", m, " N ", c.oc, " K ", k, ", ",
+                                     page_bytes / 1024, " KB pages) seed ", seed),
+                        kTolerance, page_bytes);
+      }
+    }
   }
 }
 

@@ -1,9 +1,9 @@
 // A general graph's pass (scheduler/lowering_nn) on the CPU VM against the op-by-op oracle: a ResNet-style block
 // imported from ONNX (Conv, Relu, Conv, residual Add, Relu, GlobalAveragePool, Flatten, Gemm, Softmax), lowered
 // with its GEMM epilogues taking over the bias, the residual and the ReLUs, once with few output tiles (split
-// over K: the residual copied in first, the ReLU applied by the next conv's IM2COL as it reads, or in place before
-// the pool) and once with enough tiles for the fused
-// epilogue; a product of two activations refused by name. The ONNX backend data covers the rest of the ops (grouped
+// over K: the residual copied in first, the ReLU applied by the next conv's CONV_GEMM as it gathers, or in place
+// before the pool) and once with enough tiles for the fused epilogue, and both again with the convolutions as
+// IM2COL + GEMM (CompileOptions.conv_im2col); a product of two activations refused by name. The ONNX backend data covers the rest of the ops (grouped
 // and depthwise convolutions, CONCAT, pools, softmax) on the VM and the GPU.
 #include <gtest/gtest.h>
 
@@ -79,17 +79,22 @@ std::string ResidualBlock(int64_t batch) {
 }
 
 struct PassShape {
-  int gemms = 0, accumulating = 0, fused = 0;  // GEMM instructions; split over K; taking over an ADD or RELU
-  int relu_on_read = 0;                        // IM2COL instructions applying a split GEMM's pending ReLU
+  int gemms = 0, accumulating = 0, fused = 0;  // GEMM / CONV_GEMM instructions; split over K; taking over ADD / RELU
+  int conv_gemms = 0, im2cols = 0;
+  int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a split GEMM's pending ReLU
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
   for (const scheduler::SmQueue& q : s.queues()) {
     for (const scheduler::Instruction& inst : q.instructions()) {
-      p.relu_on_read += inst.opcode() == "IM2COL" && inst.args(20) == 1;  // ImToColArgs.relu
-      if (inst.opcode() != "GEMM") continue;
+      const bool conv = inst.opcode() == "CONV_GEMM";
+      p.im2cols += inst.opcode() == "IM2COL";
+      p.relu_on_read += (inst.opcode() == "IM2COL" && inst.args(20) == 1) ||  // ImToColArgs.relu
+                        (conv && inst.args(21) == 1);                          // ConvGemmArgs.relu
+      if (inst.opcode() != "GEMM" && !conv) continue;
       ++p.gemms;
-      p.accumulating += inst.args(10) == isa::kGemmAccumulateF32;  // GemmArgs.epilogue
+      p.conv_gemms += conv;
+      p.accumulating += inst.args(conv ? 5 : 10) == isa::kGemmAccumulateF32;  // the epilogue
       p.fused += inst.op().find(',') != std::string::npos;
     }
   }
@@ -101,11 +106,12 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
 
 // Compiles the block for `num_sms` SMs and runs it twice on the VM (and the GPU where there is one), fresh inputs
 // each time, against the oracle.
-void RunAgainstOracle(int64_t batch, uint32_t num_sms, PassShape* shape) {
+void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* shape) {
   absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(ResidualBlock(batch), "block.onnx");
   ASSERT_TRUE(m.ok()) << m.status();
   scheduler::CompileOptions options;
   options.set_num_sms(num_sms);
+  options.set_conv_im2col(im2col);
   absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "block.onnx", options);
   ASSERT_TRUE(pass.ok()) << pass.status();
   ASSERT_TRUE(pass->has_graph());
@@ -147,17 +153,25 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
 }
 
 TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders) {
-  PassShape shape;
-  RunAgainstOracle(1, 132, &shape);
-  EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
-  EXPECT_GT(shape.relu_on_read, 0) << "conv2's IM2COL should apply conv1's ReLU as it reads";
+  for (bool im2col : {false, true}) {
+    SCOPED_TRACE(im2col ? "IM2COL + GEMM" : "CONV_GEMM");
+    PassShape shape;
+    RunAgainstOracle(1, 132, im2col, &shape);
+    EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
+    EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
+    EXPECT_EQ(shape.conv_gemms > 0, !im2col);
+    EXPECT_EQ(shape.im2cols > 0, im2col);
+  }
 }
 
 TEST(GraphPass, ManyTilesTakeTheBiasResidualAndReluIntoTheEpilogue) {
-  PassShape shape;
-  RunAgainstOracle(8, 4, &shape);
-  EXPECT_EQ(shape.accumulating, 0);
-  EXPECT_GT(shape.fused, 0) << "conv2's GEMM should take over the residual ADD and the RELU";
+  for (bool im2col : {false, true}) {
+    SCOPED_TRACE(im2col ? "IM2COL + GEMM" : "CONV_GEMM");
+    PassShape shape;
+    RunAgainstOracle(8, 4, im2col, &shape);
+    EXPECT_EQ(shape.accumulating, 0);
+    EXPECT_GT(shape.fused, 0) << "conv2's GEMM should take over the residual ADD and the RELU";
+  }
 }
 
 // x [2, 16, 32] through a pre-norm transformer encoder block as torch exports one: LayerNormalization, Q / K / V

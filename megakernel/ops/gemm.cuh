@@ -20,12 +20,14 @@ namespace loom::megakernel {
 
 // The pages a GEMM streams, in ring order: for each K slab, its A slab, then its W slab.
 struct GemmPages {
-  const uint8_t* a;  // the tile's first A slab
+  const uint8_t* a;  // the tile's first A slab (nullptr: the consumers gather it)
   const uint8_t* w;  // the tile's first W slab
   uint32_t count;
 
+  // nullptr: an A slab the consumers write themselves (CONV_GEMM).
   __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
-    return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
+    const uint8_t* base = i % 2 == 0 ? a : w;
+    return base == nullptr ? nullptr : base + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
   }
 };
 
@@ -51,12 +53,12 @@ using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
 // f(i, offset of (r, c) in a row-major [m, n] tensor, c + 1 < n) for each accumulator register pair (i, i + 1) of
 // thread t inside the output (r < m, c < n): columns (c, c + 1) of row r. Fully unrolled (acc stays in registers).
 template <typename F>
-__device__ __forceinline__ void ForEachGemmPair(const isa::GemmArgs& g, uint32_t t, uint32_t row0, uint32_t col0,
+__device__ __forceinline__ void ForEachGemmPair(uint32_t m, uint32_t n, uint32_t t, uint32_t row0, uint32_t col0,
                                                 F&& f) {
 #pragma unroll
   for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
     const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
-    if (r < g.m && c < g.n) f(i, static_cast<uint64_t>(r) * g.n + c, c + 1 < g.n);
+    if (r < m && c < n) f(i, static_cast<uint64_t>(r) * n + c, c + 1 < n);
   }
 }
 
@@ -69,6 +71,62 @@ __device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* b
     const uint32_t c = col0 + GemmAcc::Col(t, i);
     if (c < n) acc.d[i] += __bfloat162float(bias[c]);
   }
+}
+
+// Where a tile's f32 store epilogue writes (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32): GEMM's and
+// CONV_GEMM's.
+struct GemmStoreTarget {
+  float* out;  // f32 [m, n]
+  const __nv_bfloat16* bias;  // [n] or nullptr
+  const float* residual;      // [m, n] or nullptr
+  uint32_t epilogue, m, n;
+  uint32_t slab_begin;  // accumulating: the split holding slab 0 adds the bias
+};
+
+// bias, residual, ReLU and the guarded stores of the tile's rows and columns; accumulating, atomic adds.
+__device__ __forceinline__ void GemmStoreF32Tile(const GemmStoreTarget& o, GemmAcc& acc, uint32_t t, uint32_t row0,
+                                                 uint32_t col0) {
+  float* out = o.out;
+  // One 8-byte access per register pair when n is even (the pair's offset is then even too).
+  const bool pairs = o.n % 2 == 0;
+  if (o.epilogue == isa::kGemmAccumulateF32) {
+    if (o.slab_begin == 0) GemmAddBias(acc, o.bias, o.n, t, col0);  // the first K split adds the bias
+    ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+      if (pairs) {
+        atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
+      } else {
+        atomicAdd(out + at, acc.d[i]);
+        if (second) atomicAdd(out + at + 1, acc.d[i + 1]);
+      }
+    });
+    return;
+  }
+  GemmAddBias(acc, o.bias, o.n, t, col0);
+  if (o.residual != nullptr) {
+    const float* residual = o.residual;
+    ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+      if (pairs) {
+        const float2 v = *reinterpret_cast<const float2*>(residual + at);
+        acc.d[i] += v.x;
+        acc.d[i + 1] += v.y;
+      } else {
+        acc.d[i] += residual[at];
+        if (second) acc.d[i + 1] += residual[at + 1];
+      }
+    });
+  }
+  if (o.epilogue == isa::kGemmStoreF32Relu) {
+#pragma unroll
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
+  }
+  ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+    if (pairs) {
+      *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);
+    } else {
+      out[at] = acc.d[i];
+      if (second) out[at + 1] = acc.d[i + 1];
+    }
+  });
 }
 
 // The QKV projection's epilogue (kGemmRopeKvAppend): bias, Qwen3's per-head q/k RMSNorm, RoPE, KV-cache append.
@@ -217,47 +275,9 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     }
     return;
   }
-  float* out = m.ptr<float>(g.out);
-  // One 8-byte access per register pair when n is even (the pair's offset is then even too).
-  const bool pairs = g.n % 2 == 0;
-  if (g.epilogue == isa::kGemmAccumulateF32) {
-    if (g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
-    ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
-      if (pairs) {
-        atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
-      } else {
-        atomicAdd(out + at, acc.d[i]);
-        if (second) atomicAdd(out + at + 1, acc.d[i + 1]);
-      }
-    });
-    return;
-  }
-  GemmAddBias(acc, bias, g.n, t, col0);
-  if (g.residual != isa::kNoTensor) {
-    const float* residual = m.ptr<float>(g.residual);
-    ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
-      if (pairs) {
-        const float2 v = *reinterpret_cast<const float2*>(residual + at);
-        acc.d[i] += v.x;
-        acc.d[i + 1] += v.y;
-      } else {
-        acc.d[i] += residual[at];
-        if (second) acc.d[i + 1] += residual[at + 1];
-      }
-    });
-  }
-  if (g.epilogue == isa::kGemmStoreF32Relu) {
-#pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
-  }
-  ForEachGemmPair(g, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
-    if (pairs) {
-      *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);
-    } else {
-      out[at] = acc.d[i];
-      if (second) out[at + 1] = acc.d[i + 1];
-    }
-  });
+  GemmStoreF32Tile({m.ptr<float>(g.out), bias, g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr,
+                    g.epilogue, g.m, g.n, g.slab_begin},
+                   acc, t, row0, col0);
 }
 
 }  // namespace loom::megakernel
