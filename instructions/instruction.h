@@ -541,6 +541,8 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     bytes = FlashActivationBytes(inst.as<FlashAttnArgs>().head_dim);
   } else if (inst.op() == Opcode::GEMM) {
     bytes = GemmActivationBytes(inst.as<GemmArgs>());
+  } else if (inst.op() == Opcode::CONV_GEMM) {
+    bytes = ConvGemmActivationBytes();
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

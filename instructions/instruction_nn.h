@@ -87,6 +87,11 @@ struct ConvGemmArgs {
                                             "n_tile", "slab_begin", "slab_count", "batch", "c", "hw", "ohw",
                                             "kernel", "stride", "pad", "dilation", "c_begin", "group_c", "relu"};
 };
+// The device stages each K slab's patches as f32 in its activation slot, two slabs ahead: rows of 64 floats padded to
+// kConvStageRowBytes (16 bytes: a warp's reads of 4 rows hit every bank equally).
+inline constexpr uint32_t kConvStages = 2;
+inline constexpr uint32_t kConvStageRowBytes = kGemmSlabK * 4 + 16;
+LOOM_HD uint32_t ConvGemmActivationBytes() { return kConvStages * kGemmTileM * kConvStageRowBytes; }
 // The geometry unpacked, shared by the reference and the device.
 struct ConvShape {
   uint32_t h, w, oh, ow, kh, kw, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;

@@ -87,6 +87,27 @@ __device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uin
       : "memory");
 }
 
+// Per-thread asynchronous copies global -> shared (cp.async, through L2), `size` of `kBytes` bytes read and the
+// rest zero-filled (size 0: zeros, src not read); both addresses kBytes-aligned. They complete per thread, in
+// commit groups: CpAsyncWait<n> waits until at most n of this thread's groups are still in flight.
+template <uint32_t kBytes>
+__device__ __forceinline__ void CpAsync(void* dst, const void* src, uint32_t size) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(SmemAddress(dst)), "l"(src), "r"(size)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(SmemAddress(dst)), "l"(src), "n"(kBytes),
+                 "r"(size)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <uint32_t kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // Asks L2 to fetch `bytes` (multiple of 16, 16-byte aligned) of global memory; nothing waits for it.
 __device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");

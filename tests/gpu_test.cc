@@ -39,6 +39,7 @@ constexpr double kBf16OutputTolerance = 1e-2;
 constexpr double kPrefillTolerance = 5e-3;
 // Large enough for the biggest tiles below (160 rows at k = 8192), still fitting beside 10 pages.
 constexpr uint32_t kActivationBytes = 48 * 1024;
+constexpr uint32_t kPageBudget = 212 * 1024;  // shared memory for pages and the activation ring
 
 #define SKIP_WITHOUT_GPU()                            \
   do {                                                \
@@ -102,13 +103,11 @@ class OpBench {
     program.arena_bytes = arena_.size();
     program.activation_bytes = kActivationBytes;
     program.page_bytes = page_bytes;
-    program.num_pages = page_bytes == 16384 ? 10 : 5;  // a 48 KB activation ring leaves room for 10 x 16 KB
-    for (const isa::Instruction& inst : queue) {  // FLASH_ATTN at head_dim 128 takes 97 KB: 7 pages beside it
-      if (isa::ActivationBytes(inst) > program.activation_bytes) {
-        program.activation_bytes = isa::ActivationBytes(inst);
-        program.num_pages = 7;
-      }
+    for (const isa::Instruction& inst : queue) {  // FLASH_ATTN at head_dim 128 takes 97 KB
+      program.activation_bytes = std::max(program.activation_bytes, isa::ActivationBytes(inst));
     }
+    // As many pages as fit beside the ring (48 KB: 10 of 16 KB; 97 KB: 7; 68 KB: 4 of 32 KB).
+    program.num_pages = std::min<uint32_t>(10, (kPageBudget - program.activation_bytes) / page_bytes);
     program.activation_slots = 4;  // instructions share the ring: allocation, wrap-around and release are exercised
     for (const isa::Instruction& inst : queue) {  // barriers the queue uses (one SM: they order its instructions)
       if (inst.signal != isa::kNoBarrier) program.num_barriers = std::max(program.num_barriers, inst.signal + 1);

@@ -4,11 +4,12 @@ instructions, run on the GPU, and compared with PyTorch and onnxruntime on the s
 PyTorch eager, torch.compile (CUDA graphs) and onnxruntime.
 
 On a machine with a Hopper GPU, torch, torchvision and onnxruntime (from the repository root, after a build):
-  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8 [--layers] [--trace] [--check]
+  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8 [--layers] [--trace] [--check] [--im2col]
 Prints, per batch: Loom's relative error against PyTorch float32 and onnxruntime, top-1 agreement, and
 milliseconds per forward pass of each (medians; Loom's is the kernel time of its one launch, CUDA events).
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,14 @@ def median_ms(fn, warmup=5, iters=30):
     return float(np.median(times))
 
 
+IM2COL_OPTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench_options",
+                              "conv_im2col.pbtxt")
+
+
+def loom_pass_ms(stdout):
+    return float(re.search(r"pass in ([0-9.]+) ms", stdout).group(1))
+
+
 def export(model, batch, path):
     kwargs = dict(input_names=["x"], output_names=["logits"], opset_version=17)
     try:
@@ -54,8 +63,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=30, help="timed runs of each (medians)")
     ap.add_argument("--check", action="store_true", help="also run loom's op-by-op float32 oracle (slow on the CPU)")
     ap.add_argument("--layers", action="store_true",
-                    help="also time every distinct Conv2d of ResNet-18 alone: Loom's pass (IM2COL + GEMM, one launch) "
+                    help="also time every distinct Conv2d of ResNet-18 alone: Loom's pass (CONV_GEMM, one launch) "
                          "against cuDNN (torch.nn.functional.conv2d, bf16, channels_last)")
+    ap.add_argument("--im2col", action="store_true",
+                    help="also time Loom with the convolutions as IM2COL + GEMM (tools/bench_options/conv_im2col.pbtxt), "
+                         "the lowering before CONV_GEMM")
     ap.add_argument("--trace", action="store_true", help="print Loom's per-op trace summary of the whole network")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -79,8 +91,17 @@ def main():
         sys.stderr.write(run.stderr)
         if run.returncode != 0:
             sys.exit(f"loom failed on batch {batch}")
-        loom_ms = float(re.search(r"pass in ([0-9.]+) ms", run.stdout).group(1))
+        loom_ms = loom_pass_ms(run.stdout)
         y_loom = np.load(os.path.join(out, "logits.npy"))
+        im2col_ms = None
+        if args.im2col:
+            run = subprocess.run([args.loom, "run", f"--model={path}", f"--input={work}/x.npy", "--backend=gpu",
+                                  f"--repeat={args.repeat}", f"--options={IM2COL_OPTIONS}"],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                sys.exit(f"loom (IM2COL + GEMM) failed on batch {batch}: {run.stderr}")
+            im2col_ms = loom_pass_ms(run.stdout)
+            print(f"batch {batch}: Loom with IM2COL + GEMM {im2col_ms:.3f} ms, CONV_GEMM {loom_ms:.3f} ms")
 
         with torch.no_grad():
             y_torch = model(x).numpy()
@@ -112,14 +133,17 @@ def main():
             sess.run(None, {"x": x.numpy()})
             t.append((time.perf_counter() - s) * 1e3)
         ort_ms = float(np.median(t))
-        rows.append((batch, loom_ms, eager, eager_bf16, compiled_ms, ort_ms, sess.get_providers()[0]))
-    print("\n| batch | Loom (one launch) | PyTorch eager f32 | PyTorch eager bf16 channels_last | torch.compile "
-          "(reduce-overhead) f32 | onnxruntime |")
-    print("|---|---|---|---|---|---|")
-    for b, lm, e, eb, c, o, prov in rows:
-        print(f"| {b} | {lm:.3f} ms | {e:.3f} ms | {eb:.3f} ms | {c:.3f} ms | {o:.3f} ms ({prov}) |")
+        rows.append((batch, loom_ms, im2col_ms, eager, eager_bf16, compiled_ms, ort_ms, sess.get_providers()[0]))
+    im2col_head = " Loom IM2COL + GEMM |" if args.im2col else ""
+    print(f"\n| batch | Loom (one launch) |{im2col_head} PyTorch eager f32 | PyTorch eager bf16 channels_last | "
+          "torch.compile (reduce-overhead) f32 | onnxruntime |")
+    print("|---|---|---|---|---|---|" + ("---|" if args.im2col else ""))
+    for b, lm, im, e, eb, c, o, prov in rows:
+        im_col = f" {im:.3f} ms |" if im is not None else ""
+        print(f"| {b} | {lm:.3f} ms |{im_col} {e:.3f} ms | {eb:.3f} ms | {c:.3f} ms | {o:.3f} ms ({prov}) |")
     if args.layers:
-        bench_layers(model.cpu(), args.loom, [int(b) for b in args.batches.split(",")], args.repeat, work)
+        bench_layers(model.cpu(), args.loom, [int(b) for b in args.batches.split(",")], args.repeat, work,
+                     args.im2col)
 
 
 def conv_layers(model):
@@ -140,21 +164,69 @@ def conv_layers(model):
     return layers
 
 
-def bench_layers(model, loom, batches, repeat, work):
-    print("\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom TFLOP/s | cuDNN bf16 | cuDNN TFLOP/s | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+CONV_OPCODES = ("CONV_GEMM", "GEMM", "IM2COL")
+
+
+def conv_span_us(trace_path):
+    """The convolution's span in a traced pass: from the moment its first instruction's waits were met (its input
+    ready) to its last instruction's end, over CONV_GEMM / IM2COL + GEMM and a split GEMM's zero / residual init (the
+    pass's layout copies of the NCHW input and output excluded)."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    conv = [e for e in events if e["name"] in CONV_OPCODES or
+            (e["name"] == "ELEMENTWISE" and e["args"].get("op", "").endswith(("/zero", "/residual")))]
+    start = min(e["ts"] + e["args"]["wait_us"] for e in conv)
+    return max(e["ts"] + e["dur"] for e in conv) - start
+
+
+def loom_layer(loom, path, repeat, work, options=None):
+    """(pass ms: median kernel time of the whole one-launch pass, conv us: the conv's span in a traced run)."""
+    trace = os.path.join(work, "layer_trace.json")
+    cmd = [loom, "run", f"--model={path}", "--backend=gpu", f"--repeat={repeat}", f"--trace={trace}"]
+    run = subprocess.run(cmd + ([f"--options={options}"] if options else []), capture_output=True, text=True)
+    if run.returncode != 0:
+        return None
+    return loom_pass_ms(run.stdout), conv_span_us(trace)
+
+
+def graph_ms(fn, repeat, calls=20):
+    """Milliseconds per call of fn, `calls` of them replayed from one CUDA graph (no launch overhead; median)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return median_ms(g.replay, iters=repeat) / calls
+
+
+def bench_layers(model, loom, batches, repeat, work, im2col):
+    """Every distinct Conv2d alone. Loom: the one-launch pass of that conv (NCHW in and out: with its layout copies)
+    and the conv's own span inside it (trace); cuDNN: one call timed alone (with its launch), and per call of 20
+    replayed from a CUDA graph (kernel time)."""
+    im2col_head = " Loom IM2COL + GEMM conv |" if im2col else ""
+    print(f"\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom conv |{im2col_head} Loom conv TFLOP/s | "
+          "cuDNN call | cuDNN in a graph | cuDNN TFLOP/s | cuDNN / Loom (conv, graph) |")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if im2col else ""))
     for name, conv, h in conv_layers(model):
         for batch in batches:
             single = torch.nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                                      conv.padding, bias=True).eval()
             path = os.path.join(work, f"conv_{name}_b{batch}.onnx")
             export_shape(single, (batch, conv.in_channels, h, h), path)
-            run = subprocess.run([loom, "run", f"--model={path}", "--backend=gpu", f"--repeat={repeat}"],
-                                 capture_output=True, text=True)
-            if run.returncode != 0:
-                print(f"| {name} | loom failed: {run.stderr.strip().splitlines()[-1]} |")
+            got = loom_layer(loom, path, repeat, work)
+            if got is None:
+                print(f"| {name} | loom failed |")
                 continue
-            loom_ms = float(re.search(r"pass in ([0-9.]+) ms", run.stdout).group(1))
+            loom_ms, conv_us = got
+            im_col = ""
+            if im2col:
+                got = loom_layer(loom, path, repeat, work, IM2COL_OPTIONS)
+                im_col = f" {got[1]:.1f} us |" if got is not None else " failed |"
             oh = (h + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
             flops = 2 * batch * oh * oh * conv.out_channels * conv.in_channels * conv.kernel_size[0] ** 2
             x = torch.randn(batch, conv.in_channels, h, h, device="cuda", dtype=torch.bfloat16).to(
@@ -162,10 +234,13 @@ def bench_layers(model, loom, batches, repeat, work):
             w = single.weight.detach().to("cuda", torch.bfloat16).to(memory_format=torch.channels_last)
             b = single.bias.detach().to("cuda", torch.bfloat16)
             with torch.no_grad():
-                cudnn = median_ms(lambda: torch.nn.functional.conv2d(x, w, b, conv.stride, conv.padding), iters=repeat)
+                call = lambda: torch.nn.functional.conv2d(x, w, b, conv.stride, conv.padding)
+                cudnn = median_ms(call, iters=repeat)
+                cudnn_graph = graph_ms(call, repeat)
             print(f"| {name} | {conv.in_channels}->{conv.out_channels}, {conv.kernel_size[0]}x{conv.kernel_size[1]}, "
-                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {flops / loom_ms / 1e9:.1f} | "
-                  f"{cudnn * 1e3:.1f} us | {flops / cudnn / 1e9:.1f} | {cudnn / loom_ms:.2f} |", flush=True)
+                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {conv_us:.1f} us |{im_col} "
+                  f"{flops / conv_us / 1e6:.1f} | {cudnn * 1e3:.1f} us | {cudnn_graph * 1e3:.1f} us | "
+                  f"{flops / cudnn_graph / 1e9:.1f} | {cudnn_graph * 1e3 / conv_us:.2f} |", flush=True)
 
 
 def export_shape(model, shape, path):

@@ -2,14 +2,15 @@
 // weight loader streams the tile's W slabs through the page ring as for GEMM, without waiting for the instruction's
 // barriers (W is a weight), and leaves each slab's A half of the page (or A page, with 16 KB pages) to the
 // consumers: consumer warpgroup g gathers the patches of its 64 rows for a K slab from the NHWC f32 input, rounds
-// them to bf16 and stores them swizzled there, then multiplies them with the W slab on wgmma. The gather of slab
-// s + 1 is issued right after slab s is stored, so its loads fly while slab s's wgmma runs; one slab of wgmma stays
-// in flight, as in GEMM. Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K).
+// them to bf16 and stores them swizzled there, then multiplies them with the W slab on wgmma. The gather is
+// asynchronous (cp.async into f32 stages in the activation slot, two slabs ahead of the conversion), so the copies
+// of slabs s + 1 and s + 2 fly while slab s's wgmma runs; one slab of wgmma stays in flight, as in GEMM. Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K).
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "instructions/swizzle.h"
+#include "megakernel/mbarrier.cuh"
 #include "megakernel/ops/consumer_context.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/tile/slab_mma.cuh"
@@ -26,13 +27,14 @@ __device__ __forceinline__ GemmPages ConvGemmPagesOf(const isa::ConvGemmArgs& c,
 }
 
 // A thread's share of its warpgroup's patches: 64 rows x 8 chunks of 8 columns per K slab, so 4 chunks each, rows
-// t / 8 + 16 j (j < 4) and chunk t % 8 of every slab. A warp's 32 chunks are 4 rows' 256 contiguous bytes of input
-// where the channels of a tap run on (the stores of a chunk: 16 bytes, 8 rows of a swizzle atom without a
-// conflict).
+// t / 8 + 16 j (j < 4) and chunk t % 8 of every slab. Each thread copies its chunks' f32 input into a stage of the
+// activation slot with cp.async (zero-filled outside the input and past K; nothing held in registers while they
+// fly), and later converts the same chunks to bf16 into the A slab: a thread reads only what it copied itself. A
+// warp's 32 chunks are 4 rows' 256 contiguous bytes of input where a tap's channels run on; the A stores are 16
+// bytes, 8 rows of a swizzle atom without a conflict.
 struct ConvGather {
   static constexpr uint32_t kRows = 4;
   isa::ConvRow rows[kRows];  // rows past the output: y0 far outside the input, so every tap reads zero
-  float v[kRows][8];
 
   __device__ __forceinline__ ConvGather(const isa::ConvGemmArgs& a, const isa::ConvShape& s, uint32_t row0,
                                         uint32_t t) {
@@ -44,52 +46,66 @@ struct ConvGather {
     }
   }
 
-  // The loads of K slab `slab`'s chunks (into v; zeros outside the input and past K). `vector`: the group's
-  // channels are a multiple of 8 and 16-byte aligned, so a chunk is 8 channels of one tap (two float4 loads).
-  __device__ __forceinline__ void Load(const isa::ConvGemmArgs& a, const isa::ConvShape& s, const float* x,
-                                       uint32_t k, bool vector, uint32_t slab, uint32_t t) {
+  // Where chunk j of this thread sits in a stage (rows of the CTA tile, kConvStageRowBytes apart).
+  __device__ __forceinline__ static uint32_t StageOffset(uint32_t j, uint32_t warpgroup, uint32_t t) {
+    return (warpgroup * 64 + t / 8 + 16 * j) * isa::kConvStageRowBytes + (t % 8) * 32;
+  }
+
+  // Issues K slab `slab`'s copies into `stage` and commits them as one group. `vector`: the group's channels are a
+  // multiple of 8 and 16-byte aligned, so a chunk is 8 channels of one tap (two 16-byte copies); else column by
+  // column (4-byte copies: a chunk may span taps when a group has few channels).
+  __device__ __forceinline__ void Issue(const isa::ConvGemmArgs& a, const isa::ConvShape& s, const float* x,
+                                        uint32_t k, bool vector, uint32_t slab, uint8_t* stage, uint32_t warpgroup,
+                                        uint32_t t) const {
     const uint32_t col = slab * isa::kGemmSlabK + (t % 8) * 8;
     if (vector) {
       const isa::ConvTap tap = isa::ConvTapOf(a, s, col < k ? col : 0);
 #pragma unroll
       for (uint32_t j = 0; j < kRows; ++j) {
         const int32_t iy = rows[j].y0 + tap.dy, ix = rows[j].x0 + tap.dx;
-        float4 lo = make_float4(0.0f, 0.0f, 0.0f, 0.0f), hi = lo;
-        if (col < k && iy >= 0 && iy < static_cast<int32_t>(s.h) && ix >= 0 && ix < static_cast<int32_t>(s.w)) {
-          const float4* p = reinterpret_cast<const float4*>(
-              x + rows[j].plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch);
-          lo = p[0];
-          hi = p[1];
+        const bool inside =
+            col < k && iy >= 0 && iy < static_cast<int32_t>(s.h) && ix >= 0 && ix < static_cast<int32_t>(s.w);
+        const float* src =
+            inside ? x + rows[j].plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch
+                   : x;
+        uint8_t* dst = stage + StageOffset(j, warpgroup, t);
+        CpAsync<16>(dst, src, inside ? 16 : 0);
+        CpAsync<16>(dst + 16, src + (inside ? 4 : 0), inside ? 16 : 0);
+      }
+    } else {
+#pragma unroll
+      for (uint32_t e = 0; e < 8; ++e) {
+        const bool column = col + e < k;
+        const isa::ConvTap tap = isa::ConvTapOf(a, s, column ? col + e : 0);
+#pragma unroll
+        for (uint32_t j = 0; j < kRows; ++j) {
+          const int32_t iy = rows[j].y0 + tap.dy, ix = rows[j].x0 + tap.dx;
+          const bool inside =
+              column && iy >= 0 && iy < static_cast<int32_t>(s.h) && ix >= 0 && ix < static_cast<int32_t>(s.w);
+          const float* src =
+              inside ? x + rows[j].plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch
+                     : x;
+          CpAsync<4>(stage + StageOffset(j, warpgroup, t) + 4 * e, src, inside ? 4 : 0);
         }
-        v[j][0] = lo.x, v[j][1] = lo.y, v[j][2] = lo.z, v[j][3] = lo.w;
-        v[j][4] = hi.x, v[j][5] = hi.y, v[j][6] = hi.z, v[j][7] = hi.w;
-      }
-      return;
-    }
-#pragma unroll
-    for (uint32_t e = 0; e < 8; ++e) {  // column by column: a chunk may span taps (a few channels per group)
-      const bool inside = col + e < k;
-      const isa::ConvTap tap = isa::ConvTapOf(a, s, inside ? col + e : 0);
-#pragma unroll
-      for (uint32_t j = 0; j < kRows; ++j) {
-        const int32_t iy = rows[j].y0 + tap.dy, ix = rows[j].x0 + tap.dx;
-        v[j][e] = inside && iy >= 0 && iy < static_cast<int32_t>(s.h) && ix >= 0 && ix < static_cast<int32_t>(s.w)
-                      ? x[rows[j].plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch]
-                      : 0.0f;
       }
     }
+    CpAsyncCommit();
   }
 
-  // The chunks as bf16 (ReLU'd when asked) into warpgroup g's 64 rows of the A slab at `slab`.
-  __device__ __forceinline__ void Store(uint8_t* slab, bool relu, uint32_t warpgroup, uint32_t t) const {
+  // This thread's chunks of `stage` as bf16 (ReLU'd when asked) into warpgroup g's 64 rows of the A slab.
+  __device__ __forceinline__ static void Convert(const uint8_t* stage, uint8_t* slab, bool relu, uint32_t warpgroup,
+                                                 uint32_t t) {
 #pragma unroll
     for (uint32_t j = 0; j < kRows; ++j) {
+      const float4* src = reinterpret_cast<const float4*>(stage + StageOffset(j, warpgroup, t));
+      const float4 lo = src[0], hi = src[1];
+      float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       uint32_t packed[4];
 #pragma unroll
       for (uint32_t e = 0; e < 4; ++e) {
-        float lo = v[j][2 * e], hi = v[j][2 * e + 1];
-        if (relu) lo = fmaxf(lo, 0.0f), hi = fmaxf(hi, 0.0f);
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+        float a = v[2 * e], b = v[2 * e + 1];
+        if (relu) a = fmaxf(a, 0.0f), b = fmaxf(b, 0.0f);
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
         packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
       }
       const uint32_t row = warpgroup * 64 + t / 8 + 16 * j;
@@ -103,15 +119,22 @@ struct ConvGather {
 __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
   using Slab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
+  static_assert(isa::kConvStages == 2, "the loop keeps two slabs' copies in flight");
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const isa::ConvShape s = isa::ConvShapeOf(g);
   const isa::GemmSlabRange slabs = isa::ConvGemmSlabsOf(g);
   const uint32_t k = isa::ConvGemmK(g);
   const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0;
   const float* x = ctx.machine.ptr<float>(g.input);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(ctx.act);
+  constexpr uint32_t kStageBytes = isa::kGemmTileM * isa::kConvStageRowBytes;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
-  ConvGather gather(g, s, row0, t);
-  gather.Load(g, s, x, k, vector, slabs.begin, t);
+  const ConvGather gather(g, s, row0, t);
+  // Slabs 0 and 1 in flight before the first wait; then one group committed per slab (empty past the last), so
+  // CpAsyncWait<1> always means "this slab's copies are in".
+  gather.Issue(g, s, x, k, vector, slabs.begin, stages, warpgroup, t);
+  if (slabs.count > 1) gather.Issue(g, s, x, k, vector, slabs.begin + 1, stages + kStageBytes, warpgroup, t);
+  else CpAsyncCommit();
   GemmAcc acc;
   acc.Zero();
   tile::FenceRegisters(acc.d);  // (gemm.cuh: else ptxas serialises the wgmma pipeline, C7515)
@@ -123,10 +146,14 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
     ++next;
     const Slab w{per_slab == 1 ? a + isa::kGemmSlabBytes : ctx.WaitPage(next)};
     if (per_slab == 2) ++next;
-    gather.Store(a, g.relu != 0, warpgroup, t);
+    uint8_t* stage = stages + (i % 2) * kStageBytes;
+    CpAsyncWait<1>();
+    ConvGather::Convert(stage, a, g.relu != 0, warpgroup, t);
     tile::FenceProxyAsyncShared();  // generic stores, read next by wgmma
     NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
-    if (i + 1 < slabs.count) gather.Load(g, s, x, k, vector, slabs.begin + i + 1, t);
+    // The stage is free again (this thread converted its own chunks): slab i + 2's copies go into it.
+    if (i + 2 < slabs.count) gather.Issue(g, s, x, k, vector, slabs.begin + i + 2, stage, warpgroup, t);
+    else CpAsyncCommit();
     tile::WgmmaFence();
     tile::SlabMma(acc, Slab{a}, warpgroup * 64, w, i > 0);
     tile::WgmmaCommit();
@@ -139,6 +166,7 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   tile::WgmmaWait<0>();
   ctx.ReleasePage();
   if (per_slab == 2) ctx.ReleasePage();
+  CpAsyncWait<0>();  // (only empty groups are left)
 
   const isa::MachineView& m = ctx.machine;
   GemmStoreF32Tile({m.ptr<float>(g.out), g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr,
