@@ -365,7 +365,7 @@ TEST(GpuOpcodes, GemmSplitKAccumulates) {
 }
 
 // CONV_GEMM (a convolution's implicit GEMM: patches gathered into the page by the consumers) at shapes that take
-// both gathers (8 channels of a tap per chunk, or column by column), ragged M, N and K, strides, padding,
+// both gathers (32 channels of a tap per copy run, or column by column), ragged M, N and K, strides, padding,
 // dilation, a group's channel range, a ReLU on the input, the epilogues (bias + residual + ReLU; split over K
 // adding into a residual), with 16 KB pages (A and W slabs in pages of their own) and 32 KB (one page per K step).
 TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
@@ -380,7 +380,8 @@ TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
       {1, 20, 18, 3, 64, 7, 7, 2, 3, 3, 1, 0, 3, 0},       // a stem: 3 channels, K 147, asymmetric spatial size
       {3, 9, 11, 32, 40, 3, 3, 2, 1, 0, 2, 16, 16, 1},     // second group of two, dilation 2, ReLU'd input, N 40
       {3, 15, 15, 128, 200, 1, 1, 2, 0, 0, 1, 0, 128, 0},  // a 1x1 stride-2 downsample, N over two tiles
-      {1, 6, 6, 24, 136, 2, 2, 1, 1, 1, 1, 0, 24, 1},      // 24 channels: vector chunks, K 96 (a ragged slab)
+      {1, 6, 6, 24, 136, 2, 2, 1, 1, 1, 1, 0, 24, 1},      // 24 channels: column by column, K 96 (a ragged slab)
+      {2, 7, 9, 64, 72, 3, 3, 1, 1, 1, 1, 32, 32, 1},      // a 32-channel group: two taps per slab, K 288
   };
   for (uint32_t page_bytes : {16384u, 32768u}) {
     for (size_t ci = 0; ci < cases.size(); ++ci) {

@@ -168,19 +168,21 @@ CONV_OPCODES = ("CONV_GEMM", "GEMM", "IM2COL")
 
 
 def conv_span_us(trace_path):
-    """The convolution's span in a traced pass: from the moment its first instruction's waits were met (its input
-    ready) to its last instruction's end, over CONV_GEMM / IM2COL + GEMM and a split GEMM's zero / residual init (the
-    pass's layout copies of the NCHW input and output excluded)."""
+    """(span, tiles, us per tile) of the convolution in a traced pass: from the moment its first CONV_GEMM (or IM2COL)
+    instruction's waits were met (its input ready) to its last instruction's end (the pass's layout copies of the
+    NCHW input and output excluded; a split GEMM's zeroing runs before, beside the input's copy); its tensor-core
+    instructions and their mean time from waits met to end."""
     with open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-    conv = [e for e in events if e["name"] in CONV_OPCODES or
-            (e["name"] == "ELEMENTWISE" and e["args"].get("op", "").endswith(("/zero", "/residual")))]
+    conv = [e for e in events if e["name"] in CONV_OPCODES]
     start = min(e["ts"] + e["args"]["wait_us"] for e in conv)
-    return max(e["ts"] + e["dur"] for e in conv) - start
+    tiles = [e["dur"] - e["args"]["wait_us"] for e in conv if e["name"] in ("CONV_GEMM", "GEMM")]
+    return max(e["ts"] + e["dur"] for e in conv) - start, len(tiles), sum(tiles) / len(tiles)
 
 
 def loom_layer(loom, path, repeat, work, options=None):
-    """(pass ms: median kernel time of the whole one-launch pass, conv us: the conv's span in a traced run)."""
+    """(pass ms: median kernel time of the whole one-launch pass, (conv span us, tiles, us per tile) in a traced
+    run)."""
     trace = os.path.join(work, "layer_trace.json")
     cmd = [loom, "run", f"--model={path}", "--backend=gpu", f"--repeat={repeat}", f"--trace={trace}"]
     run = subprocess.run(cmd + ([f"--options={options}"] if options else []), capture_output=True, text=True)
@@ -209,7 +211,8 @@ def bench_layers(model, loom, batches, repeat, work, im2col):
     and the conv's own span inside it (trace); cuDNN: one call timed alone (with its launch), and per call of 20
     replayed from a CUDA graph (kernel time)."""
     im2col_head = " Loom IM2COL + GEMM conv |" if im2col else ""
-    print(f"\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom conv |{im2col_head} Loom conv TFLOP/s | "
+    print(f"\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom conv (tiles x us each) |{im2col_head} "
+          "Loom conv TFLOP/s | "
           "cuDNN call | cuDNN in a graph | cuDNN TFLOP/s | cuDNN / Loom (conv, graph) |")
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if im2col else ""))
     for name, conv, h in conv_layers(model):
@@ -222,11 +225,11 @@ def bench_layers(model, loom, batches, repeat, work, im2col):
             if got is None:
                 print(f"| {name} | loom failed |")
                 continue
-            loom_ms, conv_us = got
+            loom_ms, (conv_us, tiles, tile_us) = got
             im_col = ""
             if im2col:
                 got = loom_layer(loom, path, repeat, work, IM2COL_OPTIONS)
-                im_col = f" {got[1]:.1f} us |" if got is not None else " failed |"
+                im_col = f" {got[1][0]:.1f} us ({got[1][1]} x {got[1][2]:.1f}) |" if got is not None else " failed |"
             oh = (h + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
             flops = 2 * batch * oh * oh * conv.out_channels * conv.in_channels * conv.kernel_size[0] ** 2
             x = torch.randn(batch, conv.in_channels, h, h, device="cuda", dtype=torch.bfloat16).to(
@@ -238,7 +241,7 @@ def bench_layers(model, loom, batches, repeat, work, im2col):
                 cudnn = median_ms(call, iters=repeat)
                 cudnn_graph = graph_ms(call, repeat)
             print(f"| {name} | {conv.in_channels}->{conv.out_channels}, {conv.kernel_size[0]}x{conv.kernel_size[1]}, "
-                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {conv_us:.1f} us |{im_col} "
+                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {conv_us:.1f} us ({tiles} x {tile_us:.1f}) |{im_col} "
                   f"{flops / conv_us / 1e6:.1f} | {cudnn * 1e3:.1f} us | {cudnn_graph * 1e3:.1f} us | "
                   f"{flops / cudnn_graph / 1e9:.1f} | {cudnn_graph * 1e3 / conv_us:.2f} |", flush=True)
 

@@ -92,8 +92,10 @@ struct ConvGather {
     CpAsyncCommit();
   }
 
-  // This thread's chunks of `stage` as bf16 (ReLU'd when asked) into warpgroup g's 64 rows of the A slab.
-  __device__ __forceinline__ static void Convert(const uint8_t* stage, uint8_t* slab, bool relu, uint32_t warpgroup,
+  // This thread's chunks of `stage` as bf16 (ReLU'd if kRelu) into warpgroup g's 64 rows of the A slab at shared
+  // address `slab` (a store through the generic pointer would go the generic path).
+  template <bool kRelu>
+  __device__ __forceinline__ static void Convert(const uint8_t* stage, uint32_t slab, uint32_t warpgroup,
                                                  uint32_t t) {
 #pragma unroll
     for (uint32_t j = 0; j < kRows; ++j) {
@@ -104,13 +106,15 @@ struct ConvGather {
 #pragma unroll
       for (uint32_t e = 0; e < 4; ++e) {
         float a = v[2 * e], b = v[2 * e + 1];
-        if (relu) a = fmaxf(a, 0.0f), b = fmaxf(b, 0.0f);
+        if (kRelu) a = fmaxf(a, 0.0f), b = fmaxf(b, 0.0f);
         const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
         packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
       }
       const uint32_t row = warpgroup * 64 + t / 8 + 16 * j;
-      *reinterpret_cast<uint4*>(slab + isa::SwizzledOffset<isa::Swizzle::k128B>(row, (t % 8) * 16)) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      // No "memory" clobber: the values it stores order it after the loads, the proxy fence after it.
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
+                       slab + isa::SwizzledOffset<isa::Swizzle::k128B>(row, (t % 8) * 16)),
+                   "r"(packed[0]), "r"(packed[1]), "r"(packed[2]), "r"(packed[3]));
     }
   }
 };
@@ -124,7 +128,7 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   const isa::ConvShape s = isa::ConvShapeOf(g);
   const isa::GemmSlabRange slabs = isa::ConvGemmSlabsOf(g);
   const uint32_t k = isa::ConvGemmK(g);
-  const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0;
+  const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0, relu = g.relu != 0;
   const float* x = ctx.machine.ptr<float>(g.input);
   uint8_t* stages = reinterpret_cast<uint8_t*>(ctx.act);
   constexpr uint32_t kStageBytes = isa::kGemmTileM * isa::kConvStageRowBytes;
@@ -142,13 +146,14 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
   for (uint32_t i = 0; i < slabs.count; ++i) {
     // The A half (or page) is the consumers' once the page is full: the loader copies nothing into it.
-    uint8_t* a = const_cast<uint8_t*>(ctx.WaitPage(next));
+    const uint8_t* a = ctx.WaitPage(next);
     ++next;
     const Slab w{per_slab == 1 ? a + isa::kGemmSlabBytes : ctx.WaitPage(next)};
     if (per_slab == 2) ++next;
     uint8_t* stage = stages + (i % 2) * kStageBytes;
     CpAsyncWait<1>();
-    ConvGather::Convert(stage, a, g.relu != 0, warpgroup, t);
+    if (relu) ConvGather::Convert<true>(stage, SmemAddress(a), warpgroup, t);
+    else ConvGather::Convert<false>(stage, SmemAddress(a), warpgroup, t);
     tile::FenceProxyAsyncShared();  // generic stores, read next by wgmma
     NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
     // The stage is free again (this thread converted its own chunks): slab i + 2's copies go into it.
