@@ -57,6 +57,19 @@ class Checker {
 
 inline uint64_t U(uint32_t v) { return v; }
 
+// A convolution's geometry (IM2COL's and CONV_GEMM's): sizes, strides and dilations positive, the group's channels
+// inside the input, relu a flag.
+inline void ValidateConvGeometry(const ConvShape& s, uint32_t batch, uint32_t channels, uint32_t c_begin,
+                                 uint32_t group_c, uint32_t relu, Checker& c) {
+  c.Require(batch > 0 && s.h > 0 && s.w > 0 && channels > 0 && s.oh > 0 && s.ow > 0 && s.kh > 0 && s.kw > 0,
+            "every dimension must be positive");
+  c.Require(s.stride_h > 0 && s.stride_w > 0 && s.dilation_h > 0 && s.dilation_w > 0,
+            "strides and dilations must be positive");
+  c.Require(relu <= 1, "relu must be 0 or 1");
+  c.Require(group_c > 0 && U(c_begin) + group_c <= channels,
+            absl::StrCat("channels [", c_begin, ", +", group_c, ") outside the input's ", channels));
+}
+
 inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // x * rsqrt(mean(x^2) + eps) * w, the same operation order as the graph evaluator.

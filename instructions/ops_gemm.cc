@@ -56,13 +56,8 @@ void Validate(const GemmArgs& a, Checker& c) {
 
 void Validate(const ConvGemmArgs& a, Checker& c) {
   const ConvShape s = ConvShapeOf(a);
-  c.Require(a.batch > 0 && s.h > 0 && s.w > 0 && a.c > 0 && s.oh > 0 && s.ow > 0 && s.kh > 0 && s.kw > 0 && a.n > 0,
-            "every dimension must be positive");
-  c.Require(s.stride_h > 0 && s.stride_w > 0 && s.dilation_h > 0 && s.dilation_w > 0,
-            "strides and dilations must be positive");
-  c.Require(a.relu <= 1, "relu must be 0 or 1");
-  c.Require(a.group_c > 0 && U(a.c_begin) + a.group_c <= a.c,
-            absl::StrCat("channels [", a.c_begin, ", +", a.group_c, ") outside the input's ", a.c));
+  ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.relu, c);
+  c.Require(a.n > 0, "n must be positive");
   c.Require(U(s.oh) * s.stride_h + U(s.kh) * s.dilation_h < (uint64_t{1} << 30) &&
                 U(s.ow) * s.stride_w + U(s.kw) * s.dilation_w < (uint64_t{1} << 30),
             "window positions of 2^30 or more");

@@ -9,13 +9,9 @@
 namespace loom::isa::ref {
 
 void Validate(const ImToColArgs& a, Checker& c) {
-  c.Require(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0 && a.oh > 0 && a.ow > 0 && a.kh > 0 && a.kw > 0,
-            "every dimension must be positive");
-  c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
-            "strides and dilations must be positive");
-  c.Require(a.relu <= 1, "relu must be 0 or 1");
-  c.Require(a.group_c > 0 && U(a.c_begin) + a.group_c <= a.c,
-            absl::StrCat("channels [", a.c_begin, ", +", a.group_c, ") outside the input's ", a.c));
+  ValidateConvGeometry({a.h, a.w, a.oh, a.ow, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_top, a.pad_left, a.dilation_h,
+                        a.dilation_w},
+                       a.n, a.c, a.c_begin, a.group_c, a.relu, c);
   const uint64_t m = U(a.n) * a.oh * a.ow, k = U(a.kh) * a.kw * a.group_c;
   c.Require(m < (uint64_t{1} << 31) && k < (uint64_t{1} << 20), "image too large");
   c.Require(a.rows > 0 && U(a.row_begin) + a.rows <= U(GemmTiles(static_cast<uint32_t>(m))) * kGemmTileM,

@@ -129,6 +129,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
     GemmPages gemm{nullptr, nullptr, 0};
+    ConvGemmPages conv{nullptr, 0};
     FlashPages flash{nullptr, nullptr, 64, 0, 0};
     const uint32_t opcode = inst.opcode;
     if (inst.op() == isa::Opcode::MATVEC) {
@@ -154,25 +155,34 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
         }
         FenceProxyAsyncGlobal();
       }
-      gemm = ConvGemmPagesOf(c, p.machine);
+      conv = ConvGemmPagesOf(c, p.machine);
     }
     MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
-    // A page (or half page) with no source is CONV_GEMM's A slab: full at once, the consumers write it.
     const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
     for (uint32_t i = 0; i < gemm.count; i += gemm_per_page) {
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      uint32_t copies = 0;
-      for (uint32_t j = 0; j < gemm_per_page; ++j) copies += gemm.Source(i + j) != nullptr;
-      if (copies == 0) {
-        MbarrierArrive(&s.full[ring.index]);
-      } else {
-        MbarrierArriveExpectTx(&s.full[ring.index], copies * isa::kGemmSlabBytes);
-        for (uint32_t j = 0; j < gemm_per_page; ++j) {
-          if (gemm.Source(i + j) == nullptr) continue;
-          BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
-                           gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
-        }
+      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page * isa::kGemmSlabBytes);
+      for (uint32_t j = 0; j < gemm_per_page; ++j) {
+        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
+                         gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
       }
+      ++ring;
+    }
+    // CONV_GEMM: per K slab the A slab (the first half of a 32 KB page, or a page of its own: full at once, the
+    // consumers write it) and the W slab (the second half, or the next page).
+    for (uint32_t i = 0; kGraphOps && i < conv.slabs; ++i) {
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
+      uint32_t offset = isa::kGemmSlabBytes;
+      if (gemm_per_page == 1) {
+        MbarrierArrive(&s.full[ring.index]);
+        ++ring;
+        MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
+        offset = 0;
+      }
+      MbarrierArriveExpectTx(&s.full[ring.index], isa::kGemmSlabBytes);
+      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + offset,
+                       conv.w + static_cast<uint64_t>(i) * isa::kGemmSlabBytes, isa::kGemmSlabBytes,
+                       &s.full[ring.index]);
       ++ring;
     }
     // FLASH_ATTN's pages of 32 keys, two to a ring page when it holds 32 KB (FlashPagesPerRingPage).

@@ -17,13 +17,16 @@
 
 namespace loom::megakernel {
 
-// The pages a CONV_GEMM streams, as GEMM's (A then W per K slab) with no source for A: the consumers fill it.
-__device__ __forceinline__ GemmPages ConvGemmPagesOf(const isa::ConvGemmArgs& c, const isa::MachineView& m) {
+// The W slabs a CONV_GEMM streams (per K slab, the page ring holds the A slab the consumers write, then W).
+struct ConvGemmPages {
+  const uint8_t* w;  // the tile's first W slab
+  uint32_t slabs;
+};
+__device__ __forceinline__ ConvGemmPages ConvGemmPagesOf(const isa::ConvGemmArgs& c, const isa::MachineView& m) {
   const uint32_t slabs = isa::GemmSlabs(isa::ConvGemmK(c));
   const isa::GemmSlabRange range = isa::ConvGemmSlabsOf(c);
-  return {nullptr,
-          m.ptr<uint8_t>(c.weight) + (static_cast<uint64_t>(c.n_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
-          2 * range.count};
+  return {m.ptr<uint8_t>(c.weight) + (static_cast<uint64_t>(c.n_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
+          range.count};
 }
 
 // A thread's share of its warpgroup's patches: 64 rows x 8 chunks of 8 columns per K slab, so 4 chunks each, rows
@@ -121,7 +124,7 @@ struct ConvGather {
 
 // Inlined into the graph variant's consumer loop only, like every wgmma path (gemm.cuh: a call serialises them).
 __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
-  using Slab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
+  using Slab = GemmSlab;
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
   static_assert(isa::kConvStages == 2, "the loop keeps two slabs' copies in flight");
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
@@ -159,25 +162,13 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
     // The stage is free again (this thread converted its own chunks): slab i + 2's copies go into it.
     if (i + 2 < slabs.count) gather.Issue(g, s, x, k, vector, slabs.begin + i + 2, stage, warpgroup, t);
     else CpAsyncCommit();
-    tile::WgmmaFence();
-    tile::SlabMma(acc, Slab{a}, warpgroup * 64, w, i > 0);
-    tile::WgmmaCommit();
-    if (i > 0) {  // slab i-1 is done: its pages go back to the loader
-      tile::WgmmaWait<1>();
-      ctx.ReleasePage();
-      if (per_slab == 2) ctx.ReleasePage();
-    }
+    GemmSlabStep(acc, Slab{a}, w, warpgroup, i, per_slab, ctx);
   }
-  tile::WgmmaWait<0>();
-  ctx.ReleasePage();
-  if (per_slab == 2) ctx.ReleasePage();
+  GemmSlabsDone(per_slab, ctx);
   CpAsyncWait<0>();  // (only empty groups are left)
 
   const isa::MachineView& m = ctx.machine;
-  GemmStoreF32Tile({m.ptr<float>(g.out), g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr,
-                    g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr, g.epilogue,
-                    isa::ConvGemmRows(g), g.n, g.slab_begin},
-                   acc, t, row0, col0);
+  GemmStoreF32Tile(g, m, isa::ConvGemmRows(g), acc, t, row0, col0);
 }
 
 }  // namespace loom::megakernel

@@ -20,14 +20,12 @@ namespace loom::megakernel {
 
 // The pages a GEMM streams, in ring order: for each K slab, its A slab, then its W slab.
 struct GemmPages {
-  const uint8_t* a;  // the tile's first A slab (nullptr: the consumers gather it)
+  const uint8_t* a;  // the tile's first A slab
   const uint8_t* w;  // the tile's first W slab
   uint32_t count;
 
-  // nullptr: an A slab the consumers write themselves (CONV_GEMM).
   __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
-    const uint8_t* base = i % 2 == 0 ? a : w;
-    return base == nullptr ? nullptr : base + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
+    return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
   }
 };
 
@@ -73,25 +71,19 @@ __device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* b
   }
 }
 
-// Where a tile's f32 store epilogue writes (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32): GEMM's and
-// CONV_GEMM's.
-struct GemmStoreTarget {
-  float* out;  // f32 [m, n]
-  const __nv_bfloat16* bias;  // [n] or nullptr
-  const float* residual;      // [m, n] or nullptr
-  uint32_t epilogue, m, n;
-  uint32_t slab_begin;  // accumulating: the split holding slab 0 adds the bias
-};
-
-// bias, residual, ReLU and the guarded stores of the tile's rows and columns; accumulating, atomic adds.
-__device__ __forceinline__ void GemmStoreF32Tile(const GemmStoreTarget& o, GemmAcc& acc, uint32_t t, uint32_t row0,
-                                                 uint32_t col0) {
-  float* out = o.out;
+// The f32 store epilogues of a tile (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32), GEMM's and CONV_GEMM's
+// (`g`: their args, read where they lie; m: the output's rows): bias (when accumulating, from the split holding slab
+// 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds.
+template <typename Args>
+__device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::MachineView& m, uint32_t rows, GemmAcc& acc,
+                                                 uint32_t t, uint32_t row0, uint32_t col0) {
+  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
+  float* out = m.ptr<float>(g.out);
   // One 8-byte access per register pair when n is even (the pair's offset is then even too).
-  const bool pairs = o.n % 2 == 0;
-  if (o.epilogue == isa::kGemmAccumulateF32) {
-    if (o.slab_begin == 0) GemmAddBias(acc, o.bias, o.n, t, col0);  // the first K split adds the bias
-    ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+  const bool pairs = g.n % 2 == 0;
+  if (g.epilogue == isa::kGemmAccumulateF32) {
+    if (g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
+    ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
         atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
       } else {
@@ -101,10 +93,10 @@ __device__ __forceinline__ void GemmStoreF32Tile(const GemmStoreTarget& o, GemmA
     });
     return;
   }
-  GemmAddBias(acc, o.bias, o.n, t, col0);
-  if (o.residual != nullptr) {
-    const float* residual = o.residual;
-    ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+  GemmAddBias(acc, bias, g.n, t, col0);
+  if (g.residual != isa::kNoTensor) {
+    const float* residual = m.ptr<float>(g.residual);
+    ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
         const float2 v = *reinterpret_cast<const float2*>(residual + at);
         acc.d[i] += v.x;
@@ -115,11 +107,11 @@ __device__ __forceinline__ void GemmStoreF32Tile(const GemmStoreTarget& o, GemmA
       }
     });
   }
-  if (o.epilogue == isa::kGemmStoreF32Relu) {
+  if (g.epilogue == isa::kGemmStoreF32Relu) {
 #pragma unroll
     for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
   }
-  ForEachGemmPair(o.m, o.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+  ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
     if (pairs) {
       *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);
     } else {
@@ -216,12 +208,34 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   }
 }
 
+using GemmSlab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
+
+// Slab s of a tile's K loop on warpgroup g's 64 rows, one slab in flight: issued; then slab s-1 is done and its
+// pages (per_slab of them) go back to the loader. GEMM's and CONV_GEMM's.
+__device__ __forceinline__ void GemmSlabStep(GemmAcc& acc, const GemmSlab& a, const GemmSlab& w, uint32_t warpgroup,
+                                             uint32_t s, uint32_t per_slab, ConsumerContext& ctx) {
+  tile::WgmmaFence();
+  tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
+  tile::WgmmaCommit();
+  if (s > 0) {
+    tile::WgmmaWait<1>();
+    ctx.ReleasePage();
+    if (per_slab == 2) ctx.ReleasePage();
+  }
+}
+// After the last slab: it is done, its pages go back.
+__device__ __forceinline__ void GemmSlabsDone(uint32_t per_slab, ConsumerContext& ctx) {
+  tile::WgmmaWait<0>();
+  ctx.ReleasePage();
+  if (per_slab == 2) ctx.ReleasePage();
+}
+
 // Inlined into the tensor-core variant of the consumer loop only (Consumers<true>), like everything there: a
 // function call anywhere in a kernel that issues wgmma makes ptxas serialise every wgmma of it (C7510), and
 // acc must stay in registers (fully unrolled indexing; never passed to a call), or ptxas serialises the wgmma
 // pipeline again (C7514).
 __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
-  using Slab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
+  using Slab = GemmSlab;
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
@@ -241,18 +255,9 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     const Slab a{first};
     const Slab w{per_slab == 1 ? first + isa::kGemmSlabBytes : ctx.WaitPage(next)};
     if (per_slab == 2) ++next;
-    tile::WgmmaFence();
-    tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
-    tile::WgmmaCommit();
-    if (s > 0) {  // slab s-1 is done: its pages go back to the loader
-      tile::WgmmaWait<1>();
-      ctx.ReleasePage();
-      if (per_slab == 2) ctx.ReleasePage();
-    }
+    GemmSlabStep(acc, a, w, warpgroup, s, per_slab, ctx);
   }
-  tile::WgmmaWait<0>();
-  ctx.ReleasePage();
-  if (per_slab == 2) ctx.ReleasePage();
+  GemmSlabsDone(per_slab, ctx);
 
   const isa::MachineView& m = ctx.machine;
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
@@ -275,9 +280,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     }
     return;
   }
-  GemmStoreF32Tile({m.ptr<float>(g.out), bias, g.residual != isa::kNoTensor ? m.ptr<float>(g.residual) : nullptr,
-                    g.epilogue, g.m, g.n, g.slab_begin},
-                   acc, t, row0, col0);
+  GemmStoreF32Tile(g, m, g.m, acc, t, row0, col0);
 }
 
 }  // namespace loom::megakernel
