@@ -319,8 +319,8 @@ enum KernelVariant : uint32_t {
   kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
-  if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE || op == Opcode::SOFTMAX ||
-      op == Opcode::NORM_ROWS || op == Opcode::DWCONV) {
+  if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE ||
+      op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;

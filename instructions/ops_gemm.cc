@@ -111,8 +111,8 @@ Footprint Cost(const GemmArgs& a, uint32_t) {
 // The patches are gathered from the input per K slab (reading each input element once per tap that covers it).
 Footprint Cost(const ConvGemmArgs& a, uint32_t) {
   const uint64_t slabs = ConvGemmSlabsOf(a).count;
-  return {slabs * kGemmSlabBytes, slabs * 2 * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, ConvGemmActivationBytes(),
-          2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+  return {slabs * kGemmSlabBytes, slabs * 2 * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN,
+          ConvGemmActivationBytes(), 2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
 }
 
 // The tile's patches rounded to bf16 as the device stores them, times the bf16 weight image, summed in f32.

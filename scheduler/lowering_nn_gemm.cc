@@ -63,8 +63,8 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   }
   uint32_t splits = 1;
   if (split) {
-    splits = std::min({(o_.num_sms() + tiles * siblings - 1) / (tiles * siblings), slabs / kMinSlabsPerSplit,
-                       kMaxKSplits});
+    // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
+    splits = std::min({o_.num_sms() / (tiles * siblings), slabs / kMinSlabsPerSplit, kMaxKSplits});
     const uint64_t elements = uint64_t{m} * n;
     // Into an operand image's stage (the GEMM then waits for one barrier, not two), else a stage of its own.
     const uint32_t init = a.conv || a.ready.empty() ? b_.Stage(absl::StrCat(e.ops, "/init")) : a.ready[0];

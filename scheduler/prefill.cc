@@ -207,8 +207,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     const StageRef stage = b.Stages(name, tiles_m, tiled_stage);
     const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmTiles(g.n), slabs = isa::GemmSlabs(g.k);
     uint32_t splits = 1;
-    if (g.residual == g.out && tiles < decode.num_sms()) {
-      splits = std::min({slabs, (decode.num_sms() + tiles - 1) / tiles, kMaxKSplits});
+    // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
+    if (g.residual == g.out && 2 * tiles <= decode.num_sms()) {
+      splits = std::min({slabs, decode.num_sms() / tiles, kMaxKSplits});
       g.epilogue = isa::kGemmAccumulateF32;
       g.residual = isa::kNoTensor;
     }

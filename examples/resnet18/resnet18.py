@@ -66,8 +66,8 @@ def main():
                     help="also time every distinct Conv2d of ResNet-18 alone: Loom's pass (CONV_GEMM, one launch) "
                          "against cuDNN (torch.nn.functional.conv2d, bf16, channels_last)")
     ap.add_argument("--im2col", action="store_true",
-                    help="also time Loom with the convolutions as IM2COL + GEMM (tools/bench_options/conv_im2col.pbtxt), "
-                         "the lowering before CONV_GEMM")
+                    help="also time Loom with the convolutions as IM2COL + GEMM "
+                         "(tools/bench_options/conv_im2col.pbtxt), the lowering before CONV_GEMM")
     ap.add_argument("--trace", action="store_true", help="print Loom's per-op trace summary of the whole network")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -4,7 +4,8 @@
 // consumers: consumer warpgroup g gathers the patches of its 64 rows for a K slab from the NHWC f32 input, rounds
 // them to bf16 and stores them swizzled there, then multiplies them with the W slab on wgmma. The gather is
 // asynchronous (cp.async into f32 stages in the activation slot, two slabs ahead of the conversion), so the copies
-// of slabs s + 1 and s + 2 fly while slab s's wgmma runs; one slab of wgmma stays in flight, as in GEMM. Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K).
+// of slabs s + 1 and s + 2 fly while slab s's wgmma runs; one slab of wgmma stays in flight, as in GEMM.
+// Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K).
 #pragma once
 
 #include <cuda_bf16.h>
