@@ -437,6 +437,51 @@ TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
   }
 }
 
+// POOL over NHWC f32: max, average and average counting the padding, strides, asymmetric padding, dilation, 3 to 64
+// channels, chunks of any start and count, windows gathered with every load in flight (up to 16 positions) and a
+// global window larger than that (the element-by-element path).
+TEST(GpuOpcodes, PoolWindowsAtSeveralShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    uint32_t n, h, w, c, kh, kw, stride, pad_top, pad_left, pad_bottom, pad_right, dilation, mode;
+  };
+  const std::vector<Case> cases = {
+      {2, 13, 11, 64, 3, 3, 2, 1, 1, 1, 1, 1, isa::kPoolMax},      {2, 13, 11, 64, 3, 3, 2, 1, 0, 0, 1, 1, isa::kPoolAvg},
+      {1, 10, 9, 16, 3, 2, 1, 1, 1, 1, 1, 1, isa::kPoolAvgIncludePad}, {1, 9, 9, 3, 3, 3, 1, 2, 2, 2, 2, 2, isa::kPoolMax},
+      {1, 8, 8, 16, 2, 2, 2, 0, 0, 0, 0, 1, isa::kPoolAvg},        {2, 7, 7, 32, 7, 7, 1, 0, 0, 0, 0, 1, isa::kPoolAvg},
+  };
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    const uint32_t seed = Seed();
+    OpBench b(seed);
+    isa::PoolArgs p{};
+    p.n = c.n, p.h = c.h, p.w = c.w, p.c = c.c, p.kh = c.kh, p.kw = c.kw, p.stride_h = p.stride_w = c.stride;
+    p.pad_top = c.pad_top, p.pad_left = c.pad_left, p.pad_bottom = c.pad_bottom, p.pad_right = c.pad_right;
+    p.dilation_h = p.dilation_w = c.dilation, p.mode = c.mode;
+    p.oh = (c.h + c.pad_top + c.pad_bottom - c.dilation * (c.kh - 1) - 1) / c.stride + 1;
+    p.ow = (c.w + c.pad_left + c.pad_right - c.dilation * (c.kw - 1) - 1) / c.stride + 1;
+    p.input = b.Arena(uint64_t{c.n} * c.h * c.w * c.c);
+    b.FillRandom(p.input, -2.0f, 2.0f);
+    const uint32_t outputs = p.n * p.oh * p.ow * p.c;
+    p.out = b.Output(outputs);
+    // Chunks of 192 outputs; the second split into 190 + 2 (counts and a start not a multiple of 4: one at a time).
+    std::vector<std::pair<uint32_t, uint32_t>> chunks;
+    for (uint32_t begin = 0; begin < outputs; begin += 192) chunks.emplace_back(begin, std::min(192u, outputs - begin));
+    if (chunks.size() > 2) {
+      chunks[1].second = 190;
+      chunks.insert(chunks.begin() + 2, {chunks[1].first + 190, 2});
+    }
+    std::vector<isa::Instruction> queue;
+    for (const auto& [begin, count] : chunks) {
+      p.begin = begin;
+      p.count = count;
+      queue.push_back(Make(isa::Opcode::POOL, p));
+    }
+    b.RunAndCompare(queue, absl::StrCat("POOL case ", ci, " (", p.oh, " x ", p.ow, " x ", c.c, ", mode ", c.mode,
+                                        ") seed ", seed));
+  }
+}
+
 // PACK_ROWS (f32 rows, optionally RMS-normalised, to the GEMM's bf16 operand image) then GEMM on it, the GEMM
 // waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K.
 TEST(GpuOpcodes, PackRowsThenGemm) {
