@@ -50,14 +50,18 @@ class TorchGatedConv:
         gated = F.silu(n @ self.w[p + "gate.weight"].T) * (n @ self.w[p + "up.weight"].T)
         return x + gated @ self.w[p + "down.weight"].T
 
+    def gate_inputs(self, x, p):
+        """Layer p's pre-norm and its u (the conv's input) and gate projections."""
+        n = self.rms(x, p + "norm1.weight")
+        return n @ self.w[p + "in_u.weight"].T, n @ self.w[p + "in_g.weight"].T
+
     def forward(self, tokens):
         """The whole sequence: logits [T, vocab] and each layer's state (its last K - 1 conv inputs)."""
         x = self.w["embed"][tokens]
         states = []
         for l in range(self.layers):
             p = f"layers.{l}."
-            n = self.rms(x, p + "norm1.weight")
-            u, g = n @ self.w[p + "in_u.weight"].T, n @ self.w[p + "in_g.weight"].T
+            u, g = self.gate_inputs(x, p)
             padded = F.pad(u.T[None], (self.k - 1, 0))  # [1, D, K - 1 + T], zeros before the sequence
             c = F.conv1d(padded, self.w[p + "conv.weight"][:, None, :], self.w[p + "conv.bias"],
                          groups=u.shape[1])[0].T
@@ -71,8 +75,7 @@ class TorchGatedConv:
         new_states = []
         for l in range(self.layers):
             p = f"layers.{l}."
-            n = self.rms(x, p + "norm1.weight")
-            u, g = n @ self.w[p + "in_u.weight"].T, n @ self.w[p + "in_g.weight"].T
+            u, g = self.gate_inputs(x, p)
             window = torch.cat([states[l], u.T], dim=1)  # [D, K]
             c = (window * self.w[p + "conv.weight"]).sum(-1)[None] + self.w[p + "conv.bias"]
             new_states.append(window[:, 1:])
