@@ -103,8 +103,8 @@ struct ConvGather {
                                                  uint32_t t) {
 #pragma unroll
     for (uint32_t j = 0; j < kRows; ++j) {
-      const float4* src = reinterpret_cast<const float4*>(stage + StageOffset(j, warpgroup, t));
-      const float4 lo = src[0], hi = src[1];
+      const uint32_t src = tile::SharedAddress(stage) + StageOffset(j, warpgroup, t);
+      const float4 lo = tile::LoadShared128(src), hi = tile::LoadShared128(src + 16);
       float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       uint32_t packed[4];
 #pragma unroll
@@ -115,10 +115,8 @@ struct ConvGather {
         packed[e] = *reinterpret_cast<const uint32_t*>(&pair);
       }
       const uint32_t row = warpgroup * 64 + t / 8 + 16 * j;
-      // No "memory" clobber: the values it stores order it after the loads, the proxy fence after it.
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
-                       slab + isa::SwizzledOffset<isa::Swizzle::k128B>(row, (t % 8) * 16)),
-                   "r"(packed[0]), "r"(packed[1]), "r"(packed[2]), "r"(packed[3]));
+      tile::StoreShared128(slab + isa::SwizzledOffset<isa::Swizzle::k128B>(row, (t % 8) * 16),
+                           make_uint4(packed[0], packed[1], packed[2], packed[3]));
     }
   }
 };

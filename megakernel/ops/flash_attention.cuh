@@ -76,7 +76,7 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   const uint32_t per_ring_page = FlashPagesPerRingPage(ctx.page_bytes);
   constexpr uint32_t kPageKeys = kFlashPageKeys;
   constexpr uint32_t kKBytes = isa::kFlashKeys * HD * 2;
-  static_assert(kPageKeys % 8 == 0, "Vᵀ stores take 8 keys of one page");
+  static_assert(kPageKeys % 8 == 0 && kPageKeys * 2 == 64, "Vᵀ stores take 8 keys of a page, half a Vᵀ row");
 
   const isa::MachineView& m = ctx.machine;
   const uint32_t wg = ctx.tid / 128, t = ctx.tid % 128;
@@ -96,15 +96,45 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   uint8_t* qbuf = slot + 2 * isa::FlashBufferBytes(HD) + wg * (HD / 64) * QSlab::kBytes;
   const uint32_t q_width = a.num_heads * HD;
   const float* q = m.ptr<float>(a.q) + a.head * HD;
-  for (uint32_t ch = t; ch < 64 * HD / 8; ch += 128) {
-    const uint32_t r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (row0 + r < a.rows) {
-      const float* src = q + static_cast<uint64_t>(row0 + r) * q_width + d0;
-      const float4 x0 = *reinterpret_cast<const float4*>(src), x1 = *reinterpret_cast<const float4*>(src + 4);
-      packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
+  {  // every load first (one round trip), then the packs and stores
+    constexpr uint32_t kChunks = 64 * HD / 8 / 128;  // 8 dims of a row per chunk
+    float4 x[kChunks][2];
+#pragma unroll
+    for (uint32_t i = 0; i < kChunks; ++i) {
+      const uint32_t ch = t + i * 128, r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+      x[i][0] = x[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row0 + r < a.rows) {
+        const float* src = q + static_cast<uint64_t>(row0 + r) * q_width + d0;
+        x[i][0] = *reinterpret_cast<const float4*>(src);
+        x[i][1] = *reinterpret_cast<const float4*>(src + 4);
+      }
     }
-    *reinterpret_cast<uint4*>(qbuf + isa::Swizzled128Offset(HD, 64, r, d0)) = packed;
+#pragma unroll
+    for (uint32_t i = 0; i < kChunks; ++i) {
+      const uint32_t ch = t + i * 128, r = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+      tile::StoreShared128(tile::SharedAddress(qbuf) + isa::Swizzled128Offset(HD, 64, r, d0),
+                           make_uint4(PackBf16(x[i][0].x, x[i][0].y), PackBf16(x[i][0].z, x[i][0].w),
+                                      PackBf16(x[i][1].x, x[i][1].y), PackBf16(x[i][1].z, x[i][1].w)));
+    }
+  }
+
+  // Each thread converts the same chunks of every key tile: their page and slab offsets, computed once. A K
+  // chunk is 8 dims of one key (two 16-byte loads, one 16-byte store); a V chunk 8 keys of one dim (eight 4-byte
+  // loads down a column, one 16-byte store into the Vᵀ row). Page p of a tile adds p * 32 rows to a K offset
+  // and flips bit 6 (chunk p * 4 of the 128-byte row) of a Vᵀ offset.
+  constexpr uint32_t kKChunks = kPageKeys * HD / 8 / kConsumerThreads;
+  constexpr uint32_t kVChunks = HD * kPageKeys / 8 / kConsumerThreads;
+  static_assert(kKChunks * kConsumerThreads * 8 == kPageKeys * HD && kVChunks == kKChunks && kPages == 2,
+                "whole chunks per thread; a page's keys are one half of the Vᵀ row");
+  uint32_t k_src[kKChunks], k_dst[kKChunks], v_src[kVChunks], v_dst[kVChunks];
+#pragma unroll
+  for (uint32_t c = 0; c < kKChunks; ++c) {
+    const uint32_t ch = ctx.tid + c * kConsumerThreads, key = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
+    k_src[c] = (key * HD + d0) * 4;
+    k_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0));
+    const uint32_t d = ch % HD, k_local = (ch / HD) * 8;
+    v_src[c] = (k_local * HD + d) * 4;
+    v_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(isa::kFlashKeys, HD, d, k_local));
   }
 
   const float log2_scale = a.scale * 1.4426950408889634f;  // exp(x * scale) = exp2(x * log2_scale)
@@ -115,34 +145,39 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
     uint8_t* kbuf = slot + (j % 2) * isa::FlashBufferBytes(HD);
     uint8_t* vbuf = kbuf + kKBytes;
     const uint32_t key0 = j * isa::kFlashKeys;
-    // K rows -> K slabs, 8 dims (16 bytes of bf16) per store.
-    const float* page = nullptr;
-    for (uint32_t p = 0; p < kPages; ++p) {
-      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
-      else page += kFlashPageStride / 4;
-      for (uint32_t ch = ctx.tid; ch < kPageKeys * HD / 8; ch += kConsumerThreads) {
-        const uint32_t key = p * kPageKeys + ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
-        uint4 packed = make_uint4(0, 0, 0, 0);
-        if (key0 + key < valid_keys) {
-          const float4 x0 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0);
-          const float4 x1 = *reinterpret_cast<const float4*>(page + (key - p * kPageKeys) * HD + d0 + 4);
-          packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
-        }
-        *reinterpret_cast<uint4*>(kbuf + isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0)) = packed;
+    // The last tile holds keys past valid_keys (and pages past max_seq that were never copied): zeros there.
+    const bool whole = key0 + isa::kFlashKeys <= valid_keys;
+    const uint32_t kb = tile::SharedAddress(kbuf), vb = tile::SharedAddress(vbuf);
+    uint32_t page = 0;
+    for (uint32_t p = 0; p < kPages; ++p) {  // K rows -> K slab
+      if (p % per_ring_page == 0) page = tile::SharedAddress(ctx.AcquirePage());
+      else page += kFlashPageStride;
+#pragma unroll
+      for (uint32_t c = 0; c < kKChunks; ++c) {
+        float4 x0 = tile::LoadShared128(page + k_src[c]), x1 = tile::LoadShared128(page + k_src[c] + 16);
+        const uint32_t key = p * kPageKeys + (ctx.tid + c * kConsumerThreads) / (HD / 8);
+        if (!whole && key0 + key >= valid_keys) x0 = x1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        tile::StoreShared128(kb + k_dst[c] + p * kPageKeys * 128,
+                             make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y),
+                                        PackBf16(x1.z, x1.w)));
       }
       if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
-    // V rows -> Vᵀ slab: 8 keys of one dim per store (threads of a warp take consecutive dims).
-    for (uint32_t p = 0; p < kPages; ++p) {
-      if (p % per_ring_page == 0) page = reinterpret_cast<const float*>(ctx.AcquirePage());
-      else page += kFlashPageStride / 4;
-      for (uint32_t ch = ctx.tid; ch < HD * kPageKeys / 8; ch += kConsumerThreads) {
-        const uint32_t d = ch % HD, k_local = (ch / HD) * 8, key = p * kPageKeys + k_local;
+    for (uint32_t p = 0; p < kPages; ++p) {  // V rows -> Vᵀ slab
+      if (p % per_ring_page == 0) page = tile::SharedAddress(ctx.AcquirePage());
+      else page += kFlashPageStride;
+#pragma unroll
+      for (uint32_t c = 0; c < kVChunks; ++c) {
         float v[8];
 #pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? page[(k_local + e) * HD + d] : 0.0f;
-        *reinterpret_cast<uint4*>(vbuf + isa::Swizzled128Offset(isa::kFlashKeys, HD, d, key)) =
-            make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]), PackBf16(v[4], v[5]), PackBf16(v[6], v[7]));
+        for (uint32_t e = 0; e < 8; ++e) v[e] = tile::LoadShared32(page + v_src[c] + e * HD * 4);
+        if (!whole) {
+          const uint32_t key = p * kPageKeys + ((ctx.tid + c * kConsumerThreads) / HD) * 8;
+#pragma unroll
+          for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? v[e] : 0.0f;
+        }
+        tile::StoreShared128(vb + (v_dst[c] ^ (p * 64)), make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]),
+                                                                  PackBf16(v[4], v[5]), PackBf16(v[6], v[7])));
       }
       if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }

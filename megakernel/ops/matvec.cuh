@@ -17,6 +17,7 @@
 
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/tile/smem_tile.cuh"
 
 namespace loom::megakernel {
 
@@ -86,7 +87,8 @@ __device__ __forceinline__ void StreamTileXInRegisters(const isa::MatvecArgs& a,
 #pragma unroll
     for (uint32_t s = 0; s < kSegs; ++s) {
       if (page_start + (warp_first + s) * kSegmentElems < tile_elems) {
-        w[s] = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+        w[s] = tile::LoadShared128Bits(tile::SharedAddress(page) +
+                                       ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
       }
     }
   };
@@ -167,7 +169,8 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint
           uint4 w[kSegs];
 #pragma unroll
           for (uint32_t s = 0; s < kSegs; ++s) {
-            w[s] = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+            w[s] = tile::LoadShared128Bits(tile::SharedAddress(page) +
+                                       ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
           }
           float dot[kSegs];
 #pragma unroll
@@ -282,7 +285,8 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     for (uint32_t s = 0; s < segments_per_warp; ++s) {
       const uint32_t e0 = warp_start + s * kSegmentElems;
       if (e0 >= page_end) break;
-      const uint4 w = *reinterpret_cast<const uint4*>(page + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
+      const uint4 w =
+          tile::LoadShared128Bits(tile::SharedAddress(page) + ((warp_first + s) * kSegmentElems + ctx.lane * 8) * 2);
       acc += Dot8(w, x + col + ctx.lane * 8);
       const uint32_t next = e0 + kSegmentElems;
       if (s + 1 == segments_per_warp || next >= page_end || (next >> slot_shift) != (e0 >> slot_shift)) {

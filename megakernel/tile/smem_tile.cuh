@@ -13,6 +13,29 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Loads and stores by shared-window address. A pointer into the dynamic shared memory that has passed through a
+// struct (a page, an activation slot) is generic to the compiler: ld / st through it are generic accesses, with
+// the longer latency of the global path's scoreboard. Volatile, so they stay in order with the mbarrier waits and
+// releases and the proxy fences around them (asm volatile statements are not reordered among themselves).
+__device__ __forceinline__ float4 LoadShared128(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint4 LoadShared128Bits(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float LoadShared32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void StoreShared128(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
 // kRows rows of Traits::kRowElems bf16 of K (one slab of K), swizzled; the base
 // is aligned to the swizzle atom (1024 bytes for 128B), which the hardware's
 // address-bit swizzle assumes.
