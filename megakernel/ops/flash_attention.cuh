@@ -204,8 +204,8 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
     }
     const tile::RowPair tile_max = tile::RowMax(s);
     const tile::RowPair m_new{{fmaxf(row_max.v[0], tile_max.v[0]), fmaxf(row_max.v[1], tile_max.v[1])}};
-    const tile::RowPair correction{{exp2f((row_max.v[0] - m_new.v[0]) * log2_scale),
-                                    exp2f((row_max.v[1] - m_new.v[1]) * log2_scale)}};
+    const tile::RowPair correction{{tile::Exp2Approx((row_max.v[0] - m_new.v[0]) * log2_scale),
+                                    tile::Exp2Approx((row_max.v[1] - m_new.v[1]) * log2_scale)}};
     tile::Exp2Rows(s, m_new, log2_scale);
     const tile::RowPair tile_sum = tile::RowSum(s);
     row_sum = {{row_sum.v[0] * correction.v[0] + tile_sum.v[0], row_sum.v[1] * correction.v[1] + tile_sum.v[1]}};
