@@ -33,12 +33,64 @@ __device__ __forceinline__ float PackRowScale(const isa::PackRowsArgs& a, const 
   return 1.0f / sqrtf(WarpSum(sum_sq) / static_cast<float>(a.k) + a.norm_eps);
 }
 
+// The RMSNorm of a row a warp holds in registers (k a multiple of 64 and at most 32 * kPackBatch chunks of 8, e.g.
+// hidden 2048): its x and weight chunks are loaded once, all before the sum of squares, so a row costs one round
+// trip instead of two (the sum's pass, then the scaled pass reading x again).
+__device__ __forceinline__ void PackNormRowsInRegisters(const isa::PackRowsArgs& a, const float* in,
+                                                        const __nv_bfloat16* w, uint8_t* image, uint32_t chunks,
+                                                        const ConsumerContext& ctx) {
+  for (uint32_t r = a.row_begin + ctx.warp; r < a.row_begin + a.rows; r += kConsumerWarps) {
+    const float4* x4 = reinterpret_cast<const float4*>(in + static_cast<uint64_t>(r) * a.k);
+    float4 lo[kPackBatch], hi[kPackBatch];
+    uint4 wq[kPackBatch];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (uint32_t b = 0; b < kPackBatch; ++b) {
+      const uint32_t ch = b * 32 + ctx.lane;
+      lo[b] = hi[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past m: zero rows
+      wq[b] = make_uint4(0, 0, 0, 0);
+      if (r < a.m && ch < chunks) {
+        lo[b] = x4[2 * ch];
+        hi[b] = x4[2 * ch + 1];
+        wq[b] = reinterpret_cast<const uint4*>(w)[ch];
+      }
+    }
+#pragma unroll
+    for (uint32_t b = 0; b < kPackBatch; ++b) {
+      sum_sq += lo[b].x * lo[b].x + lo[b].y * lo[b].y + lo[b].z * lo[b].z + lo[b].w * lo[b].w;
+      sum_sq += hi[b].x * hi[b].x + hi[b].y * hi[b].y + hi[b].z * hi[b].z + hi[b].w * hi[b].w;
+    }
+    const float scale = 1.0f / sqrtf(WarpSum(sum_sq) / static_cast<float>(a.k) + a.norm_eps);
+#pragma unroll
+    for (uint32_t b = 0; b < kPackBatch; ++b) {
+      const uint32_t ch = b * 32 + ctx.lane;
+      if (ch >= chunks) continue;
+      const float v[8] = {lo[b].x, lo[b].y, lo[b].z, lo[b].w, hi[b].x, hi[b].y, hi[b].z, hi[b].w};
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wq[b]);
+      uint32_t packed[4];
+#pragma unroll
+      for (uint32_t j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(w2[j]);
+        // the reference's order: (x * scale) * w
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j] * scale * f.x, v[2 * j + 1] * scale * f.y);
+        packed[j] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+      *reinterpret_cast<uint4*>(image + isa::Swizzled128Offset(a.k, isa::kGemmTileM, r, ch * 8)) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  }
+}
+
 __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* in = m.ptr<float>(a.input);
   uint8_t* image = m.ptr<uint8_t>(a.out);
   const __nv_bfloat16* w = a.norm_weight != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.norm_weight) : nullptr;
   const uint32_t chunks = isa::GemmSlabs(a.k) * isa::kGemmSlabK / 8;  // of the padded row
+  if (w != nullptr && a.k % isa::kGemmSlabK == 0 && chunks <= 32 * kPackBatch) {
+    PackNormRowsInRegisters(a, in, w, image, chunks, ctx);
+    return;
+  }
   const uint32_t first = a.row_begin, end = a.row_begin + a.rows;
   // Chunks of 8 whole columns inside k, 32-byte aligned (k % 8 == 0), load as two float4 and one uint4 of weights.
   const uint32_t vector_chunks = a.k % 8 == 0 ? a.k / 8 : 0;
