@@ -31,12 +31,14 @@ using prefill_internal::ParsePlan;
 
 using graph::OpDef;
 
-// Small enough that a stage of a short prompt still spreads over many SMs: a norm pack is one row per consumer
-// warp (its latency is one row's round trip; 16 rows, two per warp, took 0.25 ms longer at P = 128).
+// Small enough that a stage of a short prompt still spreads over many SMs. A norm pack of a short prompt is one row
+// per consumer warp (its latency one row's round trip), of a long one two (half the instructions, and enough of
+// them to fill the SMs). H100, TTFT ms at P = 128 / 512 / 2048, 8 rows: 2.34 / 3.32 / 11.67 and 2.19 / 3.32 /
+// 11.76; 16 rows: 2.21 / 3.40 / 11.60 and 2.23 / 3.38 / 11.62 (performance.md "Prefill").
 constexpr uint32_t kEmbedRowsPerInstruction = 4;
-constexpr uint32_t kPackRowsPerInstruction = 8;
+constexpr uint32_t kPackRowsShort = 8, kPackRowsLong = 16;
 constexpr uint32_t kMaxKSplits = 16;
-static_assert(isa::kGemmTileM % kPackRowsPerInstruction == 0);
+static_assert(isa::kGemmTileM % kPackRowsShort == 0 && isa::kGemmTileM % kPackRowsLong == 0);
 
 std::string Name(const std::string& prefix, const std::vector<std::string>& sources) {
   return absl::StrCat(prefix, absl::StrJoin(sources, "+"));
@@ -184,8 +186,8 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   const bool tiled = prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kOn ||
                      (prefill_options.row_tile_barriers == PrefillOptions::RowTileBarriers::kAuto &&
                       tiles_m <= kMaxRowTilesForTileBarriers);
-  static_assert(isa::kGemmTileM % kEmbedRowsPerInstruction == 0 && isa::kGemmTileM % kPackRowsPerInstruction == 0 &&
-                    isa::kGemmTileM == isa::kFlashRows,
+  const uint32_t pack_rows = tiles_m <= kMaxRowTilesForTileBarriers ? kPackRowsShort : kPackRowsLong;
+  static_assert(isa::kGemmTileM % kEmbedRowsPerInstruction == 0 && isa::kGemmTileM == isa::kFlashRows,
                 "instructions stay inside one 128-row tile");
   StageRef prev = b.Stages("embed", tiles_m, tiled);
   for (uint32_t r = 0; r < P; r += kEmbedRowsPerInstruction) {
@@ -195,8 +197,8 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   }
   auto pack = [&](const std::string& name, uint32_t norm, float eps, StageRef after) {
     const StageRef stage = b.Stages(name, tiles_m, tiled);
-    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += kPackRowsPerInstruction) {
-      isa::PackRowsArgs a{x, image_h, P, hidden, r, kPackRowsPerInstruction, norm, eps};
+    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += pack_rows) {
+      isa::PackRowsArgs a{x, image_h, P, hidden, r, pack_rows, norm, eps};
       b.Emit(isa::Opcode::PACK_ROWS, a, stage.Of(r / isa::kGemmTileM), after.Of(r / isa::kGemmTileM), name);
     }
     return stage;
