@@ -83,8 +83,9 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   const bool pairs = g.n % 2 == 0;
   // Adding into out: split-K's parts, or a residual that is out itself (out += A·Wᵀ + bias, the prefill's O- and
   // down-projections). One add per element either way, so the in-place sum is the one a load, an add and a store
-  // would give, bit for bit, without waiting a round trip for the loads: written as loads, the compiler ran them
-  // one at a time (gemm_bench --residual at 2048³: 0.062 ms against 0.040 without).
+  // would give (bit for bit, but that an atomic f32 add flushes subnormals), without waiting a round trip for the
+  // loads: written as loads, the compiler ran them one at a time (gemm_bench --residual at 2048³: 0.062 ms against
+  // 0.040 without).
   const bool in_place = g.epilogue == isa::kGemmStoreF32 && g.residual == g.out;
   if (g.epilogue == isa::kGemmAccumulateF32 || in_place) {
     if (in_place || g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
