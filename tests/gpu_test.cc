@@ -301,23 +301,30 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
 }
 
 // GEMM output tiles on wgmma, every tile of C at ragged M, N and K (zero padding in the swizzled images), with
-// and without bias and residual; the tiles of one C share an SM's page ring, so slabs of consecutive
-// instructions follow each other through it.
+// and without bias and residual, and with the residual being the output itself (added in place by reductions, as
+// the prefill's O- and down-projections run; odd N takes the scalar path); the tiles of one C share an SM's page
+// ring, so slabs of consecutive instructions follow each other through it.
 TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
   const std::vector<Case> cases = {{1, 64, 64},   {7, 100, 100},   {64, 128, 256}, {129, 300, 1000},
                                    {200, 130, 64}, {128, 256, 640}, {33, 17, 8},   {1000, 200, 320}};
+  enum Extras { kNone, kBiasAndResidual, kInPlace };
   for (const Case& c : cases) {
-    for (bool extras : {false, true}) {
+    for (Extras extras : {kNone, kBiasAndResidual, kInPlace}) {
       const uint32_t seed = Seed();
       OpBench b(seed);
       isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
-      if (extras) {
+      if (extras != kNone) {
         g.bias = b.Weight(c.n);
         b.FillRandom(g.bias);
+      }
+      if (extras == kBiasAndResidual) {
         g.residual = b.Arena(uint64_t{c.m} * c.n);
         b.FillRandom(g.residual);
+      } else if (extras == kInPlace) {
+        b.FillRandom(g.out);  // the residual stream it adds to
+        g.residual = g.out;
       }
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
@@ -327,7 +334,10 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
-      b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k, extras ? " bias+residual" : "",
+      b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k,
+                                          extras == kBiasAndResidual ? " bias+residual"
+                                          : extras == kInPlace       ? " bias+residual in place"
+                                                                     : "",
                                           " seed ", seed));
     }
   }
