@@ -87,6 +87,21 @@ __device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uin
       : "memory");
 }
 
+// The same, with an L2 cache policy (CreatePolicyEvictFirst: a stream read once should not push others' data out).
+__device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                 uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+          "r"(SmemAddress(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddress(bar)), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ uint64_t CreatePolicyEvictFirst() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // Per-thread asynchronous copies global -> shared (cp.async, through L2), `size` of `kBytes` bytes read and the
 // rest zero-filled (size 0: zeros, src not read); both addresses kBytes-aligned. They complete per thread, in
 // commit groups: CpAsyncWait<n> waits until at most n of this thread's groups are still in flight.

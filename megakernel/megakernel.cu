@@ -9,7 +9,7 @@
 //              runs ahead into the next instructions while consumers compute.
 //   warp 9     storer: once the consumers finish an instruction, makes its
 //              stores visible GPU-wide and signals its barrier, so the
-//              consumers move on without waiting for the fence.
+//              consumers move on without waiting for it.
 //   warp 10    controller: bulk-copies this SM's instructions, step after step,
 //              into the SMEM instruction ring; every other role reads them there.
 //   warp 11    activation loader: waits for each instruction's global barriers,
@@ -210,9 +210,11 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       if (p.skip_weight_loads) {
         MbarrierArrive(&s.full[ring.index]);
       } else {
+        // Evict-first: a MATVEC weight is read once per step, and the step's gigabytes of them would otherwise push
+        // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/performance.md).
         MbarrierArriveExpectTx(&s.full[ring.index], bytes);
         BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
-                         &s.full[ring.index]);
+                         &s.full[ring.index], CreatePolicyEvictFirst());
       }
       ++ring;
     }
@@ -351,10 +353,10 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
                  w.Where(p, sm, 0, signal_slot.index, kStuckSignalWait));
     const uint32_t signal = s.inst[w.slot.index].signal;  // consumers waited for the slot before handing it on
     MbarrierArrive(&s.inst_empty[w.slot.index]);
-    if (signal != isa::kNoBarrier) {
-      __threadfence();
-      AddRelease(p.counters + signal, 1);
-    }
+    // The release add alone publishes the consumers' stores: they precede it through the consumers' named barrier
+    // and the `done` mbarrier (release / acquire in the CTA), and a release is cumulative over what precedes it.
+    // (A __threadfence before it, a full SC fence, cost ~0.x us per barrier hop: docs/performance.md.)
+    if (signal != isa::kNoBarrier) AddRelease(p.counters + signal, 1);
     MbarrierArrive(&s.freed[signal_slot.index]);
     ++signal_slot;
   }
