@@ -53,12 +53,13 @@ inline constexpr uint32_t kScratchFloats = 64;
 static_assert(kInstructionReleases == 3 + kConsumerThreads);
 
 // One instruction, in %globaltimer nanoseconds: when the consumers reached it,
-// when its global waits were met and its activations loaded (never before
-// start), when it was done (after its signal).
+// when its global waits were met (never before start), when it was done
+// (after its signal), when its activations had landed in its slot.
 struct TraceEvent {
   uint64_t start;
   uint64_t ready;
   uint64_t end;
+  uint64_t landed;  // when the consumers had its activations (past the slot's copy; 0: not recorded)
 };
 
 struct KernelParams {

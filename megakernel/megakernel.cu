@@ -391,6 +391,8 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
     MbarrierWait(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
+    // Written now, not kept in a register across the opcode (the graph variant spills).
+    if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].landed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
@@ -446,7 +448,10 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
     if (tid == 0) {
       if (p.trace != nullptr) {
         const uint64_t ready = s.act_ready[act.index];
-        p.trace[static_cast<uint64_t>(w.local) * total + w.i] = {start, ready > start ? ready : start, GlobalTimer()};
+        TraceEvent& e = p.trace[static_cast<uint64_t>(w.local) * total + w.i];
+        e.start = start;
+        e.ready = ready > start ? ready : start;
+        e.end = GlobalTimer();
       }
       MbarrierWait(&s.freed[signal_slot.index], signal_slot.phase ^ 1u,
                    w.Where(p, sm, inst.opcode, signal_slot.index, kStuckSignalWait));

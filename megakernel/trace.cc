@@ -55,7 +55,8 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
                           {"ts", (e.start - origin) / 1e3},
                           {"dur", (e.end - e.start) / 1e3},
                           {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]},
-                                    {"wait_us", (e.ready - e.start) / 1e3}}}});
+                                    {"wait_us", (e.ready - e.start) / 1e3},
+                                    {"copy_us", e.landed > e.ready ? (e.landed - e.ready) / 1e3 : 0.0}}}});
         if (in.op_names != nullptr) events.back()["args"]["op"] = (*in.op_names)[sm][i - (*in.queue_begin)[sm]];
       }
     }
@@ -140,11 +141,11 @@ std::string StageSummary(const TraceInput& in) {
   const uint64_t total = in.queue_begin->back();
   const uint32_t sms = static_cast<uint32_t>(in.program->queues.size());
   struct Stage {
-    double busy_ns = 0, wait_ns = 0, span_ns = 0;
+    double busy_ns = 0, wait_ns = 0, copy_ns = 0, span_ns = 0, spread_ns = 0;
     int count = 0, spans = 0;
   };
   struct Window {
-    uint64_t first = UINT64_MAX, last = 0;
+    uint64_t first = UINT64_MAX, last = 0, first_end = UINT64_MAX;
   };
   std::vector<std::string> order;  // stages in the order they first appear
   std::map<std::string, Stage> stages;
@@ -160,10 +161,12 @@ std::string StageSummary(const TraceInput& in) {
         const uint64_t ready = std::max(e.ready, e.start);
         st.busy_ns += static_cast<double>(e.end - ready);
         st.wait_ns += static_cast<double>(ready - e.start);
+        if (e.landed > ready) st.copy_ns += static_cast<double>(e.landed - ready);
         ++st.count;
         for (Window* w : {&stage_windows[{step, layer, name}], &layer_windows[{step, layer}]}) {
           w->first = std::min(w->first, e.start);
           w->last = std::max(w->last, e.end);
+          w->first_end = std::min(w->first_end, e.end);
         }
       }
     }
@@ -171,16 +174,21 @@ std::string StageSummary(const TraceInput& in) {
   for (const auto& [key, w] : stage_windows) {
     Stage& st = stages[std::get<2>(key)];
     st.span_ns += static_cast<double>(w.last - w.first);
+    st.spread_ns += static_cast<double>(w.last - w.first_end);
     ++st.spans;
   }
   const double steps = std::max(1u, in.steps);
-  std::string out = "  per stage (layers summed; SM-us per step: computing after the waits were met, waiting for them; "
-                    "span: first start to last end, per layer):\n";
-  absl::StrAppendFormat(&out, "  %-22s %8s %12s %12s %12s\n", "stage", "count", "computing", "waiting", "span us");
+  std::string out =
+      "  per stage (layers summed; SM-us per step: computing after the waits were met (of it, the activation copy),\n"
+      "  waiting for them; per layer: span from first start to last end, spread from first end to last end):\n";
+  absl::StrAppendFormat(&out, "  %-22s %8s %12s %10s %12s %10s %10s\n", "stage", "count", "computing", "act copy",
+                        "waiting", "span us", "spread us");
   for (const std::string& name : order) {
     const Stage& st = stages[name];
-    absl::StrAppendFormat(&out, "  %-22s %8.0f %12.1f %12.1f %12.2f\n", name, st.count / steps, st.busy_ns / 1e3 / steps,
-                          st.wait_ns / 1e3 / steps, st.spans > 0 ? st.span_ns / 1e3 / st.spans : 0.0);
+    const double spans = std::max(1, st.spans);
+    absl::StrAppendFormat(&out, "  %-22s %8.0f %12.1f %10.1f %12.1f %10.2f %10.2f\n", name, st.count / steps,
+                          st.busy_ns / 1e3 / steps, st.copy_ns / 1e3 / steps, st.wait_ns / 1e3 / steps,
+                          st.span_ns / 1e3 / spans, st.spread_ns / 1e3 / spans);
   }
   double layer_ns = 0;
   int layers = 0;
