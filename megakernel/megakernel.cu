@@ -249,11 +249,8 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
   ActivationPlan plan;
   plan.bytes = isa::ActivationBytes(inst);
   switch (inst.op()) {
-    case isa::Opcode::MATVEC: {  // x[k]
-      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      plan.Copy(m.ptr<float>(a.input), 0, a.k * 4);
+    case isa::Opcode::MATVEC:  // x[k]: the consumers read it themselves (LoadMatvecInput), one round trip sooner
       break;
-    }
     case isa::Opcode::ATTN_PARTIAL: {  // q of the KV group's heads; the split's K and V rows when they fit
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
       const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim;

@@ -205,8 +205,20 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
   RotatePairAt(a, b, position, table[j], factor);
 }
 
-// The activation loader has bulk-copied the input into x (f32[k]). With the
-// RMSNorm prologue, x <- x * rsqrt(mean(x^2) + eps) * norm_weight, in place;
+// Reads the input (f32[n], 16-byte aligned) into the slot with cp.async through L2 (other SMs wrote it; the
+// activation loader's acquire of their barrier, handed on by the slot's mbarrier, orders it), no registers held.
+// One round trip: the activation loader's bulk copy, after the proxy fence it needs, took ~1.4 us from the waits
+// being met to the slot (docs/performance.md). Thread t copies float4 j = t + u * kConsumerThreads, as
+// NormalizeMatvecInput reads them, so after its own wait it reads its copies there without a barrier.
+__device__ __forceinline__ void LoadMatvecInput(const float* src, float* x, uint32_t n, uint32_t tid) {
+  const uint32_t n4 = n / 4;
+  for (uint32_t j = tid; j < n4; j += kConsumerThreads) CpAsync<16>(x + 4 * j, src + 4 * j, 16);
+  CpAsyncCommit();
+  for (uint32_t i = n4 * 4 + tid; i < n; i += kConsumerThreads) x[i] = __ldcg(src + i);  // (cp.async of 4 goes by L1)
+  CpAsyncWait<0>();
+}
+
+// x (f32[k]) is in the slot (LoadMatvecInput). With the RMSNorm prologue, x <- x * rsqrt(mean(x^2) + eps) * norm_weight, in place;
 // each thread touches the same float4s in both passes.
 __device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, ConsumerContext& ctx, float* x) {
   if (a.prologue != isa::kPrologueRmsNorm) return;
@@ -253,6 +265,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
 
+  LoadMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   NormalizeMatvecInput(a, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
