@@ -13,9 +13,9 @@
 //   warp 10    controller: bulk-copies this SM's instructions, step after step,
 //              into the SMEM instruction ring; every other role reads them there.
 //   warp 11    activation loader: waits for each instruction's global barriers,
-//              then bulk-copies its activations into its own activation slot (a
-//              range of the SM's activation ring), while the consumers still
-//              compute the instructions before.
+//              then gives it its own activation slot (a range of the SM's
+//              activation ring), while the consumers still compute the
+//              instructions before; they load its activations into the slot.
 //
 // Rings and who hands what to whom (all mbarriers, all (index, phase) states):
 //   instruction slot: controller -> (weight loader, activation loader,
@@ -54,7 +54,7 @@ struct SharedLayout {
   uint64_t* freed;       // [kSignalSlots] storer -> consumers: its signal is out, the slot is free
   uint64_t* inst_full;   // [kInstructionSlots] instruction copied in
   uint64_t* inst_empty;  // [kInstructionSlots] every role is done with it
-  uint64_t* act_full;    // [kMaxActivationSlots] waits met, activations copied in
+  uint64_t* act_full;    // [kMaxActivationSlots] waits met, the slot planned
   uint64_t* act_empty;   // [kMaxActivationSlots] consumers done with the slot
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
   uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
@@ -221,27 +221,13 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
-// What the activation loader puts in an instruction's activation slot (see
-// each opcode's layout in ops/): the slot's size and up to three bulk copies,
-// issued once the instruction's waits are met.
+// The activation slot an instruction gets once its waits are met (see each opcode's layout in ops/). The consumers
+// fill it themselves (cp.async through L2: one round trip, where a bulk copy here, after the proxy fence it needs,
+// took ~0.8 us longer from the waits to the slot; docs/performance.md).
 struct ActivationPlan {
-  static constexpr uint32_t kMaxCopies = 3;
-  uint32_t bytes = 0;  // slot size, a multiple of 16
-  uint32_t flags = 0;   // kActivationKv: ATTN_PARTIAL's K and V rows are in the slot
+  uint32_t bytes = 0;   // slot size, a multiple of 16
+  uint32_t flags = 0;   // kActivationKv: the slot has room for ATTN_PARTIAL's K and V rows
   uint32_t length = 0;  // ATTN_PARTIAL: the context length it read from the step state
-  uint32_t copies = 0;
-  const void* src[kMaxCopies];
-  uint32_t offset[kMaxCopies];  // in the slot
-  uint32_t size[kMaxCopies];
-  uint32_t tx = 0;  // bytes the copies bring
-
-  __device__ __forceinline__ void Copy(const void* from, uint64_t to, uint32_t n) {
-    if (n == 0) return;
-    src[copies] = from;
-    offset[copies] = static_cast<uint32_t>(to);
-    size[copies++] = n;
-    tx += n;
-  }
 };
 
 __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p) {
@@ -249,22 +235,15 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
   ActivationPlan plan;
   plan.bytes = isa::ActivationBytes(inst);
   switch (inst.op()) {
-    case isa::Opcode::MATVEC:  // x[k]: the consumers read it themselves (LoadMatvecInput), one round trip sooner
-      break;
-    case isa::Opcode::ATTN_PARTIAL: {  // q of the KV group's heads; the split's K and V rows when they fit
+    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit (the consumers load)
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-      const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim;
       plan.length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, &begin, &end);
-      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, hd, end - begin, true);
-      plan.Copy(m.ptr<float>(a.q) + a.kv_head * group * hd, 0, group * hd * 4);
+      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(a.num_heads / a.num_kv_heads, a.head_dim, end - begin, true);
       if (end > begin && kv.bytes <= p.activation_bytes) {
-        const uint64_t row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
         plan.bytes = static_cast<uint32_t>(kv.bytes);
         plan.flags = kActivationKv;
-        plan.Copy(m.ptr<float>(a.k_cache) + row, kv.k, (end - begin) * hd * 4);
-        plan.Copy(m.ptr<float>(a.v_cache) + row, kv.v, (end - begin) * hd * 4);
       }
       break;
     }
@@ -323,22 +302,14 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode);
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
-    // Planned after the waits: what ATTN_PARTIAL copies depends on this step's position.
+    // Planned after the waits: what ATTN_PARTIAL reads depends on this step's position.
     const ActivationPlan plan = PlanActivations(inst, p);
     const uint32_t slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                                   kStuckActivationWait));
     s.act_offset[slot] = ring.begin[slot];
     s.act_info[slot] = plan.flags | static_cast<uint64_t>(plan.length) << 32;
     s.act_ready[slot] = ready;
-    if (plan.tx > 0) {
-      FenceProxyAsyncGlobal();  // the producers' generic stores, acquired above, before the bulk reads
-      MbarrierArriveExpectTx(&s.act_full[slot], plan.tx);
-      for (uint32_t c = 0; c < plan.copies; ++c) {
-        BulkCopyToShared(s.act + ring.begin[slot] + plan.offset[c], plan.src[c], plan.size[c], &s.act_full[slot]);
-      }
-    } else {
-      MbarrierArrive(&s.act_full[slot]);
-    }
+    MbarrierArrive(&s.act_full[slot]);  // (release: the consumers' loads of what the waits acquired come after)
     MbarrierArrive(&s.inst_empty[w.slot.index]);
   }
 }

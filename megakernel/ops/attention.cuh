@@ -67,8 +67,9 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   isa::SplitRange(ctx.act_length, a.split, a.num_splits, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
   const uint32_t first_head = a.kv_head * group;
-  // q (the group's heads), and K and V rows when the flag says so, are already
-  // in the slot: the activation loader copied them.
+  // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
+  // here: cp.async through L2, after the activation loader waited for their producers (one round trip sooner than
+  // its proxy fence + bulk copies), V in a commit group of its own that the scores do not wait for.
   const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
   const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
   uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
@@ -80,6 +81,20 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
   const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
   const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
+  const float* q_src = m.ptr<float>(a.q) + first_head * hd;
+  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
+  for (uint32_t j = ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
+  for (uint32_t j = ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // Scores: a thread per (head, position), the positions of a head on consecutive lanes. A warp's lanes read K
   // rows hd floats apart, which all start in the same bank: each lane walks its row's 16-byte chunks from its own
   // offset (c + p) % (hd / 4), so 8 consecutive lanes hit 8 different bank groups (a float4 load then takes the
@@ -118,6 +133,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
       ml[(static_cast<uint64_t>(a.split) * a.num_heads + first_head + h) * 2 + 1] = l;
     }
   }
+  CpAsyncWait<0>();  // V
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // Output: a thread per (position group, dim), every head of the group (each V element read once).
   const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
