@@ -210,21 +210,44 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
 // One round trip: the activation loader's bulk copy, after the proxy fence it needs, took ~1.4 us from the waits
 // being met to the slot (docs/performance.md). Thread t copies float4 j = t + u * kConsumerThreads, as
 // NormalizeMatvecInput reads them, so after its own wait it reads its copies there without a barrier.
-__device__ __forceinline__ void LoadMatvecInput(const float* src, float* x, uint32_t n, uint32_t tid) {
+// Issued only: MatvecPrologue waits, after issuing its own loads.
+__device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uint32_t n, uint32_t tid) {
   const uint32_t n4 = n / 4;
   for (uint32_t j = tid; j < n4; j += kConsumerThreads) CpAsync<16>(x + 4 * j, src + 4 * j, 16);
   CpAsyncCommit();
   for (uint32_t i = n4 * 4 + tid; i < n; i += kConsumerThreads) x[i] = __ldcg(src + i);  // (cp.async of 4 goes by L1)
-  CpAsyncWait<0>();
 }
 
-// x (f32[k]) is in the slot (LoadMatvecInput). With the RMSNorm prologue, x <- x * rsqrt(mean(x^2) + eps) * norm_weight, in place;
-// each thread touches the same float4s in both passes.
-__device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, ConsumerContext& ctx, float* x) {
-  if (a.prologue != isa::kPrologueRmsNorm) return;
-  constexpr uint32_t kBatch = 8;  // loads in flight per thread
-  float4* x4 = reinterpret_cast<float4*>(x);
+// The RMSNorm prologue's weights, 4 bf16 per x float4: the first kNormBatch float4s of each thread are loaded
+// beside the input, in the same round trip; the rest (k > 4096) after the sum of squares.
+constexpr uint32_t kNormBatch = 4;
+__device__ __forceinline__ void LoadNormWeights(const uint2* w4, uint32_t base, uint32_t n4, uint32_t tid,
+                                                uint2 (&w)[kNormBatch]) {
+#pragma unroll
+  for (uint32_t u = 0; u < kNormBatch; ++u) {
+    const uint32_t j = base + u * kConsumerThreads + tid;
+    if (j < n4) w[u] = __ldg(w4 + j);  // a weight: constant for the kernel's lifetime
+  }
+}
+
+// x (f32[k]) into the slot, its padding zeroed, and with the RMSNorm prologue x <- x * rsqrt(mean(x^2) + eps) *
+// norm_weight in place; each thread touches the same float4s in every pass. The first residual row of the thread
+// (the residual-add epilogue's) is loaded in the same round trip and returned.
+__device__ __forceinline__ float MatvecPrologue(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx, float* x) {
+  const isa::MachineView& m = ctx.machine;
+  IssueMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
+  const bool norm = a.prologue == isa::kPrologueRmsNorm;
   const uint32_t n4 = a.k / 4;
+  const uint2* w4 = norm ? m.ptr<uint2>(a.norm_weight) : nullptr;
+  uint2 w[kNormBatch];
+  if (norm) LoadNormWeights(w4, 0, n4, ctx.tid, w);
+  const float residual = a.epilogue == isa::kEpilogueResidualAdd && ctx.tid < a.rows
+                             ? __ldcg(m.ptr<float>(a.residual) + a.row_begin + ctx.tid)
+                             : 0.0f;
+  CpAsyncWait<0>();
+  for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
+  if (!norm) return residual;
+  float4* x4 = reinterpret_cast<float4*>(x);
   float sum_sq = 0.0f;
   for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
     const float4 v = x4[j];
@@ -232,16 +255,10 @@ __device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, C
   }
   const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
   const float scale = 1.0f / sqrtf(total / static_cast<float>(a.k) + a.norm_eps);
-  const uint2* w4 = ctx.machine.ptr<uint2>(a.norm_weight);  // 4 bf16 per x float4
-  for (uint32_t base = 0; base < n4; base += kBatch * kConsumerThreads) {
-    uint2 w[kBatch];
+  for (uint32_t base = 0; base < n4; base += kNormBatch * kConsumerThreads) {
+    if (base > 0) LoadNormWeights(w4, base, n4, ctx.tid, w);
 #pragma unroll
-    for (uint32_t u = 0; u < kBatch; ++u) {
-      const uint32_t j = base + u * kConsumerThreads + ctx.tid;
-      if (j < n4) w[u] = __ldg(w4 + j);  // a weight: constant for the kernel's lifetime
-    }
-#pragma unroll
-    for (uint32_t u = 0; u < kBatch; ++u) {
+    for (uint32_t u = 0; u < kNormBatch; ++u) {
       const uint32_t j = base + u * kConsumerThreads + ctx.tid;
       if (j < n4) {
         const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[u].x));
@@ -255,6 +272,7 @@ __device__ __forceinline__ void NormalizeMatvecInput(const isa::MatvecArgs& a, C
       }
     }
   }
+  return residual;
 }
 
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
@@ -265,9 +283,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
 
-  LoadMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
-  for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
-  NormalizeMatvecInput(a, ctx, x);
+  const float first_residual = MatvecPrologue(a, k, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
   // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
@@ -330,7 +346,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     case isa::kEpilogueResidualAdd: {
       const float* residual = m.ptr<float>(a.residual);
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        out[a.row_begin + r] = residual[a.row_begin + r] + row_sum(r);
+        out[a.row_begin + r] = (r == ctx.tid ? first_residual : residual[a.row_begin + r]) + row_sum(r);
       }
       break;
     }
