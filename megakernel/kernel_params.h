@@ -54,12 +54,12 @@ static_assert(kInstructionReleases == 3 + kConsumerThreads);
 
 // One instruction, in %globaltimer nanoseconds: when the consumers reached it,
 // when its global waits were met (never before start), when it was done
-// (after its signal), when its activations had landed in its slot.
+// (after its signal), when the consumers held its activation slot.
 struct TraceEvent {
   uint64_t start;
   uint64_t ready;
   uint64_t end;
-  uint64_t landed;  // when the consumers had its activations (past the slot's copy; 0: not recorded)
+  uint64_t handed;  // past the slot's act_full mbarrier (0: not recorded); the consumers then load what they read
 };
 
 struct KernelParams {

@@ -240,7 +240,8 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       plan.length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, &begin, &end);
-      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(a.num_heads / a.num_kv_heads, a.head_dim, end - begin, true);
+      const uint32_t group = a.num_heads / a.num_kv_heads;
+      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
       if (end > begin && kv.bytes <= p.activation_bytes) {
         plan.bytes = static_cast<uint32_t>(kv.bytes);
         plan.flags = kActivationKv;
@@ -323,7 +324,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
     MbarrierArrive(&s.inst_empty[w.slot.index]);
     // The release add alone publishes the consumers' stores: they precede it through the consumers' named barrier
     // and the `done` mbarrier (release / acquire in the CTA), and a release is cumulative over what precedes it.
-    // (A __threadfence before it, a full SC fence, cost ~0.x us per barrier hop: docs/performance.md.)
+    // (A __threadfence before it made every barrier hop ~0.5 us longer: docs/performance.md "Tenth session".)
     if (signal != isa::kNoBarrier) AddRelease(p.counters + signal, 1);
     MbarrierArrive(&s.freed[signal_slot.index]);
     ++signal_slot;
@@ -360,7 +361,7 @@ __device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t
     const isa::Instruction& inst = s.inst[w.slot.index];
     MbarrierWait(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
     // Written now, not kept in a register across the opcode (the graph variant spills).
-    if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].landed = GlobalTimer();
+    if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);

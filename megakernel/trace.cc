@@ -56,7 +56,7 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
                           {"dur", (e.end - e.start) / 1e3},
                           {"args", {{"step", step}, {"index", i - (*in.queue_begin)[sm]},
                                     {"wait_us", (e.ready - e.start) / 1e3},
-                                    {"copy_us", e.landed > e.ready ? (e.landed - e.ready) / 1e3 : 0.0}}}});
+                                    {"handoff_us", e.handed > e.ready ? (e.handed - e.ready) / 1e3 : 0.0}}}});
         if (in.op_names != nullptr) events.back()["args"]["op"] = (*in.op_names)[sm][i - (*in.queue_begin)[sm]];
       }
     }
@@ -141,7 +141,7 @@ std::string StageSummary(const TraceInput& in) {
   const uint64_t total = in.queue_begin->back();
   const uint32_t sms = static_cast<uint32_t>(in.program->queues.size());
   struct Stage {
-    double busy_ns = 0, wait_ns = 0, copy_ns = 0, span_ns = 0, spread_ns = 0;
+    double busy_ns = 0, wait_ns = 0, handoff_ns = 0, span_ns = 0, spread_ns = 0;
     int count = 0, spans = 0;
   };
   struct Window {
@@ -161,7 +161,7 @@ std::string StageSummary(const TraceInput& in) {
         const uint64_t ready = std::max(e.ready, e.start);
         st.busy_ns += static_cast<double>(e.end - ready);
         st.wait_ns += static_cast<double>(ready - e.start);
-        if (e.landed > ready) st.copy_ns += static_cast<double>(e.landed - ready);
+        if (e.handed > ready) st.handoff_ns += static_cast<double>(e.handed - ready);
         ++st.count;
         for (Window* w : {&stage_windows[{step, layer, name}], &layer_windows[{step, layer}]}) {
           w->first = std::min(w->first, e.start);
@@ -179,15 +179,16 @@ std::string StageSummary(const TraceInput& in) {
   }
   const double steps = std::max(1u, in.steps);
   std::string out =
-      "  per stage (layers summed; SM-us per step: computing after the waits were met (of it, the activation copy),\n"
-      "  waiting for them; per layer: span from first start to last end, spread from first end to last end):\n";
-  absl::StrAppendFormat(&out, "  %-22s %8s %12s %10s %12s %10s %10s\n", "stage", "count", "computing", "act copy",
+      "  per stage (layers summed; SM-us per step: computing after the waits were met (of it, the hand-off of the\n"
+      "  activation slot to the consumers), waiting for them; per layer: span from first start to last end, spread\n"
+      "  from first end to last end):\n";
+  absl::StrAppendFormat(&out, "  %-22s %8s %12s %10s %12s %10s %10s\n", "stage", "count", "computing", "hand-off",
                         "waiting", "span us", "spread us");
   for (const std::string& name : order) {
     const Stage& st = stages[name];
     const double spans = std::max(1, st.spans);
     absl::StrAppendFormat(&out, "  %-22s %8.0f %12.1f %10.1f %12.1f %10.2f %10.2f\n", name, st.count / steps,
-                          st.busy_ns / 1e3 / steps, st.copy_ns / 1e3 / steps, st.wait_ns / 1e3 / steps,
+                          st.busy_ns / 1e3 / steps, st.handoff_ns / 1e3 / steps, st.wait_ns / 1e3 / steps,
                           st.span_ns / 1e3 / spans, st.spread_ns / 1e3 / spans);
   }
   double layer_ns = 0;

@@ -29,17 +29,21 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
   std::vector<TraceEvent> events;
   for (uint64_t l = 0; l < 2; ++l) {
     events.push_back({1000 * l, 1000 * l + 100, 1000 * l + 300, 1000 * l + 150});
-    events.push_back({1000 * l + 300, 1000 * l + 350, 1000 * l + 500, 0});  // landed not recorded
+    events.push_back({1000 * l + 300, 1000 * l + 350, 1000 * l + 500, 0});  // hand-off not recorded
   }
   const std::vector<std::vector<std::string>> ops = {{"layers.0.qkv", "layers.0.attn,layers.0.out"},
                                                      {"layers.1.qkv", "layers.1.attn,layers.1.out"}};
   TraceInput in{&program, &queue_begin, &events, 1, 0, &ops};
   const std::string s = StageSummary(in);
-  // qkv: 2 instructions, 400 ns computing (100 of it the activation copy), 200 waiting, 300 ns span per layer, one
-  // instruction per layer so no spread; attn (a fused instruction's names, each without its layer): 300 / 0 / 100 /
-  // 200.
-  EXPECT_NE(s.find("qkv                           2          0.4        0.1          0.2       0.30       0.00"), std::string::npos) << s;
-  EXPECT_NE(s.find("attn,out                      2          0.3        0.0          0.1       0.20       0.00"), std::string::npos) << s;
+  // qkv: 2 instructions, 400 ns computing (100 of it the hand-off to the consumers), 200 waiting, 300 ns span per
+  // layer, one instruction per layer so no spread; attn (a fused instruction's names, each without its layer): 300 /
+  // 0 / 100 / 200.
+  EXPECT_NE(s.find("qkv                           2          0.4        0.1          0.2       0.30       0.00"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("attn,out                      2          0.3        0.0          0.1       0.20       0.00"),
+            std::string::npos)
+      << s;
   EXPECT_NE(s.find("a layer spans 0.50 us on average"), std::string::npos) << s;
   EXPECT_LT(s.find("qkv"), s.find("attn"));  // in the order they first appear
   const std::string full = TraceSummary(in);
