@@ -209,13 +209,16 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
 
 absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events,
                                              const char* what) {
-  if (trace_events > 0 && trace_capacity_ < trace_events) {
+  // The trace, then each block's %smid (a few events' room).
+  const uint64_t smid_events = (num_sms() * sizeof(uint32_t) + sizeof(TraceEvent) - 1) / sizeof(TraceEvent);
+  if (trace_events > 0 && trace_capacity_ < trace_events + smid_events) {
     cudaFree(trace_device_);
     trace_device_ = nullptr;
-    LOOM_CUDA(cudaMalloc(&trace_device_, trace_events * sizeof(TraceEvent)), "allocating the trace");
-    trace_capacity_ = trace_events;
+    LOOM_CUDA(cudaMalloc(&trace_device_, (trace_events + smid_events) * sizeof(TraceEvent)), "allocating the trace");
+    trace_capacity_ = trace_events + smid_events;
   }
   params.trace = trace_events > 0 ? trace_device_ : nullptr;
+  params.smids = trace_events > 0 ? reinterpret_cast<uint32_t*>(trace_device_ + trace_events) : nullptr;
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
   params.error = error_device;
@@ -236,6 +239,9 @@ absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t sme
   if (trace_events > 0) {
     trace_.resize(trace_events);
     LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
+              "reading the trace");
+    smids_.resize(num_sms());
+    LOOM_CUDA(cudaMemcpy(smids_.data(), params.smids, smids_.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
               "reading the trace");
   }
   return ms;

@@ -72,6 +72,8 @@ class GpuMachine {
   // Per instruction of the last traced run: [step][concatenated queue index].
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const std::vector<uint32_t>& queue_begin() const { return queue_begin_; }
+  // Per block of the last traced run: the SM (%smid) it ran on.
+  const std::vector<uint32_t>& smids() const { return smids_; }
   // The queue offsets of the last traced RunOnce.
   const std::vector<uint32_t>& queue_begin_other() const { return queue_begin_other_; }
   uint32_t num_sms() const { return static_cast<uint32_t>(program_.queues.size()); }
@@ -106,6 +108,7 @@ class GpuMachine {
   uint64_t trace_capacity_ = 0;
   DeviceError* error_ = nullptr;  // mapped host memory
   std::vector<TraceEvent> trace_;
+  std::vector<uint32_t> smids_;
 };
 
 // Why a program cannot run on the megakernel as built (k not a multiple of 256, ...), or OK.

@@ -81,6 +81,7 @@ struct KernelParams {
   // (decode programs run the one without the tensor-core opcodes, which keeps their registers free of spills).
   uint32_t kernel_variant;
   TraceEvent* trace;  // [num_steps][total instructions], or null
+  uint32_t* smids;    // with the trace: [block] the %smid each block ran on
   DeviceError* error; // mapped host memory, or null
 };
 

@@ -439,6 +439,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
   const SharedLayout s = Carve(smem, p);
   const uint32_t warp = threadIdx.x / 32;
   const uint32_t sm = blockIdx.x;
+  if (p.smids != nullptr && threadIdx.x == 0) {
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    p.smids[sm] = smid;
+  }
   if (threadIdx.x == 0) {
     for (uint32_t i = 0; i < p.num_pages; ++i) {
       MbarrierInit(&s.full[i], 1);

@@ -50,12 +50,12 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// Every SM streams its share of the packed weights through MATVEC tiles
-// (k = 2048) with no waits: the interpreter's streaming rate with no
-// dependencies in the way. With `skip_loads`, pages are not loaded at all: the
-// rate the consumers can take pages at.
-absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s, bool skip_loads) {
-  constexpr uint32_t kK = 2048, kTileRows = 1024;
+constexpr uint32_t kStreamK = 2048;
+
+// Every SM streams its share of the packed weights through MATVEC tiles (k = 2048) with no waits.
+absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> StreamMachine(const std::vector<uint8_t>& packed,
+                                                                     const scheduler::Schedule& s) {
+  constexpr uint32_t kK = kStreamK, kTileRows = 1024;
   const uint64_t rows_total = packed.size() / (2 * kK);
   megakernel::GpuProgram p;
   p.tensors.push_back({0, rows_total * kK * 2, isa::kWeightRegion, graph::BF16});
@@ -90,6 +90,14 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
   std::mt19937 rng(1);
   for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   if (absl::Status st = (*m)->WriteArena(0, x.data(), kK * 4); !st.ok()) return st;
+  return m;
+}
+
+// The interpreter's streaming rate with no dependencies in the way. With `skip_loads`, pages are not loaded at all:
+// the rate the consumers can take pages at.
+absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s, bool skip_loads) {
+  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = StreamMachine(packed, s);
+  if (!m.ok()) return m.status();
   (*m)->SetSkipWeightLoads(skip_loads);
   std::vector<float> ms;
   for (int r = 0; r < 7; ++r) {
@@ -99,6 +107,54 @@ absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const sc
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// Per SM, the same streaming traced: how fast each SM streams its equal share while all stream at once, and on which
+// SM (%smid) each block ran, in 3 launches. Decode stages wait for their slowest SM (docs/performance.md).
+absl::Status PrintPerSmStreaming(const std::vector<uint8_t>& packed, const scheduler::Schedule& s) {
+  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = StreamMachine(packed, s);
+  if (!m.ok()) return m.status();
+  if (absl::StatusOr<float> t = (*m)->Run(1, false); !t.ok()) return t.status();  // warm-up
+  const uint32_t sms = (*m)->num_sms();
+  const uint64_t rows_total = packed.size() / (2 * kStreamK), per_sm = (rows_total + sms - 1) / sms;
+  std::vector<std::vector<double>> gbps(sms);
+  std::vector<std::vector<uint32_t>> smids;
+  for (int launch = 0; launch < 3; ++launch) {
+    if (absl::StatusOr<float> t = (*m)->Run(1, true); !t.ok()) return t.status();
+    const std::vector<megakernel::TraceEvent>& trace = (*m)->trace();
+    const std::vector<uint32_t>& begin = (*m)->queue_begin();
+    for (uint32_t b = 0; b < sms; ++b) {
+      if (begin[b + 1] == begin[b]) continue;
+      const uint64_t first = trace[begin[b]].start, last = trace[begin[b + 1] - 1].end;
+      const uint64_t rows = std::min(rows_total, (b + 1) * per_sm) - b * per_sm;  // as StreamMachine splits them
+      if (last > first) gbps[b].push_back(static_cast<double>(rows * kStreamK * 2) / static_cast<double>(last - first));
+    }
+    smids.push_back((*m)->smids());
+  }
+  std::vector<std::pair<double, uint32_t>> rate;  // median GB/s, block
+  for (uint32_t b = 0; b < sms; ++b) {
+    if (gbps[b].empty()) continue;
+    std::sort(gbps[b].begin(), gbps[b].end());
+    rate.push_back({gbps[b][gbps[b].size() / 2], b});
+  }
+  if (rate.empty()) return absl::OkStatus();
+  std::sort(rate.begin(), rate.end());
+  bool identity = true;
+  for (uint32_t b = 0; b < sms; ++b) identity = identity && smids[0][b] == b;
+  const bool stable = smids[1] == smids[0] && smids[2] == smids[0];
+  std::printf("per-SM streaming (the same tiles traced, all SMs at once): min %.1f, median "
+              "%.1f, max %.1f GB/s\n  slowest blocks (SM):",
+              rate.front().first, rate[rate.size() / 2].first, rate.back().first);
+  for (size_t i = 0; i < std::min<size_t>(8, rate.size()); ++i) {
+    std::printf(" %u (%u) %.1f", rate[i].second, smids[0][rate[i].second], rate[i].first);
+  }
+  std::printf("\n  fastest blocks (SM):");
+  for (size_t i = rate.size() - std::min<size_t>(8, rate.size()); i < rate.size(); ++i) {
+    std::printf(" %u (%u) %.1f", rate[i].second, smids[0][rate[i].second], rate[i].first);
+  }
+  std::printf("\n  block -> SM the same in 3 launches: %s; block index == SM id: %s\n", stable ? "yes" : "no",
+              identity ? "yes" : "no");
+  return absl::OkStatus();
 }
 
 // One model's line of the sweep.
@@ -135,6 +191,7 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   if (!stream_ms.ok()) return stream_ms.status();
   absl::StatusOr<double> consume_ms = StreamOnlyMs(*packed, *s, true);
   if (!consume_ms.ok()) return consume_ms.status();
+  if (absl::Status st = PrintPerSmStreaming(*packed, *s); !st.ok()) return st;
   packed->clear();
   packed->shrink_to_fit();
   model->weights.clear();  // on the GPU now
