@@ -95,41 +95,37 @@ absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> StreamMachine(const std:
 
 // The interpreter's streaming rate with no dependencies in the way. With `skip_loads`, pages are not loaded at all:
 // the rate the consumers can take pages at.
-absl::StatusOr<double> StreamOnlyMs(const std::vector<uint8_t>& packed, const scheduler::Schedule& s, bool skip_loads) {
-  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = StreamMachine(packed, s);
-  if (!m.ok()) return m.status();
-  (*m)->SetSkipWeightLoads(skip_loads);
+absl::StatusOr<double> StreamOnlyMs(megakernel::GpuMachine& m, bool skip_loads) {
+  m.SetSkipWeightLoads(skip_loads);
   std::vector<float> ms;
   for (int r = 0; r < 7; ++r) {
-    absl::StatusOr<float> t = (*m)->Run(1, false);
+    absl::StatusOr<float> t = m.Run(1, false);
     if (!t.ok()) return t.status();
     if (r >= 2) ms.push_back(*t);
   }
+  m.SetSkipWeightLoads(false);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
 
 // Per SM, the same streaming traced: how fast each SM streams its equal share while all stream at once, and on which
 // SM (%smid) each block ran, in 3 launches. Decode stages wait for their slowest SM (docs/performance.md).
-absl::Status PrintPerSmStreaming(const std::vector<uint8_t>& packed, const scheduler::Schedule& s) {
-  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = StreamMachine(packed, s);
-  if (!m.ok()) return m.status();
-  if (absl::StatusOr<float> t = (*m)->Run(1, false); !t.ok()) return t.status();  // warm-up
-  const uint32_t sms = (*m)->num_sms();
-  const uint64_t rows_total = packed.size() / (2 * kStreamK), per_sm = (rows_total + sms - 1) / sms;
+absl::Status PrintPerSmStreaming(megakernel::GpuMachine& m, uint64_t packed_bytes) {  // m: a StreamMachine
+  const uint32_t sms = m.num_sms();
+  const uint64_t rows_total = packed_bytes / (2 * kStreamK), per_sm = (rows_total + sms - 1) / sms;
   std::vector<std::vector<double>> gbps(sms);
   std::vector<std::vector<uint32_t>> smids;
   for (int launch = 0; launch < 3; ++launch) {
-    if (absl::StatusOr<float> t = (*m)->Run(1, true); !t.ok()) return t.status();
-    const std::vector<megakernel::TraceEvent>& trace = (*m)->trace();
-    const std::vector<uint32_t>& begin = (*m)->queue_begin();
+    if (absl::StatusOr<float> t = m.Run(1, true); !t.ok()) return t.status();
+    const std::vector<megakernel::TraceEvent>& trace = m.trace();
+    const std::vector<uint32_t>& begin = m.queue_begin();
     for (uint32_t b = 0; b < sms; ++b) {
       if (begin[b + 1] == begin[b]) continue;
       const uint64_t first = trace[begin[b]].start, last = trace[begin[b + 1] - 1].end;
       const uint64_t rows = std::min(rows_total, (b + 1) * per_sm) - b * per_sm;  // as StreamMachine splits them
       if (last > first) gbps[b].push_back(static_cast<double>(rows * kStreamK * 2) / static_cast<double>(last - first));
     }
-    smids.push_back((*m)->smids());
+    smids.push_back(m.smids());
   }
   std::vector<std::pair<double, uint32_t>> rate;  // median GB/s, block
   for (uint32_t b = 0; b < sms; ++b) {
@@ -187,11 +183,14 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
   if (!packed.ok()) return packed.status();
-  absl::StatusOr<double> stream_ms = StreamOnlyMs(*packed, *s, false);
+  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> stream = StreamMachine(*packed, *s);
+  if (!stream.ok()) return stream.status();
+  absl::StatusOr<double> stream_ms = StreamOnlyMs(**stream, false);
   if (!stream_ms.ok()) return stream_ms.status();
-  absl::StatusOr<double> consume_ms = StreamOnlyMs(*packed, *s, true);
+  absl::StatusOr<double> consume_ms = StreamOnlyMs(**stream, true);
   if (!consume_ms.ok()) return consume_ms.status();
-  if (absl::Status st = PrintPerSmStreaming(*packed, *s); !st.ok()) return st;
+  if (absl::Status st = PrintPerSmStreaming(**stream, packed->size()); !st.ok()) return st;
+  stream->reset();
   packed->clear();
   packed->shrink_to_fit();
   model->weights.clear();  // on the GPU now
