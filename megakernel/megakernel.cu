@@ -335,7 +335,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 // the general-graph ones too. The tensor-core ones need many accumulator registers, and in the same consumer loop
 // they push the decode opcodes into spills; decode programs run the variant without them.
 template <uint32_t kVariant>
-__device__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
+__device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};

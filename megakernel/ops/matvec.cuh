@@ -230,10 +230,67 @@ __device__ __forceinline__ void LoadNormWeights(const uint2* w4, uint32_t base, 
   }
 }
 
+// What the epilogue reads from global memory for this thread's first row (or row pair), loaded in the prologue's
+// round trip: once the tile streams, this SM's in-flight weight pages are ahead of any load on its way in, and a
+// load issued in the epilogue waited ~2-4 us for them (docs/performance.md "Eleventh session").
+struct MatvecEpilogueInputs {
+  float* out;
+  float bias0 = 0.0f, bias1 = 0.0f;  // bias of the first row (pair)
+  float residual = 0.0f;             // kEpilogueResidualAdd: the first row's residual
+  // kEpilogueRopeKvAppend, the first pair: where its two values go (q's output row or the K / V cache row at this
+  // step's position), and its rotation (cos and sin already scaled by the table's factor).
+  float* row_out = nullptr;
+  float cos = 1.0f, sin = 0.0f;
+};
+
+// The thread's first row (or pair, for epilogues on row pairs).
+__device__ __forceinline__ uint32_t FirstEpilogueRow(const isa::MatvecArgs& a, uint32_t tid) {
+  return a.epilogue == isa::kEpilogueSiluMul || a.epilogue == isa::kEpilogueRopeKvAppend ? 2 * tid : tid;
+}
+
+// Issues the epilogue's loads (see MatvecEpilogueInputs); their values are used after the prologue's wait.
+__device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::MatvecArgs& a, const ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  MatvecEpilogueInputs in;
+  in.out = m.ptr<float>(a.out);
+  const uint32_t r = FirstEpilogueRow(a, ctx.tid);
+  if (r >= a.rows) return in;
+  if (a.bias != isa::kNoTensor) {
+    const __nv_bfloat16* bias = m.ptr<__nv_bfloat16>(a.bias) + a.row_begin + r;
+    in.bias0 = __bfloat162float(bias[0]);
+    if (r + 1 < a.rows) in.bias1 = __bfloat162float(bias[1]);
+  }
+  if (a.epilogue == isa::kEpilogueResidualAdd) in.residual = __ldcg(m.ptr<float>(a.residual) + a.row_begin + r);
+  return in;
+}
+
+// RoPE's row pair: where its values go and its rotation, worked out beside the input's load (the epilogue issues
+// no load for it). The same arithmetic as RotatePairAt.
+__device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const ConsumerContext& ctx, uint32_t r,
+                                               MatvecEpilogueInputs* in) {
+  const isa::MachineView& m = ctx.machine;
+  const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
+  const int32_t pos = __ldcg(m.ptr<int32_t>(a.step_state) + isa::kStatePosition);
+  if (row.kind == isa::kQkvQ) {
+    in->row_out = in->out + row.head * a.head_dim;
+  } else {
+    in->row_out = m.ptr<float>(row.kind == isa::kQkvK ? a.k_cache : a.v_cache) +
+                  (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+  }
+  if (row.kind == isa::kQkvV) return;
+  const float* table = m.ptr<float>(a.rope_table);
+  const float angle = static_cast<float>(pos) * table[row.dim], factor = table[a.head_dim / 2];
+  float s, c;
+  sincosf(angle, &s, &c);
+  in->sin = s * factor;
+  in->cos = c * factor;
+}
+
 // x (f32[k]) into the slot, its padding zeroed, and with the RMSNorm prologue x <- x * rsqrt(mean(x^2) + eps) *
-// norm_weight in place; each thread touches the same float4s in every pass. The first residual row of the thread
-// (the residual-add epilogue's) is loaded in the same round trip and returned.
-__device__ __forceinline__ float MatvecPrologue(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx, float* x) {
+// norm_weight in place; each thread touches the same float4s in every pass. The epilogue's inputs are loaded in the
+// same round trip and returned.
+__device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::MatvecArgs& a, uint32_t k,
+                                                               ConsumerContext& ctx, float* x) {
   const isa::MachineView& m = ctx.machine;
   IssueMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
   const bool norm = a.prologue == isa::kPrologueRmsNorm;
@@ -241,12 +298,11 @@ __device__ __forceinline__ float MatvecPrologue(const isa::MatvecArgs& a, uint32
   const uint2* w4 = norm ? m.ptr<uint2>(a.norm_weight) : nullptr;
   uint2 w[kNormBatch];
   if (norm) LoadNormWeights(w4, 0, n4, ctx.tid, w);
-  const float residual = a.epilogue == isa::kEpilogueResidualAdd && ctx.tid < a.rows
-                             ? __ldcg(m.ptr<float>(a.residual) + a.row_begin + ctx.tid)
-                             : 0.0f;
+  MatvecEpilogueInputs epilogue = LoadEpilogueInputs(a, ctx);
+  if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &epilogue);
   CpAsyncWait<0>();
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
-  if (!norm) return residual;
+  if (!norm) return epilogue;
   float4* x4 = reinterpret_cast<float4*>(x);
   float sum_sq = 0.0f;
   for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
@@ -272,7 +328,7 @@ __device__ __forceinline__ float MatvecPrologue(const isa::MatvecArgs& a, uint32
       }
     }
   }
-  return residual;
+  return epilogue;
 }
 
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
@@ -283,7 +339,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   const uint32_t slots_per_row = k / slot_elems;
   float* partial = x + k;
 
-  const float first_residual = MatvecPrologue(a, k, ctx, x);
+  const MatvecEpilogueInputs in = MatvecPrologue(a, k, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
   // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
@@ -331,22 +387,29 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
-  // Epilogue: each thread sums the slots of its row (or row pair), adds the bias and finishes it.
+  // Epilogue: each thread sums the slots of its row (or row pair), adds the bias and finishes it. The first row's
+  // inputs were loaded in the prologue; later rows (tiles of more rows than threads) load theirs here.
   const __nv_bfloat16* bias = a.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.bias) + a.row_begin : nullptr;
-  auto row_sum = [&](uint32_t r) {
+  const uint32_t first = FirstEpilogueRow(a, ctx.tid);
+  auto slots_sum = [&](uint32_t r) {
     float sum = 0.0f;
     for (uint32_t s = 0; s < slots_per_row; ++s) sum += partial[r * slots_per_row + s];
-    return bias != nullptr ? sum + __bfloat162float(bias[r]) : sum;
+    return sum;
   };
-  float* out = m.ptr<float>(a.out);
+  auto row_sum = [&](uint32_t r) {
+    const float sum = slots_sum(r);
+    if (bias == nullptr) return sum;
+    return sum + (r == first ? in.bias0 : r == first + 1 ? in.bias1 : __bfloat162float(bias[r]));
+  };
+  float* out = in.out;
   switch (a.epilogue) {
     case isa::kEpilogueStore:
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = row_sum(r);
       break;
     case isa::kEpilogueResidualAdd: {
-      const float* residual = m.ptr<float>(a.residual);
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        out[a.row_begin + r] = (r == ctx.tid ? first_residual : residual[a.row_begin + r]) + row_sum(r);
+        const float residual = r == first ? in.residual : __ldcg(m.ptr<float>(a.residual) + a.row_begin + r);
+        out[a.row_begin + r] = residual + row_sum(r);
       }
       break;
     }
@@ -356,23 +419,19 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
       }
       break;
     case isa::kEpilogueRopeKvAppend: {
-      const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
-      const float* table = m.ptr<float>(a.rope_table);
       const uint32_t half = a.head_dim / 2;
-      const float factor = table[half];
       for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
         const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
+        MatvecEpilogueInputs pair = in;
+        if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
         float v0 = row_sum(r), v1 = row_sum(r + 1);
-        if (row.kind != isa::kQkvV) RotatePairDevice(&v0, &v1, row.dim, pos, table, factor);
-        if (row.kind == isa::kQkvQ) {
-          out[row.head * a.head_dim + row.dim] = v0;
-          out[row.head * a.head_dim + row.dim + half] = v1;
-        } else {
-          float* cache = m.ptr<float>(row.kind == isa::kQkvK ? a.k_cache : a.v_cache) +
-                         (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
-          cache[row.dim] = v0;
-          cache[row.kind == isa::kQkvK ? row.dim + half : row.dim + 1] = v1;
+        if (row.kind != isa::kQkvV) {
+          const float x = v0, y = v1;
+          v0 = x * pair.cos - y * pair.sin;
+          v1 = y * pair.cos + x * pair.sin;
         }
+        pair.row_out[row.dim] = v0;
+        pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
       }
       break;
     }
