@@ -47,6 +47,7 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
   p.num_pages = schedule.options().smem().num_pages();
   p.activation_bytes = schedule.options().smem().activation_bytes();
   p.activation_slots = schedule.options().smem().activation_slots();
+  p.matvec_pages_in_flight = schedule.options().smem().matvec_pages_in_flight();
   return p;
 }
 

@@ -199,6 +199,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.num_pages = program_.num_pages;
   params.activation_bytes = program_.activation_bytes;
   params.activation_slots = program_.activation_slots;
+  params.matvec_pages_in_flight = program_.matvec_pages_in_flight;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.kernel_variant = variant_;
   absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
@@ -283,6 +284,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   up->num_pages = other.num_pages;
   up->activation_bytes = other.activation_bytes;
   up->activation_slots = other.activation_slots;
+  up->matvec_pages_in_flight = other.matvec_pages_in_flight;
   std::vector<isa::Instruction> all;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
@@ -328,6 +330,7 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   params.num_pages = up.num_pages;
   params.activation_bytes = up.activation_bytes;
   params.activation_slots = up.activation_slots;
+  params.matvec_pages_in_flight = up.matvec_pages_in_flight;
   params.kernel_variant = up.variant;
   absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass");
   if (ms.ok() && trace) queue_begin_other_ = up.queue_begin;

@@ -23,6 +23,7 @@ struct GpuProgram {
   uint32_t num_pages = 11;
   uint32_t activation_bytes = 47104;  // the activation ring
   uint32_t activation_slots = 1;
+  uint32_t matvec_pages_in_flight = 0;  // 0: the whole ring
 };
 
 // Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and
@@ -59,7 +60,7 @@ class GpuMachine {
     std::vector<uint32_t> queue_begin;
     uint64_t arena_bytes = 0;
     uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
-             activation_slots = 1;
+             activation_slots = 1, matvec_pages_in_flight = 0;
     isa::KernelVariant variant = isa::kDecodeKernel;
   };
   absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;

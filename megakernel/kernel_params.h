@@ -73,6 +73,7 @@ struct KernelParams {
   uint32_t num_pages;
   uint32_t activation_bytes;  // the activation ring, a multiple of 16
   uint32_t activation_slots;
+  uint32_t matvec_pages_in_flight;  // 1..num_pages (the loader's cap on MATVEC pages issued but not yet landed)
   // Diagnostic (loom_bench): the loader marks pages full without copying, so
   // matvecs compute on stale pages. Shows what compute and the dependency
   // chain cost with weight loading taken away. Results are garbage.

@@ -123,6 +123,12 @@ template <uint32_t kVariant>
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
   PipelineState ring{0, 0, p.num_pages};
+  // MATVEC pages in flight: `landed` trails `ring` by `in_flight` pages, at most `max_in_flight` (pages of the
+  // other opcodes are not held back, nor counted).
+  const uint32_t max_in_flight =
+      p.matvec_pages_in_flight == 0 || p.matvec_pages_in_flight > p.num_pages ? p.num_pages : p.matvec_pages_in_flight;
+  PipelineState landed = ring;
+  uint32_t in_flight = 0;
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
@@ -203,10 +209,23 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       }
       ++ring;
     }
+    if (gemm.count + conv.slabs + flash.count > 0) {  // pages of other opcodes went out: not held back, nor counted
+      landed = ring;
+      in_flight = 0;
+    }
     for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
       const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
                    w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait));
+      // Held back until the oldest page in flight has landed: an SM with the whole ring in flight ran ahead of the
+      // others, and every other load of the SM (a barrier poll, the activations) queued behind its pages.
+      if (in_flight == max_in_flight) {
+        MbarrierWait(&s.full[landed.index], landed.phase,
+                     w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), landed.index, kStuckPageWait));
+        ++landed;
+      } else {
+        ++in_flight;
+      }
       if (p.skip_weight_loads) {
         MbarrierArrive(&s.full[ring.index]);
       } else {

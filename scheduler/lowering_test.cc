@@ -191,6 +191,26 @@ TEST(Options, BadOptionsAreRejectedByName) {
   o.mutable_smem()->set_activation_bytes(o.smem().activation_bytes() + 1024);
   s = ValidateOptions(o);
   EXPECT_NE(s.message().find("activation ring"), std::string::npos) << s;
+  o = ResolveOptions({});
+  o.mutable_smem()->set_matvec_pages_in_flight(o.smem().num_pages() + 1);
+  s = ValidateOptions(o);
+  EXPECT_NE(s.message().find("smem.matvec_pages_in_flight 12 is more than the 11 pages"), std::string::npos) << s;
+}
+
+// MATVEC pages in flight cover the HBM latency at an SM's share of the bandwidth: 1000 ns x 3100 / 132 GB/s =
+// 23.5 KB, two 16 KB pages; more with bigger shares or a longer latency, never more than the ring.
+TEST(Options, PagesInFlightCoverTheLatency) {
+  EXPECT_EQ(ResolveOptions({}).smem().matvec_pages_in_flight(), 2u);
+  CompileOptions o;
+  o.mutable_cost()->set_sm_gbps(50);
+  EXPECT_EQ(ResolveOptions(o).smem().matvec_pages_in_flight(), 4u);
+  o.mutable_cost()->set_hbm_latency_ns(1e6);
+  EXPECT_EQ(ResolveOptions(o).smem().matvec_pages_in_flight(), 11u);
+  o = CompileOptions();
+  o.mutable_smem()->set_page_bytes(32768);
+  EXPECT_EQ(ResolveOptions(o).smem().matvec_pages_in_flight(), 1u);
+  o.mutable_smem()->set_matvec_pages_in_flight(3);
+  EXPECT_EQ(ResolveOptions(o).smem().matvec_pages_in_flight(), 3u);
 }
 
 }  // namespace

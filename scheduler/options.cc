@@ -1,5 +1,8 @@
 #include "scheduler/options.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "graph/proto_file.h"
 
@@ -17,6 +20,9 @@ constexpr double kDefaultHbmGbps = 3100;
 constexpr double kDefaultSmGflops = 256;         // 128 FMA/clk at ~1 GHz effective
 constexpr double kDefaultOverheadNs = 300;
 constexpr double kDefaultBarrierLatencyNs = 570;  // measured on H100, DESIGN.md section 4
+// A 16 KB bulk copy under a decode step's load: 1.5 pages at 23.5 GB/s per SM -> 2 in flight, the best of the
+// 1..11 swept on four model shapes (docs/performance.md "Eleventh session").
+constexpr double kDefaultHbmLatencyNs = 1000;
 constexpr uint32_t kDefaultContext = 1024;
 
 }  // namespace
@@ -58,6 +64,12 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (c->instruction_overhead_ns() <= 0) c->set_instruction_overhead_ns(kDefaultOverheadNs);
   if (c->barrier_latency_ns() <= 0) c->set_barrier_latency_ns(kDefaultBarrierLatencyNs);
   if (c->context_length() == 0) c->set_context_length(kDefaultContext);
+  if (c->hbm_latency_ns() <= 0) c->set_hbm_latency_ns(kDefaultHbmLatencyNs);
+  if (s->matvec_pages_in_flight() == 0) {  // latency x bandwidth: the pages that keep an SM's share streaming
+    const double bytes = c->hbm_latency_ns() * c->sm_gbps();  // ns x GB/s = bytes
+    const double pages = std::ceil(bytes / std::max<uint32_t>(s->page_bytes(), 1));
+    s->set_matvec_pages_in_flight(static_cast<uint32_t>(std::clamp(pages, 1.0, double{s->num_pages()})));
+  }
   return o;
 }
 
@@ -70,6 +82,7 @@ void FitActivationRing(uint64_t needed, const CompileOptions& requested, Compile
   constexpr uint64_t kGranule = 1024;
   s->set_activation_bytes(static_cast<uint32_t>((needed + kGranule - 1) / kGranule * kGranule));
   while (s->num_pages() > 2 && SmemTotalBytes(*s) > kMaxSmemBytes) s->set_num_pages(s->num_pages() - 1);
+  s->set_matvec_pages_in_flight(std::min(s->matvec_pages_in_flight(), s->num_pages()));
 }
 
 absl::Status ValidateOptions(const CompileOptions& o) {
@@ -89,6 +102,10 @@ absl::Status ValidateOptions(const CompileOptions& o) {
                             kMaxSmemBytes));
   }
   if (o.smem().num_pages() < 2) return bad("smem.num_pages must be at least 2");
+  if (o.smem().matvec_pages_in_flight() > o.smem().num_pages()) {
+    return bad(absl::StrCat("smem.matvec_pages_in_flight ", o.smem().matvec_pages_in_flight(), " is more than the ",
+                            o.smem().num_pages(), " pages of the ring"));
+  }
   if (o.matvec_tiles_per_sm() > 64) return bad("matvec_tiles_per_sm above 64 makes no sense");
   if (o.max_seq() > (1u << 20)) return bad("max_seq above 2^20");
   return absl::OkStatus();
