@@ -246,17 +246,38 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
 struct ActivationPlan {
   uint32_t bytes = 0;   // slot size, a multiple of 16
   uint32_t flags = 0;   // kActivationKv: the slot has room for ATTN_PARTIAL's K and V rows
-  uint32_t length = 0;  // ATTN_PARTIAL: the context length it read from the step state
+  uint32_t length = 0;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (the context length)
 };
 
-__device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p) {
+// This step's position + 1, read from the step state once per step (by the step's first instruction that needs it,
+// after its waits: they order it after the previous step's ARGMAX_REDUCE advanced it) and kept: the position is
+// the same for every instruction of a step, and each read was a round trip on the chain (attention's hand-off).
+struct StepLength {
+  uint32_t step = ~0u;
+  uint32_t length = 0;
+  __device__ __forceinline__ uint32_t Get(const isa::MachineView& m, uint32_t state, uint32_t this_step) {
+    if (this_step != step) {
+      length = static_cast<uint32_t>(__ldcg(m.ptr<int32_t>(state) + isa::kStatePosition)) + 1;
+      step = this_step;
+    }
+    return length;
+  }
+};
+
+__device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p,
+                                                          uint32_t step, StepLength& length) {
   const isa::MachineView& m = p.machine;
   ActivationPlan plan;
   plan.bytes = isa::ActivationBytes(inst);
   switch (inst.op()) {
+    case isa::Opcode::MATVEC: {  // RoPE's position, for the consumers' prologue
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(m, a.step_state, step);
+      break;
+    }
     case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit (the consumers load)
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-      plan.length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]) + 1;
+      plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, &begin, &end);
       const uint32_t group = a.num_heads / a.num_kv_heads;
@@ -314,6 +335,7 @@ struct ActivationRing {
 
 __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   ActivationRing ring;
+  StepLength length;
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
@@ -323,7 +345,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
     // Planned after the waits: what ATTN_PARTIAL reads depends on this step's position.
-    const ActivationPlan plan = PlanActivations(inst, p);
+    const ActivationPlan plan = PlanActivations(inst, p, step, length);
     const uint32_t slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                                   kStuckActivationWait));
     s.act_offset[slot] = ring.begin[slot];

@@ -20,7 +20,7 @@ struct ConsumerContext {
   isa::MachineView machine;
   float* act;      // this instruction's activation slot
   uint32_t act_flags;   // kActivation* bits: what the activation loader put in the slot
-  uint32_t act_length;  // ATTN_PARTIAL: the context length the activation loader planned for
+  uint32_t act_length;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (activation loader)
   float* scratch;  // kScratchFloats floats for reductions
   uint8_t* pages;
   uint64_t* full;

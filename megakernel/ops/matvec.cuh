@@ -270,7 +270,7 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
                                                MatvecEpilogueInputs* in) {
   const isa::MachineView& m = ctx.machine;
   const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
-  const int32_t pos = __ldcg(m.ptr<int32_t>(a.step_state) + isa::kStatePosition);
+  const int32_t pos = static_cast<int32_t>(ctx.act_length) - 1;  // read once per step by the activation loader
   if (row.kind == isa::kQkvQ) {
     in->row_out = in->out + row.head * a.head_dim;
   } else {
