@@ -224,6 +224,8 @@ inline void FitPassSmem(const Program& p, uint32_t page_bytes, SmemConfig* smem)
   } else if (fit_pages(2 * isa::kGemmSlabBytes) < kMinWidePages) {
     fit_pages(isa::kGemmSlabBytes);
   }
+  // (A pass's MATVEC pages, if any, stay held back as the decode schedule's are, within its ring.)
+  smem->set_matvec_pages_in_flight(std::min(smem->matvec_pages_in_flight(), smem->num_pages()));
 }
 
 }  // namespace loom::scheduler

@@ -96,6 +96,9 @@ TEST(ScheduleVerifier, RejectsSharedMemoryThatDoesNotFit) {
   bad = CompileTiny();
   bad.mutable_options()->mutable_smem()->set_activation_bytes(512);
   ExpectRejected(bad, "bytes of activation buffer");
+  bad = CompileTiny();
+  bad.mutable_options()->mutable_smem()->set_matvec_pages_in_flight(bad.options().smem().num_pages() + 1);
+  ExpectRejected(bad, "matvec_pages_in_flight");
 }
 
 TEST(ScheduleVerifier, FindsDeadlocksInQueueOrder) {
