@@ -307,8 +307,8 @@ absl::Status VerifySchedule(const Schedule& s) {
                              " slots do not fit an SM's ", kMaxSmemBytes));
   }
   if (smem.matvec_pages_in_flight() > smem.num_pages()) {  // (0, in schedules written before the field: the ring)
-    return Fail(absl::StrCat("options.smem.matvec_pages_in_flight ", smem.matvec_pages_in_flight(), " is more than the ",
-                             smem.num_pages(), " pages of the ring"));
+    return Fail(absl::StrCat("options.smem.matvec_pages_in_flight ", smem.matvec_pages_in_flight(),
+                             " is more than the ", smem.num_pages(), " pages of the ring"));
   }
   for (uint32_t sm = 0; sm < d.queues.size(); ++sm) {
     for (size_t i = 0; i < d.queues[sm].size(); ++i) {

@@ -249,7 +249,8 @@ __device__ __forceinline__ uint32_t FirstEpilogueRow(const isa::MatvecArgs& a, u
 }
 
 // Issues the epilogue's loads (see MatvecEpilogueInputs); their values are used after the prologue's wait.
-__device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::MatvecArgs& a, const ConsumerContext& ctx) {
+__device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::MatvecArgs& a,
+                                                                   const ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   MatvecEpilogueInputs in;
   in.out = m.ptr<float>(a.out);
