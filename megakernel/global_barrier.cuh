@@ -1,6 +1,6 @@
 // Cross-SM barriers: uint32 counters in global memory with epoch-based targets.
 // The producer makes its stores visible and adds with release semantics; the
-// consumer spins with acquire loads (nanosleep backoff) until the target is
+// consumer spins with acquire loads (with or without a nanosleep backoff) until the target is
 // reached. Debug builds bound the spin and trap with a record the host prints.
 #pragma once
 
@@ -24,16 +24,18 @@ __device__ __forceinline__ void AddRelease(uint32_t* p, uint32_t v) {
 // Orders this thread's generic-proxy view of global memory before later bulk-copy (async proxy) reads.
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
-// Spins until counters[wait.barrier] reaches its target for `step`.
+// Spins until counters[wait.barrier] reaches its target for `step`; with `backoff`, a nanosleep between polls
+// (32 ns, doubling up to 256 ns).
 __device__ __forceinline__ void WaitGlobal(const uint32_t* counters, const isa::Wait& wait, uint32_t step,
-                                           DeviceError* error, uint32_t sm, uint32_t index, uint32_t opcode) {
+                                           DeviceError* error, uint32_t sm, uint32_t index, uint32_t opcode,
+                                           bool backoff = true) {
   const uint32_t target = wait.target(step);
   const uint32_t* counter = counters + wait.barrier();
   uint32_t sleep_ns = 32;
   uint64_t spins = 0;
   uint32_t value;
   while (!isa::Reached(value = LoadAcquire(counter), target)) {
-    __nanosleep(sleep_ns);
+    if (backoff) __nanosleep(sleep_ns);
     if (sleep_ns < 256) sleep_ns *= 2;
     if (kDeviceDebug && ++spins > kDebugSpinLimit) ReportStuck(error, sm, index, opcode, wait.barrier(), value, target);
   }

@@ -352,7 +352,9 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     const bool early = length.step == step || !ReadsPosition(inst);
     if (early) plan = PlanActivations(inst, p, step, length);
     for (uint32_t k = 0; k < inst.num_waits; ++k) {
-      WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode);
+      // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
+      // 1.4% ms/token (docs/performance.md "Eleventh session").
+      WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
     if (!early) plan = PlanActivations(inst, p, step, length);  // reads the position: after the waits
