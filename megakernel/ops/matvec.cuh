@@ -187,16 +187,24 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint
   }
 }
 
-// Rotates (a, b) by position * frequency; cos and sin are scaled by `factor` (the table's entry head_dim / 2).
-__device__ __forceinline__ void RotatePairAt(float* a, float* b, int32_t position, float frequency, float factor) {
-  const float angle = static_cast<float>(position) * frequency;
-  float s, c;
-  sincosf(angle, &s, &c);
-  s *= factor;
-  c *= factor;
+// RoPE's rotation of a pair at `position`: cos and sin of position * frequency, scaled by `factor` (the table's entry
+// head_dim / 2).
+__device__ __forceinline__ void RopeRotation(int32_t position, float frequency, float factor, float* c, float* s) {
+  sincosf(static_cast<float>(position) * frequency, s, c);
+  *s *= factor;
+  *c *= factor;
+}
+__device__ __forceinline__ void ApplyRotation(float* a, float* b, float c, float s) {
   const float x = *a, y = *b;
   *a = x * c - y * s;
   *b = y * c + x * s;
+}
+
+// Rotates (a, b) by position * frequency (RopeRotation).
+__device__ __forceinline__ void RotatePairAt(float* a, float* b, int32_t position, float frequency, float factor) {
+  float c, s;
+  RopeRotation(position, frequency, factor, &c, &s);
+  ApplyRotation(a, b, c, s);
 }
 
 // Rotates (a, b) by position * table[j]; cos and sin are scaled by `factor` (table[head_dim / 2]).
@@ -266,7 +274,7 @@ __device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::Ma
 }
 
 // RoPE's row pair: where its values go and its rotation, worked out beside the input's load (the epilogue issues
-// no load for it). The same arithmetic as RotatePairAt.
+// no load for it).
 __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const ConsumerContext& ctx, uint32_t r,
                                                MatvecEpilogueInputs* in) {
   const isa::MachineView& m = ctx.machine;
@@ -280,11 +288,7 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
   }
   if (row.kind == isa::kQkvV) return;
   const float* table = m.ptr<float>(a.rope_table);
-  const float angle = static_cast<float>(pos) * table[row.dim], factor = table[a.head_dim / 2];
-  float s, c;
-  sincosf(angle, &s, &c);
-  in->sin = s * factor;
-  in->cos = c * factor;
+  RopeRotation(pos, table[row.dim], table[a.head_dim / 2], &in->cos, &in->sin);
 }
 
 // x (f32[k]) into the slot, its padding zeroed, and with the RMSNorm prologue x <- x * rsqrt(mean(x^2) + eps) *
@@ -426,11 +430,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
         MatvecEpilogueInputs pair = in;
         if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
         float v0 = row_sum(r), v1 = row_sum(r + 1);
-        if (row.kind != isa::kQkvV) {
-          const float x = v0, y = v1;
-          v0 = x * pair.cos - y * pair.sin;
-          v1 = y * pair.cos + x * pair.sin;
-        }
+        if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
         pair.row_out[row.dim] = v0;
         pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
       }
