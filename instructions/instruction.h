@@ -3,12 +3,18 @@
 //
 //   word  0      opcode (8) | flags (8) | num_waits (8) | reserved (8)
 //   word  1      signal barrier id (kNoBarrier: none); +1 when the instruction is done
-//   words 2..9   kMaxWaits waits: {barrier | previous_step << 31, count | stride << 16}
+//   words 2..9   kMaxWaits waits: {barrier | in_data << 30 | previous_step << 31, count | stride << 16}
 //   words 10..31 opcode arguments (an *Args struct below): tensor ids and tile coordinates
 //
 // A wait in decode step e is satisfied when counter[barrier] reaches
 //   (e - previous_step) * stride + count        (stride = the barrier's signals per step)
 // so counters never reset between steps or launches (compared wrap-safe).
+//
+// Step tags (flags, in_data): a tensor whose writers carry kFlagTagOut holds f32 values whose lowest mantissa bit is
+// the parity of the step that wrote them. A wait marked in_data is then observed in the data itself: the device
+// skips the counter and the instruction reads its input until every value carries this step's tag (one round
+// trip where the counter and then the input took two or three). Its meaning, and the VM's, is the plain wait's;
+// scheduler/data_waits.h says which waits qualify and docs/architecture.md "Step tags" why it is sound.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +36,14 @@ inline constexpr int kHeaderWords = 2 + 2 * kMaxWaits;
 inline constexpr int kArgWords = kInstructionWords - kHeaderWords;
 inline constexpr uint32_t kNoBarrier = 0xffffffffu;
 inline constexpr uint32_t kNoTensor = 0xffffffffu;  // an optional tensor argument that is absent
-inline constexpr uint32_t kBarrierIdMask = 0x7fffffffu;
+inline constexpr uint32_t kBarrierIdMask = 0x3fffffffu;
+inline constexpr uint32_t kWaitInData = 0x40000000u;
 inline constexpr uint32_t kWaitPreviousStep = 0x80000000u;
+
+// Instruction::flags.
+inline constexpr uint8_t kFlagTagOut = 1;         // stores its output with this step's tag (MATVEC, ATTN, EMBED)
+inline constexpr uint8_t kFlagTaggedInput = 2;    // MATVEC: reads its input until every value has this step's tag
+inline constexpr uint8_t kFlagTaggedResidual = 4; // MATVEC: the same for the residual its epilogue adds
 inline constexpr uint32_t kMaxSignalsPerStep = 0xffffu;
 
 enum class Opcode : uint8_t {
@@ -85,6 +97,7 @@ struct Wait {
 
   LOOM_HD uint32_t barrier() const { return barrier_and_flags & kBarrierIdMask; }
   LOOM_HD bool previous_step() const { return (barrier_and_flags & kWaitPreviousStep) != 0; }
+  LOOM_HD bool in_data() const { return (barrier_and_flags & kWaitInData) != 0; }
   LOOM_HD uint32_t count() const { return count_and_stride & 0xffffu; }
   LOOM_HD uint32_t stride() const { return count_and_stride >> 16; }
   // Counter value that satisfies this wait in decode step `step`.

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,6 +74,42 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The tensor an instruction with kFlagTagOut stores tagged (kNoTensor: none).
+uint32_t TaggedOutput(const isa::Instruction& inst) {
+  if ((inst.flags & isa::kFlagTagOut) == 0) return isa::kNoTensor;
+  switch (inst.op()) {
+    case isa::Opcode::MATVEC: return inst.as<isa::MatvecArgs>().out;
+    case isa::Opcode::ATTN_PARTIAL: return inst.as<isa::AttnPartialArgs>().out;
+    case isa::Opcode::EMBED: return inst.as<isa::EmbedArgs>().out;
+    default: return isa::kNoTensor;
+  }
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> TaggedRanges(const GpuProgram& p) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& q : p.queues) {
+    for (const isa::Instruction& inst : q) {
+      const uint32_t t = TaggedOutput(inst);
+      if (t < p.tensors.size()) ranges.push_back({p.tensors[t].offset, p.tensors[t].offset + p.tensors[t].bytes});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  for (auto& r : merged) r.second -= r.first;  // (offset, bytes)
+  return merged;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram& program,
                                                                const std::vector<uint8_t>& weights) {
   int device_count = 0;
@@ -92,6 +130,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   if (absl::Status s = CheckProgramForDevice(program); !s.ok()) return s;
   std::unique_ptr<GpuMachine> m(new GpuMachine);
   m->program_ = program;
+  m->tagged_ranges_ = TaggedRanges(program);
   m->smem_bytes_ = SmemBytes(program.page_bytes, program.num_pages, program.activation_bytes);
   if (m->smem_bytes_ > prop.sharedMemPerBlockOptin) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -202,6 +241,15 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.matvec_pages_in_flight = program_.matvec_pages_in_flight;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.kernel_variant = variant_;
+  const char* sleep = std::getenv("LOOM_TAG_SLEEP");
+  const char* observe = std::getenv("LOOM_DATA_WAITS");
+  params.tag_poll_sleep_ns = sleep != nullptr ? static_cast<uint32_t>(std::atoi(sleep)) : 0;
+  params.observe_data_waits = observe != nullptr ? static_cast<uint32_t>(std::atoi(observe)) : 1;
+  // Tagged tensors hold the other parity than this launch's first step (a byte of 0 or 1 sets every float's lowest
+  // bit): an earlier launch or pass may have left anything there.
+  for (const auto& [offset, bytes] : tagged_ranges_) {
+    LOOM_CUDA(cudaMemsetAsync(arena_ + offset, (next_step_ & 1u) ? 0 : 1, bytes), "clearing the step tags");
+  }
   absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
   if (!ms.ok()) return ms;
   next_step_ += steps;
@@ -285,6 +333,9 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   up->activation_bytes = other.activation_bytes;
   up->activation_slots = other.activation_slots;
   up->matvec_pages_in_flight = other.matvec_pages_in_flight;
+  if (!TaggedRanges(other).empty()) {
+    return absl::InvalidArgumentError("a program with step-tagged tensors runs as the machine's decode program");
+  }
   std::vector<isa::Instruction> all;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {

@@ -93,6 +93,9 @@ class GpuMachine {
   absl::StatusOr<float> LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events, const char* what);
 
   GpuProgram program_;
+  // Arena byte ranges of the step-tagged tensors (instructions/instruction.h "Step tags"), merged: Run gives them the
+  // other parity than its first step's before each launch, so nothing earlier reads as written this step.
+  std::vector<std::pair<uint64_t, uint64_t>> tagged_ranges_;
   std::vector<uint32_t> queue_begin_;
   std::vector<uint32_t> queue_begin_other_;
   uint32_t smem_bytes_ = 0;

@@ -352,6 +352,10 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     const bool early = length.step == step || !ReadsPosition(inst);
     if (early) plan = PlanActivations(inst, p, step, length);
     for (uint32_t k = 0; k < inst.num_waits; ++k) {
+      // A wait observed in the data is the consumers' (step tags: instructions/instruction.h), except where the
+      // plan reads this step's position: that read must follow an acquire of what the previous step's
+      // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the step's first RoPE instruction).
+      if (inst.waits[k].in_data() && early && p.observe_data_waits) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
       // 1.4% ms/token (docs/performance.md "Eleventh session").
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
@@ -405,6 +409,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
   ctx.page_bytes = p.page_bytes;
   ctx.error = p.error;
   ctx.sm = sm;
+  ctx.poll_sleep_ns = p.tag_poll_sleep_ns;
   const uint32_t total = p.queue_begin[gridDim.x];
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     ctx.step = p.first_step + w.local;
@@ -416,6 +421,8 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     // Written now, not kept in a register across the opcode (the graph variant spills).
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
+    ctx.flags = inst.flags;
+    ctx.ready = p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
     ctx.act_length = static_cast<uint32_t>(info >> 32);

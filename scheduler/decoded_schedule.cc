@@ -12,7 +12,11 @@ void EncodeInstructionInto(const isa::Instruction& inst, Instruction* proto) {
     w->set_barrier(inst.waits[i].barrier());
     w->set_count(inst.waits[i].count());
     w->set_previous_step(inst.waits[i].previous_step());
+    w->set_in_data(inst.waits[i].in_data());
   }
+  proto->set_tag_out((inst.flags & isa::kFlagTagOut) != 0);
+  proto->set_tagged_input((inst.flags & isa::kFlagTaggedInput) != 0);
+  proto->set_tagged_residual((inst.flags & isa::kFlagTaggedResidual) != 0);
   if (inst.signal != isa::kNoBarrier) proto->set_signal(inst.signal);
   const int n = isa::ArgCount(inst.op());
   proto->mutable_args()->Add(inst.args, inst.args + n);
@@ -34,6 +38,9 @@ absl::StatusOr<isa::Instruction> DecodeInstruction(const Instruction& proto, con
                                                    " argument words, has ", proto.args_size()));
   }
   for (int i = 0; i < proto.args_size(); ++i) inst.args[i] = proto.args(i);
+  inst.flags = static_cast<uint8_t>((proto.tag_out() ? isa::kFlagTagOut : 0) |
+                                    (proto.tagged_input() ? isa::kFlagTaggedInput : 0) |
+                                    (proto.tagged_residual() ? isa::kFlagTaggedResidual : 0));
   if (proto.waits_size() > isa::kMaxWaits) {
     return absl::InvalidArgumentError(
         absl::StrCat(proto.opcode(), " has ", proto.waits_size(), " waits; at most ", isa::kMaxWaits));
@@ -55,7 +62,8 @@ absl::StatusOr<isa::Instruction> DecodeInstruction(const Instruction& proto, con
                                                      schedule.barriers(w.barrier()).name(),
                                                      "', which gets ", stride, " per step: the wait can never be met"));
     }
-    inst.waits[i].barrier_and_flags = w.barrier() | (w.previous_step() ? isa::kWaitPreviousStep : 0u);
+    inst.waits[i].barrier_and_flags =
+        w.barrier() | (w.previous_step() ? isa::kWaitPreviousStep : 0u) | (w.in_data() ? isa::kWaitInData : 0u);
     inst.waits[i].count_and_stride = w.count() | (stride << 16);
   }
   if (proto.has_signal()) {

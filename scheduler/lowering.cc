@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/dtype.h"
 #include "graph/rope.h"
+#include "scheduler/data_waits.h"
 #include "scheduler/lowering_internal.h"
 
 namespace loom::scheduler {
@@ -546,6 +547,11 @@ absl::StatusOr<Program> Lowering::Run() {
       const uint32_t stride = p_.barriers[w.barrier()].signals_per_step();
       w.count_and_stride = stride | (stride << 16);
     }
+  }
+  if (o_.data_waits()) {
+    std::vector<isa::Instruction*> step;
+    for (Node& node : p_.nodes) step.push_back(&node.inst);
+    MarkDataWaits(step, TensorElements(p_.tensors));
   }
   p_.weight_bytes = region_bytes_[WEIGHTS];
   p_.arena_bytes = region_bytes_[ARENA];

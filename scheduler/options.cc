@@ -48,6 +48,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (!f->has_residual_add()) f->set_residual_add(true);
   if (!f->has_silu_mul()) f->set_silu_mul(true);
   if (!f->has_lm_head_argmax()) f->set_lm_head_argmax(true);
+  if (!o.has_data_waits()) o.set_data_waits(true);
   if (o.matvec_tiles_per_sm() == 0) o.set_matvec_tiles_per_sm(1);
   if (o.elementwise_chunk() == 0) o.set_elementwise_chunk(kDefaultElementwiseChunk);
   SmemConfig* s = o.mutable_smem();

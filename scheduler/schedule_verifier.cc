@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/dtype.h"
 #include "instructions/isa.h"
+#include "scheduler/data_waits.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 
@@ -327,6 +328,16 @@ absl::Status VerifySchedule(const Schedule& s) {
       }
     }
   }
+  // Waits observed in the data (instructions/instruction.h "Step tags") and the tags they rely on.
+  std::vector<const isa::Instruction*> step;
+  std::vector<std::string> names;
+  for (uint32_t sm = 0; sm < d.queues.size(); ++sm) {
+    for (size_t i = 0; i < d.queues[sm].size(); ++i) {
+      step.push_back(&d.queues[sm][i]);
+      names.push_back(Where(s, sm, i));
+    }
+  }
+  if (absl::Status st = CheckDataWaits(step, TensorElements(s.tensors()), names); !st.ok()) return Fail(std::string(st.message()));
   if (absl::Status st = CheckProgress(s, d); !st.ok()) return st;
   return CheckStepOrder(s, d);
 }

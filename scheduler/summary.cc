@@ -101,10 +101,15 @@ absl::StatusOr<std::string> ScheduleSummary(const Schedule& schedule, const std:
         std::string waits;
         for (int w = 0; w < inst.num_waits; ++w) {
           absl::StrAppend(&waits, w ? "," : "", inst.waits[w].barrier(), inst.waits[w].previous_step() ? "@prev" : "",
-                          ":", inst.waits[w].count());
+                          ":", inst.waits[w].count(), inst.waits[w].in_data() ? " in data" : "");
         }
-        absl::StrAppendFormat(&out, "    %4zu %-15s wait[%s] signal %u  %s  op=%s\n", i, isa::OpcodeName(inst.op()),
-                              waits.c_str(), inst.signal, ArgString(inst).c_str(),
+        // Step tags (instructions/instruction.h): what the instruction tags or checks.
+        std::string tags;
+        if (inst.flags & isa::kFlagTagOut) tags += " tags-out";
+        if (inst.flags & isa::kFlagTaggedInput) tags += " checks-input";
+        if (inst.flags & isa::kFlagTaggedResidual) tags += " checks-residual";
+        absl::StrAppendFormat(&out, "    %4zu %-15s wait[%s] signal %u%s  %s  op=%s\n", i, isa::OpcodeName(inst.op()),
+                              waits.c_str(), inst.signal, tags.c_str(), ArgString(inst).c_str(),
                               s->queues(sm).instructions(i).op().c_str());
       }
     }

@@ -19,7 +19,7 @@ namespace loom::megakernel {
 __device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_t partial_o, uint32_t partial_ml,
                                               uint32_t out_id, uint32_t head_begin, uint32_t head_count,
                                               uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
-                                              uint32_t tid) {
+                                              uint32_t tid, uint32_t tag = kNoTag) {
   constexpr uint32_t kBatch = 16;
   const float* po = m.ptr<float>(partial_o);
   const float2* pml = m.ptr<float2>(partial_ml);
@@ -57,7 +57,7 @@ __device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_
       }
       running_max = new_max;
     }
-    out[h * head_dim + d] = denom > 0.0f ? acc / denom : 0.0f;
+    out[h * head_dim + d] = MaybeTag(denom > 0.0f ? acc / denom : 0.0f, tag);
   }
 }
 
@@ -175,12 +175,13 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     int32_t before;
     asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(arrivals) : "memory");
     const bool last = before + 1 == static_cast<int32_t>(a.num_splits);
-    if (last) *arrivals = 0;
+    if (last) asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(arrivals) : "memory");
     ctx.scratch[0] = last ? 1.0f : 0.0f;
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   if (ctx.scratch[0] == 0.0f) return;  // (the instruction-end barrier orders this read before scratch's next use)
-  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, a.num_splits, a.num_heads, hd, ctx.tid);
+  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, a.num_splits, a.num_heads, hd, ctx.tid,
+                OutputTag(ctx.flags, ctx.step));
 }
 
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {

@@ -226,6 +226,35 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
   for (uint32_t i = n4 * 4 + tid; i < n; i += kConsumerThreads) x[i] = __ldcg(src + i);  // (cp.async of 4 goes by L1)
 }
 
+// A tagged input (ctx.flags & kFlagTaggedInput): after IssueMatvecInput's copies land, each thread checks the float4s
+// it copied and copies again those that do not carry this step's tag yet, until all do. The wait is observed here,
+// in the data, instead of by the activation loader on the barrier (instructions/instruction.h "Step tags"): one
+// round trip from the producer's store, where its barrier's release, the poll and then this copy took three.
+__device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uint32_t n, const ConsumerContext& ctx) {
+  const uint32_t parity = StepParity(ctx.step), n4 = n / 4;  // (n % 4 == 0: scheduler/data_waits.h)
+  for (;;) {
+    bool missing = false;
+    for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
+      if (!Tagged4(reinterpret_cast<const float4*>(x)[j], parity)) {
+        CpAsync<16>(x + 4 * j, src + 4 * j, 16);
+        missing = true;
+      }
+    }
+    if (!missing) return;
+    CpAsyncCommit();
+    if (ctx.poll_sleep_ns > 0) __nanosleep(ctx.poll_sleep_ns);
+    CpAsyncWait<0>();
+  }
+}
+
+// The residual of row r: with kFlagTaggedResidual read again until it carries this step's tag (it is two stages old:
+// the first read has it).
+__device__ __forceinline__ float TaggedResidual(float v, const float* p, const ConsumerContext& ctx) {
+  if ((ctx.flags & isa::kFlagTaggedResidual) == 0) return v;
+  while (!Tagged(v, StepParity(ctx.step))) v = __ldcg(p);
+  return v;
+}
+
 // The RMSNorm prologue's weights, 4 bf16 per x float4: the first kNormBatch float4s of each thread are loaded
 // beside the input, in the same round trip; the rest (k > 4096) after the sum of squares.
 constexpr uint32_t kNormBatch = 4;
@@ -306,6 +335,7 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   MatvecEpilogueInputs epilogue = LoadEpilogueInputs(a, ctx);
   if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &epilogue);
   CpAsyncWait<0>();
+  if (ctx.flags & isa::kFlagTaggedInput) AwaitTaggedInput(m.ptr<float>(a.input), x, a.k, ctx);
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   if (!norm) return epilogue;
   float4* x4 = reinterpret_cast<float4*>(x);
@@ -346,6 +376,8 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
 
   const MatvecEpilogueInputs in = MatvecPrologue(a, k, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  // The input observed in the data: its wait ended here (the trace's "waits met").
+  if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
 
   // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
   // no division in the loop: a column that advances and wraps, slots by shift.
@@ -407,20 +439,22 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     return sum + (r == first ? in.bias0 : r == first + 1 ? in.bias1 : __bfloat162float(bias[r]));
   };
   float* out = in.out;
+  const uint32_t tag = OutputTag(ctx.flags, ctx.step);  // stores, residual adds and SiLU-muls may be tagged
   switch (a.epilogue) {
     case isa::kEpilogueStore:
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = row_sum(r);
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = MaybeTag(row_sum(r), tag);
       break;
     case isa::kEpilogueResidualAdd: {
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        const float residual = r == first ? in.residual : __ldcg(m.ptr<float>(a.residual) + a.row_begin + r);
-        out[a.row_begin + r] = residual + row_sum(r);
+        const float* p = m.ptr<float>(a.residual) + a.row_begin + r;
+        const float residual = TaggedResidual(r == first ? in.residual : __ldcg(p), p, ctx);
+        out[a.row_begin + r] = MaybeTag(residual + row_sum(r), tag);
       }
       break;
     }
     case isa::kEpilogueSiluMul:
       for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
-        out[(a.row_begin + r) / 2] = Silu(row_sum(r)) * row_sum(r + 1);
+        out[(a.row_begin + r) / 2] = MaybeTag(Silu(row_sum(r)) * row_sum(r + 1), tag);
       }
       break;
     case isa::kEpilogueRopeKvAppend: {

@@ -18,7 +18,8 @@ __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContex
     if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
     const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
     float* out = m.ptr<float>(a.out) + static_cast<uint64_t>(r) * a.hidden;
-    for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = __bfloat162float(row[i]);
+    const uint32_t tag = OutputTag(ctx.flags, ctx.step);
+    for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = MaybeTag(__bfloat162float(row[i]), tag);
   }
 }
 
