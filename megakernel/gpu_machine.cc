@@ -241,9 +241,7 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.matvec_pages_in_flight = program_.matvec_pages_in_flight;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.kernel_variant = variant_;
-  const char* sleep = std::getenv("LOOM_TAG_SLEEP");
   const char* observe = std::getenv("LOOM_DATA_WAITS");
-  params.tag_poll_sleep_ns = sleep != nullptr ? static_cast<uint32_t>(std::atoi(sleep)) : 0;
   params.observe_data_waits = observe != nullptr ? static_cast<uint32_t>(std::atoi(observe)) : 1;
   // Tagged tensors hold the other parity than this launch's first step (a byte of 0 or 1 sets every float's lowest
   // bit): an earlier launch or pass may have left anything there.

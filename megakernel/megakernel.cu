@@ -409,7 +409,6 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
   ctx.page_bytes = p.page_bytes;
   ctx.error = p.error;
   ctx.sm = sm;
-  ctx.poll_sleep_ns = p.tag_poll_sleep_ns;
   const uint32_t total = p.queue_begin[gridDim.x];
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     ctx.step = p.first_step + w.local;

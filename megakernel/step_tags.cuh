@@ -19,10 +19,9 @@ __device__ __forceinline__ float Tag(float v, uint32_t parity) {
 
 __device__ __forceinline__ bool Tagged(float v, uint32_t parity) { return (__float_as_uint(v) & 1u) == parity; }
 
-__device__ __forceinline__ bool Tagged4(const float4& v, uint32_t parity) {
-  const uint32_t odd = __float_as_uint(v.x) & __float_as_uint(v.y) & __float_as_uint(v.z) & __float_as_uint(v.w);
-  const uint32_t even = __float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) | __float_as_uint(v.w);
-  return ((parity ? odd : ~even) & 1u) != 0;
+// Four floats' bits: whether all carry `parity`.
+__device__ __forceinline__ bool Tagged4(const uint4& v, uint32_t parity) {
+  return (parity ? v.x & v.y & v.z & v.w & 1u : ~(v.x | v.y | v.z | v.w) & 1u) != 0;
 }
 
 // `tag` < 2: the parity to store; otherwise the value as it is (an untagged output).

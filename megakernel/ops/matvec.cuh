@@ -232,17 +232,18 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
 // round trip from the producer's store, where its barrier's release, the poll and then this copy took three.
 __device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uint32_t n, const ConsumerContext& ctx) {
   const uint32_t parity = StepParity(ctx.step), n4 = n / 4;  // (n % 4 == 0: scheduler/data_waits.h)
+  const uint32_t x_shared = tile::SharedAddress(x);
   for (;;) {
     bool missing = false;
+#pragma unroll 4
     for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
-      if (!Tagged4(reinterpret_cast<const float4*>(x)[j], parity)) {
+      if (!Tagged4(tile::LoadShared128Bits(x_shared + 16 * j), parity)) {
         CpAsync<16>(x + 4 * j, src + 4 * j, 16);
         missing = true;
       }
     }
     if (!missing) return;
     CpAsyncCommit();
-    if (ctx.poll_sleep_ns > 0) __nanosleep(ctx.poll_sleep_ns);
     CpAsyncWait<0>();
   }
 }
