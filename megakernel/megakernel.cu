@@ -339,6 +339,7 @@ struct ActivationRing {
   }
 };
 
+template <uint32_t kVariant>
 __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   ActivationRing ring;
   StepLength length;
@@ -355,7 +356,8 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       // A wait observed in the data is the consumers' (step tags: instructions/instruction.h), except where the
       // plan reads this step's position: that read must follow an acquire of what the previous step's
       // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the step's first RoPE instruction).
-      if (inst.waits[k].in_data() && early && p.observe_data_waits) continue;
+      // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
+      if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early && p.observe_data_waits) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
       // 1.4% ms/token (docs/performance.md "Eleventh session").
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
@@ -420,8 +422,10 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     // Written now, not kept in a register across the opcode (the graph variant spills).
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
-    ctx.flags = inst.flags;
-    ctx.ready = p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
+    // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
+    // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
+    ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags & p.tag_flag_mask : 0;
+    ctx.ready = kVariant == isa::kDecodeKernel && p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
     ctx.act_length = static_cast<uint32_t>(info >> 32);
@@ -533,7 +537,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       if (warp == kLoaderWarp) Loader<kVariant>(p, s, sm);
       if (warp == kStorerWarp) Storer(p, s, sm);
       if (warp == kControllerWarp) Controller(p, s, sm);
-      if (warp == kActivationWarp) ActivationLoader(p, s, sm);
+      if (warp == kActivationWarp) ActivationLoader<kVariant>(p, s, sm);
     }
   }
 }
