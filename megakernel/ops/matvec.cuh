@@ -226,38 +226,25 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
   for (uint32_t i = n4 * 4 + tid; i < n; i += kConsumerThreads) x[i] = __ldcg(src + i);  // (cp.async of 4 goes by L1)
 }
 
-// A tagged input (ctx.flags & kFlagTaggedInput), read into registers rather than by cp.async: each thread loads its
-// float4s (j = tid + u * kConsumerThreads, as IssueMatvecInput copies them), issued with the prologue's other loads,
-// then reads again each one that does not carry this step's tag yet and stores it to the slot once it does. The wait
-// is observed here, in the data, instead of by the activation loader on the barrier (instructions/instruction.h
-// "Step tags"): one round trip from the producer's store, where its barrier's release, the poll and then the copy
-// took three. Batches of kTaggedBatch float4s per thread (k <= 8192 in one).
-constexpr uint32_t kTaggedBatch = 8;
-struct TaggedInputBatch {
-  float4 v[kTaggedBatch];
-};
-__device__ __forceinline__ void IssueTaggedInput(const float* src, uint32_t n4, uint32_t base, uint32_t tid,
-                                                 TaggedInputBatch& b) {
-#pragma unroll
-  for (uint32_t u = 0; u < kTaggedBatch; ++u) {
-    const uint32_t j = base + u * kConsumerThreads + tid;
-    if (j < n4) b.v[u] = __ldcg(reinterpret_cast<const float4*>(src) + j);
-  }
-}
-__device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uint32_t n, const ConsumerContext& ctx,
-                                                 TaggedInputBatch& b) {
+// A tagged input (ctx.flags & kFlagTaggedInput): after IssueMatvecInput's copies land, each thread checks the float4s
+// it copied and copies again those that do not carry this step's tag yet, until all do. The wait is observed here,
+// in the data, instead of by the activation loader on the barrier (instructions/instruction.h "Step tags"): one
+// round trip from the producer's store, where its barrier's release, the poll and then this copy took three.
+__device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uint32_t n, const ConsumerContext& ctx) {
   const uint32_t parity = StepParity(ctx.step), n4 = n / 4;  // (n % 4 == 0: scheduler/data_waits.h)
-  const float4* src4 = reinterpret_cast<const float4*>(src);
   const uint32_t x_shared = tile::SharedAddress(x);
-  for (uint32_t base = 0; base < n4; base += kTaggedBatch * kConsumerThreads) {
-    if (base > 0) IssueTaggedInput(src, n4, base, ctx.tid, b);
-#pragma unroll
-    for (uint32_t u = 0; u < kTaggedBatch; ++u) {
-      const uint32_t j = base + u * kConsumerThreads + ctx.tid;
-      if (j >= n4) continue;
-      while (!Tagged4(*reinterpret_cast<const uint4*>(&b.v[u]), parity)) b.v[u] = __ldcg(src4 + j);
-      tile::StoreShared128(x_shared + 16 * j, *reinterpret_cast<const uint4*>(&b.v[u]));
+  for (;;) {
+    bool missing = false;
+#pragma unroll 4
+    for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
+      if (!Tagged4(tile::LoadShared128Bits(x_shared + 16 * j), parity)) {
+        CpAsync<16>(x + 4 * j, src + 4 * j, 16);
+        missing = true;
+      }
     }
+    if (!missing) return;
+    CpAsyncCommit();
+    CpAsyncWait<0>();
   }
 }
 
@@ -340,10 +327,7 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
 __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::MatvecArgs& a, uint32_t k,
                                                                ConsumerContext& ctx, float* x) {
   const isa::MachineView& m = ctx.machine;
-  const bool tagged = (ctx.flags & isa::kFlagTaggedInput) != 0;
-  TaggedInputBatch input;
-  if (tagged) IssueTaggedInput(m.ptr<float>(a.input), a.k / 4, 0, ctx.tid, input);
-  else IssueMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
+  IssueMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
   const bool norm = a.prologue == isa::kPrologueRmsNorm;
   const uint32_t n4 = a.k / 4;
   const uint2* w4 = norm ? m.ptr<uint2>(a.norm_weight) : nullptr;
@@ -351,8 +335,8 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   if (norm) LoadNormWeights(w4, 0, n4, ctx.tid, w);
   MatvecEpilogueInputs epilogue = LoadEpilogueInputs(a, ctx);
   if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &epilogue);
-  if (tagged) AwaitTaggedInput(m.ptr<float>(a.input), x, a.k, ctx, input);
-  else CpAsyncWait<0>();
+  CpAsyncWait<0>();
+  if (ctx.flags & isa::kFlagTaggedInput) AwaitTaggedInput(m.ptr<float>(a.input), x, a.k, ctx);
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   if (!norm) return epilogue;
   float4* x4 = reinterpret_cast<float4*>(x);
