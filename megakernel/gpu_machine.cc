@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -241,10 +240,6 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.matvec_pages_in_flight = program_.matvec_pages_in_flight;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.kernel_variant = variant_;
-  const char* observe = std::getenv("LOOM_DATA_WAITS");
-  const char* mask = std::getenv("LOOM_TAG_MASK");
-  params.tag_flag_mask = mask != nullptr ? static_cast<uint32_t>(std::atoi(mask)) : 0xffu;
-  params.observe_data_waits = observe != nullptr ? static_cast<uint32_t>(std::atoi(observe)) : 1;
   // Tagged tensors hold the other parity than this launch's first step (a byte of 0 or 1 sets every float's lowest
   // bit): an earlier launch or pass may have left anything there.
   for (const auto& [offset, bytes] : tagged_ranges_) {

@@ -78,8 +78,6 @@ struct KernelParams {
   // matvecs compute on stale pages. Shows what compute and the dependency
   // chain cost with weight loading taken away. Results are garbage.
   uint32_t skip_weight_loads;
-  uint32_t tag_flag_mask;       // experiment (LOOM_TAG_MASK)
-  uint32_t observe_data_waits;  // experiment (LOOM_DATA_WAITS=0 turns off): skip in_data waits in the loader
   // The isa::KernelVariant the program needs (its largest opcode's): the launcher runs the kernel compiled for it
   // (decode programs run the one without the tensor-core opcodes, which keeps their registers free of spills).
   uint32_t kernel_variant;

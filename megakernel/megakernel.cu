@@ -357,7 +357,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       // plan reads this step's position: that read must follow an acquire of what the previous step's
       // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the step's first RoPE instruction).
       // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
-      if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early && p.observe_data_waits) continue;
+      if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
       // 1.4% ms/token (docs/performance.md "Eleventh session").
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
@@ -424,7 +424,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
     // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
     // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
-    ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags & p.tag_flag_mask : 0;
+    ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags : 0;
     ctx.ready = kVariant == isa::kDecodeKernel && p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
