@@ -40,6 +40,58 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
   EXPECT_EQ(s.weight_bytes_per_step(), static_cast<uint64_t>(tiny->DecodeWeightBytes()) - norm_bytes);
 }
 
+// Step tags (instructions/instruction.h): every MATVEC reading a whole activation that tagging writers alone produce
+// observes its wait in the data; attention (reading q and the KV cache) still polls its barrier.
+TEST(Lowering, DecodeWaitsOnWholeActivationsAreObservedInTheData) {
+  CompileOptions o;
+  o.set_num_sms(8);
+  const Schedule s = CompileTiny(o);
+  int observed = 0, tagging = 0;
+  for (const SmQueue& q : s.queues()) {
+    for (const Instruction& inst : q.instructions()) {
+      for (const Wait& w : inst.waits()) {
+        if (!w.in_data()) continue;
+        ++observed;
+        EXPECT_EQ(inst.opcode(), "MATVEC");
+        EXPECT_TRUE(inst.tagged_input());
+      }
+      if (inst.opcode() == "ATTN_PARTIAL") {
+        for (const Wait& w : inst.waits()) EXPECT_FALSE(w.in_data()) << "attention reads q and the KV cache";
+        EXPECT_TRUE(inst.tag_out()) << "its merge writes the O projection's input";
+      }
+      tagging += inst.tag_out();
+    }
+  }
+  // Per layer: QKV (the residual stream), O (attention's output), gate/up, down; then the LM head.
+  EXPECT_GT(observed, 0);
+  EXPECT_GT(tagging, 0);
+  o.set_data_waits(false);
+  const Schedule polled = CompileTiny(o);
+  for (const SmQueue& q : polled.queues()) {
+    for (const Instruction& inst : q.instructions()) {
+      EXPECT_FALSE(inst.tag_out() || inst.tagged_input() || inst.tagged_residual());
+      for (const Wait& w : inst.waits()) EXPECT_FALSE(w.in_data());
+    }
+  }
+}
+
+// Unfused ops name the activations too: whatever they read or write stays untagged, its waits polled.
+TEST(Lowering, UnfusedActivationsAreNotTagged) {
+  CompileOptions o;
+  o.set_num_sms(8);
+  o.mutable_fusion()->set_residual_add(false);
+  o.mutable_fusion()->set_silu_mul(false);
+  const Schedule s = CompileTiny(o);
+  for (const SmQueue& q : s.queues()) {
+    for (const Instruction& inst : q.instructions()) {
+      if (inst.opcode() == "ADD" || inst.opcode() == "SILU_MUL") {
+        EXPECT_FALSE(inst.tag_out());
+        for (const Wait& w : inst.waits()) EXPECT_FALSE(w.in_data());
+      }
+    }
+  }
+}
+
 TEST(Lowering, SeparateAttentionReduceEmitsAReducePerKvHead) {
   CompileOptions o;
   o.set_num_sms(8);

@@ -29,6 +29,43 @@ TEST(ScheduleVerifier, AcceptsCompiledSchedules) {
   }
 }
 
+// Step tags: a wait observed in the data must be on exactly the tagging writers of the input, and those writers and
+// every reader must carry their flags.
+TEST(ScheduleVerifier, RejectsDataWaitsTheTagsDoNotCover) {
+  const Schedule s = CompileTiny();
+  Schedule bad = s;
+  bool marked = false;
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (!marked && inst.opcode() == "ATTN_PARTIAL") {  // its barrier's writers (QKV) do not tag
+        inst.mutable_waits(0)->set_in_data(true);
+        marked = true;
+      }
+    }
+  }
+  ASSERT_TRUE(marked);
+  ExpectRejected(bad, "in the data, but the barrier's signallers are not exactly the tagging writers");
+  bad = s;
+  bool cleared = false;
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (!cleared && inst.tag_out() && inst.opcode() == "MATVEC") {
+        inst.set_tag_out(false);
+        cleared = true;
+      }
+    }
+  }
+  ASSERT_TRUE(cleared);
+  ExpectRejected(bad, "which a wait observes in the data, without its step-tag flag");
+  bad = s;
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (inst.opcode() == "ARGMAX_REDUCE") inst.set_tag_out(true);  // it cannot tag what it writes
+    }
+  }
+  ExpectRejected(bad, "has step-tag flags 1 where the rules allow 0");
+}
+
 TEST(ScheduleVerifier, RejectsUnknownOpcodesAndBadArguments) {
   Schedule s = CompileTiny();
   Schedule bad = s;
