@@ -22,6 +22,7 @@ enum DeviceErrorKind : uint32_t {
   kStuckInstructionWait = 3,  // barrier = instruction slot
   kStuckActivationWait = 4,   // barrier = activation slot
   kStuckSignalWait = 5,       // barrier = consumer -> storer signal slot
+  kStuckTaggedRead = 6,       // barrier = tensor id; value = the bits read; target = the step's parity
 };
 
 struct DeviceError {

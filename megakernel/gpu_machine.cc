@@ -183,6 +183,7 @@ GpuMachine::~GpuMachine() {
 }
 
 absl::Status GpuMachine::WriteArena(uint64_t offset, const void* data, uint64_t bytes) {
+  for (const auto& [begin, size] : tagged_ranges_) tags_current_ &= offset + bytes <= begin || begin + size <= offset;
   if (offset + bytes > program_.arena_bytes) return absl::OutOfRangeError("write past the arena");
   LOOM_CUDA(cudaMemcpy(arena_ + offset, data, bytes, cudaMemcpyHostToDevice), "writing the arena");
   return absl::OkStatus();
@@ -195,11 +196,13 @@ absl::Status GpuMachine::ReadArena(uint64_t offset, void* data, uint64_t bytes) 
 }
 
 absl::Status GpuMachine::ZeroArena(uint64_t bytes) {
+  tags_current_ = false;
   LOOM_CUDA(cudaMemset(arena_, 0, std::min(bytes, program_.arena_bytes)), "clearing the arena");
   return absl::OkStatus();
 }
 
 absl::Status GpuMachine::ZeroArena() {
+  tags_current_ = false;
   LOOM_CUDA(cudaMemset(arena_, 0, std::max<uint64_t>(program_.arena_bytes, 16)), "clearing the arena");
   return absl::OkStatus();
 }
@@ -212,6 +215,12 @@ absl::Status GpuMachine::CheckError(const char* what) const {
                                               " opcode ", isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)),
                                               " barrier ", e.barrier, " value ", e.value, " target ", e.target, " (",
                                               what, ")"));
+    }
+    if (e.kind == kStuckTaggedRead) {
+      return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
+                                              " opcode ", isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)),
+                                              " reading tensor ", e.barrier, ": a value 0x", absl::Hex(e.value),
+                                              " never carried the step's tag ", e.target, " (", what, ")"));
     }
     const char* ring = e.kind == kStuckPageWait          ? "page"
                        : e.kind == kStuckInstructionWait ? "instruction slot"
@@ -240,13 +249,18 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
   params.matvec_pages_in_flight = program_.matvec_pages_in_flight;
   params.skip_weight_loads = skip_weight_loads_ ? 1 : 0;
   params.kernel_variant = variant_;
-  // Tagged tensors hold the other parity than this launch's first step (a byte of 0 or 1 sets every float's lowest
-  // bit): an earlier launch or pass may have left anything there.
-  for (const auto& [offset, bytes] : tagged_ranges_) {
-    LOOM_CUDA(cudaMemsetAsync(arena_ + offset, (next_step_ & 1u) ? 0 : 1, bytes), "clearing the step tags");
+  // Tagged tensors must hold the other parity than this launch's first step. After a launch of this program every one
+  // was rewritten in its last step, so they do; after anything else, anything may be there: a byte of 0 or 1 sets
+  // every float's lowest bit.
+  if (!tags_current_) {
+    for (const auto& [offset, bytes] : tagged_ranges_) {
+      LOOM_CUDA(cudaMemsetAsync(arena_ + offset, (next_step_ & 1u) ? 0 : 1, bytes), "clearing the step tags");
+    }
   }
+  tags_current_ = false;
   absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
   if (!ms.ok()) return ms;
+  tags_current_ = true;
   next_step_ += steps;
   return ms;
 }
@@ -361,6 +375,7 @@ absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
 }
 
 absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
+  tags_current_ = false;
   if (absl::Status s = ReserveArena(up.arena_bytes); !s.ok()) return s;
   LOOM_CUDA(cudaMemset(up.buffers[3], 0, up.num_barriers * 4), "barrier counters");
   const uint64_t total = up.queue_begin.back();

@@ -96,6 +96,9 @@ class GpuMachine {
   // Arena byte ranges of the step-tagged tensors (instructions/instruction.h "Step tags"), merged: Run gives them the
   // other parity than its first step's before each launch, so nothing earlier reads as written this step.
   std::vector<std::pair<uint64_t, uint64_t>> tagged_ranges_;
+  // Whether they hold the parity of the step before next_step_: true after a launch of this program that finished,
+  // false after anything else wrote the arena (a pass, WriteArena, ZeroArena, a failed launch).
+  bool tags_current_ = false;
   std::vector<uint32_t> queue_begin_;
   std::vector<uint32_t> queue_begin_other_;
   uint32_t smem_bytes_ = 0;

@@ -207,28 +207,33 @@ absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step, co
                                                      " (scheduler/data_waits.h)"));
     }
   }
-  // A tensor observed in the data: all its writers tag it and all its readers check the tags.
+  // A tensor used tagged in any way (a wait observed in its data, a writer tagging it, a reader checking it): all its
+  // writers tag it and all its readers check the tags, or a reader would wait for a tag no writer stores.
   for (uint32_t t : m.observed) {
-    bool observed = false;
-    for (size_t r : uses.use(t).input_readers) {
-      for (int w = 0; w < step[r]->num_waits; ++w) observed |= step[r]->waits[w].in_data() && (m.in_data[r] >> w & 1u);
+    const TensorUse& u = uses.use(t);
+    std::vector<size_t> writers;
+    for (const auto& w : u.writes) writers.push_back(w.inst);
+    bool used = false;
+    for (size_t r : u.input_readers) {
+      used |= (step[r]->flags & isa::kFlagTaggedInput) != 0;
+      for (int w = 0; w < step[r]->num_waits; ++w) used |= step[r]->waits[w].in_data() && (m.in_data[r] >> w & 1u);
     }
-    if (!observed) continue;
+    for (size_t r : u.residual_readers) used |= (step[r]->flags & isa::kFlagTaggedResidual) != 0;
+    for (size_t w : writers) used |= (step[w]->flags & isa::kFlagTagOut) != 0;
+    if (!used) continue;
     auto need = [&](const std::vector<size_t>& insts, uint8_t flag, const char* what) -> absl::Status {
       for (size_t i : insts) {
         if (!(step[i]->flags & flag)) {
           return absl::InvalidArgumentError(absl::StrCat(where[i], ": ", isa::OpcodeName(step[i]->op()), " ", what,
-                                                         " tensor ", t, ", which a wait observes in the data, "
+                                                         " tensor ", t, ", which the schedule uses step-tagged, "
                                                          "without its step-tag flag"));
         }
       }
       return absl::OkStatus();
     };
-    std::vector<size_t> writers;
-    for (const auto& w : uses.use(t).writes) writers.push_back(w.inst);
     if (absl::Status s = need(writers, isa::kFlagTagOut, "writes"); !s.ok()) return s;
-    if (absl::Status s = need(uses.use(t).input_readers, isa::kFlagTaggedInput, "reads"); !s.ok()) return s;
-    if (absl::Status s = need(uses.use(t).residual_readers, isa::kFlagTaggedResidual, "adds"); !s.ok()) return s;
+    if (absl::Status s = need(u.input_readers, isa::kFlagTaggedInput, "reads"); !s.ok()) return s;
+    if (absl::Status s = need(u.residual_readers, isa::kFlagTaggedResidual, "adds"); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

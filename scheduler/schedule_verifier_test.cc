@@ -56,7 +56,15 @@ TEST(ScheduleVerifier, RejectsDataWaitsTheTagsDoNotCover) {
     }
   }
   ASSERT_TRUE(cleared);
-  ExpectRejected(bad, "which a wait observes in the data, without its step-tag flag");
+  ExpectRejected(bad, "which the schedule uses step-tagged, without its step-tag flag");
+  bad = s;  // readers checking tags no writer stores, with no wait observed in the data: they would never finish
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      inst.set_tag_out(false);
+      for (auto& w : *inst.mutable_waits()) w.set_in_data(false);
+    }
+  }
+  ExpectRejected(bad, "which the schedule uses step-tagged, without its step-tag flag");
   bad = s;
   for (auto& q : *bad.mutable_queues()) {
     for (auto& inst : *q.mutable_instructions()) {

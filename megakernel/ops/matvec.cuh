@@ -230,14 +230,20 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
 // it copied and copies again those that do not carry this step's tag yet, until all do. The wait is observed here,
 // in the data, instead of by the activation loader on the barrier (instructions/instruction.h "Step tags"): one
 // round trip from the producer's store, where its barrier's release, the poll and then this copy took three.
-__device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uint32_t n, const ConsumerContext& ctx) {
+__device__ __forceinline__ void AwaitTaggedInput(uint32_t input, const float* src, float* x, uint32_t n,
+                                                 const ConsumerContext& ctx) {
   const uint32_t parity = StepParity(ctx.step), n4 = n / 4;  // (n % 4 == 0: scheduler/data_waits.h)
   const uint32_t x_shared = tile::SharedAddress(x);
-  for (;;) {
+  for (uint64_t rounds = 0;; ++rounds) {
     bool missing = false;
 #pragma unroll 4
     for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
-      if (!Tagged4(tile::LoadShared128Bits(x_shared + 16 * j), parity)) {
+      const uint4 v = tile::LoadShared128Bits(x_shared + 16 * j);
+      if (!Tagged4(v, parity)) {
+        if (kDeviceDebug && rounds > kDebugSpinLimit) {
+          ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), input, v.x, parity,
+                      kStuckTaggedRead);
+        }
         CpAsync<16>(x + 4 * j, src + 4 * j, 16);
         missing = true;
       }
@@ -250,9 +256,15 @@ __device__ __forceinline__ void AwaitTaggedInput(const float* src, float* x, uin
 
 // The residual of row r: with kFlagTaggedResidual read again until it carries this step's tag (it is two stages old:
 // the first read has it).
-__device__ __forceinline__ float TaggedResidual(float v, const float* p, const ConsumerContext& ctx) {
+__device__ __forceinline__ float TaggedResidual(uint32_t residual, float v, const float* p, const ConsumerContext& ctx) {
   if ((ctx.flags & isa::kFlagTaggedResidual) == 0) return v;
-  while (!Tagged(v, StepParity(ctx.step))) v = __ldcg(p);
+  for (uint64_t reads = 0; !Tagged(v, StepParity(ctx.step)); ++reads) {
+    if (kDeviceDebug && reads > kDebugSpinLimit) {
+      ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), residual,
+                  __float_as_uint(v), StepParity(ctx.step), kStuckTaggedRead);
+    }
+    v = __ldcg(p);
+  }
   return v;
 }
 
@@ -336,7 +348,7 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   MatvecEpilogueInputs epilogue = LoadEpilogueInputs(a, ctx);
   if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &epilogue);
   CpAsyncWait<0>();
-  if (ctx.flags & isa::kFlagTaggedInput) AwaitTaggedInput(m.ptr<float>(a.input), x, a.k, ctx);
+  if (ctx.flags & isa::kFlagTaggedInput) AwaitTaggedInput(a.input, m.ptr<float>(a.input), x, a.k, ctx);
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   if (!norm) return epilogue;
   float4* x4 = reinterpret_cast<float4*>(x);
@@ -448,7 +460,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     case isa::kEpilogueResidualAdd: {
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
         const float* p = m.ptr<float>(a.residual) + a.row_begin + r;
-        const float residual = TaggedResidual(r == first ? in.residual : __ldcg(p), p, ctx);
+        const float residual = TaggedResidual(a.residual, r == first ? in.residual : __ldcg(p), p, ctx);
         out[a.row_begin + r] = MaybeTag(residual + row_sum(r), tag);
       }
       break;
