@@ -226,32 +226,27 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
   for (uint32_t i = n4 * 4 + tid; i < n; i += kConsumerThreads) x[i] = __ldcg(src + i);  // (cp.async of 4 goes by L1)
 }
 
-// A tagged input (ctx.flags & kFlagTaggedInput): after IssueMatvecInput's copies land, each thread checks the float4s
-// it copied and copies again those that do not carry this step's tag yet, until all do. The wait is observed here,
-// in the data, instead of by the activation loader on the barrier (instructions/instruction.h "Step tags"): one
-// round trip from the producer's store, where its barrier's release, the poll and then this copy took three.
-__device__ __forceinline__ void AwaitTaggedInput(uint32_t input, const float* src, float* x, uint32_t n,
-                                                 const ConsumerContext& ctx) {
-  const uint32_t parity = StepParity(ctx.step), n4 = n / 4;  // (n % 4 == 0: scheduler/data_waits.h)
-  const uint32_t x_shared = tile::SharedAddress(x);
-  for (uint64_t rounds = 0;; ++rounds) {
-    bool missing = false;
-#pragma unroll 4
-    for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
-      const uint4 v = tile::LoadShared128Bits(x_shared + 16 * j);
-      if (!Tagged4(v, parity)) {
-        if (kDeviceDebug && rounds > kDebugSpinLimit) {
-          ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), input, v.x, parity,
-                      kStuckTaggedRead);
-        }
-        CpAsync<16>(x + 4 * j, src + 4 * j, 16);
-        missing = true;
-      }
+// A tagged input (ctx.flags & kFlagTaggedInput): after IssueMatvecInput's copies land, each thread checks each float4
+// it copied and copies it again until it carries this step's tag. The wait is observed here, in the data, instead of
+// by the activation loader on the barrier (instructions/instruction.h "Step tags"): one round trip from the
+// producer's store, where its barrier's release, the poll and then this copy took three. With the RMSNorm prologue
+// the check is part of the sum of squares' reads; a pass of its own over the slot, for every tagged input, measured
+// 0.5% slower (performance.md "Twelfth session").
+__device__ __forceinline__ float4 AwaitTaggedFloat4(uint32_t input, const float4* src4, float4* x4, uint32_t j,
+                                                    const ConsumerContext& ctx) {
+  const uint32_t parity = StepParity(ctx.step);
+  float4 v = x4[j];
+  for (uint64_t rounds = 0; !Tagged4(*reinterpret_cast<const uint4*>(&v), parity); ++rounds) {
+    if (kDeviceDebug && rounds > kDebugSpinLimit) {
+      ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), input, __float_as_uint(v.x),
+                  parity, kStuckTaggedRead);
     }
-    if (!missing) return;
+    CpAsync<16>(x4 + j, src4 + j, 16);
     CpAsyncCommit();
     CpAsyncWait<0>();
+    v = x4[j];
   }
+  return v;
 }
 
 // The residual of row r: with kFlagTaggedResidual read again until it carries this step's tag (it is two stages old:
@@ -348,13 +343,17 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   MatvecEpilogueInputs epilogue = LoadEpilogueInputs(a, ctx);
   if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &epilogue);
   CpAsyncWait<0>();
-  if (ctx.flags & isa::kFlagTaggedInput) AwaitTaggedInput(a.input, m.ptr<float>(a.input), x, a.k, ctx);
+  const bool tagged = (ctx.flags & isa::kFlagTaggedInput) != 0;
+  float4* x4 = reinterpret_cast<float4*>(x);
+  const float4* src4 = m.ptr<float4>(a.input);
+  if (tagged && !norm) {
+    for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) AwaitTaggedFloat4(a.input, src4, x4, j, ctx);
+  }
   for (uint32_t i = a.k + ctx.tid; i < k; i += kConsumerThreads) x[i] = 0.0f;  // padding: zero weights times zero
   if (!norm) return epilogue;
-  float4* x4 = reinterpret_cast<float4*>(x);
   float sum_sq = 0.0f;
   for (uint32_t j = ctx.tid; j < n4; j += kConsumerThreads) {
-    const float4 v = x4[j];
+    const float4 v = tagged ? AwaitTaggedFloat4(a.input, src4, x4, j, ctx) : x4[j];
     sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
   const float total = ConsumerSum(sum_sq, ctx.tid, ctx.scratch);
