@@ -40,7 +40,8 @@ class StepUses {
     const TensorUse& u = uses_[t];
     if (u.other_use || u.writes.empty() || u.input_readers.empty()) return false;
     std::vector<TensorUse::Write> w = u.writes;
-    std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+    std::sort(w.begin(), w.end(),
+              [](const auto& a, const auto& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
     uint64_t covered = 0;
     for (size_t i = 0; i < w.size(); ++i) {
       if (i > 0 && w[i].merge && w[i - 1].merge && w[i].begin == w[i - 1].begin && w[i].end == w[i - 1].end) continue;
@@ -76,8 +77,11 @@ class StepUses {
             if (a.residual < uses_.size()) uses_[a.residual].residual_readers.push_back(i);
             break;
           case isa::kEpilogueSiluMul:
-            if (a.row_begin % 2 == 0 && a.rows % 2 == 0) Write(a.out, a.row_begin / 2, (uint64_t{a.row_begin} + a.rows) / 2, i);
-            else Other(a.out);
+            if (a.row_begin % 2 == 0 && a.rows % 2 == 0) {
+              Write(a.out, a.row_begin / 2, (uint64_t{a.row_begin} + a.rows) / 2, i);
+            } else {
+              Other(a.out);
+            }
             break;
           case isa::kEpilogueRopeKvAppend:
             Other(a.out), Other(a.k_cache), Other(a.v_cache), Other(a.step_state), Other(a.rope_table);
@@ -92,8 +96,11 @@ class StepUses {
         if (a.arrivals != isa::kNoTensor) Other(a.arrivals);
         if (a.out != isa::kNoTensor) {
           const uint64_t per_kv_head = uint64_t{a.num_heads} / std::max(1u, a.num_kv_heads) * a.head_dim;
-          if (a.arrivals != isa::kNoTensor) Write(a.out, a.kv_head * per_kv_head, (a.kv_head + 1) * per_kv_head, i, true);
-          else Other(a.out);
+          if (a.arrivals != isa::kNoTensor) {
+            Write(a.out, a.kv_head * per_kv_head, (a.kv_head + 1) * per_kv_head, i, /*merge=*/true);
+          } else {
+            Other(a.out);
+          }
         }
         break;
       }
@@ -185,8 +192,8 @@ int MarkDataWaits(const std::vector<isa::Instruction*>& step, const std::vector<
   return observed;
 }
 
-absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step, const std::vector<uint64_t>& tensor_elements,
-                            const std::vector<std::string>& where) {
+absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step,
+                            const std::vector<uint64_t>& tensor_elements, const std::vector<std::string>& where) {
   std::vector<isa::Instruction> copy;
   const std::vector<const isa::Instruction*> cleared = Cleared(step, &copy);
   const StepUses uses(cleared, tensor_elements);

@@ -337,7 +337,9 @@ absl::Status VerifySchedule(const Schedule& s) {
       names.push_back(Where(s, sm, i));
     }
   }
-  if (absl::Status st = CheckDataWaits(step, TensorElements(s.tensors()), names); !st.ok()) return Fail(std::string(st.message()));
+  if (absl::Status st = CheckDataWaits(step, TensorElements(s.tensors()), names); !st.ok()) {
+    return Fail(std::string(st.message()));
+  }
   if (absl::Status st = CheckProgress(s, d); !st.ok()) return st;
   return CheckStepOrder(s, d);
 }

@@ -238,8 +238,8 @@ __device__ __forceinline__ float4 AwaitTaggedFloat4(uint32_t input, const float4
   float4 v = x4[j];
   for (uint64_t rounds = 0; !Tagged4(*reinterpret_cast<const uint4*>(&v), parity); ++rounds) {
     if (kDeviceDebug && rounds > kDebugSpinLimit) {
-      ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), input, __float_as_uint(v.x),
-                  parity, kStuckTaggedRead);
+      ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), input,
+                  __float_as_uint(v.x), parity, kStuckTaggedRead);
     }
     CpAsync<16>(x4 + j, src4 + j, 16);
     CpAsyncCommit();
@@ -251,7 +251,8 @@ __device__ __forceinline__ float4 AwaitTaggedFloat4(uint32_t input, const float4
 
 // The residual of row r: with kFlagTaggedResidual read again until it carries this step's tag (it is two stages old:
 // the first read has it).
-__device__ __forceinline__ float TaggedResidual(uint32_t residual, float v, const float* p, const ConsumerContext& ctx) {
+__device__ __forceinline__ float TaggedResidual(uint32_t residual, float v, const float* p,
+                                               const ConsumerContext& ctx) {
   if ((ctx.flags & isa::kFlagTaggedResidual) == 0) return v;
   for (uint64_t reads = 0; !Tagged(v, StepParity(ctx.step)); ++reads) {
     if (kDeviceDebug && reads > kDebugSpinLimit) {
