@@ -32,6 +32,9 @@ inline constexpr uint32_t kInstructionReleases = 3 + 256;
 inline constexpr uint32_t kMaxActivationSlots = 4;
 // Activation slot flags (activation loader -> consumers).
 inline constexpr uint32_t kActivationKv = 1;  // ATTN_PARTIAL: the split's K and V rows are in the slot
+// ATTN_PARTIAL: the slot was handed over before the waits (kActivationKv too): the consumers copy the rows of earlier
+// steps, then wait on the slot's `act_waited` for the rest.
+inline constexpr uint32_t kActivationEarly = 2;
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
 static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
 
@@ -91,7 +94,7 @@ struct KernelParams {
 // Pages start at a multiple of the largest swizzle atom: wgmma reads swizzled GEMM slabs in place.
 inline constexpr uint32_t kPageAlign = 1024;
 inline constexpr uint32_t SmemFixedBytes() {
-  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 5 * kMaxActivationSlots * 8 +
+  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 6 * kMaxActivationSlots * 8 +
          kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + kPageAlign;
 }
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {

@@ -56,6 +56,7 @@ struct SharedLayout {
   uint64_t* inst_empty;  // [kInstructionSlots] every role is done with it
   uint64_t* act_full;    // [kMaxActivationSlots] waits met, the slot planned
   uint64_t* act_empty;   // [kMaxActivationSlots] consumers done with the slot
+  uint64_t* act_waited;  // [kMaxActivationSlots] the waits met (after act_full, for a slot handed over early)
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
   uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
   uint64_t* act_info;    // [kMaxActivationSlots] flags | context length << 32 (ActivationPlan)
@@ -77,7 +78,8 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.inst_empty = s.inst_full + kInstructionSlots;
   s.act_full = s.inst_empty + kInstructionSlots;
   s.act_empty = s.act_full + kMaxActivationSlots;
-  s.act_ready = s.act_empty + kMaxActivationSlots;
+  s.act_waited = s.act_empty + kMaxActivationSlots;
+  s.act_ready = s.act_waited + kMaxActivationSlots;
   s.act_offset = s.act_ready + kMaxActivationSlots;
   s.act_info = s.act_offset + kMaxActivationSlots;
   s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
@@ -352,6 +354,18 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     ActivationPlan plan;
     const bool early = length.step == step || !ReadsPosition(inst);
     if (early) plan = PlanActivations(inst, p, step, length);
+    // ATTN_PARTIAL with its rows in the slot, its position known: handed over before the waits, so the consumers
+    // copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them) while the waits
+    // are polled; they copy q and this step's row after `act_waited`.
+    uint32_t slot = kMaxActivationSlots;
+    if (kVariant == isa::kDecodeKernel && early && inst.op() == isa::Opcode::ATTN_PARTIAL &&
+        (plan.flags & kActivationKv) && inst.num_waits > 0) {
+      slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                     kStuckActivationWait));
+      s.act_offset[slot] = ring.begin[slot];
+      s.act_info[slot] = (plan.flags | kActivationEarly) | static_cast<uint64_t>(plan.length) << 32;
+      MbarrierArrive(&s.act_full[slot]);
+    }
     for (uint32_t k = 0; k < inst.num_waits; ++k) {
       // A wait observed in the data is the consumers' (step tags: instructions/instruction.h), except where the
       // plan reads this step's position: that read must follow an acquire of what the previous step's
@@ -363,13 +377,18 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
-    if (!early) plan = PlanActivations(inst, p, step, length);  // reads the position: after the waits
-    const uint32_t slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
-                                                                  kStuckActivationWait));
-    s.act_offset[slot] = ring.begin[slot];
-    s.act_info[slot] = plan.flags | static_cast<uint64_t>(plan.length) << 32;
-    s.act_ready[slot] = ready;
-    MbarrierArrive(&s.act_full[slot]);  // (release: the consumers' loads of what the waits acquired come after)
+    if (slot == kMaxActivationSlots) {
+      if (!early) plan = PlanActivations(inst, p, step, length);  // reads the position: after the waits
+      slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                     kStuckActivationWait));
+      s.act_offset[slot] = ring.begin[slot];
+      s.act_info[slot] = plan.flags | static_cast<uint64_t>(plan.length) << 32;
+      s.act_ready[slot] = ready;
+      MbarrierArrive(&s.act_full[slot]);  // (release: the consumers' loads of what the waits acquired come after)
+    } else {
+      s.act_ready[slot] = ready;
+    }
+    MbarrierArrive(&s.act_waited[slot]);  // every allocation, so its phases follow act_full's
     MbarrierArrive(&s.inst_empty[w.slot.index]);
   }
 }
@@ -422,6 +441,8 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     // Written now, not kept in a register across the opcode (the graph variant spills).
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
+    ctx.act_waited = kVariant == isa::kDecodeKernel ? &s.act_waited[act.index] : nullptr;  // (decode only)
+    ctx.act_phase = act.phase;
     // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
     // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
     ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags : 0;
@@ -521,6 +542,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       MbarrierInit(&s.inst_empty[i], kInstructionReleases);
     }
     for (uint32_t i = 0; i < p.activation_slots; ++i) {
+      MbarrierInit(&s.act_waited[i], 1);
       MbarrierInit(&s.act_full[i], 1);
       MbarrierInit(&s.act_empty[i], kConsumerThreads);
       s.act_ready[i] = 0;

@@ -82,14 +82,24 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
   const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
   const float* q_src = m.ptr<float>(a.q) + first_head * hd;
-  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
   const float* k_src = m.ptr<float>(a.k_cache) + first_row;
-  for (uint32_t j = ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
+  // Handed over before the waits (kActivationEarly): the rows earlier steps wrote, [0, old) of the split, are copied
+  // now; this step's row (the context's last) and q after the waits.
+  const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
+  const uint32_t old = early ? min(n, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
+  for (uint32_t j = ctx.tid; j < old * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
+  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
     CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
   }
   CpAsyncCommit();
-  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
-  for (uint32_t j = ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
     CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
   }
   CpAsyncCommit();

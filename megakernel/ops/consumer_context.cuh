@@ -23,6 +23,8 @@ struct ConsumerContext {
   uint32_t act_flags;   // kActivation* bits: what the activation loader put in the slot
   uint32_t act_length;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (activation loader)
   uint32_t flags;       // the instruction's isa::kFlag* bits (step tags)
+  uint64_t* act_waited; // kActivationEarly: completes once the waits are met
+  uint32_t act_phase;
   uint64_t* ready;      // tracing: where the time the waits were met goes (a tagged input's consumers stamp it)
   float* scratch;  // kScratchFloats floats for reductions
   uint8_t* pages;
