@@ -387,8 +387,8 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       MbarrierArrive(&s.act_full[slot]);  // (release: the consumers' loads of what the waits acquired come after)
     } else {
       s.act_ready[slot] = ready;
+      MbarrierArrive(&s.act_waited[slot]);  // (release, as act_full's: the consumers' copies of this step's rows)
     }
-    MbarrierArrive(&s.act_waited[slot]);  // every allocation, so its phases follow act_full's
     MbarrierArrive(&s.inst_empty[w.slot.index]);
   }
 }
@@ -417,6 +417,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
   constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
+  uint32_t waited_phases = 0;  // bit i: the phase of act_waited[i] the next early hand-off of slot i completes
   ConsumerContext ctx;
   ctx.ring = PipelineState{0, 0, p.num_pages};
   ctx.tid = tid;
@@ -442,7 +443,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
     ctx.act_waited = kVariant == isa::kDecodeKernel ? &s.act_waited[act.index] : nullptr;  // (decode only)
-    ctx.act_phase = act.phase;
+    ctx.act_phase = (waited_phases >> act.index) & 1u;
     // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
     // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
     ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags : 0;
@@ -450,6 +451,8 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
     ctx.act_length = static_cast<uint32_t>(info >> 32);
+    // A slot handed over early completes its act_waited once (the loader arrives only then): its phase bit flips.
+    if (ctx.act_flags & kActivationEarly) waited_phases ^= 1u << act.index;
     switch (inst.op()) {
       case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
       case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
