@@ -12,10 +12,12 @@
 //              consumers move on without waiting for it.
 //   warp 10    controller: bulk-copies this SM's instructions, step after step,
 //              into the SMEM instruction ring; every other role reads them there.
-//   warp 11    activation loader: waits for each instruction's global barriers,
-//              then gives it its own activation slot (a range of the SM's
-//              activation ring), while the consumers still compute the
-//              instructions before; they load its activations into the slot.
+//   warp 11    activation loader: waits for each instruction's global barriers
+//              (not those observed in the data: step tags), then gives it its
+//              own activation slot (a range of the SM's activation ring), while
+//              the consumers still compute the instructions before; they load
+//              its activations into the slot. ATTN_PARTIAL gets its slot before
+//              the waits and `act_waited` after them.
 //
 // Rings and who hands what to whom (all mbarriers, all (index, phase) states):
 //   instruction slot: controller -> (weight loader, activation loader,
@@ -54,7 +56,7 @@ struct SharedLayout {
   uint64_t* freed;       // [kSignalSlots] storer -> consumers: its signal is out, the slot is free
   uint64_t* inst_full;   // [kInstructionSlots] instruction copied in
   uint64_t* inst_empty;  // [kInstructionSlots] every role is done with it
-  uint64_t* act_full;    // [kMaxActivationSlots] waits met, the slot planned
+  uint64_t* act_full;    // [kMaxActivationSlots] the slot planned (and the waits met, unless handed over early)
   uint64_t* act_empty;   // [kMaxActivationSlots] consumers done with the slot
   uint64_t* act_waited;  // [kMaxActivationSlots] the waits met (after act_full, for a slot handed over early)
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)

@@ -68,8 +68,8 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
   const uint32_t first_head = a.kv_head * group;
   // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
-  // here: cp.async through L2, after the activation loader waited for their producers (one round trip sooner than
-  // its proxy fence + bulk copies), V in a commit group of its own that the scores do not wait for.
+  // here: cp.async through L2 (one round trip sooner than the activation loader's proxy fence + bulk copies), what
+  // this step wrote after the waits (below), V of this step's row in a commit group the scores do not wait for.
   const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
   const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
   uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
