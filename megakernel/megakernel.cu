@@ -260,6 +260,8 @@ struct ActivationPlan {
 // This step's position + 1, read from the step state once per step (by the step's first instruction that needs it,
 // after its waits: they order it after the previous step's ARGMAX_REDUCE advanced it) and kept: the position is
 // the same for every instruction of a step, and each read was a round trip on the chain (attention's hand-off).
+// Decode programs read it only in a launch's first step: in each later one it is the step before's + 1, as
+// ARGMAX_REDUCE advances it by one (at the KV cache's end not at all: `max_seq` clamps it the same way).
 struct StepLength {
   uint32_t step = ~0u;
   uint32_t length = 0;
@@ -270,7 +272,20 @@ struct StepLength {
     }
     return length;
   }
+  // Whether this step's length follows from the step before's, known on this SM; if so it is kept.
+  __device__ __forceinline__ bool Follow(uint32_t this_step, uint32_t max_seq) {
+    if (step == ~0u || step + 1 != this_step) return step == this_step;
+    length = min(length + 1, max_seq);
+    step = this_step;
+    return true;
+  }
 };
+
+// The KV-cache capacity of an instruction that reads the position (ReadsPosition).
+__device__ __forceinline__ uint32_t MaxSeqOf(const isa::Instruction& inst) {
+  return inst.op() == isa::Opcode::ATTN_PARTIAL ? inst.as<isa::AttnPartialArgs>().max_seq
+                                                 : inst.as<isa::MatvecArgs>().max_seq;
+}
 
 // Whether PlanActivations reads this step's position.
 __device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
@@ -358,7 +373,10 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     // Planned before the waits where it can be (the plan is the slot's size, and for ATTN_PARTIAL and MATVEC's RoPE
     // this step's position once known): after them only the slot is taken and handed over (-1.1% ms/token).
     ActivationPlan plan;
-    const bool early = length.step == step || !ReadsPosition(inst);
+    // A wait observed in the data is skipped below unless the plan must read the position after it: in a decode
+    // program, only in the launch's first step (StepLength::Follow; the step's first RoPE tile on each SM).
+    const bool early = !ReadsPosition(inst) || (kVariant == isa::kDecodeKernel ? length.Follow(step, MaxSeqOf(inst))
+                                                                                : length.step == step);
     if (early) plan = PlanActivations(inst, p, step, length);
     // ATTN_PARTIAL with its rows in the slot, its position known: handed over before the waits, so the consumers
     // copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them) while the waits

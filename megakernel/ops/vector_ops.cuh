@@ -104,6 +104,10 @@ __device__ __forceinline__ void RunArgmaxPartial(const isa::ArgmaxPartialArgs& a
 __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const float* partials = m.ptr<float>(a.partials);
+  int32_t* state = m.ptr<int32_t>(a.step_state);
+  // The state loaded beside the partials, one round trip for both (it is only written here, by this instruction).
+  int32_t position = 0, prompt_length = 0;
+  if (ctx.tid == 0) position = state[isa::kStatePosition], prompt_length = state[isa::kStatePromptLength];
   float best = -INFINITY;
   uint32_t best_index = 0xffffffffu;
   for (uint32_t t = ctx.tid; t < a.num_partials; t += kConsumerThreads) {
@@ -113,12 +117,11 @@ __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, 
   }
   ConsumerArgmax(&best, &best_index, ctx.tid, ctx.scratch);
   if (ctx.tid == 0) {
-    int32_t* state = m.ptr<int32_t>(a.step_state);
-    const int32_t next = state[isa::kStatePosition] + 1;
+    const int32_t next = position + 1;
     if (next >= static_cast<int32_t>(a.max_seq)) {
       state[isa::kStateOverflow] = 1;
     } else {
-      if (next >= state[isa::kStatePromptLength]) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
+      if (next >= prompt_length) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
       state[isa::kStatePosition] = next;
     }
   }
