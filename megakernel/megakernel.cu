@@ -393,7 +393,8 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     for (uint32_t k = 0; k < inst.num_waits; ++k) {
       // A wait observed in the data is the consumers' (step tags: instructions/instruction.h), except where the
       // plan reads this step's position: that read must follow an acquire of what the previous step's
-      // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the step's first RoPE instruction).
+      // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the first RoPE instruction of a launch's first
+      // step; later steps follow the position from the step before: StepLength::Follow).
       // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
       if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
