@@ -105,7 +105,7 @@ __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, 
   const isa::MachineView& m = ctx.machine;
   const float* partials = m.ptr<float>(a.partials);
   int32_t* state = m.ptr<int32_t>(a.step_state);
-  // The state loaded beside the partials, one round trip for both (it is only written here, by this instruction).
+  // The state loaded beside the partials, one round trip for both (within a launch only this instruction writes it).
   int32_t position = 0, prompt_length = 0;
   if (ctx.tid == 0) position = state[isa::kStatePosition], prompt_length = state[isa::kStatePromptLength];
   float best = -INFINITY;
