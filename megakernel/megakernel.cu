@@ -50,7 +50,8 @@ constexpr uint32_t kProducerRegisters = 40;
 // setmaxnreg moves registers within what the block was given at launch: __launch_bounds__(kBlockThreads, 1) gives each
 // thread 65536 / kBlockThreads rounded down to a multiple of 8 (168), and an increase beyond what the decreases free
 // waits forever (48 producer registers, which this assert used to allow, hung the kernel).
-static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= kBlockThreads * (65536 / kBlockThreads / 8 * 8),
+static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <=
+                  kBlockThreads * (65536 / kBlockThreads / 8 * 8),
               "register file overflow");
 
 struct SharedLayout {
