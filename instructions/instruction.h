@@ -421,16 +421,29 @@ struct GemmArgs {
   uint32_t num_kv_heads;  // query heads per KV head: n / (num_kv_heads * head_dim) - 2 (GemmHeadsPerGroup)
   uint32_t head_dim;
   uint32_t max_seq;
-  // Split K: this instruction multiplies K slabs [slab_begin, slab_begin + slab_count) only (slab_count 0: all
-  // of them), for kGemmAccumulateF32, which adds its partial product into out.
-  uint32_t slab_begin;
-  uint32_t slab_count;
+  // Split K: this instruction multiplies K slabs [begin, begin + count) only, `slabs` = begin | count << 16
+  // (count 0: all of them from begin; GemmSlabsOf), for kGemmAccumulateF32, which adds its partial product into out.
+  uint32_t slabs;
   float norm_eps;  // qk_norm's epsilon
+  // 1: the tile is kGemmWideTileN (256) columns wide, n_tile counting such tiles: W's 128-row tiles 2 n_tile and
+  // 2 n_tile + 1 side by side in one ring page with the A slab (pages of kGemmWideStepBytes or more), one
+  // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/performance.md "GEMM
+  // opcode"). The f32 and SiLU-image epilogues only. 0: 128 columns.
+  uint32_t wide;
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
                                             "residual", "epilogue", "k_cache", "v_cache", "step_state",
                                             "rope_table", "qk_norm", "num_kv_heads", "head_dim", "max_seq",
-                                            "slab_begin", "slab_count", "norm_eps"};
+                                            "slabs", "norm_eps", "wide"};
 };
+inline constexpr uint32_t kGemmWideTileN = 2 * kGemmTileN;
+inline constexpr uint32_t kGemmWideStepBytes = 3 * kGemmSlabBytes;  // a K step's A slab and two W slabs
+LOOM_HD uint32_t GemmTileColumns(const GemmArgs& g) { return g.wide ? kGemmWideTileN : kGemmTileN; }
+// Output tiles of an n-column product `wide` or not.
+LOOM_HD uint32_t GemmColumnTiles(uint32_t n, bool wide) {
+  const uint32_t width = wide ? kGemmWideTileN : kGemmTileN;
+  return (n + width - 1) / width;
+}
+LOOM_HD uint32_t GemmPackSlabs(uint32_t begin, uint32_t count) { return begin | count << 16; }
 template <typename Args>
 LOOM_HD uint32_t GemmHeadsPerGroup(const Args& g) {
   const uint32_t kv_rows = g.num_kv_heads * g.head_dim;
@@ -453,9 +466,10 @@ LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlab
 struct GemmSlabRange {
   uint32_t begin, count;
 };
-template <typename Args>
-LOOM_HD GemmSlabRange GemmSlabsOf(const Args& g) {
-  return {g.slab_begin, g.slab_count == 0 ? GemmSlabs(g.k) - g.slab_begin : g.slab_count};
+LOOM_HD uint32_t GemmSplitBegin(const GemmArgs& g) { return g.slabs & 0xffffu; }  // the first K slab it takes
+LOOM_HD GemmSlabRange GemmSlabsOf(const GemmArgs& g) {
+  const uint32_t begin = g.slabs & 0xffffu, count = g.slabs >> 16;
+  return {begin, count == 0 ? GemmSlabs(g.k) - begin : count};
 }
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }
 // Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).

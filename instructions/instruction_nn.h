@@ -102,6 +102,7 @@ LOOM_HD ConvShape ConvShapeOf(const ConvGemmArgs& a) {
 }
 LOOM_HD uint32_t ConvGemmRows(const ConvGemmArgs& a) { return a.batch * Hi16(a.ohw) * Lo16(a.ohw); }
 LOOM_HD uint32_t ConvGemmK(const ConvGemmArgs& a) { return Hi16(a.kernel) * Lo16(a.kernel) * a.group_c; }
+LOOM_HD uint32_t GemmSplitBegin(const ConvGemmArgs& a) { return a.slab_begin; }
 LOOM_HD GemmSlabRange ConvGemmSlabsOf(const ConvGemmArgs& a) {
   return {a.slab_begin, a.slab_count == 0 ? GemmSlabs(ConvGemmK(a)) - a.slab_begin : a.slab_count};
 }
@@ -317,6 +318,10 @@ enum KernelVariant : uint32_t {
   kDecodeKernel = 0,  // the decode opcodes (CONV1D too: a gated-conv decoder's steps)
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
   kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
+  // kTensorKernel's opcodes + GEMM's 128 x 256 tiles (GemmArgs::wide), in a variant of their own: beside the
+  // 128-column path their 128 accumulator registers per thread cost it 2-7% (gemm_bench, H100), and the graph
+  // variant's spills doubled. Not with the general-graph opcodes (GpuMachine refuses the mix).
+  kWideKernel = 3,
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
   if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE ||
@@ -324,6 +329,11 @@ LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
+}
+// An instruction's variant: its opcode's, but a wide GEMM tile's is kWideKernel.
+LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
+  if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().wide) return kWideKernel;
+  return KernelVariantOf(inst.op());
 }
 // Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.
 LOOM_HD bool UsesTensorCores(Opcode op) {

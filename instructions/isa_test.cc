@@ -222,22 +222,38 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
   g = {ta, tw, out, kM, kN, kK, 0, 0, tb, tr, kGemmStoreF32};
   std::vector<TensorInfo> infos;
   for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
-  for (uint32_t mt = 0; mt < GemmTiles(kM); ++mt) {
-    for (uint32_t nt = 0; nt < GemmTiles(kN); ++nt) {
-      g.m_tile = mt;
-      g.n_tile = nt;
-      ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
-      ExecuteReference(inst, m);
+  for (uint32_t wide : {0u, 1u}) {  // 128-column tiles, then 256-column ones (one for 200 columns)
+    std::fill(m.ptr<float>(out), m.ptr<float>(out) + kM * kN, -1e30f);
+    g.wide = wide;
+    for (uint32_t mt = 0; mt < GemmTiles(kM); ++mt) {
+      for (uint32_t nt = 0; nt < GemmColumnTiles(kN, wide); ++nt) {
+        g.m_tile = mt;
+        g.n_tile = nt;
+        ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
+        ExecuteReference(inst, m);
+      }
+    }
+    for (uint32_t r = 0; r < kM; ++r) {
+      for (uint32_t c = 0; c < kN; ++c) {
+        float want = 0.0f;
+        for (uint32_t x = 0; x < kK; ++x) want += graph::Bf16ToFloat(a[r * kK + x]) * graph::Bf16ToFloat(w[c * kK + x]);
+        want += graph::Bf16ToFloat(bias[c]) + m.ptr<float>(tr)[r * kN + c];
+        ASSERT_NEAR(m.ptr<float>(out)[r * kN + c], want, 1e-4) << r << "," << c << " wide " << wide;
+      }
     }
   }
-  for (uint32_t r = 0; r < kM; ++r) {
-    for (uint32_t c = 0; c < kN; ++c) {
-      float want = 0.0f;
-      for (uint32_t x = 0; x < kK; ++x) want += graph::Bf16ToFloat(a[r * kK + x]) * graph::Bf16ToFloat(w[c * kK + x]);
-      want += graph::Bf16ToFloat(bias[c]) + m.ptr<float>(tr)[r * kN + c];
-      ASSERT_NEAR(m.ptr<float>(out)[r * kN + c], want, 1e-4) << r << "," << c;
-    }
-  }
+  g.n_tile = 1;  // one wide tile for 200 columns
+  EXPECT_EQ(ValidateInstruction(inst, infos).message(),
+            "GEMM: tile (1, 1) outside the 2 x 1 output tiles of 256 columns");
+  g.n_tile = 0;
+  g.epilogue = kGemmRopeKvAppend;
+  EXPECT_NE(ValidateInstruction(inst, infos).message().find("the RoPE epilogue takes 128-column tiles only"),
+            std::string::npos);
+  g.epilogue = kGemmStoreF32;
+  g.wide = 2;
+  EXPECT_NE(ValidateInstruction(inst, infos).message().find("wide must be 0 or 1, not 2"), std::string::npos);
+  g.wide = 0;
+  g.n_tile = 1;
   g.m_tile = 2;  // only tiles 0..1 exist for 130 rows
   EXPECT_EQ(ValidateInstruction(inst, infos).message(), "GEMM: tile (2, 1) outside the 2 x 2 output tiles");
   g.m_tile = 0;

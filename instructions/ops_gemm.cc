@@ -12,16 +12,18 @@ namespace loom::isa::ref {
 
 void Validate(const GemmArgs& a, Checker& c) {
   c.Require(a.m > 0 && a.n > 0 && a.k > 0, "m, n and k must be positive");
-  c.Require(a.m_tile < GemmTiles(a.m) && a.n_tile < GemmTiles(a.n),
-            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(a.m), " x ", GemmTiles(a.n),
-                         " output tiles"));
+  c.Require(a.wide <= 1, absl::StrCat("wide must be 0 or 1, not ", a.wide));
+  c.Require(a.m_tile < GemmTiles(a.m) && a.n_tile < GemmColumnTiles(a.n, a.wide),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(a.m), " x ",
+                         GemmColumnTiles(a.n, a.wide), " output tiles", a.wide ? " of 256 columns" : ""));
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
   c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
-  c.Require(U(a.slab_begin) + (a.slab_count == 0 ? 1 : a.slab_count) <= GemmSlabs(a.k),
-            absl::StrCat("K slabs [", a.slab_begin, ", +", a.slab_count, ") outside the ", GemmSlabs(a.k)));
-  c.Require(a.epilogue == kGemmAccumulateF32 || (a.slab_begin == 0 && a.slab_count == 0),
-            "only the accumulating epilogue may take part of K");
+  const uint32_t slab_begin = a.slabs & 0xffffu, slab_count = a.slabs >> 16;
+  c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= GemmSlabs(a.k),
+            absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", GemmSlabs(a.k)));
+  c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
+  c.Require(!a.wide || a.epilogue != kGemmRopeKvAppend, "the RoPE epilogue takes 128-column tiles only");
   if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {
     const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
@@ -103,9 +105,9 @@ Footprint Cost(const PackRowsArgs& a, uint32_t) {
 }
 
 Footprint Cost(const GemmArgs& a, uint32_t) {
-  const uint64_t slabs = GemmSlabsOf(a).count;
-  return {slabs * kGemmSlabBytes, slabs * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN, GemmActivationBytes(a),
-          2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+  const uint64_t slabs = GemmSlabsOf(a).count, columns = GemmTileColumns(a);
+  return {slabs * kGemmSlabBytes * columns / kGemmTileN, slabs * kGemmSlabBytes + 4ull * kGemmTileM * columns,
+          GemmActivationBytes(a), 2ull * kGemmTileM * columns * slabs * kGemmSlabK};
 }
 
 // The patches are gathered from the input per K slab (reading each input element once per tap that covers it).
@@ -187,16 +189,16 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     }
     return values;
   };
-  const uint32_t row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * kGemmTileN;
+  const uint32_t columns = GemmTileColumns(a), row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * columns;
+  const uint32_t col_end = std::min(a.n, col0 + columns);
   const std::vector<float> tile_a = unswizzle(m.ptr<uint16_t>(a.a), row0, std::min(a.m, row0 + kGemmTileM) - row0);
-  const std::vector<float> tile_w =
-      unswizzle(m.ptr<uint16_t>(a.weight), col0, std::min(a.n, col0 + kGemmTileN) - col0);
+  const std::vector<float> tile_w = unswizzle(m.ptr<uint16_t>(a.weight), col0, col_end - col0);
   float* out = m.ptr<float>(a.out);
   uint16_t* image = m.ptr<uint16_t>(a.out);
   std::vector<float> row_values(kGemmTileN);
   for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
     float gate = 0.0f;
-    for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); ++col) {
+    for (uint32_t col = col0; col < col_end; ++col) {
       float acc = 0.0f;
       const float* ra = tile_a.data() + uint64_t{r - row0} * width;
       const float* rw = tile_w.data() + uint64_t{col - col0} * width;

@@ -54,15 +54,28 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
     return absl::InvalidArgumentError(
         absl::StrCat("activation ring size ", p.activation_bytes, " must be a multiple of 16 bytes"));
   }
+  bool graph_ops = false;
+  for (const auto& q : p.queues) {
+    for (const isa::Instruction& inst : q) graph_ops |= isa::KernelVariantOf(inst.op()) == isa::kGraphKernel;
+  }
   for (size_t sm = 0; sm < p.queues.size(); ++sm) {
     for (size_t i = 0; i < p.queues[sm].size(); ++i) {
       const isa::Instruction& inst = p.queues[sm][i];
       const std::string where = absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()), ")");
+      // Wide tiles run in a kernel variant of their own, without the general-graph opcodes (isa::kWideKernel).
+      if (isa::KernelVariantOf(inst) == isa::kWideKernel && graph_ops) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": a wide GEMM tile in a program with general-graph "
+                                                       "opcodes (their kernel has 128-column tiles only)"));
+      }
       // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
       // isa::ValidateInstruction, which the compiler and every schedule load run.
       if (isa::UsesTensorCores(inst.op()) && p.page_bytes < isa::kGemmSlabBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
+      }
+      if (inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().wide && p.page_bytes < isa::kGemmWideStepBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": a wide tile's K step takes a page of ",
+                                                       isa::kGemmWideStepBytes, " bytes, a page is ", p.page_bytes));
       }
       if (isa::ActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
@@ -139,7 +152,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   }
   std::vector<isa::Instruction> all;
   for (const auto& q : program.queues) {
-    for (const isa::Instruction& inst : q) m->variant_ = std::max(m->variant_, isa::KernelVariantOf(inst.op()));
+    for (const isa::Instruction& inst : q) m->variant_ = std::max(m->variant_, isa::KernelVariantOf(inst));
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -348,7 +361,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   std::vector<isa::Instruction> all;
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
-      up->variant = std::max(up->variant, isa::KernelVariantOf(inst.op()));
+      up->variant = std::max(up->variant, isa::KernelVariantOf(inst));
     }
     up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());

@@ -143,7 +143,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const isa::Instruction& inst = s.inst[w.slot.index];
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
-    GemmPages gemm{nullptr, nullptr, 0};
+    GemmPages gemm{nullptr, nullptr, 0, nullptr, 0};
     ConvGemmPages conv{nullptr, 0};
     FlashPages flash{nullptr, nullptr, 64, 0, 0};
     const uint32_t opcode = inst.opcode;
@@ -183,6 +183,25 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       }
       ++ring;
     }
+    // A wide GEMM tile (the wide variant's): per K step one page of its A slab and two W slabs (GpuMachine
+    // checks the page holds them). skip_weight_loads: a diagnostic (gemm_bench --skip_loads), the consumers alone.
+    for (uint32_t k = 0; kVariant == isa::kWideKernel && k < gemm.wide_steps; ++k) {
+      const uint64_t offset = static_cast<uint64_t>(k) * isa::kGemmSlabBytes;
+      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
+      uint8_t* page = s.pages + static_cast<size_t>(ring.index) * p.page_bytes;
+      if (p.skip_weight_loads) {
+        MbarrierArrive(&s.full[ring.index]);
+      } else {
+        MbarrierArriveExpectTx(&s.full[ring.index], (gemm.w2 != nullptr ? 3 : 2) * isa::kGemmSlabBytes);
+        BulkCopyToShared(page, gemm.a + offset, isa::kGemmSlabBytes, &s.full[ring.index]);
+        BulkCopyToShared(page + isa::kGemmSlabBytes, gemm.w + offset, isa::kGemmSlabBytes, &s.full[ring.index]);
+        if (gemm.w2 != nullptr) {
+          BulkCopyToShared(page + 2 * isa::kGemmSlabBytes, gemm.w2 + offset, isa::kGemmSlabBytes,
+                           &s.full[ring.index]);
+        }
+      }
+      ++ring;
+    }
     // CONV_GEMM: per K slab the A slab (the first half of a 32 KB page, or a page of its own: full at once, the
     // consumers write it) and the W slab (the second half, or the next page).
     for (uint32_t i = 0; kGraphOps && i < conv.slabs; ++i) {
@@ -218,7 +237,8 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       }
       ++ring;
     }
-    if (gemm.count + conv.slabs + flash.count > 0) {  // pages of other opcodes went out: not held back, nor counted
+    // Pages of other opcodes went out: not held back, nor counted.
+    if (gemm.count + gemm.wide_steps + conv.slabs + flash.count > 0) {
       landed = ring;
       in_flight = 0;
     }
@@ -436,7 +456,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 }
 
 // kVariant (isa::KernelVariant): kTensorKernel and up run the tensor-core opcodes (GEMM, FLASH_ATTN), kGraphKernel
-// the general-graph ones too. The tensor-core ones need many accumulator registers, and in the same consumer loop
+// the general-graph ones too, kWideKernel GEMM's 128 x 256 tiles. The tensor-core ones need many accumulator registers, and in the same consumer loop
 // they push the decode opcodes into spills; decode programs run the variant without them.
 template <uint32_t kVariant>
 __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
@@ -516,7 +536,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
         if constexpr (kGraphOps) RunDwConv(inst.as<isa::DwConvArgs>(), ctx);
         break;
       case isa::Opcode::GEMM:
-        if constexpr (kTensorOps) RunGemm(inst.as<isa::GemmArgs>(), ctx);
+        if constexpr (kTensorOps) RunGemm<kVariant == isa::kWideKernel>(inst.as<isa::GemmArgs>(), ctx);
         break;
       case isa::Opcode::FLASH_ATTN:
         if constexpr (kTensorOps) RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx);
@@ -596,12 +616,13 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
 }  // namespace
 
 cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
-  static uint32_t configured_smem[3] = {0, 0, 0};
+  static uint32_t configured_smem[4] = {0, 0, 0, 0};
   const uint32_t variant = params.kernel_variant;
-  if (variant > isa::kGraphKernel) return cudaErrorInvalidValue;
-  void* const kernels[3] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
+  if (variant > isa::kWideKernel) return cudaErrorInvalidValue;
+  void* const kernels[4] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
                             reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
-                            reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>)};
+                            reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>),
+                            reinterpret_cast<void*>(Megakernel<isa::kWideKernel>)};
   void* kernel = kernels[variant];
   if (configured_smem[variant] < smem_bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);

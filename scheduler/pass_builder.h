@@ -187,14 +187,14 @@ class PassBuilder {
 template <typename EmitFn>
 void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
-  for (uint32_t n = 0; n < isa::GemmTiles(g.n); ++n) {
+  for (uint32_t n = 0; n < isa::GemmColumnTiles(g.n, g.wide); ++n) {
     for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
       for (uint32_t s = 0; s < splits; ++s) {
         g.m_tile = m;
         g.n_tile = n;
         if (splits > 1) {
-          g.slab_begin = slabs * s / splits;
-          g.slab_count = slabs * (s + 1) / splits - g.slab_begin;
+          const uint32_t begin = slabs * s / splits;
+          g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
         }
         emit(g, m);
       }

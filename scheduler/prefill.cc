@@ -138,10 +138,12 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   }
   const bool all_logits = prefill_options.all_logits;
   if (prefill_options.page_bytes != 0 && prefill_options.page_bytes != isa::kGemmSlabBytes &&
-      prefill_options.page_bytes != 2 * isa::kGemmSlabBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill: page_bytes ", prefill_options.page_bytes, " is not 0 (auto), ",
-                                                   isa::kGemmSlabBytes, " or ", 2 * isa::kGemmSlabBytes));
+      prefill_options.page_bytes != 2 * isa::kGemmSlabBytes && prefill_options.page_bytes != isa::kGemmWideStepBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: page_bytes ", prefill_options.page_bytes,
+                                                   " is not 0 (auto), ", isa::kGemmSlabBytes, ", ",
+                                                   2 * isa::kGemmSlabBytes, " or ", isa::kGemmWideStepBytes));
   }
+
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
@@ -149,6 +151,21 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   }
   PassBuilder b(decode);
   const uint32_t P = rows, hidden = plan->hidden, tiles_m = isa::GemmTiles(P);
+  // Auto pages: 48 KB ones and 128 x 256 GEMM tiles for long prompts where kMinWideTilePages fit beside the widest
+  // activation slot (FLASH_ATTN's, or the QKV projection's RoPE stage); FitPassSmem picks 32 or 16 KB otherwise.
+  uint32_t page_bytes = prefill_options.page_bytes;
+  if (page_bytes == 0 && P >= kMinRowsForWideTiles) {
+    uint32_t activation = isa::kGemmTileM * isa::kGemmStageStride * 4;
+    for (const Layer& l : plan->layers) activation = std::max(activation, isa::FlashActivationBytes(l.head_dim));
+    SmemConfig smem = decode.options().smem();
+    smem.set_activation_bytes(activation);
+    smem.set_activation_slots(1);
+    smem.set_page_bytes(isa::kGemmWideStepBytes);
+    smem.set_num_pages(kMinWideTilePages);
+    if (SmemTotalBytes(smem) <= kMaxSmemBytes) page_bytes = isa::kGemmWideStepBytes;
+  }
+  // Every GEMM but the QKV projection (its RoPE epilogue takes 128 columns) on 128 x 256 tiles where pages hold them.
+  const bool wide_gemm_tiles = page_bytes >= isa::kGemmWideStepBytes;
 #define LOOM_FIND(var, name)                              \
   uint32_t var;                                           \
   {                                                       \
@@ -208,7 +225,8 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   // would otherwise run on a few SMs through all of K), each split adding its part atomically.
   auto gemm = [&](const std::string& name, isa::GemmArgs g, StageRef after, bool tiled_stage) {
     const StageRef stage = b.Stages(name, tiles_m, tiled_stage);
-    const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmTiles(g.n), slabs = isa::GemmSlabs(g.k);
+    g.wide = wide_gemm_tiles && g.epilogue != isa::kGemmRopeKvAppend ? 1 : 0;
+    const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmColumnTiles(g.n, g.wide), slabs = isa::GemmSlabs(g.k);
     uint32_t splits = 1;
     // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
     if (g.residual == g.out && 2 * tiles <= decode.num_sms()) {
@@ -393,10 +411,10 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   b.FinishWaits();
   Program& p = b.program();
   // Shared memory: the widest FLASH_ATTN buffers (or LM head tile), pages for the rest.
-  // Auto: 32 KB pages where at least kMinWidePages of them fit beside the activation ring (fewer starve the
-  // GEMM: gemm_bench 4096³ 435 TFLOP/s with 3, 537 with 4), else 16 KB.
+  // Auto (short prompts): 32 KB pages where at least kMinWidePages of them fit beside the activation ring (fewer
+  // starve the GEMM: gemm_bench 4096³ 435 TFLOP/s with 3, 537 with 4), else 16 KB.
   CompileOptions options = decode.options();
-  FitPassSmem(p, prefill_options.page_bytes, options.mutable_smem());
+  FitPassSmem(p, page_bytes, options.mutable_smem());
   p.io = decode.io();
   p.max_seq = decode.max_seq();
   p.vocab_size = decode.vocab_size();

@@ -55,9 +55,17 @@ struct PrefillOptions {
   // of FLASH_ATTN's K or V; one wait and one release each), 16 KB (one piece per page), or 0: 32 KB where at least
   // 4 such pages fit beside the activation ring (head_dim 64), else 16 KB (head_dim 128: FLASH_ATTN's 97 KB slot
   // leaves room for 3). Measured on the H100 (random:llama-3.2-1b TTFT at P = 128 / 512 / 2048): 2.78 / 4.03 /
-  // 12.63 ms with 32 KB pages against 2.77 / 4.13 / 13.21 with 16 KB.
+  // 12.63 ms with 32 KB pages against 2.77 / 4.13 / 13.21 with 16 KB. 48 KB (isa::kGemmWideStepBytes): every GEMM
+  // but the QKV projection (its RoPE epilogue) takes 128 x 256 tiles (isa::GemmArgs::wide: a K step's A slab and two
+  // W slabs a page); auto takes them from kMinRowsForWideTiles rows where kMinWideTilePages fit. Measured (H100,
+  // the same call, performance.md "GEMM opcode"): TTFT 2.83 / 3.34 / 5.46 / 10.43 ms at P = 128 / 512 / 1024 / 2048
+  // against 2.09 / 3.18 / 5.56 / 11.02 with 32 KB pages (wide tiles halve the tiles, and below 1024 rows too few
+  // remain to fill the SMs); giving wide tiles only to GEMMs with a wave of them measured worse at every P (their
+  // 128-column neighbours then have three pages of 32 KB used out of 48).
   uint32_t page_bytes = 0;
 };
+inline constexpr uint32_t kMinRowsForWideTiles = 1024;
+inline constexpr uint32_t kMinWideTilePages = 3;
 inline constexpr uint32_t kMaxRowTilesForTileBarriers = 8;
 
 // Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step

@@ -343,6 +343,63 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   }
 }
 
+// Wide tiles (isa::GemmArgs::wide: 128 x 256, the A slab and two W slabs of a K step in one 48 KB page) at ragged
+// M, N and K: N with a missing second W tile (N <= 128 in a tile), every f32 epilogue, split-K, and the SiLU-mul
+// image of the prefill's gate/up projection (a bf16 output: 4-6e-3 from elements on the other side of a rounding
+// boundary, the same with 128-column tiles, which the last form runs for comparison).
+TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t m, n, k; };
+  const std::vector<Case> cases = {{1, 64, 64},     {7, 300, 100},   {129, 256, 1000}, {200, 520, 64},
+                                   {1000, 384, 320}, {33, 17, 8},    {64, 640, 200}};
+  enum Form { kPlain, kBiasAndResidual, kInPlace, kRelu, kSplitK, kSiluImage };
+  for (const Case& c : cases) {
+    for (int f = 0; f <= kSiluImage + 1; ++f) {  // the last: the SiLU image of 128-column tiles, for comparison
+      const Form form = static_cast<Form>(std::min<int>(f, kSiluImage));
+      const uint32_t wide = f <= kSiluImage ? 1 : 0;
+      if (form == kSiluImage && c.n % (2 * isa::kGemmSlabK) != 0) continue;
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
+      g.wide = wide;
+      if (form != kPlain && form != kSiluImage) {
+        g.bias = b.Weight(c.n);
+        b.FillRandom(g.bias);
+      }
+      if (form == kBiasAndResidual || form == kRelu) {
+        g.residual = b.Arena(uint64_t{c.m} * c.n);
+        b.FillRandom(g.residual);
+      } else if (form == kInPlace || form == kSplitK) {
+        b.FillRandom(g.out);  // the residual stream it adds to
+        if (form == kInPlace) g.residual = g.out;
+      }
+      if (form == kRelu) g.epilogue = isa::kGemmStoreF32Relu;
+      if (form == kSplitK) g.epilogue = isa::kGemmAccumulateF32;
+      if (form == kSiluImage) {
+        g.epilogue = isa::kGemmSiluMulToImage;
+        g.out = b.Output(isa::GemmImageBytes(c.m, c.n / 2) / 2, graph::BF16);
+      }
+      const uint32_t slabs = isa::GemmSlabs(c.k), splits = form == kSplitK ? std::min(3u, slabs) : 1;
+      std::vector<isa::Instruction> queue;
+      for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
+        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, wide); ++nt) {
+          for (uint32_t s = 0; s < splits; ++s) {
+            g.m_tile = mt;
+            g.n_tile = nt;
+            const uint32_t begin = slabs * s / splits;
+            if (splits > 1) g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
+            queue.push_back(Make(isa::Opcode::GEMM, g));
+          }
+        }
+      }
+      b.RunAndCompare(queue,
+                      absl::StrCat(wide ? "wide" : "128-column", " GEMM M ", c.m, " N ", c.n, " K ", c.k, " form ",
+                                   form, " seed ", seed),
+                      form == kSiluImage ? kBf16OutputTolerance : kTolerance, isa::kGemmWideStepBytes);
+    }
+  }
+}
+
 // Split-K: each output tile as 3 instructions over uneven K slab ranges, each adding its part (and the bias, from
 // the first) into an output that already holds a residual, as a short prompt's O- and down-projections run.
 TEST(GpuOpcodes, GemmSplitKAccumulates) {
@@ -363,9 +420,9 @@ TEST(GpuOpcodes, GemmSplitKAccumulates) {
         for (uint32_t s = 0; s < 3; ++s) {
           g.m_tile = mt;
           g.n_tile = nt;
-          g.slab_begin = slabs * s * s / 9;  // uneven: 0, 1/9, 4/9 of K
-          g.slab_count = slabs * (s + 1) * (s + 1) / 9 - g.slab_begin;
-          if (g.slab_count == 0) continue;
+          const uint32_t begin = slabs * s * s / 9, count = slabs * (s + 1) * (s + 1) / 9 - begin;  // uneven
+          if (count == 0) continue;
+          g.slabs = isa::GemmPackSlabs(begin, count);
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
@@ -885,14 +942,17 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, o);
     ASSERT_TRUE(s.ok()) << s.status();
     for (uint32_t rows : {1u, 20u, 129u, 299u}) {
-      const std::string what = absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs");
+    // On 132 SMs also with 48 KB pages: 128 x 256 GEMM tiles (the wide kernel variant).
+    for (uint32_t wide : {0u, 1u}) {
+      if (wide && sms == 8) continue;
+      const std::string what = absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs", wide ? ", wide" : "");
       std::vector<int32_t> prompt;
       for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
       // On 8 SMs with one barrier per stage and 16 KB pages, on 132 with one per row tile and stage and 32 KB pages.
       scheduler::PrefillOptions po;
       po.row_tile_barriers = sms == 8 ? scheduler::PrefillOptions::RowTileBarriers::kOff
                                       : scheduler::PrefillOptions::RowTileBarriers::kOn;
-      po.page_bytes = sms == 8 ? 16384 : 32768;
+      po.page_bytes = sms == 8 ? 16384 : wide ? isa::kGemmWideStepBytes : 32768;
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, rows, po);
       ASSERT_TRUE(pass.ok()) << pass.status();
       absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
@@ -926,6 +986,7 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
       tokens = (*d)->tokens();
       ASSERT_TRUE(tokens.ok());
       EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": decode after the prefill";
+    }
     }
   }
 }

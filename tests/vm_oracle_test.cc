@@ -20,6 +20,7 @@
 #include "megakernel/reference_vm.h"
 #include "tests/relative_error.h"
 #include "scheduler/compiler.h"
+#include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/prefill.h"
 
@@ -134,18 +135,30 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
     for (int i = 0; i < rows; ++i) prompt.push_back((i * 7919 + 3) % 1000);
     absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
     ASSERT_TRUE(oracle.ok()) << oracle.status();
-    for (uint32_t sms : {3u, 132u}) {
-      const std::string what = absl::StrCat(spec, ", ", rows, " rows on ", sms, " SMs");
+    // On 3 SMs with one barrier per stage, on 132 with one per 128-row tile and stage (auto, for these sizes), and
+    // on 132 with 48 KB pages: 128 x 256 GEMM tiles (isa::GemmArgs::wide) but the QKV projection's.
+    for (const auto& [sms, page_bytes] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {3, 0}, {132, 0}, {132, isa::kGemmWideStepBytes}}) {
+      const std::string what = absl::StrCat(spec, ", ", rows, " rows on ", sms, " SMs, pages ", page_bytes);
       scheduler::CompileOptions o;
       o.set_num_sms(sms);
       absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
       ASSERT_TRUE(s.ok()) << s.status();
       scheduler::PrefillOptions po;
       po.all_logits = true;
-      // On 3 SMs with one barrier per stage, on 132 with one per 128-row tile and stage (auto, for these sizes).
+      po.page_bytes = page_bytes;
       if (sms == 3) po.row_tile_barriers = scheduler::PrefillOptions::RowTileBarriers::kOff;
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows, po);
       ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
+      absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*pass);
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      uint32_t wide = 0;  // the wide tiles are there
+      for (const auto& queue : decoded->queues) {
+        for (const isa::Instruction& inst : queue) {
+          wide += inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().wide ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(wide > 0, page_bytes != 0) << what;
       absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);
       ASSERT_TRUE(vm.ok());
       ASSERT_TRUE((*vm)->Reset(prompt).ok());
@@ -228,13 +241,14 @@ TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
 }
 
 // The pass's page size: 32 KB where four such pages fit beside the activation ring (head_dim 64), else 16 KB
-// (head_dim 128: FLASH_ATTN's 97 KB slot); explicit sizes are kept, others refused.
+// (head_dim 128: FLASH_ATTN's 97 KB slot), and 48 KB for long prompts where three fit; explicit sizes are kept,
+// others refused.
 TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
   const std::string config = std::string(LOOM_SOURCE_DIR) + "/tests/data/hf_configs/transformers5/llama-3.2-3b.json";
   for (const auto& [spec, page_bytes] : std::vector<std::pair<std::string, uint32_t>>{
            {"random:tiny", 32768}, {config, 16384}}) {  // head_dim 64; Llama-3.2-3B's shape (head_dim 128)
     graph::ModelOptions mo;
-    mo.max_seq = 256;
+    mo.max_seq = 1024;
     mo.load_weights = false;
     graph::Model m;
     if (absl::StartsWith(spec, "random:")) {
@@ -268,6 +282,13 @@ TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
     pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
     ASSERT_FALSE(pass.ok());
     EXPECT_NE(pass.status().message().find("page_bytes 20000"), std::string::npos) << pass.status();
+    // From kMinRowsForWideTiles rows: 48 KB pages (128 x 256 GEMM tiles) where three fit (head_dim 64), else as
+    // before (head_dim 128).
+    po.page_bytes = 0;
+    pass = scheduler::CompilePrefill(m.graph, *s, scheduler::kMinRowsForWideTiles, po);
+    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
+    EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes == 32768 ? isa::kGemmWideStepBytes : 16384u) << spec;
+    EXPECT_GE(pass->options().smem().num_pages(), page_bytes == 32768 ? scheduler::kMinWideTilePages : 7u) << spec;
   }
 }
 

@@ -24,9 +24,14 @@ ABSL_FLAG(std::string, shapes, "4096x4096x4096", "';'-separated MxNxK shapes");
 ABSL_FLAG(int32_t, repeats, 10, "timed launches per shape (median reported)");
 ABSL_FLAG(int32_t, num_sms, 132, "SMs to deal the tiles to");
 ABSL_FLAG(int32_t, pages, 11, "pages in each SM's ring (the prefill pass has 7 to 11 of 16 KB)");
-ABSL_FLAG(int32_t, page_kb, 16, "page size in KB: 16 (a K slab of A or W per page) or 32 (A and W together)");
+ABSL_FLAG(int32_t, page_kb, 16,
+          "page size in KB: 16 (a K slab of A or W per page), 32 (A and W together) or 48 (--wide: A and two W slabs)");
+ABSL_FLAG(bool, wide, false, "128 x 256 output tiles (isa::GemmArgs::wide; pages of 48 KB)");
 ABSL_FLAG(bool, residual, false,
           "C += A·Wᵀ in place (the residual epilogue of the prefill's O- and down-projections), not C = A·Wᵀ");
+ABSL_FLAG(bool, skip_loads, false,
+          "diagnostic, --wide only: the loader copies no A or W pages (the consumers multiply whatever the pages "
+          "hold), so the time is the consumers' alone; results are not checked");
 ABSL_FLAG(int32_t, group_m, 8,
           "tile order: 0 = row-major; G = groups of G tile rows, column by column inside a group (so the tiles "
           "that run at the same time share A rows and W columns in L2)");
@@ -60,7 +65,8 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   p.num_pages = static_cast<uint32_t>(absl::GetFlag(FLAGS_pages));
   p.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   p.activation_bytes = 1024;  // GEMM without the RoPE epilogue takes no activation slot
-  const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmTiles(n);
+  const bool wide = absl::GetFlag(FLAGS_wide);
+  const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmColumnTiles(n, wide);
   const bool grouped = absl::GetFlag(FLAGS_group_m) > 0;
   const uint32_t group = grouped ? static_cast<uint32_t>(absl::GetFlag(FLAGS_group_m)) : 1;
   for (uint32_t tile = 0; tile < mtiles * ntiles; ++tile) {
@@ -74,8 +80,9 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
     isa::Instruction inst{};
     inst.opcode = static_cast<uint8_t>(isa::Opcode::GEMM);
     inst.signal = isa::kNoBarrier;
-    inst.as<isa::GemmArgs>() = {0, 1, 2, m, n, k, mt, nt, isa::kNoTensor,
-                                absl::GetFlag(FLAGS_residual) ? 2u : isa::kNoTensor};
+    isa::GemmArgs& g = inst.as<isa::GemmArgs>();
+    g = {0, 1, 2, m, n, k, mt, nt, isa::kNoTensor, absl::GetFlag(FLAGS_residual) ? 2u : isa::kNoTensor};
+    g.wide = wide ? 1 : 0;
     p.queues[tile % sms].push_back(inst);
   }
   std::vector<uint8_t> weights(w_image.size() * 2);
@@ -83,6 +90,8 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> machine = megakernel::GpuMachine::Create(p, weights);
   if (!machine.ok()) return machine.status();
   if (absl::Status s = (*machine)->WriteArena(0, a_image.data(), a_image.size() * 2); !s.ok()) return s;
+  const bool skip_loads = absl::GetFlag(FLAGS_skip_loads);
+  (*machine)->SetSkipWeightLoads(skip_loads);
   std::vector<float> ms;
   for (int r = 0; r <= absl::GetFlag(FLAGS_repeats); ++r) {
     absl::StatusOr<float> t = (*machine)->Run(1, false);
@@ -90,6 +99,12 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
     if (r > 0) ms.push_back(*t);  // the first is a warm-up
   }
   std::sort(ms.begin(), ms.end());
+  if (skip_loads) {
+    const double median = ms[ms.size() / 2];
+    std::printf("%6u x %6u x %6u  %9.3f ms  (min %.3f)  %7.1f TFLOP/s  (no loads: not checked)\n", m, n, k, median,
+                ms.front(), 2.0 * m * n * k / (median * 1e-3) / 1e12);
+    return absl::OkStatus();
+  }
   std::vector<float> c(uint64_t{m} * n);
   if (absl::GetFlag(FLAGS_residual)) {  // C has accumulated every launch: check one product from zero
     if (absl::Status s = (*machine)->WriteArena(c_offset, c.data(), c.size() * 4); !s.ok()) return s;
@@ -116,15 +131,22 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
 int Main() {
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
-  if (absl::GetFlag(FLAGS_page_kb) != 16 && absl::GetFlag(FLAGS_page_kb) != 32) {
-    return Fail(absl::InvalidArgumentError("--page_kb must be 16 or 32"));
+  const int32_t page_kb = absl::GetFlag(FLAGS_page_kb);
+  if (page_kb != 16 && page_kb != 32 && page_kb != 48) {
+    return Fail(absl::InvalidArgumentError("--page_kb must be 16, 32 or 48"));
+  }
+  if (absl::GetFlag(FLAGS_skip_loads) && !absl::GetFlag(FLAGS_wide)) {
+    return Fail(absl::InvalidArgumentError("--skip_loads takes --wide (the loader skips wide tiles' pages only)"));
+  }
+  if (absl::GetFlag(FLAGS_wide) != (page_kb == 48)) {
+    return Fail(absl::InvalidArgumentError("--wide takes --page_kb=48, and 48 KB pages are for --wide"));
   }
   if (absl::GetFlag(FLAGS_pages) < 2 || absl::GetFlag(FLAGS_pages) * absl::GetFlag(FLAGS_page_kb) > 13 * 16) {
     return Fail(absl::InvalidArgumentError("--pages x --page_kb must fit 208 KB of an SM's shared memory"));
   }
-  std::printf("GEMM opcode in the megakernel (128x128 tiles, bf16 -> f32%s, %d pages of %d KB), median of %d "
+  std::printf("GEMM opcode in the megakernel (128x%d tiles, bf16 -> f32%s, %d pages of %d KB), median of %d "
               "launches\n",
-              absl::GetFlag(FLAGS_residual) ? ", added in place" : "", absl::GetFlag(FLAGS_pages),
+              absl::GetFlag(FLAGS_wide) ? 256 : 128, absl::GetFlag(FLAGS_residual) ? ", added in place" : "", absl::GetFlag(FLAGS_pages),
               absl::GetFlag(FLAGS_page_kb), absl::GetFlag(FLAGS_repeats));
   for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ';', absl::SkipEmpty())) {
     std::vector<std::string> dims = absl::StrSplit(shape, 'x');

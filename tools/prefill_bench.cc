@@ -34,7 +34,9 @@ ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
 ABSL_FLAG(int32_t, e2e_tokens, 128, "end to end: tokens generated");
 ABSL_FLAG(std::string, row_tile_barriers, "auto",
           "on: one barrier per 128-row tile and stage; off: one per stage; auto: on for up to 8 row tiles");
-ABSL_FLAG(int32_t, page_kb, 0, "ring page size of the pass in KB: 32, 16, or 0 (auto: 32 where 4 pages fit)");
+ABSL_FLAG(int32_t, page_kb, 0,
+          "ring page size of the pass in KB: 48 (128 x 256 GEMM tiles), 32, 16, or 0 (auto: 48 from 1024 rows where 3 "
+          "pages fit, else 32 where 4 fit, else 16)");
 ABSL_FLAG(std::string, trace, "", "write a Chrome trace of the last prompt length's pass here, and print its summary");
 
 namespace loom {

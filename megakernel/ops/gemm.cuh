@@ -18,11 +18,17 @@
 
 namespace loom::megakernel {
 
-// The pages a GEMM streams, in ring order: for each K slab, its A slab, then its W slab.
+// What a GEMM streams. 128-column tiles: `count` slabs in ring order, for each K step its A slab, then its W slab.
+// A wide tile: `wide_steps` K steps, each one page of its A slab, its W slab and the W slab of the next 128-row W
+// tile, w2 (nullptr when n has none: that third of the page is left as it is, and only output columns past n read
+// it). The loader walks them with adds and shifts only: it runs on few registers, and its arithmetic and spills
+// delay every page (a division per slab cost the GEMM half its speed).
 struct GemmPages {
-  const uint8_t* a;  // the tile's first A slab
+  const uint8_t* a;  // the tile's first A slab; consecutive K steps are kGemmSlabBytes apart in each operand
   const uint8_t* w;  // the tile's first W slab
   uint32_t count;
+  const uint8_t* w2;
+  uint32_t wide_steps;
 
   __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
     return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
@@ -32,9 +38,14 @@ struct GemmPages {
 __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
   const isa::GemmSlabRange range = isa::GemmSlabsOf(g);
-  return {m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(g.m_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
-          m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(g.n_tile) * slabs + range.begin) * isa::kGemmSlabBytes,
-          2 * range.count};
+  const uint32_t w_tile = g.wide ? 2 * g.n_tile : g.n_tile;
+  const uint8_t* a =
+      m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(g.m_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
+  const uint8_t* w =
+      m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(w_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
+  if (!g.wide) return {a, w, 2 * range.count, nullptr, 0};
+  const bool second = w_tile + 1 < isa::GemmTiles(g.n);
+  return {a, w, 0, second ? w + static_cast<uint64_t>(slabs) * isa::kGemmSlabBytes : nullptr, range.count};
 }
 
 // Ring pages per K slab: 1 when a page holds the A and the W slab (pages of 32 KB or more), else 2.
@@ -43,6 +54,7 @@ __device__ __forceinline__ uint32_t GemmPagesPerSlab(uint32_t page_bytes) {
 }
 
 using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
+using GemmWideAcc = tile::Accumulator<isa::kGemmWideTileN>;
 
 // Every epilogue issues all its global loads (bias, residual, RoPE frequencies, norm weights) before its first
 // store: a store to `out` may alias them (the residual IS out), so a load after a store waits for it, and the
@@ -50,23 +62,24 @@ using GemmAcc = tile::Accumulator<isa::kGemmTileN>;
 
 // f(i, offset of (r, c) in a row-major [m, n] tensor, c + 1 < n) for each accumulator register pair (i, i + 1) of
 // thread t inside the output (r < m, c < n): columns (c, c + 1) of row r. Fully unrolled (acc stays in registers).
-template <typename F>
+template <typename Acc, typename F>
 __device__ __forceinline__ void ForEachGemmPair(uint32_t m, uint32_t n, uint32_t t, uint32_t row0, uint32_t col0,
                                                 F&& f) {
 #pragma unroll
-  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-    const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
+  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+    const uint32_t r = row0 + Acc::Row(t, i), c = col0 + Acc::Col(t, i);
     if (r < m && c < n) f(i, static_cast<uint64_t>(r) * n + c, c + 1 < n);
   }
 }
 
 // acc += bias[column] (columns < n).
-__device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* bias, uint32_t n, uint32_t t,
+template <typename Acc>
+__device__ __forceinline__ void GemmAddBias(Acc& acc, const __nv_bfloat16* bias, uint32_t n, uint32_t t,
                                             uint32_t col0) {
   if (bias == nullptr) return;
 #pragma unroll
-  for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
-    const uint32_t c = col0 + GemmAcc::Col(t, i);
+  for (uint32_t i = 0; i < Acc::kRegs; ++i) {
+    const uint32_t c = col0 + Acc::Col(t, i);
     if (c < n) acc.d[i] += __bfloat162float(bias[c]);
   }
 }
@@ -74,8 +87,8 @@ __device__ __forceinline__ void GemmAddBias(GemmAcc& acc, const __nv_bfloat16* b
 // The f32 store epilogues of a tile (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32), GEMM's and CONV_GEMM's
 // (`g`: their args, read where they lie; m: the output's rows): bias (when accumulating, from the split holding slab
 // 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds.
-template <typename Args>
-__device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::MachineView& m, uint32_t rows, GemmAcc& acc,
+template <typename Args, typename Acc>
+__device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::MachineView& m, uint32_t rows, Acc& acc,
                                                  uint32_t t, uint32_t row0, uint32_t col0) {
   const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   float* out = m.ptr<float>(g.out);
@@ -88,8 +101,8 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   // 0.040 without).
   const bool in_place = g.epilogue == isa::kGemmStoreF32 && g.residual == g.out;
   if (g.epilogue == isa::kGemmAccumulateF32 || in_place) {
-    if (in_place || g.slab_begin == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds the bias
-    ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+    if (in_place || isa::GemmSplitBegin(g) == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds it
+    ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
         atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
       } else {
@@ -102,7 +115,7 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   GemmAddBias(acc, bias, g.n, t, col0);
   if (g.residual != isa::kNoTensor) {
     const float* residual = m.ptr<float>(g.residual);
-    ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+    ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
         const float2 v = *reinterpret_cast<const float2*>(residual + at);
         acc.d[i] += v.x;
@@ -115,9 +128,9 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   }
   if (g.epilogue == isa::kGemmStoreF32Relu) {
 #pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
+    for (uint32_t i = 0; i < Acc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
   }
-  ForEachGemmPair(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+  ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
     if (pairs) {
       *reinterpret_cast<float2*>(out + at) = make_float2(acc.d[i], acc.d[i + 1]);
     } else {
@@ -215,10 +228,12 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
 }
 
 using GemmSlab = tile::SmemSlab<isa::kGemmTileM, isa::Swizzle::k128B>;
+using GemmWideSlab = tile::SmemSlab<isa::kGemmWideTileN, isa::Swizzle::k128B>;  // two W slabs side by side
 
 // Slab s of a tile's K loop on warpgroup g's 64 rows, one slab in flight: issued; then slab s-1 is done and its
 // pages (per_slab of them) go back to the loader. GEMM's and CONV_GEMM's.
-__device__ __forceinline__ void GemmSlabStep(GemmAcc& acc, const GemmSlab& a, const GemmSlab& w, uint32_t warpgroup,
+template <typename Acc, typename WSlab>
+__device__ __forceinline__ void GemmSlabStep(Acc& acc, const GemmSlab& a, const WSlab& w, uint32_t warpgroup,
                                              uint32_t s, uint32_t per_slab, ConsumerContext& ctx) {
   tile::WgmmaFence();
   tile::SlabMma(acc, a, warpgroup * 64, w, s > 0);
@@ -236,14 +251,63 @@ __device__ __forceinline__ void GemmSlabsDone(uint32_t per_slab, ConsumerContext
   if (per_slab == 2) ctx.ReleasePage();
 }
 
+// kGemmSiluMulToImage: registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even, a (gate, up) pair; out is
+// the bf16 image of silu(gate) * up.
+template <typename Acc>
+__device__ __forceinline__ void GemmSiluMulEpilogue(const isa::GemmArgs& g, const isa::MachineView& m, Acc& acc,
+                                                    uint32_t t, uint32_t row0, uint32_t col0) {
+  GemmAddBias(acc, g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr, g.n, t, col0);
+  uint8_t* image = m.ptr<uint8_t>(g.out);
+#pragma unroll
+  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+    const uint32_t r = row0 + Acc::Row(t, i), c = col0 + Acc::Col(t, i);
+    if (r < g.m && c < g.n) {
+      *reinterpret_cast<__nv_bfloat16*>(image + isa::Swizzled128Offset(g.n / 2, isa::kGemmTileM, r, c / 2)) =
+          __float2bfloat16(Silu(acc.d[i]) * acc.d[i + 1]);
+    }
+  }
+}
+
+// A wide tile (isa::GemmArgs::wide): one ring page per K step holds the A slab and the two W slabs, and each
+// warpgroup's m64n256 product keeps 128 accumulator registers per thread. f32 and SiLU-image epilogues.
+__device__ __forceinline__ void RunGemmWide(const isa::GemmArgs& g, ConsumerContext& ctx) {
+  const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
+  const uint32_t slabs = isa::GemmSlabsOf(g).count;
+  GemmWideAcc acc;
+  acc.Zero();
+  tile::FenceRegisters(acc.d);  // (see RunGemm)
+  PipelineState next = ctx.ring;
+  for (uint32_t s = 0; s < slabs; ++s) {
+    const uint8_t* page = ctx.WaitPage(next);
+    ++next;
+    GemmSlabStep(acc, GemmSlab{page}, GemmWideSlab{page + isa::kGemmSlabBytes}, warpgroup, s, 1, ctx);
+  }
+  GemmSlabsDone(1, ctx);
+  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmWideTileN;
+  if (g.epilogue == isa::kGemmSiluMulToImage) {
+    GemmSiluMulEpilogue(g, ctx.machine, acc, t, row0, col0);
+    return;
+  }
+  GemmStoreF32Tile(g, ctx.machine, g.m, acc, t, row0, col0);
+}
+
 // Inlined into the tensor-core variant of the consumer loop only (Consumers<true>), like everything there: a
 // function call anywhere in a kernel that issues wgmma makes ptxas serialise every wgmma of it (C7510), and
 // acc must stay in registers (fully unrolled indexing; never passed to a call), or ptxas serialises the wgmma
 // pipeline again (C7514).
+// kWide: the variant has the wide-tile path (isa::kWideKernel; the others never see a wide tile: GpuMachine picks it).
+template <bool kWide>
 __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
   using Slab = GemmSlab;
   static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
+  static_assert(GemmWideSlab::kBytes == 2 * isa::kGemmSlabBytes, "a wide tile's W slabs fill two 16 KB slabs");
   static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
+  if constexpr (kWide) {
+    if (g.wide) {
+      RunGemmWide(g, ctx);
+      return;
+    }
+  }
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t slabs = isa::GemmSlabsOf(g).count;
   GemmAcc acc;
@@ -271,19 +335,8 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     GemmRopeKvEpilogue(g, m, acc, warpgroup, t, row0, col0, ctx.act + warpgroup * 64 * isa::kGemmStageStride);
     return;
   }
-  const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   if (g.epilogue == isa::kGemmSiluMulToImage) {
-    GemmAddBias(acc, bias, g.n, t, col0);
-    // Registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even: a (gate, up) pair.
-    uint8_t* image = m.ptr<uint8_t>(g.out);
-#pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-      const uint32_t r = row0 + GemmAcc::Row(t, i), c = col0 + GemmAcc::Col(t, i);
-      if (r < g.m && c < g.n) {
-        *reinterpret_cast<__nv_bfloat16*>(image + isa::Swizzled128Offset(g.n / 2, isa::kGemmTileM, r, c / 2)) =
-            __float2bfloat16(Silu(acc.d[i]) * acc.d[i + 1]);
-      }
-    }
+    GemmSiluMulEpilogue(g, m, acc, t, row0, col0);
     return;
   }
   GemmStoreF32Tile(g, m, g.m, acc, t, row0, col0);

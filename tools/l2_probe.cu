@@ -1,0 +1,144 @@
+// l2_probe: how fast can the SMs pull L2-resident data into shared memory with bulk copies, the path every GEMM
+// page takes? One block per SM (or fewer), one thread issuing `cp.async.bulk` copies of `page_kb` into a ring of
+// `pages` shared-memory pages, each waited on its mbarrier and re-issued at once (nothing consumes the data).
+// The source is a `region_mb` buffer read by every SM at its own staggered offset, small enough to stay in L2.
+// Prints the aggregate GB/s for each (SMs, pages, page size, region) in the sweep.
+//
+//   l2_probe [--repeats=N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "megakernel/mbarrier.cuh"
+
+namespace {
+
+using loom::megakernel::BulkCopyToShared;
+using loom::megakernel::FenceBarrierInit;
+using loom::megakernel::MbarrierArriveExpectTx;
+using loom::megakernel::MbarrierInit;
+using loom::megakernel::MbarrierTryWait;
+
+constexpr int kMaxPages = 16;
+constexpr uint32_t kChunkBytes = 16 * 1024;
+
+__global__ void PullPages(const uint8_t* region, uint64_t region_bytes, uint32_t page_bytes, uint32_t pages,
+                          uint32_t iterations, uint32_t sharing, uint32_t lag, uint32_t far) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[kMaxPages];
+  if (threadIdx.x != 0) return;
+  for (uint32_t p = 0; p < pages; ++p) MbarrierInit(&full[p], 1);
+  FenceBarrierInit();
+  // Each group of `sharing` SMs starts at its own offset and walks the region page by page (offsets wrap): the SMs
+  // of a group read the same pages at about the same time, as the SMs of a GEMM that share an A or W tile do.
+  // `lag`: the group's k-th SM reads k * lag pages behind the first; `far`: a group's SMs are gridDim / sharing
+  // blocks apart (not neighbours).
+  const uint32_t groups = gridDim.x / sharing;
+  const uint32_t group = far ? blockIdx.x % groups : blockIdx.x / sharing;
+  const uint32_t member = far ? blockIdx.x / groups : blockIdx.x % sharing;
+  uint64_t offset = (static_cast<uint64_t>(group) * 7919 * page_bytes + uint64_t{region_bytes} -
+                     static_cast<uint64_t>(member) * lag * page_bytes) % region_bytes;
+  offset -= offset % page_bytes;
+  auto issue = [&](uint32_t p) {
+    MbarrierArriveExpectTx(&full[p], page_bytes);
+    for (uint32_t c = 0; c < page_bytes; c += kChunkBytes) {  // in 16 KB copies, as a GEMM page's slabs
+      BulkCopyToShared(smem + static_cast<uint64_t>(p) * page_bytes + c, region + offset + c, kChunkBytes, &full[p]);
+    }
+    offset += page_bytes;
+    if (offset + page_bytes > region_bytes) offset = 0;
+  };
+  for (uint32_t p = 0; p < pages && p < iterations; ++p) issue(p);
+  for (uint32_t i = 0; i < iterations; ++i) {
+    const uint32_t p = i % pages;
+    while (!MbarrierTryWait(&full[p], (i / pages) & 1)) {
+    }
+    if (i + pages < iterations) issue(p);
+  }
+}
+
+float TimeOnce(const uint8_t* region, uint64_t region_bytes, int blocks, uint32_t page_bytes, uint32_t pages,
+               uint32_t iterations, uint32_t sharing, uint32_t lag, uint32_t far) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  PullPages<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations, sharing, lag, far);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 7;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--repeats=", 10) == 0) {
+      repeats = std::atoi(argv[i] + 10);
+    } else {
+      std::fprintf(stderr, "l2_probe: unknown argument %s (usage: l2_probe [--repeats=N])\n", argv[i]);
+      return 2;
+    }
+  }
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  cudaFuncSetAttribute(PullPages, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  const uint64_t max_region = 64ull << 20;
+  uint8_t* region = nullptr;
+  if (cudaMalloc(&region, max_region) != cudaSuccess) {
+    std::fprintf(stderr, "l2_probe: cudaMalloc of %llu bytes failed\n", static_cast<unsigned long long>(max_region));
+    return 1;
+  }
+  cudaMemset(region, 1, max_region);
+  std::printf("%6s %6s %8s %10s %8s %4s %4s %12s %12s\n", "SMs", "pages", "page_kb", "region_mb", "sharing", "lag",
+              "far", "GB/s total", "GB/s per SM");
+  struct Case {
+    int blocks;
+    uint32_t pages, page_kb, region_mb, sharing = 1, lag = 0, far = 0;
+  };
+  std::vector<Case> cases;
+  for (uint32_t region_mb : {16u, 48u}) {
+    for (uint32_t page_kb : {16u, 32u, 48u}) {
+      for (uint32_t pages : {2u, 3u, 4u, 6u, 8u, 12u}) {
+        if (pages * page_kb > 192) continue;
+        cases.push_back({sms, pages, page_kb, region_mb});
+      }
+    }
+  }
+  for (int blocks : {8, 33, 66, 99}) cases.push_back({blocks, 6, 32, 16});
+  for (uint32_t sharing : {2u, 4u, 8u}) cases.push_back({sms, 6, 32, 16, sharing});
+  for (uint32_t far : {0u, 1u}) {
+    for (uint32_t lag : {0u, 1u, 12u}) cases.push_back({sms, 6, 32, 16, 2, lag, far});
+  }
+  for (uint32_t sharing : {2u, 8u}) cases.push_back({sms, 4, 48, 16, sharing});
+  for (const Case& c : cases) {
+    const uint32_t page_bytes = c.page_kb * 1024;
+    const uint64_t region_bytes = static_cast<uint64_t>(c.region_mb) << 20;
+    // About 2 GB in all (a few hundred microseconds: the launch's own cost is then a few percent).
+    const uint32_t iterations = static_cast<uint32_t>((2048ull << 20) / page_bytes / c.blocks) + 64;
+    std::vector<float> ms;
+    TimeOnce(region, region_bytes, c.blocks, page_bytes, c.pages, iterations, c.sharing, c.lag, c.far);  // warm-up
+    for (int r = 0; r < repeats; ++r) {
+      ms.push_back(TimeOnce(region, region_bytes, c.blocks, page_bytes, c.pages, iterations, c.sharing, c.lag, c.far));
+    }
+    if (cudaGetLastError() != cudaSuccess) {
+      std::fprintf(stderr, "l2_probe: kernel failed at SMs=%d pages=%u page_kb=%u\n", c.blocks, c.pages, c.page_kb);
+      return 1;
+    }
+    std::sort(ms.begin(), ms.end());
+    const double bytes = static_cast<double>(c.blocks) * iterations * page_bytes;
+    const double gbs = bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+    std::printf("%6d %6u %8u %10u %8u %4u %4u %12.0f %12.1f\n", c.blocks, c.pages, c.page_kb, c.region_mb, c.sharing,
+                c.lag, c.far, gbs, gbs / c.blocks);
+  }
+  cudaFree(region);
+  return 0;
+}
