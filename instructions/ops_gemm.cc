@@ -23,6 +23,8 @@ void Validate(const GemmArgs& a, Checker& c) {
   c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= GemmSlabs(a.k),
             absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", GemmSlabs(a.k)));
   c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
+  c.Require(a.slabs == 0 || GemmSlabs(a.k) <= 0xffffu,  // (the range's two 16-bit halves)
+            absl::StrCat("k ", a.k, ": a split of more than 65535 K slabs"));
   c.Require(!a.wide || a.epilogue != kGemmRopeKvAppend, "the RoPE epilogue takes 128-column tiles only");
   if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {

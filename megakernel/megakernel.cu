@@ -456,8 +456,9 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 }
 
 // kVariant (isa::KernelVariant): kTensorKernel and up run the tensor-core opcodes (GEMM, FLASH_ATTN), kGraphKernel
-// the general-graph ones too, kWideKernel GEMM's 128 x 256 tiles. The tensor-core ones need many accumulator registers, and in the same consumer loop
-// they push the decode opcodes into spills; decode programs run the variant without them.
+// the general-graph ones too, kWideKernel GEMM's 128 x 256 tiles. The tensor-core ones need many accumulator
+// registers, and in the same consumer loop they push the decode opcodes into spills; decode programs run the
+// variant without them.
 template <uint32_t kVariant>
 __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;

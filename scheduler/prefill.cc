@@ -137,13 +137,13 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     return CompileGeneralPrefill(graph, decode, rows, prefill_options.verify);
   }
   const bool all_logits = prefill_options.all_logits;
-  if (prefill_options.page_bytes != 0 && prefill_options.page_bytes != isa::kGemmSlabBytes &&
-      prefill_options.page_bytes != 2 * isa::kGemmSlabBytes && prefill_options.page_bytes != isa::kGemmWideStepBytes) {
+  const uint32_t asked = prefill_options.page_bytes;
+  if (asked != 0 && asked != isa::kGemmSlabBytes && asked != 2 * isa::kGemmSlabBytes &&
+      asked != isa::kGemmWideStepBytes) {
     return absl::InvalidArgumentError(absl::StrCat("prefill: page_bytes ", prefill_options.page_bytes,
                                                    " is not 0 (auto), ", isa::kGemmSlabBytes, ", ",
                                                    2 * isa::kGemmSlabBytes, " or ", isa::kGemmWideStepBytes));
   }
-
   absl::StatusOr<Plan> plan = ParsePlan(graph);
   if (!plan.ok()) return plan.status();
   if (rows == 0 || rows > decode.max_seq()) {
@@ -155,7 +155,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   // activation slot (FLASH_ATTN's, or the QKV projection's RoPE stage); FitPassSmem picks 32 or 16 KB otherwise.
   uint32_t page_bytes = prefill_options.page_bytes;
   if (page_bytes == 0 && P >= kMinRowsForWideTiles) {
-    uint32_t activation = isa::kGemmTileM * isa::kGemmStageStride * 4;
+    isa::GemmArgs rope{};
+    rope.epilogue = isa::kGemmRopeKvAppend;
+    uint32_t activation = isa::GemmActivationBytes(rope);
     for (const Layer& l : plan->layers) activation = std::max(activation, isa::FlashActivationBytes(l.head_dim));
     SmemConfig smem = decode.options().smem();
     smem.set_activation_bytes(activation);

@@ -945,7 +945,8 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
     // On 132 SMs also with 48 KB pages: 128 x 256 GEMM tiles (the wide kernel variant).
     for (uint32_t wide : {0u, 1u}) {
       if (wide && sms == 8) continue;
-      const std::string what = absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs", wide ? ", wide" : "");
+      const std::string what =
+          absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs", wide ? ", wide tiles" : "");
       std::vector<int32_t> prompt;
       for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
       // On 8 SMs with one barrier per stage and 16 KB pages, on 132 with one per row tile and stage and 32 KB pages.

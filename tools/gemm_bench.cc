@@ -146,7 +146,8 @@ int Main() {
   }
   std::printf("GEMM opcode in the megakernel (128x%d tiles, bf16 -> f32%s, %d pages of %d KB), median of %d "
               "launches\n",
-              absl::GetFlag(FLAGS_wide) ? 256 : 128, absl::GetFlag(FLAGS_residual) ? ", added in place" : "", absl::GetFlag(FLAGS_pages),
+              absl::GetFlag(FLAGS_wide) ? 256 : 128, absl::GetFlag(FLAGS_residual) ? ", added in place" : "",
+              absl::GetFlag(FLAGS_pages),
               absl::GetFlag(FLAGS_page_kb), absl::GetFlag(FLAGS_repeats));
   for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ';', absl::SkipEmpty())) {
     std::vector<std::string> dims = absl::StrSplit(shape, 'x');
