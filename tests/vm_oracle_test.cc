@@ -282,13 +282,21 @@ TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
     pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
     ASSERT_FALSE(pass.ok());
     EXPECT_NE(pass.status().message().find("page_bytes 20000"), std::string::npos) << pass.status();
-    // From kMinRowsForWideTiles rows: 48 KB pages (128 x 256 GEMM tiles) where three fit (head_dim 64), else as
-    // before (head_dim 128).
+    // 48 KB pages (128 x 256 GEMM tiles) where the gate/up GEMM has kMinWideTileWaves waves of wide tiles and three
+    // pages fit (head_dim 64), else as before (head_dim 128). On 8 SMs, 1024 rows of random:tiny make 4 waves, 130
+    // rows one.
+    scheduler::CompileOptions o8;
+    o8.set_num_sms(8);
+    absl::StatusOr<scheduler::Schedule> s8 = scheduler::Compile(m.graph, m.spec, o8);
+    ASSERT_TRUE(s8.ok()) << s8.status();
     po.page_bytes = 0;
-    pass = scheduler::CompilePrefill(m.graph, *s, scheduler::kMinRowsForWideTiles, po);
+    pass = scheduler::CompilePrefill(m.graph, *s8, 1024, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes == 32768 ? isa::kGemmWideStepBytes : 16384u) << spec;
-    EXPECT_GE(pass->options().smem().num_pages(), page_bytes == 32768 ? scheduler::kMinWideTilePages : 7u) << spec;
+    if (page_bytes == 32768) EXPECT_GE(pass->options().smem().num_pages(), scheduler::kMinWideTilePages) << spec;
+    pass = scheduler::CompilePrefill(m.graph, *s8, 130, po);
+    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
+    EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes) << spec;
   }
 }
 
