@@ -58,10 +58,12 @@ struct PrefillOptions {
   // 12.63 ms with 32 KB pages against 2.77 / 4.13 / 13.21 with 16 KB. 48 KB (isa::kGemmWideStepBytes): every GEMM
   // but the QKV projection (its RoPE epilogue) takes 128 x 256 tiles (isa::GemmArgs::wide: a K step's A slab and two
   // W slabs a page); auto takes them where the pass's widest GEMM (gate/up) has kMinWideTileWaves waves of wide
-  // tiles and kMinWideTilePages fit. Measured (H100, the same call, performance.md "GEMM opcode", random:llama-3.2-1b:
-  // 0.5 / 1.9 / 3.9 / 7.8 waves at P = 128 / 512 / 1024 / 2048): TTFT 2.83 / 3.34 / 5.46 / 10.43 ms against 2.09 / 3.18 /
-  // 5.56 / 11.02 with 32 KB pages (wide tiles halve the tiles: with few, SMs idle); giving wide tiles only to GEMMs
-  // with a wave of them measured worse at every P (their 128-column neighbours then use 32 KB of each 48 KB page).
+  // tiles, the O- and down-projections' n (hidden) fills them, and kMinWideTilePages fit. Measured (H100,
+  // performance.md "GEMM opcode"): random:llama-3.2-1b TTFT 2.83 / 3.34 / 5.46 / 10.43 ms at P = 128 / 512 / 1024 /
+  // 2048 (0.5 / 1.9 / 3.9 / 7.8 waves) against 2.09 / 3.18 / 5.56 / 11.02 with 32 KB pages (wide tiles halve the
+  // tiles: with few, SMs idle); giving wide tiles only to GEMMs with a wave of them measured worse at every P (their
+  // 128-column neighbours then use 32 KB of each 48 KB page); the rule picked the faster page size at 12 of 12
+  // points of three shapes (Llama-3.2-1B, TinyLlama, Qwen2.5-0.5B at P = 768 ... 2048).
   uint32_t page_bytes = 0;
 };
 inline constexpr uint32_t kMinWideTileWaves = 3;
