@@ -2,7 +2,8 @@
 // page takes? One block per SM (or fewer), one thread issuing `cp.async.bulk` copies of `page_kb` into a ring of
 // `pages` shared-memory pages, each waited on its mbarrier and re-issued at once (nothing consumes the data).
 // The source is a `region_mb` buffer read by every SM at its own staggered offset, small enough to stay in L2.
-// Prints the aggregate GB/s for each (SMs, pages, page size, region) in the sweep.
+// Prints the aggregate GB/s for each (SMs, pages, page size, region, sharing) in the sweep, then the same with 2-CTA
+// clusters and multicast.
 //
 //   l2_probe [--repeats=N]
 #include <cuda_runtime.h>
@@ -22,6 +23,7 @@ using loom::megakernel::FenceBarrierInit;
 using loom::megakernel::MbarrierArriveExpectTx;
 using loom::megakernel::MbarrierInit;
 using loom::megakernel::MbarrierTryWait;
+using loom::megakernel::SmemAddress;
 
 constexpr int kMaxPages = 16;
 constexpr uint32_t kChunkBytes = 16 * 1024;
@@ -58,6 +60,71 @@ __global__ void PullPages(const uint8_t* region, uint64_t region_bytes, uint32_t
     }
     if (i + pages < iterations) issue(p);
   }
+}
+
+// The same ring in a 2-CTA cluster with TMA multicast: each CTA copies half of every page from L2 into the page of
+// both CTAs (`.multicast::cluster`), so each SM's page fills with half its bytes read from L2 by itself. Each CTA's
+// page barrier expects the whole page (both halves); a cluster barrier after every page keeps the two CTAs on the
+// same page, so neither refills one its partner has not seen complete. That barrier bounds this mode: it measured
+// 40-50 GB/s into each SM (H100), below the plain ring's 58-64, so it says nothing yet about multicast's own rate;
+// a GEMM would release a page to the pair with a remote mbarrier arrive per page instead (docs/performance.md).
+__global__ void __cluster_dims__(2, 1, 1) PullPagesMulticast(const uint8_t* region, uint64_t region_bytes,
+                                                            uint32_t page_bytes, uint32_t pages, uint32_t iterations) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(8) uint64_t full[kMaxPages];
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  if (threadIdx.x == 0) {
+    for (uint32_t p = 0; p < pages; ++p) MbarrierInit(&full[p], 1);
+    FenceBarrierInit();
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (threadIdx.x != 0) {  // (the other lanes still take part in the cluster barriers below)
+    for (uint32_t i = 0; i < iterations; ++i) {
+      asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+    }
+    return;
+  }
+  const uint32_t half = page_bytes / 2;
+  uint64_t offset = (static_cast<uint64_t>(blockIdx.x / 2) * 7919 * page_bytes) % region_bytes;
+  offset -= offset % page_bytes;
+  auto issue = [&](uint32_t p) {
+    MbarrierArriveExpectTx(&full[p], page_bytes);
+    for (uint32_t c = 0; c < half; c += kChunkBytes / 2) {
+      const uint32_t dst = SmemAddress(smem + static_cast<uint64_t>(p) * page_bytes + rank * half + c);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+          "%4;" ::"r"(dst),
+          "l"(region + offset + rank * half + c), "r"(kChunkBytes / 2), "r"(SmemAddress(&full[p])), "h"(uint16_t{3})
+          : "memory");
+    }
+    offset += page_bytes;
+    if (offset + page_bytes > region_bytes) offset = 0;
+  };
+  for (uint32_t p = 0; p < pages && p < iterations; ++p) issue(p);
+  for (uint32_t i = 0; i < iterations; ++i) {
+    const uint32_t p = i % pages;
+    while (!MbarrierTryWait(&full[p], (i / pages) & 1)) {
+    }
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+    if (i + pages < iterations) issue(p);
+  }
+}
+
+float TimeMulticast(const uint8_t* region, uint64_t region_bytes, int blocks, uint32_t page_bytes, uint32_t pages,
+                    uint32_t iterations) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  PullPagesMulticast<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
 }
 
 float TimeOnce(const uint8_t* region, uint64_t region_bytes, int blocks, uint32_t page_bytes, uint32_t pages,
@@ -138,6 +205,32 @@ int main(int argc, char** argv) {
     const double gbs = bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
     std::printf("%6d %6u %8u %10u %8u %4u %4u %12.0f %12.1f\n", c.blocks, c.pages, c.page_kb, c.region_mb, c.sharing,
                 c.lag, c.far, gbs, gbs / c.blocks);
+  }
+  // 2-CTA clusters with multicast: how fast each SM's pages fill when each reads half of them from L2.
+  cudaFuncSetAttribute(PullPagesMulticast, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  std::printf("\n2-CTA clusters, each page half read by each CTA and multicast to both:\n");
+  std::printf("%6s %6s %8s %10s %14s %14s\n", "SMs", "pages", "page_kb", "region_mb", "GB/s into SMs",
+              "per SM (L2 half)");
+  for (uint32_t page_kb : {32u, 48u}) {
+    for (uint32_t pages : {3u, 4u, 6u}) {
+      if (pages * page_kb > 192) continue;
+      const uint32_t page_bytes = page_kb * 1024, blocks = static_cast<uint32_t>(sms) / 2 * 2;
+      const uint64_t region_bytes = 16ull << 20;
+      const uint32_t iterations = static_cast<uint32_t>((2048ull << 20) / page_bytes / blocks) + 64;
+      std::vector<float> ms;
+      TimeMulticast(region, region_bytes, blocks, page_bytes, pages, iterations);
+      for (int r = 0; r < repeats; ++r) {
+        ms.push_back(TimeMulticast(region, region_bytes, blocks, page_bytes, pages, iterations));
+      }
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+        std::fprintf(stderr, "l2_probe: multicast kernel failed: %s\n", cudaGetErrorString(e));
+        return 1;
+      }
+      std::sort(ms.begin(), ms.end());
+      const double gbs = static_cast<double>(blocks) * iterations * page_bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+      std::printf("%6u %6u %8u %10u %14.0f %9.1f (%.1f)\n", blocks, pages, page_kb, 16u, gbs, gbs / blocks,
+                  gbs / blocks / 2);
+    }
   }
   cudaFree(region);
   return 0;
