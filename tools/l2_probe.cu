@@ -28,6 +28,20 @@ using loom::megakernel::SmemAddress;
 constexpr int kMaxPages = 16;
 constexpr uint32_t kChunkBytes = 16 * 1024;
 
+// The ring: `pages` issued, then each waited on in turn, `between()`, and refilled until `iterations` pages landed.
+template <typename Issue, typename Between>
+__device__ __forceinline__ void RunRing(uint64_t* full, uint32_t pages, uint32_t iterations, Issue& issue,
+                                        Between between) {
+  for (uint32_t p = 0; p < pages && p < iterations; ++p) issue(p);
+  for (uint32_t i = 0; i < iterations; ++i) {
+    const uint32_t p = i % pages;
+    while (!MbarrierTryWait(&full[p], (i / pages) & 1)) {
+    }
+    between();
+    if (i + pages < iterations) issue(p);
+  }
+}
+
 __global__ void PullPages(const uint8_t* region, uint64_t region_bytes, uint32_t page_bytes, uint32_t pages,
                           uint32_t iterations, uint32_t sharing, uint32_t lag, uint32_t far) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -53,13 +67,7 @@ __global__ void PullPages(const uint8_t* region, uint64_t region_bytes, uint32_t
     offset += page_bytes;
     if (offset + page_bytes > region_bytes) offset = 0;
   };
-  for (uint32_t p = 0; p < pages && p < iterations; ++p) issue(p);
-  for (uint32_t i = 0; i < iterations; ++i) {
-    const uint32_t p = i % pages;
-    while (!MbarrierTryWait(&full[p], (i / pages) & 1)) {
-    }
-    if (i + pages < iterations) issue(p);
-  }
+  RunRing(full, pages, iterations, issue, [] {});
 }
 
 // The same ring in a 2-CTA cluster with TMA multicast: each CTA copies half of every page from L2 into the page of
@@ -101,46 +109,40 @@ __global__ void __cluster_dims__(2, 1, 1) PullPagesMulticast(const uint8_t* regi
     offset += page_bytes;
     if (offset + page_bytes > region_bytes) offset = 0;
   };
-  for (uint32_t p = 0; p < pages && p < iterations; ++p) issue(p);
-  for (uint32_t i = 0; i < iterations; ++i) {
-    const uint32_t p = i % pages;
-    while (!MbarrierTryWait(&full[p], (i / pages) & 1)) {
-    }
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-    if (i + pages < iterations) issue(p);
-  }
+  RunRing(full, pages, iterations, issue,
+          [] { asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory"); });
+}
+
+// Milliseconds of one launch (`launch()` enqueues it), by CUDA events.
+template <typename Launch>
+float TimeLaunch(Launch launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  launch();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
 }
 
 float TimeMulticast(const uint8_t* region, uint64_t region_bytes, int blocks, uint32_t page_bytes, uint32_t pages,
                     uint32_t iterations) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  PullPagesMulticast<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations);
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
+  return TimeLaunch([&] {
+    PullPagesMulticast<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations);
+  });
 }
 
 float TimeOnce(const uint8_t* region, uint64_t region_bytes, int blocks, uint32_t page_bytes, uint32_t pages,
                uint32_t iterations, uint32_t sharing, uint32_t lag, uint32_t far) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start);
-  PullPages<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations, sharing, lag, far);
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
+  return TimeLaunch([&] {
+    PullPages<<<blocks, 32, page_bytes * pages>>>(region, region_bytes, page_bytes, pages, iterations, sharing, lag,
+                                                  far);
+  });
 }
 
 }  // namespace
