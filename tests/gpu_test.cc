@@ -91,12 +91,8 @@ class OpBench {
     Data<int32_t>(state)[isa::kStateOverflow] = 0;
   }
 
-  // Runs `queue` once on the GPU and on the CPU; every output must agree.
-  // `tolerance`: kTolerance, or looser where a chain rounds intermediates to bf16 (a value within float noise
-  // of a bf16 rounding boundary may round either way on the two sides; a wrong result is off by O(1)).
-  // `page_bytes`: 16 KB pages (a GEMM slab of A or W each) or 32 KB (both slabs of a K step in one page).
-  void RunAndCompare(const std::vector<isa::Instruction>& queue, const std::string& what,
-                     double tolerance = kTolerance, uint32_t page_bytes = 16384) {
+  // The one-SM program of `queue` over this bench's tensors, pages of `page_bytes`.
+  GpuProgram Program(const std::vector<isa::Instruction>& queue, uint32_t page_bytes) const {
     GpuProgram program;
     program.queues = {queue};
     program.tensors = table_;
@@ -112,6 +108,20 @@ class OpBench {
     for (const isa::Instruction& inst : queue) {  // barriers the queue uses (one SM: they order its instructions)
       if (inst.signal != isa::kNoBarrier) program.num_barriers = std::max(program.num_barriers, inst.signal + 1);
     }
+    return program;
+  }
+  // Whether the GPU machine takes `queue` (what it refuses before any launch).
+  absl::Status CreateStatus(const std::vector<isa::Instruction>& queue, uint32_t page_bytes) const {
+    return GpuMachine::Create(Program(queue, page_bytes), weights_).status();
+  }
+
+  // Runs `queue` once on the GPU and on the CPU; every output must agree.
+  // `tolerance`: kTolerance, or looser where a chain rounds intermediates to bf16 (a value within float noise
+  // of a bf16 rounding boundary may round either way on the two sides; a wrong result is off by O(1)).
+  // `page_bytes`: 16 KB pages (a GEMM slab of A or W each) or 32 KB (both slabs of a K step in one page).
+  void RunAndCompare(const std::vector<isa::Instruction>& queue, const std::string& what,
+                     double tolerance = kTolerance, uint32_t page_bytes = 16384) {
+    const GpuProgram program = Program(queue, page_bytes);
     std::vector<uint8_t> expected_arena = arena_, expected_weights = weights_;
     isa::MachineView host{{expected_weights.data(), expected_arena.data()}, table_.data(),
                           static_cast<uint32_t>(table_.size())};
@@ -398,6 +408,27 @@ TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
                       form == kSiluImage ? kBf16OutputTolerance : kTolerance, isa::kGemmWideStepBytes);
     }
   }
+}
+
+// Wide tiles where they cannot run are refused before any launch: pages smaller than a wide K step, and a program
+// with general-graph opcodes (their kernel variant has 128-column tiles only).
+TEST(GpuOpcodes, WideTilesAreRefusedWhereTheyCannotRun) {
+  SKIP_WITHOUT_GPU();
+  OpBench b(Seed());
+  isa::GemmArgs g = b.RandomGemm(64, 256, 128);
+  g.wide = 1;
+  const isa::Instruction wide = Make(isa::Opcode::GEMM, g);
+  EXPECT_TRUE(b.CreateStatus({wide}, isa::kGemmWideStepBytes).ok());
+  const absl::Status small_pages = b.CreateStatus({wide}, 32768);
+  EXPECT_NE(small_pages.message().find("a wide tile's K step takes a page of 49152 bytes, a page is 32768"),
+            std::string::npos)
+      << small_pages;
+  isa::Instruction graph_op{};  // refused for its variant before its arguments matter
+  graph_op.opcode = static_cast<uint8_t>(isa::Opcode::ELEMENTWISE);
+  graph_op.signal = isa::kNoBarrier;
+  const absl::Status mixed = b.CreateStatus({graph_op, wide}, isa::kGemmWideStepBytes);
+  EXPECT_NE(mixed.message().find("a wide GEMM tile in a program with general-graph opcodes"), std::string::npos)
+      << mixed;
 }
 
 // Split-K: each output tile as 3 instructions over uneven K slab ranges, each adding its part (and the bias, from
