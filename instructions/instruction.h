@@ -466,9 +466,11 @@ LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlab
 struct GemmSlabRange {
   uint32_t begin, count;
 };
-LOOM_HD uint32_t GemmSplitBegin(const GemmArgs& g) { return g.slabs & 0xffffu; }  // the first K slab it takes
+// The packed `slabs` word as written: the first K slab, and the count (0: all from the first).
+LOOM_HD uint32_t GemmSplitBegin(const GemmArgs& g) { return g.slabs & 0xffffu; }
+LOOM_HD uint32_t GemmSplitCount(const GemmArgs& g) { return g.slabs >> 16; }
 LOOM_HD GemmSlabRange GemmSlabsOf(const GemmArgs& g) {
-  const uint32_t begin = g.slabs & 0xffffu, count = g.slabs >> 16;
+  const uint32_t begin = GemmSplitBegin(g), count = GemmSplitCount(g);
   return {begin, count == 0 ? GemmSlabs(g.k) - begin : count};
 }
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }

@@ -19,7 +19,7 @@ void Validate(const GemmArgs& a, Checker& c) {
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
   c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
-  const uint32_t slab_begin = a.slabs & 0xffffu, slab_count = a.slabs >> 16;
+  const uint32_t slab_begin = GemmSplitBegin(a), slab_count = GemmSplitCount(a);
   c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= GemmSlabs(a.k),
             absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", GemmSlabs(a.k)));
   c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");

@@ -88,7 +88,7 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     isa::ConvGemmArgs c = *a.conv;
     c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
     c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
-    c.slab_begin = tile.slabs & 0xffffu, c.slab_count = tile.slabs >> 16;
+    c.slab_begin = isa::GemmSplitBegin(tile), c.slab_count = isa::GemmSplitCount(tile);
     Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
   });
   stage_[e.out] = stage;
