@@ -292,17 +292,32 @@ struct AttnPartialArgs {
   float scale;
   uint32_t out;       // f32 [heads * head_dim], or kNoTensor (an ATTN_REDUCE merges the partials)
   uint32_t arrivals;  // i32 [num_kv_heads] splits of the step done so far (with out), or kNoTensor
+  // Positions a non-empty split covers at least (0 or 1: none): short contexts then fill fewer splits, and the
+  // fused reduce merges only those (a merge costs a round trip per batch of splits).
+  uint32_t min_positions;
   static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "partial_o", "partial_ml",
                                             "kv_head", "split", "num_splits", "num_heads", "num_kv_heads",
-                                            "head_dim", "max_seq", "scale", "out", "arrivals"};
+                                            "head_dim", "max_seq", "scale", "out", "arrivals", "min_positions"};
 };
 
-// Split s of a context of `length` positions covers [begin, end) (maybe empty).
-LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, uint32_t* begin, uint32_t* end) {
+// Positions per split of a context of `length` positions.
+LOOM_HD uint32_t SplitChunk(uint32_t length, uint32_t num_splits, uint32_t min_positions) {
   const uint32_t chunk = (length + num_splits - 1) / num_splits;
+  return chunk > min_positions ? chunk : (min_positions > 0 ? min_positions : 1);
+}
+// Split s of a context of `length` positions covers [begin, end) (maybe empty).
+LOOM_HD void SplitRange(uint32_t length, uint32_t split, uint32_t num_splits, uint32_t min_positions, uint32_t* begin,
+                        uint32_t* end) {
+  const uint32_t chunk = SplitChunk(length, num_splits, min_positions);
   const uint32_t b = split * chunk;
   *begin = b < length ? b : length;
   *end = b + chunk < length ? b + chunk : length;
+}
+// The splits that are not empty: the first ActiveSplits(...) of them.
+LOOM_HD uint32_t ActiveSplits(uint32_t length, uint32_t num_splits, uint32_t min_positions) {
+  const uint32_t chunk = SplitChunk(length, num_splits, min_positions);
+  const uint32_t active = (length + chunk - 1) / chunk;
+  return active < num_splits ? active : num_splits;
 }
 
 // ATTN_PARTIAL's activation slot on the device (byte offsets): q[group *
@@ -564,8 +579,8 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
   } else if (inst.op() == Opcode::ATTN_PARTIAL) {
     const AttnPartialArgs& a = inst.as<AttnPartialArgs>();
     const uint32_t group = a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads;
-    const uint32_t positions = a.num_splits == 0 ? 0 : (a.max_seq + a.num_splits - 1) / a.num_splits;
-    bytes = AttnPartialActivationBytes(group, a.head_dim, positions);
+    const uint32_t chunk = a.num_splits == 0 ? 0 : SplitChunk(a.max_seq, a.num_splits, a.min_positions);
+    bytes = AttnPartialActivationBytes(group, a.head_dim, chunk < a.max_seq ? chunk : a.max_seq);
   } else if (inst.op() == Opcode::FLASH_ATTN) {
     bytes = FlashActivationBytes(inst.as<FlashAttnArgs>().head_dim);
   } else if (inst.op() == Opcode::GEMM) {

@@ -125,33 +125,40 @@ TEST(IsaReference, AttentionSplitsRecombineToTheFullSoftmax) {
   for (uint32_t i = 0; i < kKv * kSeq * kDim; ++i) m.ptr<float>(kc)[i] = d(rng), m.ptr<float>(vc)[i] = d(rng);
   m.ptr<int32_t>(state)[kStatePosition] = kPos;
   const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-  for (uint32_t g = 0; g < kKv; ++g) {
-    for (uint32_t s = 0; s < kSplits; ++s) {
-      Instruction inst{};
-      inst.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
-      inst.as<AttnPartialArgs>() = {q, kc, vc, state, po, pml, g, s, kSplits, kHeads, kKv, kDim, kSeq, scale};
-      ExecuteReference(inst, m);
+  // Splits of at least min_positions: 11 positions in 3 splits of 4 (0, 2), of 5 + 5 + 1 (5), all in the first (11).
+  for (uint32_t min_positions : {0u, 2u, 5u, 11u}) {
+    SCOPED_TRACE(min_positions);
+    EXPECT_EQ(ActiveSplits(kPos + 1, kSplits, min_positions), min_positions == 11 ? 1u : 3u);
+    for (uint32_t g = 0; g < kKv; ++g) {
+      for (uint32_t s = 0; s < kSplits; ++s) {
+        Instruction inst{};
+        inst.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
+        inst.as<AttnPartialArgs>() = {q, kc, vc, state, po, pml, g, s, kSplits, kHeads, kKv, kDim, kSeq, scale};
+        inst.as<AttnPartialArgs>().min_positions = min_positions;
+        ExecuteReference(inst, m);
+      }
     }
-  }
-  Instruction reduce{};
-  reduce.opcode = static_cast<uint8_t>(Opcode::ATTN_REDUCE);
-  reduce.as<AttnReduceArgs>() = {po, pml, out, 0, kHeads, kSplits, kHeads, kDim};
-  ExecuteReference(reduce, m);
-  for (uint32_t h = 0; h < kHeads; ++h) {
-    const uint32_t g = h / (kHeads / kKv);
-    std::vector<double> p(kPos + 1);
-    double mx = -1e30, sum = 0;
-    for (uint32_t t = 0; t <= kPos; ++t) {
-      double s = 0;
-      for (uint32_t j = 0; j < kDim; ++j) s += m.ptr<float>(q)[h * kDim + j] * m.ptr<float>(kc)[(g * kSeq + t) * kDim + j];
-      p[t] = s * scale;
-      mx = std::max(mx, p[t]);
-    }
-    for (double& v : p) sum += (v = std::exp(v - mx));
-    for (uint32_t j = 0; j < kDim; ++j) {
-      double o = 0;
-      for (uint32_t t = 0; t <= kPos; ++t) o += p[t] / sum * m.ptr<float>(vc)[(g * kSeq + t) * kDim + j];
-      EXPECT_NEAR(m.ptr<float>(out)[h * kDim + j], o, 1e-5);
+    Instruction reduce{};
+    reduce.opcode = static_cast<uint8_t>(Opcode::ATTN_REDUCE);
+    reduce.as<AttnReduceArgs>() = {po, pml, out, 0, kHeads, kSplits, kHeads, kDim};
+    ExecuteReference(reduce, m);
+    for (uint32_t h = 0; h < kHeads; ++h) {
+      const uint32_t g = h / (kHeads / kKv);
+      std::vector<double> p(kPos + 1);
+      double mx = -1e30, sum = 0;
+      for (uint32_t t = 0; t <= kPos; ++t) {
+        double s = 0;
+        for (uint32_t j = 0; j < kDim; ++j)
+          s += m.ptr<float>(q)[h * kDim + j] * m.ptr<float>(kc)[(g * kSeq + t) * kDim + j];
+        p[t] = s * scale;
+        mx = std::max(mx, p[t]);
+      }
+      for (double& v : p) sum += (v = std::exp(v - mx));
+      for (uint32_t j = 0; j < kDim; ++j) {
+        double o = 0;
+        for (uint32_t t = 0; t <= kPos; ++t) o += p[t] / sum * m.ptr<float>(vc)[(g * kSeq + t) * kDim + j];
+        EXPECT_NEAR(m.ptr<float>(out)[h * kDim + j], o, 1e-5);
+      }
     }
   }
 }

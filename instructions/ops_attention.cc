@@ -11,6 +11,7 @@ void Validate(const AttnPartialArgs& a, Checker& c) {
   c.Require(a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0 && a.kv_head < a.num_kv_heads,
             "bad kv_head / head counts");
   c.Require(a.num_splits > 0 && a.split < a.num_splits, "split outside num_splits");
+  c.Require(a.min_positions <= a.max_seq, "min_positions above max_seq");
   c.Require(a.head_dim > 0 && a.scale > 0, "head_dim and scale must be positive");
   // What the device implementation covers (one thread per head dimension slice, accumulators per group head).
   c.Require(a.head_dim % 4 == 0 && kAttnThreads % a.head_dim == 0,
@@ -41,14 +42,17 @@ void Validate(const AttnReduceArgs& a, Checker& c) {
 }
 
 Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
-  const uint64_t positions = (U(context) + a.num_splits - 1) / a.num_splits;
+  const uint32_t length = std::max<uint32_t>(context, 1);
+  uint32_t begin, end;
+  SplitRange(length, a.split, a.num_splits, a.min_positions, &begin, &end);
+  const uint64_t positions = end - begin, active = ActiveSplits(length, a.num_splits, a.min_positions);
   const uint64_t group = a.num_heads / a.num_kv_heads;
   Footprint f;
   f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
   f.smem_bytes = AttnPartialActivationBytes(static_cast<uint32_t>(group), a.head_dim, static_cast<uint32_t>(positions));
   f.flops = 4 * group * positions * a.head_dim;
-  if (a.out != kNoTensor) {  // one split in num_splits also merges the group's partials: its share, on average
-    const uint64_t merged = U(a.num_splits) * group * (a.head_dim + 2);
+  if (a.out != kNoTensor) {  // one split in num_splits also merges the active splits' partials: its share
+    const uint64_t merged = active * group * (a.head_dim + 2);
     f.activation_bytes += (4 * merged + 4 * group * a.head_dim) / a.num_splits;
     f.flops += 2 * merged / a.num_splits;
   }
@@ -92,7 +96,7 @@ void MergePartials(uint32_t partial_o, uint32_t partial_ml, uint32_t out_id, uin
 void Reference(const AttnPartialArgs& a, const MachineView& m) {
   const uint32_t length = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[kStatePosition]) + 1;
   uint32_t begin, end;
-  SplitRange(length, a.split, a.num_splits, &begin, &end);
+  SplitRange(length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads;
   const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
   const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
@@ -124,7 +128,9 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
   std::atomic_ref<int32_t> arrived(m.ptr<int32_t>(a.arrivals)[a.kv_head]);
   if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 < static_cast<int32_t>(a.num_splits)) return;
   arrived.store(0, std::memory_order_relaxed);  // the last split of the step: ready for the next step
-  MergePartials(a.partial_o, a.partial_ml, a.out, a.kv_head * group, group, a.num_splits, a.num_heads, a.head_dim, m);
+  // The splits past ActiveSplits are empty (their maxima -inf): the device merges only the others.
+  MergePartials(a.partial_o, a.partial_ml, a.out, a.kv_head * group, group,
+                ActiveSplits(length, a.num_splits, a.min_positions), a.num_heads, a.head_dim, m);
 }
 
 void Reference(const AttnReduceArgs& a, const MachineView& m) {

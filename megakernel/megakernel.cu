@@ -329,7 +329,7 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
       plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
-      isa::SplitRange(plan.length, a.split, a.num_splits, &begin, &end);
+      isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
       const uint32_t group = a.num_heads / a.num_kv_heads;
       const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
       if (end > begin && kv.bytes <= p.activation_bytes) {

@@ -168,16 +168,19 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
     qkv_barriers = {barrier};
   }
 
+  // Each split keeps its group's q, partial outputs and one score per position and head in its
+  // activation slot (K and V too, when they fit; see isa::AttnPartialLayout).
+  const uint64_t group = heads / kv, fixed = isa::AttnPartialActivationBytes(group, hd, 0) + 16;
+  const uint64_t room = o_.smem().activation_bytes() - std::min<uint64_t>(o_.smem().activation_bytes(), fixed);
+  const uint64_t fits = room / (4 * group);
   uint32_t splits = o_.attention_splits();
   if (splits == 0) {
     splits = std::clamp<uint32_t>(o_.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
-    // Each split keeps its group's q, partial outputs and one score per position and head in its
-    // activation slot (K and V too, when they fit; see isa::AttnPartialLayout).
-    const uint64_t group = heads / kv, fixed = isa::AttnPartialActivationBytes(group, hd, 0) + 16;
-    const uint64_t room = o_.smem().activation_bytes() - std::min<uint64_t>(o_.smem().activation_bytes(), fixed);
-    const uint64_t fits = room / (4 * group);
     if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
   }
+  // Short contexts fill fewer splits (options.cc has why the default is 16).
+  uint32_t min_positions = o_.attention_min_split_positions();
+  min_positions = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({min_positions, max_seq, fits})));
   const uint32_t po = AddTensor(absl::StrCat(op.name(), ".partial_o"), graph::F32, {splits, heads, hd}, ARENA);
   const uint32_t pml = AddTensor(absl::StrCat(op.name(), ".partial_ml"), graph::F32, {splits, heads, 2}, ARENA);
   const float scale = at.scale() > 0 ? at.scale() : 1.0f / std::sqrt(static_cast<float>(hd));
@@ -203,6 +206,7 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
       isa::AttnPartialArgs a{q, k_cache, v_cache, step_state_, po, pml, g, s, splits, heads, kv, hd, max_seq, scale};
       a.out = fused ? out : isa::kNoTensor;
       a.arrivals = arrivals;
+      a.min_positions = min_positions;
       Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barriers.back(), chunked ? waits : WaitsFor(qkv_barriers),
            op.name(), partial_group);
     }

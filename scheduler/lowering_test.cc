@@ -265,5 +265,12 @@ TEST(Options, PagesInFlightCoverTheLatency) {
   EXPECT_EQ(ResolveOptions(o).smem().matvec_pages_in_flight(), 3u);
 }
 
+TEST(Options, AttentionSplitsCoverSixteenPositionsUnlessAsked) {
+  EXPECT_EQ(ResolveOptions({}).attention_min_split_positions(), 16u);
+  CompileOptions o;
+  o.set_attention_min_split_positions(1);
+  EXPECT_EQ(ResolveOptions(o).attention_min_split_positions(), 1u);
+}
+
 }  // namespace
 }  // namespace loom::scheduler

@@ -24,6 +24,12 @@ constexpr double kDefaultBarrierLatencyNs = 570;  // measured on H100, DESIGN.md
 // 1..11 swept on four model shapes (docs/performance.md "Eleventh session").
 constexpr double kDefaultHbmLatencyNs = 1000;
 constexpr uint32_t kDefaultContext = 1024;
+// A decode attention split of up to 16 positions costs about what one of 4 does (latency: its rows arrive in one
+// round trip), while the fused reduce pays a round trip per 16 splits it merges (8 with four elements a thread).
+// Measured on the H100 at context 128 (docs/performance.md "Fifteenth session"): TinyLlama's 32 splits of 8 heads
+// 0.969 -> 0.929 ms/token with 16 (32: 0.930), Llama-3.2-1B and 3B within noise with 16 (3B +12% with 85: its
+// rows no longer fit the slot).
+constexpr uint32_t kDefaultAttentionMinSplitPositions = 16;
 
 }  // namespace
 
@@ -51,6 +57,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (!o.has_data_waits()) o.set_data_waits(true);
   if (o.matvec_tiles_per_sm() == 0) o.set_matvec_tiles_per_sm(1);
   if (o.elementwise_chunk() == 0) o.set_elementwise_chunk(kDefaultElementwiseChunk);
+  if (o.attention_min_split_positions() == 0) o.set_attention_min_split_positions(kDefaultAttentionMinSplitPositions);
   SmemConfig* s = o.mutable_smem();
   if (s->page_bytes() == 0) s->set_page_bytes(kDefaultPageBytes);
   if (s->num_pages() == 0) s->set_num_pages(kDefaultPages);

@@ -244,10 +244,11 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, total_rows; };
   // k not a multiple of 256 (576, 896, 960, 100) streams rows padded to 256 columns; the
-  // padding holds random values here, so an input that is not zero-padded shows.
+  // padding holds random values here, so an input that is not zero-padded shows. 768, 3072 and 5632 do not tile a
+  // page: x read per segment, with 256- and 1024-column partial-sum slots.
   const std::vector<Case> cases = {{1, 256, 4},      {7, 768, 20},   {64, 2048, 200}, {30, 8192, 64},
                                    {334, 1024, 1000}, {9, 576, 30},   {40, 896, 100},  {17, 960, 50},
-                                   {5, 100, 8}};
+                                   {5, 100, 8},      {12, 3072, 40}, {10, 5632, 30}};
   for (const Case& c : cases) {
     for (uint32_t epilogue = 0; epilogue < isa::kNumEpilogues; ++epilogue) {
       for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
@@ -805,36 +806,45 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
 // (an arrival counter per KV head, zero again afterwards: compared too).
 TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   SKIP_WITHOUT_GPU();
-  for (uint32_t position : {0u, 5u, 63u, 200u}) {
-    for (uint32_t splits : {1u, 3u, 16u, 40u}) {  // 1 split at 200: K and V do not fit the slot
-      for (bool fused : {false, true}) {
-        const uint32_t seed = Seed();
-        OpBench b(seed);
-        constexpr uint32_t kHeads = 8, kKv = 2, kDim = 64, kSeq = 256;
-        const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
-        b.FillRandom(q);
-        b.FillRandom(kc);
-        b.FillRandom(vc);
-        const uint32_t state = b.Arena(4, graph::I32);
-        b.SetState(state, static_cast<int32_t>(position), 1);
-        const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
-        const uint32_t out = b.Output(kHeads * kDim);
-        const uint32_t arrivals = fused ? b.Output(kKv, graph::I32) : isa::kNoTensor;
-        if (fused) std::memset(b.Data<uint8_t>(arrivals), 0, kKv * 4);
-        std::vector<isa::Instruction> queue;
-        for (uint32_t g = 0; g < kKv; ++g) {
-          for (uint32_t s = 0; s < splits; ++s) {
-            queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
-                                 isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim, kSeq,
-                                                      0.125f, fused ? out : isa::kNoTensor, arrivals}));
+  // Groups of 4 heads of 64 (merged a thread per element), 8 of 64 (two elements a thread), 8 of 128 (four).
+  struct Heads { uint32_t heads, kv, dim; };
+  for (const Heads& shape : {Heads{8, 2, 64}, Heads{16, 2, 64}, Heads{16, 2, 128}}) {
+    for (uint32_t position : {0u, 5u, 63u, 200u}) {
+      for (uint32_t splits : {1u, 3u, 16u, 40u}) {  // 1 split at 200: K and V do not fit the slot
+        for (bool fused : {false, true}) {
+          const uint32_t seed = Seed();
+          OpBench b(seed);
+          const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 256;
+          const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
+          b.FillRandom(q);
+          b.FillRandom(kc);
+          b.FillRandom(vc);
+          const uint32_t state = b.Arena(4, graph::I32);
+          b.SetState(state, static_cast<int32_t>(position), 1);
+          const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
+          const uint32_t out = b.Output(kHeads * kDim);
+          const uint32_t arrivals = fused ? b.Output(kKv, graph::I32) : isa::kNoTensor;
+          if (fused) std::memset(b.Data<uint8_t>(arrivals), 0, kKv * 4);
+          std::vector<isa::Instruction> queue;
+          for (uint32_t g = 0; g < kKv; ++g) {
+            for (uint32_t s = 0; s < splits; ++s) {
+              // With many splits, at least 16 positions each: short contexts fill (and the fused reduce merges)
+              // only the first few.
+              const uint32_t min_positions = splits >= 16 ? 16 : 0;
+              queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
+                                   isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim,
+                                                        kSeq, 0.125f, fused ? out : isa::kNoTensor, arrivals,
+                                                        min_positions}));
+            }
           }
+          for (uint32_t g = 0; g < kKv && !fused; ++g) {
+            queue.push_back(Make(isa::Opcode::ATTN_REDUCE, isa::AttnReduceArgs{po, pml, out, g * kHeads / kKv,
+                                                                               kHeads / kKv, splits, kHeads, kDim}));
+          }
+          b.RunAndCompare(queue,
+                          absl::StrCat("attention ", kHeads, "/", kKv, " heads of ", kDim, " position ", position,
+                                       " splits ", splits, fused ? " reduce fused" : "", " seed ", seed));
         }
-        for (uint32_t g = 0; g < kKv && !fused; ++g) {
-          queue.push_back(Make(isa::Opcode::ATTN_REDUCE,
-                               isa::AttnReduceArgs{po, pml, out, g * 4, 4, splits, kHeads, kDim}));
-        }
-        b.RunAndCompare(queue, absl::StrCat("attention position ", position, " splits ", splits,
-                                            fused ? " reduce fused" : "", " seed ", seed));
       }
     }
   }

@@ -7,37 +7,41 @@
 // K and V from the caches.
 #pragma once
 
+#include <type_traits>
+
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
 
 namespace loom::megakernel {
 
-// out[h] for heads [head_begin, +head_count), a thread per output element. The partials come from other SMs
-// (L2 or HBM latency, read past L1: this SM may hold an earlier step's lines of them): each batch of kBatch splits
-// is loaded at once, then merged into a running (max, denominator, numerator), so a reduction costs one round
-// trip per kBatch splits.
-__device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_t partial_o, uint32_t partial_ml,
-                                              uint32_t out_id, uint32_t head_begin, uint32_t head_count,
-                                              uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
-                                              uint32_t tid, uint32_t tag = kNoTag) {
-  constexpr uint32_t kBatch = 16;
+// out[h] for heads [head_begin, +head_count), a thread per kVec consecutive output elements (of one head). The
+// partials come from other SMs (L2 or HBM latency, read past L1: this SM may hold an earlier step's lines of them):
+// each batch of kBatch splits is loaded at once, then merged into a running (max, denominator, numerator), so a
+// reduction costs one round trip per kBatch splits for each kVec elements a thread owns.
+template <uint32_t kVec>
+__device__ __forceinline__ void MergePartialsVec(const isa::MachineView& m, uint32_t partial_o, uint32_t partial_ml,
+                                                 uint32_t out_id, uint32_t head_begin, uint32_t head_count,
+                                                 uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
+                                                 uint32_t tid, uint32_t tag) {
+  constexpr uint32_t kBatch = kVec == 4 ? 8 : 16;
+  using Vec = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
   const float* po = m.ptr<float>(partial_o);
   const float2* pml = m.ptr<float2>(partial_ml);
   float* out = m.ptr<float>(out_id);
-  for (uint32_t i = tid; i < head_count * head_dim; i += kConsumerThreads) {
+  for (uint32_t i = tid * kVec; i < head_count * head_dim; i += kConsumerThreads * kVec) {
     const uint32_t h = head_begin + i / head_dim, d = i % head_dim;
-    float running_max = -INFINITY, denom = 0.0f, acc = 0.0f;
+    float running_max = -INFINITY, denom = 0.0f, acc[kVec] = {};
     for (uint32_t s0 = 0; s0 < num_splits; s0 += kBatch) {
       float2 ml[kBatch];
-      float o[kBatch];
+      Vec o[kBatch];
 #pragma unroll
       for (uint32_t u = 0; u < kBatch; ++u) {
         const uint32_t s = s0 + u;
         ml[u] = make_float2(-INFINITY, 0.0f);
-        o[u] = 0.0f;
+        o[u] = Vec{};
         if (s < num_splits) {
           ml[u] = __ldcg(pml + s * num_heads + h);
-          o[u] = __ldcg(po + (static_cast<uint64_t>(s) * num_heads + h) * head_dim + d);
+          o[u] = __ldcg(reinterpret_cast<const Vec*>(po + (static_cast<uint64_t>(s) * num_heads + h) * head_dim + d));
         }
       }
       float batch_max = -INFINITY;
@@ -47,24 +51,50 @@ __device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_
       const float new_max = fmaxf(running_max, batch_max);
       const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
       denom *= rescale;
-      acc *= rescale;
+#pragma unroll
+      for (uint32_t e = 0; e < kVec; ++e) acc[e] *= rescale;
 #pragma unroll
       for (uint32_t u = 0; u < kBatch; ++u) {
         if (ml[u].x == -INFINITY) continue;
         const float w = expf(ml[u].x - new_max);
         denom += w * ml[u].y;
-        acc += w * o[u];
+        const float* ou = reinterpret_cast<const float*>(&o[u]);
+#pragma unroll
+        for (uint32_t e = 0; e < kVec; ++e) acc[e] += w * ou[e];
       }
       running_max = new_max;
     }
-    out[h * head_dim + d] = MaybeTag(denom > 0.0f ? acc / denom : 0.0f, tag);
+#pragma unroll
+    for (uint32_t e = 0; e < kVec; ++e) {
+      out[h * head_dim + d + e] = MaybeTag(denom > 0.0f ? acc[e] / denom : 0.0f, tag);
+    }
+  }
+}
+
+// The merge with as few round trips as the group allows: a thread per element while they fit the consumers, else
+// two or four consecutive ones (a head_dim-64 group of 8 heads merged 32 splits in four round trips a thread, now
+// two).
+__device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_t partial_o, uint32_t partial_ml,
+                                              uint32_t out_id, uint32_t head_begin, uint32_t head_count,
+                                              uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
+                                              uint32_t tid, uint32_t tag = kNoTag) {
+  const uint32_t elems = head_count * head_dim;
+  if (elems > 2 * kConsumerThreads && head_dim % 4 == 0) {
+    MergePartialsVec<4>(m, partial_o, partial_ml, out_id, head_begin, head_count, num_splits, num_heads, head_dim,
+                        tid, tag);
+  } else if (elems > kConsumerThreads && head_dim % 2 == 0) {
+    MergePartialsVec<2>(m, partial_o, partial_ml, out_id, head_begin, head_count, num_splits, num_heads, head_dim,
+                        tid, tag);
+  } else {
+    MergePartialsVec<1>(m, partial_o, partial_ml, out_id, head_begin, head_count, num_splits, num_heads, head_dim,
+                        tid, tag);
   }
 }
 
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   uint32_t begin, end;
-  isa::SplitRange(ctx.act_length, a.split, a.num_splits, &begin, &end);
+  isa::SplitRange(ctx.act_length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
   const uint32_t first_head = a.kv_head * group;
   // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
@@ -94,7 +124,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   }
   CpAsyncCommit();
   if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
-  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
   for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
     CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
   }
@@ -190,7 +220,8 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   if (ctx.scratch[0] == 0.0f) return;  // (the instruction-end barrier orders this read before scratch's next use)
-  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, a.num_splits, a.num_heads, hd, ctx.tid,
+  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group,
+                isa::ActiveSplits(ctx.act_length, a.num_splits, a.min_positions), a.num_heads, hd, ctx.tid,
                 OutputTag(ctx.flags, ctx.step));
 }
 

@@ -187,6 +187,57 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint
   }
 }
 
+// Tiles whose rows do not tile the pages (page_elems % k != 0: the down projection of a 5632-wide MLP, every
+// matvec of a 3072-wide model, an 8B model's 14336-wide down): a warp's segments fall on other columns in every
+// page, so x comes from the slot (ld.shared) per segment. Each lane keeps one sum per partial-sum slot its warp
+// covers in a page (kSlots of them) and the warp reduces 8 such sums together (MultiWarpSum8) every 8 / kSlots
+// pages. The loop below, which reduced every slot on its own (5 shuffles per 256 columns with slots of 256), took
+// pages at ~15 GB/s per SM, slower than an SM's share of HBM (docs/performance.md "Fifteenth session").
+template <uint32_t kSegs, uint32_t kSlots>
+__device__ __forceinline__ void StreamTileXShared(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx,
+                                                  const float* x, float* partial, uint32_t slot_shift) {
+  static_assert(kSegs % kSlots == 0 && 8 % kSlots == 0, "whole slots per warp, 8 sums per reduction");
+  constexpr uint32_t kPages = 8 / kSlots, kSegsPerSlot = kSegs / kSlots;
+  constexpr uint32_t kPageElems = kSegs * kConsumerWarps * kSegmentElems;
+  const uint32_t tile_elems = a.rows * k;
+  const uint32_t warp_offset = ctx.warp * kSegs * kSegmentElems;  // the warp's run of segments in every page
+  const uint32_t page_advance = kPageElems % k;                    // its first column moves by this per page
+  const uint32_t x_lane = tile::SharedAddress(x) + ctx.lane * 8 * 4;
+  uint32_t col = warp_offset % k;
+  for (uint32_t batch_start = 0; batch_start < tile_elems; batch_start += kPages * kPageElems) {
+    float v[8];
+#pragma unroll
+    for (uint32_t j = 0; j < kPages; ++j) {
+      const uint32_t page_start = batch_start + j * kPageElems;
+#pragma unroll
+      for (uint32_t t = 0; t < kSlots; ++t) v[j * kSlots + t] = 0.0f;
+      if (page_start < tile_elems) {  // the same for every consumer: pages stay in ring order
+        const uint32_t page = tile::SharedAddress(ctx.AcquirePage()) + (warp_offset + ctx.lane * 8) * 2;
+        uint32_t c = col;
+#pragma unroll
+        for (uint32_t s = 0; s < kSegs; ++s) {
+          if (page_start + warp_offset + s * kSegmentElems < tile_elems) {
+            const uint4 w = tile::LoadShared128Bits(page + s * kSegmentElems * 2);
+            const float4 xa = tile::LoadShared128(x_lane + c * 4), xb = tile::LoadShared128(x_lane + c * 4 + 16);
+            const float xr[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            v[j * kSlots + s / kSegsPerSlot] = Dot8Reg(w, xr, v[j * kSlots + s / kSegsPerSlot]);
+          }
+          c += kSegmentElems;
+          if (c >= k) c -= k;
+        }
+        ctx.ReleasePage();
+      }
+      col += page_advance;
+      if (col >= k) col -= k;
+    }
+    const float sum = MultiWarpSum8(v, ctx.lane);
+    const uint32_t i = MultiWarpSumIndex(ctx.lane);
+    const uint32_t e0 =
+        batch_start + (i / kSlots) * kPageElems + warp_offset + (i % kSlots) * kSegsPerSlot * kSegmentElems;
+    if ((ctx.lane & 3) == 0 && e0 < tile_elems) partial[e0 >> slot_shift] = sum;
+  }
+}
+
 // RoPE's rotation of a pair at `position`: cos and sin of position * frequency, scaled by `factor` (the table's entry
 // head_dim / 2).
 __device__ __forceinline__ void RopeRotation(int32_t position, float frequency, float factor, float* c, float* s) {
@@ -408,6 +459,10 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     StreamTileXInRegisters<8>(a, k, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 2) {
     StreamTileXInRegisters<2>(a, k, ctx, x, partial, slot_shift);
+  } else if (segments_per_warp == 4 && slot_elems == 4 * kSegmentElems) {
+    StreamTileXShared<4, 1>(a, k, ctx, x, partial, slot_shift);
+  } else if (segments_per_warp == 4 && slot_elems == kSegmentElems) {
+    StreamTileXShared<4, 4>(a, k, ctx, x, partial, slot_shift);
   } else {
   for (uint32_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
     const uint8_t* page = ctx.AcquirePage();
