@@ -11,6 +11,7 @@
 
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/tile/smem_tile.cuh"
 
 namespace loom::megakernel {
 
@@ -89,6 +90,48 @@ __device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_
     MergePartialsVec<1>(m, partial_o, partial_ml, out_id, head_begin, head_count, num_splits, num_heads, head_dim,
                         tid, tag);
   }
+}
+
+// The fused reduce's merge of the group's heads over the first `active` splits (at most kSplits), in one round trip
+// where MergePartials pays one per 16 splits (a group of 8 heads of 64 merged 32 splits in two): each thread loads
+// the partial outputs of its kVec elements for every split at once, while the maxima and sums, shared by a head's
+// elements, go through the slot (`pairs`: [active][group] float2), a (split, head) pair a thread.
+template <uint32_t kVec>
+__device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, const isa::AttnPartialArgs& a,
+                                                 uint32_t first_head, uint32_t group, uint32_t active, uint32_t pairs,
+                                                 uint32_t tid, uint32_t tag) {
+  constexpr uint32_t kSplits = 64 / kVec;
+  using Vec = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+  const uint32_t hd = a.head_dim, i = min(tid * kVec, group * hd - kVec), h = i / hd, d = i % hd;
+  const float* po = m.ptr<float>(a.partial_o) + static_cast<uint64_t>(first_head + h) * hd + d;
+  const uint32_t split_stride = a.num_heads * hd;
+  Vec o[kSplits];
+#pragma unroll
+  for (uint32_t u = 0; u < kSplits; ++u) {
+    o[u] = __ldcg(reinterpret_cast<const Vec*>(po + min(u, active - 1) * split_stride));
+  }
+  const float2* pml = m.ptr<float2>(a.partial_ml) + first_head;
+  for (uint32_t j = tid; j < active * group; j += kConsumerThreads) {
+    tile::StoreShared64(pairs + 8 * j, __ldcg(pml + (j / group) * a.num_heads + j % group));
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  float mx = -INFINITY;
+  for (uint32_t s = 0; s < active; ++s) mx = fmaxf(mx, tile::LoadShared64(pairs + 8 * (s * group + h)).x);
+  float denom = 0.0f, acc[kVec] = {};
+#pragma unroll
+  for (uint32_t u = 0; u < kSplits; ++u) {
+    const float2 l = tile::LoadShared64(pairs + 8 * (min(u, active - 1) * group + h));
+    const float w = u < active && l.x != -INFINITY ? expf(l.x - mx) : 0.0f;  // empty splits have max -inf
+    denom += w * l.y;
+    const float* ou = reinterpret_cast<const float*>(&o[u]);
+#pragma unroll
+    for (uint32_t e = 0; e < kVec; ++e) acc[e] += w * ou[e];
+  }
+  if (tid * kVec >= group * hd) return;
+  float* out = m.ptr<float>(a.out) + static_cast<uint64_t>(first_head + h) * hd + d;
+  const float inv = denom > 0.0f ? __frcp_rn(denom) : 0.0f;
+#pragma unroll
+  for (uint32_t e = 0; e < kVec; ++e) out[e] = MaybeTag(acc[e] * inv, tag);
 }
 
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
@@ -220,9 +263,14 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   if (ctx.scratch[0] == 0.0f) return;  // (the instruction-end barrier orders this read before scratch's next use)
-  MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group,
-                isa::ActiveSplits(ctx.act_length, a.num_splits, a.min_positions), a.num_heads, hd, ctx.tid,
-                OutputTag(ctx.flags, ctx.step));
+  const uint32_t active = isa::ActiveSplits(ctx.act_length, a.num_splits, a.min_positions);
+  const uint32_t tag = OutputTag(ctx.flags, ctx.step), elems = group * hd;
+  const uint32_t pairs = tile::SharedAddress(red);  // free now: 1 KB a head, room for 128 splits' (max, sum)
+  if (elems > kConsumerThreads && elems <= 2 * kConsumerThreads && active > 16 && active <= 32) {
+    MergeThroughSlot<2>(m, a, first_head, group, active, pairs, ctx.tid, tag);
+  } else {
+    MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, active, a.num_heads, hd, ctx.tid, tag);
+  }
 }
 
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
