@@ -95,7 +95,9 @@ __device__ __forceinline__ void MergePartials(const isa::MachineView& m, uint32_
 // The fused reduce's merge of the group's heads over the first `active` splits (at most kSplits), in one round trip
 // where MergePartials pays one per 16 splits (a group of 8 heads of 64 merged 32 splits in two): each thread loads
 // the partial outputs of its kVec elements for every split at once, while the maxima and sums, shared by a head's
-// elements, go through the slot (`pairs`: [active][group] float2), a (split, head) pair a thread.
+// elements, go through the slot (`pairs`: [active][group] float2), a (split, head) pair a thread. Run with two
+// elements a thread only (32 splits: 64 registers of partials); a form for every group size, with a second batch
+// past 64 / kVec splits, spilled 1.2 KB in the decode kernel.
 template <uint32_t kVec>
 __device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, const isa::AttnPartialArgs& a,
                                                  uint32_t first_head, uint32_t group, uint32_t active, uint32_t pairs,
