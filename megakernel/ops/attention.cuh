@@ -15,6 +15,10 @@
 
 namespace loom::megakernel {
 
+// The partial outputs a merging thread loads at once: kVec consecutive floats of one head.
+template <uint32_t kVec>
+using MergeVec = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+
 // out[h] for heads [head_begin, +head_count), a thread per kVec consecutive output elements (of one head). The
 // partials come from other SMs (L2 or HBM latency, read past L1: this SM may hold an earlier step's lines of them):
 // each batch of kBatch splits is loaded at once, then merged into a running (max, denominator, numerator), so a
@@ -25,7 +29,7 @@ __device__ __forceinline__ void MergePartialsVec(const isa::MachineView& m, uint
                                                  uint32_t num_splits, uint32_t num_heads, uint32_t head_dim,
                                                  uint32_t tid, uint32_t tag) {
   constexpr uint32_t kBatch = kVec == 4 ? 8 : 16;
-  using Vec = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+  using Vec = MergeVec<kVec>;
   const float* po = m.ptr<float>(partial_o);
   const float2* pml = m.ptr<float2>(partial_ml);
   float* out = m.ptr<float>(out_id);
@@ -103,7 +107,7 @@ __device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, cons
                                                  uint32_t first_head, uint32_t group, uint32_t active, uint32_t pairs,
                                                  uint32_t tid, uint32_t tag) {
   constexpr uint32_t kSplits = 64 / kVec;
-  using Vec = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+  using Vec = MergeVec<kVec>;
   const uint32_t hd = a.head_dim, i = min(tid * kVec, group * hd - kVec), h = i / hd, d = i % hd;
   const float* po = m.ptr<float>(a.partial_o) + static_cast<uint64_t>(first_head + h) * hd + d;
   const uint32_t split_stride = a.num_heads * hd;
