@@ -27,6 +27,28 @@ __device__ __forceinline__ bool Tagged4(const uint4& v, uint32_t parity) {
 // `tag` < 2: the parity to store; otherwise the value as it is (an untagged output).
 __device__ __forceinline__ float MaybeTag(float v, uint32_t tag) { return tag < 2 ? Tag(v, tag) : v; }
 
+// A value read again until it carries the step's tag: volatile, so the compiler neither merges it with the read
+// before (__ldcg is an ordinary load it may reuse: the poll then spins forever) nor hoists it out of the loop, and
+// relaxed at GPU scope (from L2, where the other SMs' stores land).
+__device__ __forceinline__ float ReloadRelaxed(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 ReloadRelaxed(const float2* p) {
+  float2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ReloadRelaxed(const float4* p) {
+  float4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
 // The tag an instruction with `flags` stores its output with in `step` (kNoTag: none).
 constexpr uint32_t kNoTag = 2;
 __device__ __forceinline__ uint32_t OutputTag(uint32_t flags, uint32_t step) {

@@ -310,7 +310,7 @@ __device__ __forceinline__ float TaggedResidual(uint32_t residual, float v, cons
       ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::MATVEC), residual,
                   __float_as_uint(v), StepParity(ctx.step), kStuckTaggedRead);
     }
-    v = __ldcg(p);
+    v = ReloadRelaxed(p);
   }
   return v;
 }
