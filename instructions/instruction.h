@@ -42,7 +42,7 @@ inline constexpr uint32_t kWaitPreviousStep = 0x80000000u;
 
 // Instruction::flags.
 inline constexpr uint8_t kFlagTagOut = 1;         // stores its output with this step's tag (MATVEC, ATTN, EMBED)
-inline constexpr uint8_t kFlagTaggedInput = 2;    // MATVEC: reads its input until every value has this step's tag
+inline constexpr uint8_t kFlagTaggedInput = 2;    // MATVEC, ATTN_REDUCE: reads its input until it has the step's tag
 inline constexpr uint8_t kFlagTaggedResidual = 4; // MATVEC: the same for the residual its epilogue adds
 inline constexpr uint32_t kMaxSignalsPerStep = 0xffffu;
 
@@ -345,7 +345,10 @@ LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, u
   return AttnPartialLayout(group, head_dim, positions, false).bytes;
 }
 
-// out[head] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s for heads [head_begin, +head_count)
+// out[head] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s for heads [head_begin, +head_count).
+// Step tags (decode): splits without the fused merge that carry kFlagTagOut store their partials tagged, every split
+// every step (an empty one its -inf maxima); an ATTN_REDUCE with kFlagTaggedInput reads its heads' partials until
+// they carry the step's tag, and with kFlagTagOut stores out tagged. Its activation slot holds the (max, sum) pairs.
 struct AttnReduceArgs {
   uint32_t partial_o;
   uint32_t partial_ml;
@@ -358,6 +361,11 @@ struct AttnReduceArgs {
   static constexpr const char* kFields[] = {"partial_o", "partial_ml", "out",     "head_begin",
                                             "head_count", "num_splits", "num_heads", "head_dim"};
 };
+
+// ATTN_REDUCE's slot: a (max, sum) float pair per split and head, [split][head], then 8 bytes a head.
+LOOM_HD uint64_t AttnReduceActivationBytes(uint32_t num_splits, uint32_t head_count) {
+  return 8ull * (num_splits + 1) * head_count;
+}
 
 // out[i] = silu(gate[i]) * up[i] for i in [begin, begin + count)
 struct SiluMulArgs {
@@ -581,6 +589,9 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     const uint32_t group = a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads;
     const uint32_t chunk = a.num_splits == 0 ? 0 : SplitChunk(a.max_seq, a.num_splits, a.min_positions);
     bytes = AttnPartialActivationBytes(group, a.head_dim, chunk < a.max_seq ? chunk : a.max_seq);
+  } else if (inst.op() == Opcode::ATTN_REDUCE) {
+    const AttnReduceArgs& a = inst.as<AttnReduceArgs>();
+    bytes = AttnReduceActivationBytes(a.num_splits, a.head_count);
   } else if (inst.op() == Opcode::FLASH_ATTN) {
     bytes = FlashActivationBytes(inst.as<FlashAttnArgs>().head_dim);
   } else if (inst.op() == Opcode::GEMM) {

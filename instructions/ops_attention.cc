@@ -61,7 +61,7 @@ Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
 
 Footprint Cost(const AttnReduceArgs& a, uint32_t) {
   const uint64_t n = U(a.num_splits) * a.head_count * (a.head_dim + 2);
-  return {0, 4 * n + 4ull * a.head_count * a.head_dim, 0, 2 * n};
+  return {0, 4 * n + 4ull * a.head_count * a.head_dim, AttnReduceActivationBytes(a.num_splits, a.head_count), 2 * n};
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,14 +89,19 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
 
 namespace {
 
-// The tensor an instruction with kFlagTagOut stores tagged (kNoTensor: none).
-uint32_t TaggedOutput(const isa::Instruction& inst) {
-  if ((inst.flags & isa::kFlagTagOut) == 0) return isa::kNoTensor;
+// The tensors an instruction with kFlagTagOut stores tagged (kNoTensor: none).
+std::array<uint32_t, 2> TaggedOutputs(const isa::Instruction& inst) {
+  constexpr uint32_t kNone = isa::kNoTensor;
+  if ((inst.flags & isa::kFlagTagOut) == 0) return {kNone, kNone};
   switch (inst.op()) {
-    case isa::Opcode::MATVEC: return inst.as<isa::MatvecArgs>().out;
-    case isa::Opcode::ATTN_PARTIAL: return inst.as<isa::AttnPartialArgs>().out;
-    case isa::Opcode::EMBED: return inst.as<isa::EmbedArgs>().out;
-    default: return isa::kNoTensor;
+    case isa::Opcode::MATVEC: return {inst.as<isa::MatvecArgs>().out, kNone};
+    case isa::Opcode::ATTN_PARTIAL: {  // the fused merge's output, else the partials (ATTN_REDUCE reads them)
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
+      return a.out != kNone ? std::array<uint32_t, 2>{a.out, kNone} : std::array<uint32_t, 2>{a.partial_o, a.partial_ml};
+    }
+    case isa::Opcode::ATTN_REDUCE: return {inst.as<isa::AttnReduceArgs>().out, kNone};
+    case isa::Opcode::EMBED: return {inst.as<isa::EmbedArgs>().out, kNone};
+    default: return {kNone, kNone};
   }
 }
 
@@ -103,8 +109,9 @@ std::vector<std::pair<uint64_t, uint64_t>> TaggedRanges(const GpuProgram& p) {
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& q : p.queues) {
     for (const isa::Instruction& inst : q) {
-      const uint32_t t = TaggedOutput(inst);
-      if (t < p.tensors.size()) ranges.push_back({p.tensors[t].offset, p.tensors[t].offset + p.tensors[t].bytes});
+      for (const uint32_t t : TaggedOutputs(inst)) {
+        if (t < p.tensors.size()) ranges.push_back({p.tensors[t].offset, p.tensors[t].offset + p.tensors[t].bytes});
+      }
     }
   }
   std::sort(ranges.begin(), ranges.end());

@@ -22,7 +22,8 @@ struct TensorUse {
   };
   std::vector<Write> writes;
   std::vector<size_t> input_readers, residual_readers;
-  bool other_use = false;  // named by anything else: never tagged
+  std::vector<size_t> reduce_readers;  // ATTN_REDUCE reading its heads of the partials
+  bool other_use = false;              // named by anything else: never tagged
 };
 
 class StepUses {
@@ -35,10 +36,11 @@ class StepUses {
   const TensorUse& use(uint32_t t) const { return uses_[t]; }
   size_t size() const { return uses_.size(); }
 
-  // Whether the writers store every element of t exactly once per step and every other use is a reading MATVEC.
+  // Whether the writers store every element of t exactly once per step and every other use is a reading MATVEC or
+  // ATTN_REDUCE.
   bool Taggable(uint32_t t) const {
     const TensorUse& u = uses_[t];
-    if (u.other_use || u.writes.empty() || u.input_readers.empty()) return false;
+    if (u.other_use || u.writes.empty() || (u.input_readers.empty() && u.reduce_readers.empty())) return false;
     std::vector<TensorUse::Write> w = u.writes;
     std::sort(w.begin(), w.end(),
               [](const auto& a, const auto& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
@@ -92,7 +94,15 @@ class StepUses {
       }
       case Opcode::ATTN_PARTIAL: {
         const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
-        Other(a.q), Other(a.k_cache), Other(a.v_cache), Other(a.step_state), Other(a.partial_o), Other(a.partial_ml);
+        Other(a.q), Other(a.k_cache), Other(a.v_cache), Other(a.step_state);
+        if (a.out == isa::kNoTensor && a.arrivals == isa::kNoTensor) {  // the split's heads of the partials
+          const uint64_t group = a.num_heads / std::max(1u, a.num_kv_heads);
+          const uint64_t first = uint64_t{a.split} * a.num_heads + a.kv_head * group;
+          Write(a.partial_o, first * a.head_dim, (first + group) * a.head_dim, i);
+          Write(a.partial_ml, first * 2, (first + group) * 2, i);
+        } else {
+          Other(a.partial_o), Other(a.partial_ml);
+        }
         if (a.arrivals != isa::kNoTensor) Other(a.arrivals);
         if (a.out != isa::kNoTensor) {
           const uint64_t per_kv_head = uint64_t{a.num_heads} / std::max(1u, a.num_kv_heads) * a.head_dim;
@@ -102,6 +112,14 @@ class StepUses {
             Other(a.out);
           }
         }
+        break;
+      }
+      case Opcode::ATTN_REDUCE: {
+        const isa::AttnReduceArgs& a = inst.as<isa::AttnReduceArgs>();
+        for (uint32_t t : {a.partial_o, a.partial_ml}) {
+          if (t < uses_.size()) uses_[t].reduce_readers.push_back(i);
+        }
+        Write(a.out, uint64_t{a.head_begin} * a.head_dim, (uint64_t{a.head_begin} + a.head_count) * a.head_dim, i);
         break;
       }
       case Opcode::EMBED: {
@@ -141,21 +159,24 @@ Marks Compute(const std::vector<const Inst*>& step, const StepUses& uses) {
     std::sort(writers.begin(), writers.end());
     writers.erase(std::unique(writers.begin(), writers.end()), writers.end());
     bool observed = false;
-    for (size_t r : u.input_readers) {
-      const Inst& inst = *step[r];
-      for (int w = 0; w < inst.num_waits; ++w) {
-        const isa::Wait& wait = inst.waits[w];
-        if (wait.previous_step() || wait.count() != wait.stride()) continue;
-        auto it = signallers.find(wait.barrier());
-        if (it == signallers.end() || it->second != writers) continue;
-        m.in_data[r] |= 1u << w;
-        observed = true;
+    for (const std::vector<size_t>* readers : {&u.input_readers, &u.reduce_readers}) {
+      for (size_t r : *readers) {
+        const Inst& inst = *step[r];
+        for (int w = 0; w < inst.num_waits; ++w) {
+          const isa::Wait& wait = inst.waits[w];
+          if (wait.previous_step() || wait.count() != wait.stride()) continue;
+          auto it = signallers.find(wait.barrier());
+          if (it == signallers.end() || it->second != writers) continue;
+          m.in_data[r] |= 1u << w;
+          observed = true;
+        }
       }
     }
     if (!observed) continue;
     m.observed.push_back(t);
     for (size_t w : writers) m.flags[w] |= isa::kFlagTagOut;
     for (size_t r : u.input_readers) m.flags[r] |= isa::kFlagTaggedInput;
+    for (size_t r : u.reduce_readers) m.flags[r] |= isa::kFlagTaggedInput;
     for (size_t r : u.residual_readers) m.flags[r] |= isa::kFlagTaggedResidual;
   }
   return m;
@@ -221,9 +242,11 @@ absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step,
     std::vector<size_t> writers;
     for (const auto& w : u.writes) writers.push_back(w.inst);
     bool used = false;
-    for (size_t r : u.input_readers) {
-      used |= (step[r]->flags & isa::kFlagTaggedInput) != 0;
-      for (int w = 0; w < step[r]->num_waits; ++w) used |= step[r]->waits[w].in_data() && (m.in_data[r] >> w & 1u);
+    for (const std::vector<size_t>* readers : {&u.input_readers, &u.reduce_readers}) {
+      for (size_t r : *readers) {
+        used |= (step[r]->flags & isa::kFlagTaggedInput) != 0;
+        for (int w = 0; w < step[r]->num_waits; ++w) used |= step[r]->waits[w].in_data() && (m.in_data[r] >> w & 1u);
+      }
     }
     for (size_t r : u.residual_readers) used |= (step[r]->flags & isa::kFlagTaggedResidual) != 0;
     for (size_t w : writers) used |= (step[w]->flags & isa::kFlagTagOut) != 0;
@@ -240,6 +263,7 @@ absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step,
     };
     if (absl::Status s = need(writers, isa::kFlagTagOut, "writes"); !s.ok()) return s;
     if (absl::Status s = need(u.input_readers, isa::kFlagTaggedInput, "reads"); !s.ok()) return s;
+    if (absl::Status s = need(u.reduce_readers, isa::kFlagTaggedInput, "reduces"); !s.ok()) return s;
     if (absl::Status s = need(u.residual_readers, isa::kFlagTaggedResidual, "adds"); !s.ok()) return s;
   }
   return absl::OkStatus();

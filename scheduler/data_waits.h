@@ -2,12 +2,15 @@
 //
 // A tensor T is tagged when every instruction that names T is one of
 //   - a writer that can tag what it stores: MATVEC with the store, residual-add or SiLU-mul epilogue (out = T),
-//     ATTN_PARTIAL's fused merge (out = T) or EMBED (out = T);
-//   - a MATVEC reading all of T as its input, or reading T as its epilogue's residual;
-// and the writers store every element of T exactly once per step (ATTN_PARTIAL: one split of each KV head does, at
-// run time). Then a MATVEC's full-count wait on a barrier whose signallers are exactly T's writers is observed in
-// the data: the MATVEC reads T until every value carries the step's tag, and every reader of T validates the tags it
-// reads, so no read of T relies on a chain of acquires that an observed wait would break.
+//     ATTN_PARTIAL's fused merge (out = T), ATTN_REDUCE (out = T) or EMBED (out = T); an ATTN_PARTIAL without the
+//     fused merge (its heads of T = partial_o or partial_ml);
+//   - a MATVEC reading all of T as its input, or reading T as its epilogue's residual; an ATTN_REDUCE reading its
+//     heads of T as partial_o or partial_ml;
+// and the writers store every element of T exactly once per step (ATTN_PARTIAL's merge: one split of each KV head
+// does, at run time). Then a MATVEC's or ATTN_REDUCE's full-count wait on a barrier whose signallers are exactly T's
+// writers is observed in the data: the reader reads T until every value it needs carries the step's tag, and every
+// reader of T validates the tags it reads, so no read of T relies on a chain of acquires that an observed wait would
+// break.
 #pragma once
 
 #include <cstdint>

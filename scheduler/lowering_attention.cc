@@ -192,35 +192,33 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   const uint32_t arrivals =
       fused ? AddTensor(absl::StrCat(op.name(), ".arrivals"), graph::I32, {kv}, ARENA) : isa::kNoTensor;
   const int partial_group = NewGroup(absl::StrCat(op.name(), fused ? ".partial_reduce" : ".partial"));
-  std::vector<uint32_t> partial_barriers;
+  // All splits signal one barrier: the fused form's readers (the O projection) need every head (a wait per KV head
+  // would not fit an instruction), and the reducers' waits are observed in the data when its signallers are exactly
+  // the partials' writers (scheduler/data_waits.h).
+  const uint32_t partial_barrier = NewBarrier(absl::StrCat(op.name(), ".partial"), WaitsFor(qkv_barriers));
   for (uint32_t g = 0; g < kv; ++g) {
     const std::vector<isa::Wait> waits = WaitsFor({qkv_barriers.size() == kv ? qkv_barriers[g] : qkv_barriers[0]});
-    // A barrier per KV head when the reduces wait per head; the fused form's readers (the O projection) need
-    // every head, so all splits signal one barrier (a wait per KV head would not fit an instruction).
-    const bool per_head = chunked && !fused;
-    if (per_head || g == 0) {
-      partial_barriers.push_back(NewBarrier(absl::StrCat(op.name(), ".partial", per_head ? absl::StrCat(".kv", g) : ""),
-                                            per_head ? waits : WaitsFor(qkv_barriers)));
-    }
     for (uint32_t s = 0; s < splits; ++s) {
       isa::AttnPartialArgs a{q, k_cache, v_cache, step_state_, po, pml, g, s, splits, heads, kv, hd, max_seq, scale};
       a.out = fused ? out : isa::kNoTensor;
       a.arrivals = arrivals;
       a.min_positions = min_positions;
-      Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barriers.back(), chunked ? waits : WaitsFor(qkv_barriers),
+      Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barrier, chunked ? waits : WaitsFor(qkv_barriers),
            op.name(), partial_group);
     }
   }
   if (fused) {
-    ready_[op.outputs(0)] = {partial_barriers};
+    ready_[op.outputs(0)] = {{partial_barrier}};
     return absl::OkStatus();
   }
   const int reduce_group = NewGroup(absl::StrCat(op.name(), ".reduce"));
-  const uint32_t reduce_barrier = NewBarrier(absl::StrCat(op.name(), ".reduce"), WaitsFor(partial_barriers));
-  for (uint32_t g = 0; g < kv; ++g) {
-    const std::vector<isa::Wait> waits = WaitsFor({chunked ? partial_barriers[g] : partial_barriers[0]});
-    isa::AttnReduceArgs a{po, pml, out, g * (heads / kv), heads / kv, splits, heads, hd};
-    Emit(Make(Opcode::ATTN_REDUCE, a), reduce_barrier, waits, op.name(), reduce_group);
+  const uint32_t reduce_barrier = NewBarrier(absl::StrCat(op.name(), ".reduce"), WaitsFor({partial_barrier}));
+  // A reduce per kAttnThreads output elements (a thread each: it loads 32 splits' outputs at once; the device's
+  // wider forms take fewer).
+  const uint32_t per_reduce = std::max<uint32_t>(1, isa::kAttnThreads / hd);
+  for (uint32_t h = 0; h < heads; h += per_reduce) {
+    isa::AttnReduceArgs a{po, pml, out, h, std::min(per_reduce, heads - h), splits, heads, hd};
+    Emit(Make(Opcode::ATTN_REDUCE, a), reduce_barrier, WaitsFor({partial_barrier}), op.name(), reduce_group);
   }
   ready_[op.outputs(0)] = {{reduce_barrier}};
   return absl::OkStatus();

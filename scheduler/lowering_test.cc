@@ -24,6 +24,7 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
   CompileOptions o;
   o.set_num_sms(8);
   o.set_attention_splits(2);
+  o.set_separate_attention_reduce(false);
   const Schedule s = CompileTiny(o);
   const std::map<std::string, int> c = OpcodeCounts(s);
   EXPECT_EQ(c.at("EMBED"), 1);
@@ -41,7 +42,8 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
 }
 
 // Step tags (instructions/instruction.h): every MATVEC reading a whole activation that tagging writers alone produce
-// observes its wait in the data; attention (reading q and the KV cache) still polls its barrier.
+// observes its wait in the data, and every ATTN_REDUCE its wait on the splits' partials; attention's splits
+// (reading q and the KV cache) still poll their barrier.
 TEST(Lowering, DecodeWaitsOnWholeActivationsAreObservedInTheData) {
   CompileOptions o;
   o.set_num_sms(8);
@@ -52,12 +54,16 @@ TEST(Lowering, DecodeWaitsOnWholeActivationsAreObservedInTheData) {
       for (const Wait& w : inst.waits()) {
         if (!w.in_data()) continue;
         ++observed;
-        EXPECT_EQ(inst.opcode(), "MATVEC");
+        EXPECT_TRUE(inst.opcode() == "MATVEC" || inst.opcode() == "ATTN_REDUCE") << inst.opcode();
         EXPECT_TRUE(inst.tagged_input());
       }
       if (inst.opcode() == "ATTN_PARTIAL") {
         for (const Wait& w : inst.waits()) EXPECT_FALSE(w.in_data()) << "attention reads q and the KV cache";
-        EXPECT_TRUE(inst.tag_out()) << "its merge writes the O projection's input";
+        EXPECT_TRUE(inst.tag_out()) << "its partials are the reduce's input";
+      }
+      if (inst.opcode() == "ATTN_REDUCE") {
+        EXPECT_TRUE(inst.waits_size() == 1 && inst.waits(0).in_data());
+        EXPECT_TRUE(inst.tag_out()) << "it writes the O projection's input";
       }
       tagging += inst.tag_out();
     }
@@ -92,14 +98,18 @@ TEST(Lowering, UnfusedActivationsAreNotTagged) {
   }
 }
 
-TEST(Lowering, SeparateAttentionReduceEmitsAReducePerKvHead) {
+TEST(Lowering, SeparateAttentionReduceEmitsAReducePer256Elements) {
   CompileOptions o;
   o.set_num_sms(8);
   o.set_attention_splits(2);
-  o.set_separate_attention_reduce(true);
-  const std::map<std::string, int> c = OpcodeCounts(CompileTiny(o));
+  const std::map<std::string, int> c = OpcodeCounts(CompileTiny(o));  // (the default with data waits)
   EXPECT_EQ(c.at("ATTN_PARTIAL"), 2 * 2 * 2);
-  EXPECT_EQ(c.at("ATTN_REDUCE"), 2 * 2);  // layers x kv heads
+  EXPECT_EQ(c.at("ATTN_REDUCE"), 2);  // layers x (4 heads of 64: one reduce)
+  o.set_separate_attention_reduce(false);
+  EXPECT_EQ(OpcodeCounts(CompileTiny(o)).count("ATTN_REDUCE"), 0u);
+  o.clear_separate_attention_reduce();
+  o.set_data_waits(false);  // polled, the fused reduce's counter is the shorter way
+  EXPECT_EQ(OpcodeCounts(CompileTiny(o)).count("ATTN_REDUCE"), 0u);
 }
 
 TEST(Lowering, EachFusionOffUsesTheUnfusedOpcodes) {

@@ -55,6 +55,9 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (!f->has_silu_mul()) f->set_silu_mul(true);
   if (!f->has_lm_head_argmax()) f->set_lm_head_argmax(true);
   if (!o.has_data_waits()) o.set_data_waits(true);
+  // Observed in the data, the reduce finds the splits' partials a round trip after they land; polled, its barrier
+  // hop cost more than the fused reduce's arrival counter (performance.md "Sixteenth session").
+  if (!o.has_separate_attention_reduce()) o.set_separate_attention_reduce(o.data_waits());
   if (o.matvec_tiles_per_sm() == 0) o.set_matvec_tiles_per_sm(1);
   if (o.elementwise_chunk() == 0) o.set_elementwise_chunk(kDefaultElementwiseChunk);
   if (o.attention_min_split_positions() == 0) o.set_attention_min_split_positions(kDefaultAttentionMinSplitPositions);

@@ -205,7 +205,10 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     scores[h * n + p] = (acc0 + acc1) * a.scale;
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  float* ml = m.ptr<float>(a.partial_ml);
+  // Without the fused merge the partials are the output: tagged when the instruction tags (ATTN_REDUCE reads them).
+  const uint32_t partial_tag = a.out == isa::kNoTensor ? OutputTag(ctx.flags, ctx.step) : kNoTag;
+  static_assert(isa::kAttnMaxGroupHeads <= kConsumerWarps, "a warp per head");
+  float head_max = -INFINITY, head_sum = 0.0f;  // warp h < group: head h's, stored after the outputs (below)
   for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {  // a warp per head: max, exp, sum
     float mx = -INFINITY;
     for (uint32_t p = ctx.lane; p < n; p += 32) mx = fmaxf(mx, scores[h * n + p]);
@@ -216,11 +219,8 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
       scores[h * n + p] = e;
       l += e;
     }
-    l = WarpSum(l);
-    if (ctx.lane == 0) {
-      ml[(static_cast<uint64_t>(a.split) * a.num_heads + first_head + h) * 2] = mx;
-      ml[(static_cast<uint64_t>(a.split) * a.num_heads + first_head + h) * 2 + 1] = l;
-    }
+    head_max = mx;
+    head_sum = WarpSum(l);
   }
   CpAsyncWait<0>();  // V
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
@@ -251,7 +251,14 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   for (uint32_t i = ctx.tid; i < group * hd; i += kConsumerThreads) {
     float sum = 0.0f;
     for (uint32_t g = 0; g < groups; ++g) sum += red[g * group * hd + i];
-    po[(static_cast<uint64_t>(a.split) * a.num_heads + first_head) * hd + i] = sum;
+    po[(static_cast<uint64_t>(a.split) * a.num_heads + first_head) * hd + i] = MaybeTag(sum, partial_tag);
+  }
+  // The (max, sum) pairs last: ATTN_REDUCE polls them, then loads the outputs, stored before (by other threads, so
+  // they may still land later: it reads any untagged one again).
+  if (ctx.warp < group && ctx.lane == 0) {
+    float* ml = m.ptr<float>(a.partial_ml) + (static_cast<uint64_t>(a.split) * a.num_heads + first_head + ctx.warp) * 2;
+    ml[0] = MaybeTag(head_max, partial_tag);
+    ml[1] = MaybeTag(head_sum, partial_tag);
   }
   if (a.out == isa::kNoTensor) return;
   // The fused reduce: every consumer's partial stores are issued (the barrier), then one thread publishes this
@@ -279,9 +286,120 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   }
 }
 
+// Whether every float of v carries `parity` (2: no tags, always).
+template <typename Vec>
+__device__ __forceinline__ bool TaggedVec(const Vec& v, uint32_t parity) {
+  const float* f = reinterpret_cast<const float*>(&v);
+  bool all = true;
+#pragma unroll
+  for (uint32_t e = 0; e < sizeof(Vec) / 4; ++e) all &= Tagged(f[e], parity);
+  return parity > 1 || all;
+}
+
+// ATTN_REDUCE, kVec consecutive output elements (of one head) a thread. The (max, sum) pairs of every split first
+// go through the slot ([split][head]); with tags (`parity` < 2) each is read until it carries the step's parity
+// (every split stores its pairs every step, after its outputs; an empty split's maximum is -inf: the tag bit is
+// cleared again, so an infinity tagged odd, a NaN, is -inf once more). A warp per head then turns its pairs into
+// the weights exp(max_s - max) / sum in the slot, and how many splits are not empty (the empty ones are the last);
+// each thread loads the outputs of those, 32 / kVec splits at once, each again until tagged, and sums them weighted:
+// the reduce costs the round trip that finds the last split's pairs, one more for the outputs, and no per-thread
+// pass over the splits' maxima.
+template <uint32_t kVec>
+__device__ __forceinline__ void ReduceThroughSlot(const isa::AttnReduceArgs& a, ConsumerContext& ctx, uint32_t parity,
+                                                  uint32_t tag) {
+  constexpr uint32_t kBatch = 32 / kVec;
+  using Vec = MergeVec<kVec>;
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t hd = a.head_dim, count = a.head_count, splits = a.num_splits;
+  const uint32_t pairs = tile::SharedAddress(ctx.act), heads = pairs + 8 * splits * count;  // heads: (active, 0)
+  const float2* pml = m.ptr<float2>(a.partial_ml) + a.head_begin;
+  for (uint32_t j = ctx.tid; j < splits * count; j += kConsumerThreads) {
+    const float2* src = pml + (j / count) * a.num_heads + j % count;
+    float2 v = __ldcg(src);
+    for (uint64_t reads = 0; !TaggedVec(v, parity); ++reads) {
+      if (kDeviceDebug && reads > kDebugSpinLimit) {
+        ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::ATTN_REDUCE), a.partial_ml,
+                    __float_as_uint(v.x), parity, kStuckTaggedRead);
+      }
+      v = ReloadRelaxed(src);
+    }
+    tile::StoreShared64(pairs + 8 * j, make_float2(Tag(v.x, 0), v.y));
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  if (ctx.ready != nullptr && ctx.tid == 0 && parity < 2) *ctx.ready = GlobalTimer();
+  for (uint32_t h = ctx.warp; h < count; h += kConsumerWarps) {  // a warp per head: its weights
+    float mx = -INFINITY;
+    uint32_t active = 0;
+    for (uint32_t s = ctx.lane; s < splits; s += 32) {
+      const float x = tile::LoadShared64(pairs + 8 * (s * count + h)).x;
+      if (x != -INFINITY) mx = fmaxf(mx, x), active = s + 1;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+      active = max(active, __shfl_xor_sync(0xffffffffu, active, offset));
+    }
+    float denom = 0.0f;
+    for (uint32_t s = ctx.lane; s < active; s += 32) {
+      const float2 l = tile::LoadShared64(pairs + 8 * (s * count + h));
+      const float w = l.x != -INFINITY ? expf(l.x - mx) : 0.0f;
+      denom += w * l.y;
+      tile::StoreShared64(pairs + 8 * (s * count + h), make_float2(w, 0.0f));
+    }
+    denom = WarpSum(denom);
+    const float inv = denom > 0.0f ? __frcp_rn(denom) : 0.0f;
+    for (uint32_t s = ctx.lane; s < active; s += 32) {
+      const float w = tile::LoadShared64(pairs + 8 * (s * count + h)).x;
+      tile::StoreShared64(pairs + 8 * (s * count + h), make_float2(w * inv, 0.0f));
+    }
+    if (ctx.lane == 0) tile::StoreShared64(heads + 8 * h, make_float2(__uint_as_float(active), 0.0f));
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  const uint32_t split_stride = a.num_heads * hd;
+  for (uint32_t i = ctx.tid * kVec; i < count * hd; i += kConsumerThreads * kVec) {
+    const uint32_t h = i / hd, d = i % hd;
+    const uint32_t active = __float_as_uint(tile::LoadShared64(heads + 8 * h).x);
+    const float* po = m.ptr<float>(a.partial_o) + static_cast<uint64_t>(a.head_begin + h) * hd + d;
+    float acc[kVec] = {};
+    for (uint32_t s0 = 0; s0 < active; s0 += kBatch) {
+      Vec o[kBatch];
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        o[u] = Vec{};
+        if (s0 + u < active) o[u] = __ldcg(reinterpret_cast<const Vec*>(po + (s0 + u) * split_stride));
+      }
+#pragma unroll
+      for (uint32_t u = 0; u < kBatch; ++u) {
+        if (s0 + u >= active) break;
+        // (A split stores its outputs before its pairs, found tagged above: any still untagged is read again.)
+        for (uint64_t reads = 0; !TaggedVec(o[u], parity); ++reads) {
+          if (kDeviceDebug && reads > kDebugSpinLimit) {
+            ReportStuck(ctx.error, ctx.sm, ctx.index, static_cast<uint32_t>(isa::Opcode::ATTN_REDUCE), a.partial_o,
+                        reinterpret_cast<const uint32_t*>(&o[u])[0], parity, kStuckTaggedRead);
+          }
+          o[u] = ReloadRelaxed(reinterpret_cast<const Vec*>(po + (s0 + u) * split_stride));
+        }
+        const float w = tile::LoadShared64(pairs + 8 * ((s0 + u) * count + h)).x;
+        const float* ou = reinterpret_cast<const float*>(&o[u]);
+#pragma unroll
+        for (uint32_t e = 0; e < kVec; ++e) acc[e] += w * ou[e];
+      }
+    }
+    float* out = m.ptr<float>(a.out) + static_cast<uint64_t>(a.head_begin + h) * hd + d;
+#pragma unroll
+    for (uint32_t e = 0; e < kVec; ++e) out[e] = MaybeTag(acc[e], tag);
+  }
+}
+
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
-  MergePartials(ctx.machine, a.partial_o, a.partial_ml, a.out, a.head_begin, a.head_count, a.num_splits,
-                a.num_heads, a.head_dim, ctx.tid);
+  const uint32_t parity = (ctx.flags & isa::kFlagTaggedInput) != 0 ? StepParity(ctx.step) : 2;
+  const uint32_t tag = OutputTag(ctx.flags, ctx.step), elems = a.head_count * a.head_dim;
+  if (elems > 2 * kConsumerThreads && a.head_dim % 4 == 0) {
+    ReduceThroughSlot<4>(a, ctx, parity, tag);
+  } else if (elems > kConsumerThreads && a.head_dim % 2 == 0) {
+    ReduceThroughSlot<2>(a, ctx, parity, tag);
+  } else {
+    ReduceThroughSlot<1>(a, ctx, parity, tag);
+  }
 }
 
 }  // namespace loom::megakernel
