@@ -72,6 +72,23 @@ TEST(ScheduleVerifier, RejectsDataWaitsTheTagsDoNotCover) {
     }
   }
   ExpectRejected(bad, "has step-tag flags 1 where the rules allow 0");
+  // Attention's reduce observed in the data (the default): a split that would not tag its partials, or a reducer
+  // that would not check them.
+  for (const char* opcode : {"ATTN_PARTIAL", "ATTN_REDUCE"}) {
+    SCOPED_TRACE(opcode);
+    bad = s;
+    bool changed = false;
+    for (auto& q : *bad.mutable_queues()) {
+      for (auto& inst : *q.mutable_instructions()) {
+        if (changed || inst.opcode() != opcode) continue;
+        if (inst.opcode() == "ATTN_PARTIAL") inst.set_tag_out(false);
+        else inst.set_tagged_input(false);
+        changed = true;
+      }
+    }
+    ASSERT_TRUE(changed);
+    ExpectRejected(bad, "which the schedule uses step-tagged, without its step-tag flag");
+  }
 }
 
 TEST(ScheduleVerifier, RejectsUnknownOpcodesAndBadArguments) {
