@@ -35,6 +35,10 @@ inline constexpr uint32_t kActivationKv = 1;  // ATTN_PARTIAL: the split's K and
 // ATTN_PARTIAL: the slot was handed over before the waits (kActivationKv too): the consumers copy the rows of earlier
 // steps, then wait on the slot's `act_waited` for the rest.
 inline constexpr uint32_t kActivationEarly = 2;
+// ATTN_PARTIAL: the split's rows do not fit the slot; they come through it in chunks of (flags >> 8) positions
+// (isa::AttnChunkLayout).
+inline constexpr uint32_t kActivationChunked = 4;
+inline constexpr uint32_t kActivationChunkShift = 8;
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
 static_assert(kConsumerThreads % 128 == 0, "consumers must be whole warpgroups");
 

@@ -274,7 +274,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
 // took ~0.8 us longer from the waits to the slot; docs/performance.md).
 struct ActivationPlan {
   uint32_t bytes = 0;   // slot size, a multiple of 16
-  uint32_t flags = 0;   // kActivationKv: the slot has room for ATTN_PARTIAL's K and V rows
+  uint32_t flags = 0;   // kActivationKv / kActivationChunked: ATTN_PARTIAL's K and V rows (all / in chunks) in the slot
   uint32_t length = 0;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (the context length)
 };
 
@@ -314,6 +314,9 @@ __device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
          (inst.op() == isa::Opcode::MATVEC && inst.as<isa::MatvecArgs>().epilogue == isa::kEpilogueRopeKvAppend);
 }
 
+// kChunks: ATTN_PARTIAL's rows that do not fit the slot may come through it in chunks (the decode variant's form:
+// the others read them from the caches, their consumers' registers spent elsewhere).
+template <bool kChunks>
 __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p,
                                                           uint32_t step, StepLength& length) {
   const isa::MachineView& m = p.machine;
@@ -325,16 +328,21 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(m, a.step_state, step);
       break;
     }
-    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit (the consumers load)
-      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
+    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit (the consumers load),
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();  // else for chunks of them
       plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
       const uint32_t group = a.num_heads / a.num_kv_heads;
       const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
+      const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
+                                     : 0;
       if (end > begin && kv.bytes <= p.activation_bytes) {
         plan.bytes = static_cast<uint32_t>(kv.bytes);
         plan.flags = kActivationKv;
+      } else if (end > begin && chunk > 0) {
+        plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
+        plan.flags = kActivationChunked | chunk << kActivationChunkShift;
       }
       break;
     }
@@ -398,13 +406,14 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     // program, only in the launch's first step (StepLength::Follow; the step's first RoPE tile on each SM).
     const bool early = !ReadsPosition(inst) || (kVariant == isa::kDecodeKernel ? length.Follow(step, MaxSeqOf(inst))
                                                                                 : length.step == step);
-    if (early) plan = PlanActivations(inst, p, step, length);
-    // ATTN_PARTIAL with its rows in the slot, its position known: handed over before the waits, so the consumers
-    // copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them) while the waits
-    // are polled; they copy q and this step's row after `act_waited`.
+    if (early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
+    // ATTN_PARTIAL with its rows (or chunks of them) in the slot, its position known: handed over before the waits,
+    // so the consumers copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them)
+    // while the waits are polled (of a chunked split, its first chunk's); they copy q and this step's row after
+    // `act_waited`.
     uint32_t slot = kMaxActivationSlots;
     if (kVariant == isa::kDecodeKernel && early && inst.op() == isa::Opcode::ATTN_PARTIAL &&
-        (plan.flags & kActivationKv) && inst.num_waits > 0) {
+        (plan.flags & (kActivationKv | kActivationChunked)) && inst.num_waits > 0) {
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
       s.act_offset[slot] = ring.begin[slot];
@@ -424,7 +433,8 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
     if (slot == kMaxActivationSlots) {
-      if (!early) plan = PlanActivations(inst, p, step, length);  // reads the position: after the waits
+      // (reads the position: after the waits)
+      if (!early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
       s.act_offset[slot] = ring.begin[slot];
@@ -505,7 +515,10 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
       case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
       case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
       case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
-      case isa::Opcode::ATTN_PARTIAL: RunAttnPartial(inst.as<isa::AttnPartialArgs>(), ctx); break;
+      case isa::Opcode::ATTN_PARTIAL:
+        if constexpr (kVariant == isa::kDecodeKernel) RunAttnPartial<true>(inst.as<isa::AttnPartialArgs>(), ctx);
+        else RunAttnPartialOutOfLine(inst.as<isa::AttnPartialArgs>(), ctx);
+        break;
       case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
       case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
       case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;

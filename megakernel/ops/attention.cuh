@@ -140,56 +140,15 @@ __device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, cons
   for (uint32_t e = 0; e < kVec; ++e) out[e] = MaybeTag(acc[e] * inv, tag);
 }
 
-__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
-  const isa::MachineView& m = ctx.machine;
-  uint32_t begin, end;
-  isa::SplitRange(ctx.act_length, a.split, a.num_splits, a.min_positions, &begin, &end);
-  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
-  const uint32_t first_head = a.kv_head * group;
-  // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
-  // here: cp.async through L2 (one round trip sooner than the activation loader's proxy fence + bulk copies), what
-  // this step wrote after the waits (below), V of this step's row in a commit group the scores do not wait for.
-  const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
-  const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
-  uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
-  float* q = reinterpret_cast<float*>(slot + layout.q);
-  float* scores = reinterpret_cast<float*>(slot + layout.scores);  // [group][n]
-  float* red = reinterpret_cast<float*>(slot + layout.red);        // [position groups][group][hd]
-
-  // Rows [begin, end) of the split: in the slot, or in the caches (generic loads serve both).
-  const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
-  const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
-  const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
-  const float* q_src = m.ptr<float>(a.q) + first_head * hd;
-  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
-  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
-  // Handed over before the waits (kActivationEarly): the rows earlier steps wrote, [0, old) of the split, are copied
-  // now; this step's row (the context's last) and q after the waits.
-  const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
-  const uint32_t old = early ? min(n, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
-  for (uint32_t j = ctx.tid; j < old * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
-    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
-  }
-  CpAsyncCommit();
-  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
-  for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
-  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
-  }
-  CpAsyncCommit();
-  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
-  }
-  CpAsyncCommit();
-  CpAsyncWait<1>();
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  // Scores: a thread per (head, position), the positions of a head on consecutive lanes. A warp's lanes read K
-  // rows hd floats apart, which all start in the same bank: each lane walks its row's 16-byte chunks from its own
-  // offset (c + p) % (hd / 4), so 8 consecutive lanes hit 8 different bank groups (a float4 load then takes the
-  // 4 wavefronts it must, not 32), and the q row alike.
+// Scores of `n` positions for the group's heads: a thread per (head, position), the positions of a head on
+// consecutive lanes. A warp's lanes read K rows hd floats apart, which all start in the same bank: each lane walks
+// its row's 16-byte chunks from its own offset (c + p) % (hd / 4), so 8 consecutive lanes hit 8 different bank
+// groups (a float4 load then takes the 4 wavefronts it must, not 32), and the q row alike.
+__device__ __forceinline__ void AttnScores(const float* q, const float* kc, float* scores, uint32_t group, uint32_t n,
+                                           uint32_t hd, float scale, uint32_t tid) {
+  const uint32_t hd4 = hd / 4;
   const float4* q4 = reinterpret_cast<const float4*>(q);
-  for (uint32_t i = ctx.tid; i < group * n; i += kConsumerThreads) {
+  for (uint32_t i = tid; i < group * n; i += kConsumerThreads) {
     const uint32_t h = i / n, p = i - h * n;
     const float4* krow = reinterpret_cast<const float4*>(kc + p * hd);
     const float4* qrow = q4 + h * hd4;
@@ -202,31 +161,35 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
       acc1 += qv.z * kv.z + qv.w * kv.w;
       c = c + 1 == hd4 ? 0 : c + 1;
     }
-    scores[h * n + p] = (acc0 + acc1) * a.scale;
+    scores[h * n + p] = (acc0 + acc1) * scale;
   }
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  // Without the fused merge the partials are the output: tagged when the instruction tags (ATTN_REDUCE reads them).
-  const uint32_t partial_tag = a.out == isa::kNoTensor ? OutputTag(ctx.flags, ctx.step) : kNoTag;
-  static_assert(isa::kAttnMaxGroupHeads <= kConsumerWarps, "a warp per head");
-  float head_max = -INFINITY, head_sum = 0.0f;  // warp h < group: head h's, stored after the outputs (below)
-  for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {  // a warp per head: max, exp, sum
-    float mx = -INFINITY;
-    for (uint32_t p = ctx.lane; p < n; p += 32) mx = fmaxf(mx, scores[h * n + p]);
-    for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
-    float l = 0.0f;
-    for (uint32_t p = ctx.lane; p < n; p += 32) {
-      const float e = expf(scores[h * n + p] - mx);
-      scores[h * n + p] = e;
-      l += e;
-    }
-    head_max = mx;
-    head_sum = WarpSum(l);
+}
+
+// A warp per head (warp h < group): the maximum of its `n` scores, `bound` at least, and the scores replaced by
+// exp(score - maximum); returns the sum of those.
+__device__ __forceinline__ float AttnExpScores(float* scores, uint32_t h, uint32_t n, float bound, uint32_t lane,
+                                               float* max_out) {
+  float mx = bound;
+  for (uint32_t p = lane; p < n; p += 32) mx = fmaxf(mx, scores[h * n + p]);
+  for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+  float l = 0.0f;
+  for (uint32_t p = lane; p < n; p += 32) {
+    const float e = expf(scores[h * n + p] - mx);
+    scores[h * n + p] = e;
+    l += e;
   }
-  CpAsyncWait<0>();  // V
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  // Output: a thread per (position group, dim), every head of the group (each V element read once).
-  const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
-  float acc[kMaxGroupHeads] = {};
+  *max_out = mx;
+  return WarpSum(l);
+}
+
+// A thread's output accumulators: one per head of the group, for its (position group, dim).
+struct AttnAcc {
+  float h[kMaxGroupHeads];
+};
+// acc.h[h] + the sum over the `n` positions of scores[h][p] * V[p][d] for this thread's (position group pg, dim d):
+// a thread per (position group, dim), every head of the group (each V element read once).
+__device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, const float* scores, uint32_t group,
+                                                  uint32_t n, uint32_t hd, uint32_t groups, uint32_t pg, uint32_t d) {
   for (uint32_t p = pg; p < n; p += 4 * groups) {
     float v[4];
 #pragma unroll
@@ -238,14 +201,100 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
       if (p + u * groups >= n) break;
 #pragma unroll
       for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
-        if (h < group) acc[h] += scores[h * n + p + u * groups] * v[u];
+        if (h < group) acc.h[h] += scores[h * n + p + u * groups] * v[u];
       }
     }
   }
+  return acc;
+}
+
+// A split whose rows do not fit the slot (kActivationChunked): `chunk` positions at a time through the two K and V
+// buffers of isa::AttnChunkLayout, chunk c + 1's copies issued before chunk c is computed; each head's running
+// maximum and sum (warp h) rescale the accumulators (alpha) as a chunk raises the maximum. The rows earlier steps
+// wrote of the first chunk are copied before the waits when the slot came early. Leaves the position groups'
+// outputs in the slot's `red` (returned) and warp h's maximum and sum in head_max / head_sum.
+__device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& a, ConsumerContext& ctx,
+                                                    uint32_t begin, uint32_t n, float* head_max, float* head_sum) {
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, hd4 = hd / 4;
+  const uint32_t chunk = ctx.act_flags >> kActivationChunkShift, chunks = (n + chunk - 1) / chunk;
+  const isa::AttnChunkSlot layout = isa::AttnChunkLayout(group, hd, chunk);
+  uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
+  float* q = reinterpret_cast<float*>(slot + layout.q);
+  float* scores = reinterpret_cast<float*>(slot + layout.scores);
+  float* alpha = reinterpret_cast<float*>(slot + layout.alpha);
+  const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
+  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
+  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
+  const uint32_t buffer = 4 * chunk * hd;
+  // Rows [from, to) of the split (inside chunk c) into chunk c's buffers.
+  auto copy = [&](uint32_t c, uint32_t from, uint32_t to) {
+    uint8_t* kb = slot + layout.k + (c % 2) * buffer;
+    uint8_t* vb = slot + layout.v + (c % 2) * buffer;
+    const uint32_t r0 = c * chunk;
+    for (uint32_t j = (from - r0) * hd4 + ctx.tid; j < (to - r0) * hd4; j += kConsumerThreads) {
+      CpAsync<16>(kb + 16 * j, k_src + r0 * hd + 4 * j, 16);
+      CpAsync<16>(vb + 16 * j, v_src + r0 * hd + 4 * j, 16);
+    }
+  };
+  const uint32_t first = min(n, chunk);
+  const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
+  const uint32_t old = early ? min(first, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
+  copy(0, 0, old);
+  CpAsyncCommit();
+  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
+  const float* q_src = m.ptr<float>(a.q) + a.kv_head * group * hd;
+  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  copy(0, old, first);
+  CpAsyncCommit();
+  const uint32_t d = ctx.tid % hd, pg = ctx.tid / hd;
+  AttnAcc acc{};
+  float run_max = -INFINITY, run_sum = 0.0f;  // warp h < group: head h's
+  for (uint32_t c = 0; c < chunks; ++c) {
+    // Chunk c + 1 into the buffers chunk c - 1 used (free since that chunk's last barrier).
+    if (c + 1 < chunks) copy(c + 1, (c + 1) * chunk, min(n, (c + 2) * chunk));
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // chunk c (and q)
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    const uint32_t rows = min(chunk, n - c * chunk);
+    const float* kc = reinterpret_cast<const float*>(slot + layout.k + (c % 2) * buffer);
+    const float* vc = reinterpret_cast<const float*>(slot + layout.v + (c % 2) * buffer);
+    AttnScores(q, kc, scores, group, rows, hd, a.scale, ctx.tid);
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {
+      float mx;
+      const float l = AttnExpScores(scores, h, rows, run_max, ctx.lane, &mx);
+      const float rescale = run_max == -INFINITY ? 0.0f : expf(run_max - mx);
+      run_sum = run_sum * rescale + l;
+      run_max = mx;
+      if (ctx.lane == 0) alpha[h] = rescale;
+    }
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+#pragma unroll
+    for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+      if (h < group) acc.h[h] *= alpha[h];
+    }
+    acc = AttnAccumulate(acc, vc, scores, group, rows, hd, kConsumerThreads / hd, pg, d);
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the chunk's buffers, scores and alpha are free
+  }
+  CpAsyncWait<0>();  // (only an empty group is left)
+  float* red = reinterpret_cast<float*>(slot + layout.red);
 #pragma unroll
   for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
-    if (h < group) red[(pg * group + h) * hd + d] = acc[h];
+    if (h < group) red[(pg * group + h) * hd + d] = acc.h[h];
   }
+  *head_max = run_max;
+  *head_sum = run_sum;
+  return red;
+}
+
+// The split's outputs from the position groups' sums in `red` (the consumers' barrier first), then warp h's
+// (max, sum) pair; with the fused reduce, the last split of the KV head merges the group's partials.
+__device__ __forceinline__ void AttnPartialFinish(const isa::AttnPartialArgs& a, ConsumerContext& ctx, const float* red,
+                                                  float head_max, float head_sum, uint32_t partial_tag) {
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, groups = kConsumerThreads / hd;
+  const uint32_t first_head = a.kv_head * group;
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   float* po = m.ptr<float>(a.partial_o);
   for (uint32_t i = ctx.tid; i < group * hd; i += kConsumerThreads) {
@@ -284,6 +333,84 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   } else {
     MergePartials(m, a.partial_o, a.partial_ml, a.out, first_head, group, active, a.num_heads, hd, ctx.tid, tag);
   }
+}
+
+// kChunks: the chunked form is compiled in (the decode variant's; the activation loader plans it only there).
+template <bool kChunks>
+__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  uint32_t begin, end;
+  isa::SplitRange(ctx.act_length, a.split, a.num_splits, a.min_positions, &begin, &end);
+  const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
+  const uint32_t first_head = a.kv_head * group;
+  // Without the fused merge the partials are the output: tagged when the instruction tags (ATTN_REDUCE reads them).
+  const uint32_t partial_tag = a.out == isa::kNoTensor ? OutputTag(ctx.flags, ctx.step) : kNoTag;
+  static_assert(isa::kAttnMaxGroupHeads <= kConsumerWarps, "a warp per head");
+  float head_max = -INFINITY, head_sum = 0.0f;  // warp h < group: head h's, stored after the outputs
+  if (kChunks && (ctx.act_flags & kActivationChunked) != 0) {
+    const float* red = AttnPartialChunks(a, ctx, begin, n, &head_max, &head_sum);
+    AttnPartialFinish(a, ctx, red, head_max, head_sum, partial_tag);
+    return;
+  }
+  // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
+  // here: cp.async through L2 (one round trip sooner than the activation loader's proxy fence + bulk copies), what
+  // this step wrote after the waits (below), V of this step's row in a commit group the scores do not wait for.
+  const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
+  const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
+  uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
+  float* q = reinterpret_cast<float*>(slot + layout.q);
+  float* scores = reinterpret_cast<float*>(slot + layout.scores);  // [group][n]
+  float* red = reinterpret_cast<float*>(slot + layout.red);        // [position groups][group][hd]
+
+  // Rows [begin, end) of the split: in the slot, or in the caches (generic loads serve both).
+  const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
+  const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
+  const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
+  const float* q_src = m.ptr<float>(a.q) + first_head * hd;
+  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
+  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
+  // Handed over before the waits (kActivationEarly): the rows earlier steps wrote, [0, old) of the split, are copied
+  // now; this step's row (the context's last) and q after the waits.
+  const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
+  const uint32_t old = early ? min(n, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
+  for (uint32_t j = ctx.tid; j < old * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
+  for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  AttnScores(q, kc, scores, group, n, hd, a.scale, ctx.tid);
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {  // a warp per head: max, exp, sum
+    head_sum = AttnExpScores(scores, h, n, -INFINITY, ctx.lane, &head_max);
+  }
+  CpAsyncWait<0>();  // V
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  // Output: a thread per (position group, dim), every head of the group (each V element read once).
+  const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
+  const AttnAcc acc = AttnAccumulate(AttnAcc{}, vc, scores, group, n, hd, groups, pg, d);
+#pragma unroll
+  for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+    if (h < group) red[(pg * group + h) * hd + d] = acc.h[h];
+  }
+  AttnPartialFinish(a, ctx, red, head_max, head_sum, partial_tag);
+}
+
+// The form the other kernel variants call (programs of theirs seldom hold decode attention): out of line, so that
+// its registers do not weigh on their tensor-core paths (inlined, it cost the prefill variant 280 bytes of spills).
+__device__ __noinline__ void RunAttnPartialOutOfLine(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
+  RunAttnPartial<false>(a, ctx);
 }
 
 // Whether every float of v carries `parity` (2: no tags, always).
