@@ -344,9 +344,12 @@ LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uin
 LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, uint32_t positions) {
   return AttnPartialLayout(group, head_dim, positions, false).bytes;
 }
-// A split whose rows do not fit the slot takes them `chunk` positions at a time through two K and two V buffers (the
-// copies of one chunk fly while the one before is computed; a running maximum and sum across chunks): q, the
-// chunk's scores, the position groups' partial outputs, a rescale factor per head, K[2][chunk * head_dim], V alike.
+// A split whose rows do not fit the slot takes them `chunk` positions at a time through kAttnChunkBuffers K and V
+// buffers (the copies of the next kAttnChunkBuffers - 1 chunks fly while one is computed; a running maximum and sum
+// across chunks): q, the chunk's scores, the position groups' partial outputs, a rescale factor per head,
+// K[kAttnChunkBuffers][chunk * head_dim], V alike. Two: three and four buffers (smaller chunks, more of them) were
+// 7% and 10% slower at context 4096 (docs/performance.md).
+inline constexpr uint32_t kAttnChunkBuffers = 2;
 struct AttnChunkSlot {
   uint64_t q, scores, red, alpha, k, v, bytes;
 };
@@ -357,14 +360,15 @@ LOOM_HD AttnChunkSlot AttnChunkLayout(uint32_t group, uint32_t head_dim, uint32_
   s.red = s.scores + (4ull * group * chunk + 15) / 16 * 16;
   s.alpha = s.red + 4ull * group * kAttnThreads;
   s.k = s.alpha + 4ull * kAttnMaxGroupHeads;
-  s.v = s.k + 8ull * chunk * head_dim;
-  s.bytes = s.v + 8ull * chunk * head_dim;
+  s.v = s.k + 4ull * kAttnChunkBuffers * chunk * head_dim;
+  s.bytes = s.v + 4ull * kAttnChunkBuffers * chunk * head_dim;
   return s;
 }
 // The positions of the largest chunk whose layout fits `bytes` (0: none of kAttnMinChunk does).
 inline constexpr uint32_t kAttnMinChunk = 8;
 LOOM_HD uint32_t AttnChunkPositions(uint32_t group, uint32_t head_dim, uint64_t bytes) {
-  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0).bytes + 16, per = 4ull * group + 16ull * head_dim;
+  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0).bytes + 16;
+  const uint64_t per = 4ull * group + 8ull * kAttnChunkBuffers * head_dim;
   const uint64_t chunk = bytes > fixed ? (bytes - fixed) / per : 0;
   return chunk >= kAttnMinChunk ? static_cast<uint32_t>(chunk < 0xffffu ? chunk : 0xffffu) : 0;
 }

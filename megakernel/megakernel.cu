@@ -516,8 +516,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
       case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
       case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
       case isa::Opcode::ATTN_PARTIAL:
-        if constexpr (kVariant == isa::kDecodeKernel) RunAttnPartial<true>(inst.as<isa::AttnPartialArgs>(), ctx);
-        else RunAttnPartialOutOfLine(inst.as<isa::AttnPartialArgs>(), ctx);
+        RunAttnPartial<kVariant == isa::kDecodeKernel>(inst.as<isa::AttnPartialArgs>(), ctx);
         break;
       case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
       case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;

@@ -208,11 +208,12 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
   return acc;
 }
 
-// A split whose rows do not fit the slot (kActivationChunked): `chunk` positions at a time through the two K and V
-// buffers of isa::AttnChunkLayout, chunk c + 1's copies issued before chunk c is computed; each head's running
-// maximum and sum (warp h) rescale the accumulators (alpha) as a chunk raises the maximum. The rows earlier steps
-// wrote of the first chunk are copied before the waits when the slot came early. Leaves the position groups'
-// outputs in the slot's `red` (returned) and warp h's maximum and sum in head_max / head_sum.
+// A split whose rows do not fit the slot (kActivationChunked): `chunk` positions at a time through the K and V
+// buffers of isa::AttnChunkLayout, the copies of chunks c + 1 .. c + kAttnChunkBuffers - 1 in flight while chunk c
+// is computed; each head's running maximum and sum (warp h) rescale the accumulators (alpha) as a chunk raises the
+// maximum. The rows earlier steps wrote of the first chunk are copied before the waits when the slot came early.
+// Leaves the position groups' outputs in the slot's `red` (returned) and warp h's maximum and sum in head_max /
+// head_sum.
 __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& a, ConsumerContext& ctx,
                                                     uint32_t begin, uint32_t n, float* head_max, float* head_sum) {
   const isa::MachineView& m = ctx.machine;
@@ -227,38 +228,45 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
   const float* k_src = m.ptr<float>(a.k_cache) + first_row;
   const float* v_src = m.ptr<float>(a.v_cache) + first_row;
   const uint32_t buffer = 4 * chunk * hd;
+  constexpr uint32_t kBuffers = isa::kAttnChunkBuffers;
   // Rows [from, to) of the split (inside chunk c) into chunk c's buffers.
   auto copy = [&](uint32_t c, uint32_t from, uint32_t to) {
-    uint8_t* kb = slot + layout.k + (c % 2) * buffer;
-    uint8_t* vb = slot + layout.v + (c % 2) * buffer;
+    uint8_t* kb = slot + layout.k + (c % kBuffers) * buffer;
+    uint8_t* vb = slot + layout.v + (c % kBuffers) * buffer;
     const uint32_t r0 = c * chunk;
     for (uint32_t j = (from - r0) * hd4 + ctx.tid; j < (to - r0) * hd4; j += kConsumerThreads) {
       CpAsync<16>(kb + 16 * j, k_src + r0 * hd + 4 * j, 16);
       CpAsync<16>(vb + 16 * j, v_src + r0 * hd + 4 * j, 16);
     }
   };
-  const uint32_t first = min(n, chunk);
+  auto rows_of = [&](uint32_t c) { return c * chunk < n ? min(chunk, n - c * chunk) : 0u; };
   const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
-  const uint32_t old = early ? min(first, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
+  const uint32_t old = early ? min(rows_of(0), ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
   copy(0, 0, old);
   CpAsyncCommit();
   if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
   const float* q_src = m.ptr<float>(a.q) + a.kv_head * group * hd;
   for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
-  copy(0, old, first);
+  copy(0, old, rows_of(0));
   CpAsyncCommit();
+  for (uint32_t c = 1; c + 1 < kBuffers; ++c) {  // a commit group per chunk, empty past the last
+    copy(c, c * chunk, c * chunk + rows_of(c));
+    CpAsyncCommit();
+  }
   const uint32_t d = ctx.tid % hd, pg = ctx.tid / hd;
   AttnAcc acc{};
   float run_max = -INFINITY, run_sum = 0.0f;  // warp h < group: head h's
   for (uint32_t c = 0; c < chunks; ++c) {
-    // Chunk c + 1 into the buffers chunk c - 1 used (free since that chunk's last barrier).
-    if (c + 1 < chunks) copy(c + 1, (c + 1) * chunk, min(n, (c + 2) * chunk));
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // chunk c (and q)
+    CpAsyncWait<kBuffers - 2>();  // chunk c (and q)
+    // Every thread is past chunk c - 1 (its scores, alpha and buffers are free): chunk c + kBuffers - 1 goes into
+    // the buffers chunk c - 1 used.
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    const uint32_t ahead = c + kBuffers - 1;
+    copy(ahead, ahead * chunk, ahead * chunk + rows_of(ahead));
+    CpAsyncCommit();
     const uint32_t rows = min(chunk, n - c * chunk);
-    const float* kc = reinterpret_cast<const float*>(slot + layout.k + (c % 2) * buffer);
-    const float* vc = reinterpret_cast<const float*>(slot + layout.v + (c % 2) * buffer);
+    const float* kc = reinterpret_cast<const float*>(slot + layout.k + (c % kBuffers) * buffer);
+    const float* vc = reinterpret_cast<const float*>(slot + layout.v + (c % kBuffers) * buffer);
     AttnScores(q, kc, scores, group, rows, hd, a.scale, ctx.tid);
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
     for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {
@@ -275,9 +283,8 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
       if (h < group) acc.h[h] *= alpha[h];
     }
     acc = AttnAccumulate(acc, vc, scores, group, rows, hd, kConsumerThreads / hd, pg, d);
-    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the chunk's buffers, scores and alpha are free
   }
-  CpAsyncWait<0>();  // (only an empty group is left)
+  CpAsyncWait<0>();  // (only empty groups are left)
   float* red = reinterpret_cast<float*>(slot + layout.red);
 #pragma unroll
   for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
@@ -398,19 +405,30 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   CpAsyncWait<0>();  // V
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // Output: a thread per (position group, dim), every head of the group (each V element read once).
+  // (AttnAccumulate's loop, written out: the call, inlined or not, cost the tensor-core variants 280 bytes of spills
+  // and their prefill 5%.)
   const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
-  const AttnAcc acc = AttnAccumulate(AttnAcc{}, vc, scores, group, n, hd, groups, pg, d);
+  float acc[kMaxGroupHeads] = {};
+  for (uint32_t p = pg; p < n; p += 4 * groups) {
+    float v[4];
+#pragma unroll
+    for (uint32_t u = 0; u < 4; ++u) {
+      if (p + u * groups < n) v[u] = vc[(p + u * groups) * hd + d];
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < 4; ++u) {
+      if (p + u * groups >= n) break;
+#pragma unroll
+      for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
+        if (h < group) acc[h] += scores[h * n + p + u * groups] * v[u];
+      }
+    }
+  }
 #pragma unroll
   for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
-    if (h < group) red[(pg * group + h) * hd + d] = acc.h[h];
+    if (h < group) red[(pg * group + h) * hd + d] = acc[h];
   }
   AttnPartialFinish(a, ctx, red, head_max, head_sum, partial_tag);
-}
-
-// The form the other kernel variants call (programs of theirs seldom hold decode attention): out of line, so that
-// its registers do not weigh on their tensor-core paths (inlined, it cost the prefill variant 280 bytes of spills).
-__device__ __noinline__ void RunAttnPartialOutOfLine(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
-  RunAttnPartial<false>(a, ctx);
 }
 
 // Whether every float of v carries `parity` (2: no tags, always).
