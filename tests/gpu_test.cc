@@ -809,12 +809,13 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   // Groups of 4 heads of 64 (merged a thread per element), 8 of 64 (two elements a thread), 8 of 128 (four).
   struct Heads { uint32_t heads, kv, dim; };
   for (const Heads& shape : {Heads{8, 2, 64}, Heads{16, 2, 64}, Heads{16, 2, 128}}) {
-    for (uint32_t position : {0u, 5u, 63u, 200u}) {
-      for (uint32_t splits : {1u, 3u, 16u, 40u}) {  // 1 split at 200: K and V do not fit the slot
+    for (uint32_t position : {0u, 5u, 63u, 200u, 1000u}) {
+      // 1 split at 200, 1 or 3 at 1000: K and V do not fit the slot; they come through it in chunks (5 to 63).
+      for (uint32_t splits : {1u, 3u, 16u, 40u}) {
         for (bool fused : {false, true}) {
           const uint32_t seed = Seed();
           OpBench b(seed);
-          const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 256;
+          const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 1024;
           const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
           b.FillRandom(q);
           b.FillRandom(kc);
