@@ -328,8 +328,8 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(m, a.step_state, step);
       break;
     }
-    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit (the consumers load),
-      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();  // else for chunks of them
+    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit, else for chunks of them
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();  // (the consumers load them)
       plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
@@ -433,7 +433,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
     if (slot == kMaxActivationSlots) {
-      // (reads the position: after the waits)
+      // A plan that reads the position is made after the waits.
       if (!early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));

@@ -405,8 +405,8 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   CpAsyncWait<0>();  // V
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // Output: a thread per (position group, dim), every head of the group (each V element read once).
-  // (AttnAccumulate's loop, written out: the call, inlined or not, cost the tensor-core variants 280 bytes of spills
-  // and their prefill 5%.)
+  // (AttnAccumulate's loop, written out: called here, with its accumulators by reference or by value, it cost the
+  // tensor-core variant 280 bytes of spills and its prefill 5%.)
   const uint32_t groups = kConsumerThreads / hd, d = ctx.tid % hd, pg = ctx.tid / hd;
   float acc[kMaxGroupHeads] = {};
   for (uint32_t p = pg; p < n; p += 4 * groups) {
