@@ -625,7 +625,7 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
   } else if (inst.op() == Opcode::GEMM) {
     bytes = GemmActivationBytes(inst.as<GemmArgs>());
   } else if (inst.op() == Opcode::CONV_GEMM) {
-    bytes = ConvGemmActivationBytes();
+    bytes = ConvGemmActivationBytes(inst.as<ConvGemmArgs>());
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

@@ -55,23 +55,28 @@ LOOM_HD uint32_t Lo16(uint32_t v) { return v & 0xffffu; }
 
 // One 128 x 128 output tile of a convolution as an implicit GEMM on the tensor cores: out[r, col] (+)= sum over k
 // of patch(r, k) * W[col, k], with the rows and columns of IM2COL's image (row r = (b, oy, ox), column k = (ky, kx,
-// ch), ch fastest), but no image in memory: the consumers gather each K slab's patches from the NHWC f32 input,
-// round them to bf16 and store them swizzled into the page beside the slab of W the loader streams. K slabs
-// [slab_begin, +slab_count) only (slab_count 0: all); epilogues as GEMM's kGemmStoreF32, kGemmStoreF32Relu and
-// kGemmAccumulateF32 (bias, residual). Spatial sizes, kernel, strides, padding and dilations are packed two to a
-// word (Pack16): each below 2^16.
+// ch), ch fastest), but no image in memory: the consumers gather each K slab's patches from the NHWC input into the
+// page beside the slab of W the loader streams (f32 input: through f32 stages, rounded to bf16; bf16 input: copied
+// straight into the page). K slabs [begin, +count) of the packed `slabs` (count 0: all from begin); epilogues as
+// GEMM's kGemmStoreF32, kGemmStoreF32Relu and kGemmAccumulateF32 (bias, residual), the stores into out (f32) and / or
+// out_bf16 (the output rounded to bf16, for the convolutions that read it). Spatial sizes, kernel, strides, padding
+// and dilations are packed two to a word (Pack16): each below 2^16.
+enum ConvGemmFlags : uint32_t {
+  kConvReluInput = 1,  // max(0, input) as it is read (a ReLU a split GEMM left to its readers; f32 input only)
+  kConvBf16Input = 2,  // input is bf16 (its group's channels a multiple of 8, 16-byte aligned): no conversion
+};
 struct ConvGemmArgs {
-  uint32_t input;     // f32 [batch, h, w, c]
+  uint32_t input;     // f32 or bf16 (kConvBf16Input) [batch, h, w, c]
   uint32_t weight;    // bf16 operand image [n, ConvGemmK]
-  uint32_t out;       // f32 [ConvGemmRows, n]
+  uint32_t out;       // f32 [ConvGemmRows, n], or kNoTensor (only out_bf16)
   uint32_t bias;      // bf16 [n] or kNoTensor
   uint32_t residual;  // f32 [ConvGemmRows, n] or kNoTensor
   uint32_t epilogue;  // GemmEpilogue: kGemmStoreF32, kGemmStoreF32Relu or kGemmAccumulateF32
   uint32_t n;         // output channels (of this group)
   uint32_t m_tile;
   uint32_t n_tile;
-  uint32_t slab_begin;
-  uint32_t slab_count;
+  uint32_t slabs;     // K slabs: count << 16 | begin (GemmArgs' packing)
+  uint32_t out_bf16;  // bf16 [ConvGemmRows, n] or kNoTensor (the store epilogues only)
   uint32_t batch;
   uint32_t c;         // input channels (every group's)
   uint32_t hw;        // h, w
@@ -82,16 +87,32 @@ struct ConvGemmArgs {
   uint32_t dilation;  // dilation_h, dilation_w
   uint32_t c_begin;   // the group's first input channel
   uint32_t group_c;   // input channels per group
-  uint32_t relu;      // 1: max(0, input) as it is read (a ReLU a split GEMM left to its readers)
+  uint32_t flags;     // ConvGemmFlags
   static constexpr const char* kFields[] = {"input", "weight", "out", "bias", "residual", "epilogue", "n", "m_tile",
-                                            "n_tile", "slab_begin", "slab_count", "batch", "c", "hw", "ohw",
-                                            "kernel", "stride", "pad", "dilation", "c_begin", "group_c", "relu"};
+                                            "n_tile", "slabs", "out_bf16", "batch", "c", "hw", "ohw", "kernel",
+                                            "stride", "pad", "dilation", "c_begin", "group_c", "flags"};
 };
-// The device stages each K slab's patches as f32 in its activation slot, two slabs ahead: rows of 64 floats padded to
-// kConvStageRowBytes (16 bytes: a warp's reads of 4 rows hit every bank equally).
+// The device stages each K slab's patches of an f32 input in its activation slot, two slabs ahead: rows of 64 floats
+// padded to kConvStageRowBytes (16 bytes: a warp's reads of 4 rows hit every bank equally). A bf16 input needs no
+// stage: its copies go into the page.
 inline constexpr uint32_t kConvStages = 2;
 inline constexpr uint32_t kConvStageRowBytes = kGemmSlabK * 4 + 16;
-LOOM_HD uint32_t ConvGemmActivationBytes() { return kConvStages * kGemmTileM * kConvStageRowBytes; }
+LOOM_HD uint32_t ConvGemmActivationBytes(const ConvGemmArgs& a) {
+  return (a.flags & kConvBf16Input) ? 0 : kConvStages * kGemmTileM * kConvStageRowBytes;
+}
+// K slabs a bf16 input's tile keeps in flight beyond the one on the tensor cores: the ring must hold this many + 1
+// slabs' pages (GpuMachine checks).
+inline constexpr uint32_t kConvBf16SlabsAhead = 2;
+// Ring pages a CONV_GEMM holds at once: a bf16 input's kConvBf16SlabsAhead + 1 slabs' (a slab takes one page of 32
+// KB or more, else two); 0 for an f32 input (it holds two slabs' pages, as GEMM).
+LOOM_HD uint32_t ConvGemmRingPages(const ConvGemmArgs& a, uint32_t page_bytes) {
+  if (!(a.flags & kConvBf16Input)) return 0;
+  return (kConvBf16SlabsAhead + 1) * (page_bytes >= 2 * kGemmSlabBytes ? 1 : 2);
+}
+// Whether a group of `group_c` channels from c_begin of `c` may be read as bf16 (whole 16-byte chunks of 8 channels).
+LOOM_HD bool ConvBf16Readable(uint32_t c, uint32_t c_begin, uint32_t group_c) {
+  return group_c % 8 == 0 && c % 8 == 0 && c_begin % 8 == 0;
+}
 // The geometry unpacked, shared by the reference and the device.
 struct ConvShape {
   uint32_t h, w, oh, ow, kh, kw, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
@@ -102,9 +123,11 @@ LOOM_HD ConvShape ConvShapeOf(const ConvGemmArgs& a) {
 }
 LOOM_HD uint32_t ConvGemmRows(const ConvGemmArgs& a) { return a.batch * Hi16(a.ohw) * Lo16(a.ohw); }
 LOOM_HD uint32_t ConvGemmK(const ConvGemmArgs& a) { return Hi16(a.kernel) * Lo16(a.kernel) * a.group_c; }
-LOOM_HD uint32_t GemmSplitBegin(const ConvGemmArgs& a) { return a.slab_begin; }
+LOOM_HD uint32_t GemmSplitBegin(const ConvGemmArgs& a) { return a.slabs & 0xffffu; }
+LOOM_HD uint32_t GemmSplitCount(const ConvGemmArgs& a) { return a.slabs >> 16; }
 LOOM_HD GemmSlabRange ConvGemmSlabsOf(const ConvGemmArgs& a) {
-  return {a.slab_begin, a.slab_count == 0 ? GemmSlabs(ConvGemmK(a)) - a.slab_begin : a.slab_count};
+  const uint32_t begin = GemmSplitBegin(a), count = GemmSplitCount(a);
+  return {begin, count == 0 ? GemmSlabs(ConvGemmK(a)) - begin : count};
 }
 // Where output row r's window starts: its image's first element (relative to the group's first channel) and the
 // input position of its (0, 0) tap, which may lie in the padding.
@@ -127,14 +150,14 @@ LOOM_HD ConvTap ConvTapOf(const ConvGemmArgs& a, const ConvShape& s, uint32_t k)
   return {static_cast<int32_t>(tap / s.kw * s.dilation_h), static_cast<int32_t>(tap % s.kw * s.dilation_w),
           k % a.group_c};
 }
-// patch(r, k) for a row below ConvGemmRows and a column below ConvGemmK: the input there (ReLU'd when asked), zero
-// in the padding.
-LOOM_HD float ConvPatch(const ConvGemmArgs& a, const ConvShape& s, const float* x, const ConvRow& row,
-                        const ConvTap& tap) {
+// Where patch(r, k) lies in the input (an element index), for a row below ConvGemmRows and a column below
+// ConvGemmK; false in the padding (the patch is zero there).
+LOOM_HD bool ConvPatchAt(const ConvGemmArgs& a, const ConvShape& s, const ConvRow& row, const ConvTap& tap,
+                         uint32_t* at) {
   const int32_t iy = row.y0 + tap.dy, ix = row.x0 + tap.dx;
-  if (iy < 0 || iy >= static_cast<int32_t>(s.h) || ix < 0 || ix >= static_cast<int32_t>(s.w)) return 0.0f;
-  const float v = x[row.plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch];
-  return a.relu != 0 && v < 0.0f ? 0.0f : v;
+  if (iy < 0 || iy >= static_cast<int32_t>(s.h) || ix < 0 || ix >= static_cast<int32_t>(s.w)) return false;
+  *at = row.plane + (static_cast<uint32_t>(iy) * s.w + static_cast<uint32_t>(ix)) * a.c + tap.ch;
+  return true;
 }
 
 enum PoolMode : uint32_t {

@@ -60,7 +60,13 @@ void Validate(const GemmArgs& a, Checker& c) {
 
 void Validate(const ConvGemmArgs& a, Checker& c) {
   const ConvShape s = ConvShapeOf(a);
-  ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.relu, c);
+  c.Require(a.flags <= (kConvReluInput | kConvBf16Input), absl::StrCat("unknown flags ", a.flags));
+  const bool bf16 = (a.flags & kConvBf16Input) != 0;
+  ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.flags & kConvReluInput, c);
+  c.Require(!bf16 || !(a.flags & kConvReluInput), "a bf16 input is copied as it is: no ReLU as it is read");
+  c.Require(!bf16 || ConvBf16Readable(a.c, a.c_begin, a.group_c),
+            absl::StrCat("a bf16 input needs c, c_begin and group_c multiples of 8, not ", a.c, ", ", a.c_begin, ", ",
+                         a.group_c));
   c.Require(a.n > 0, "n must be positive");
   c.Require(U(s.oh) * s.stride_h + U(s.kh) * s.dilation_h < (uint64_t{1} << 30) &&
                 U(s.ow) * s.stride_w + U(s.kw) * s.dilation_w < (uint64_t{1} << 30),
@@ -73,17 +79,22 @@ void Validate(const ConvGemmArgs& a, Checker& c) {
   c.Require(a.m_tile < GemmTiles(static_cast<uint32_t>(m)) && a.n_tile < GemmTiles(a.n),
             absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(static_cast<uint32_t>(m)),
                          " x ", GemmTiles(a.n), " output tiles"));
-  const uint32_t slabs = GemmSlabs(static_cast<uint32_t>(k));
-  c.Require(U(a.slab_begin) + (a.slab_count == 0 ? 1 : a.slab_count) <= slabs,
-            absl::StrCat("K slabs [", a.slab_begin, ", +", a.slab_count, ") outside the ", slabs));
+  const uint32_t slabs = GemmSlabs(static_cast<uint32_t>(k)), slab_begin = GemmSplitBegin(a),
+                 slab_count = GemmSplitCount(a);
+  c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= slabs,
+            absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", slabs));
   c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmAccumulateF32,
             absl::StrCat("epilogue ", a.epilogue, ": a convolution stores or accumulates f32"));
-  c.Require(a.epilogue == kGemmAccumulateF32 || (a.slab_begin == 0 && a.slab_count == 0),
-            "only the accumulating epilogue may take part of K");
-  if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
-  c.Tensor("input", a.input, F32, input);
+  c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
+  if (a.epilogue == kGemmAccumulateF32) {
+    c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
+    c.Require(a.out_bf16 == kNoTensor && a.out != kNoTensor, "accumulating: into out (f32) only");
+  }
+  c.Require(a.out != kNoTensor || a.out_bf16 != kNoTensor, "no output: out and out_bf16 are both kNoTensor");
+  c.Tensor("input", a.input, bf16 ? BF16 : F32, input);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, static_cast<uint32_t>(k)) / 2);
-  c.Tensor("out", a.out, F32, m * a.n);
+  if (a.out != kNoTensor) c.Tensor("out", a.out, F32, m * a.n);
+  if (a.out_bf16 != kNoTensor) c.Tensor("out_bf16", a.out_bf16, BF16, m * a.n);
   if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
   if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, m * a.n);
 }
@@ -114,12 +125,14 @@ Footprint Cost(const GemmArgs& a, uint32_t) {
 
 // The patches are gathered from the input per K slab (reading each input element once per tap that covers it).
 Footprint Cost(const ConvGemmArgs& a, uint32_t) {
-  const uint64_t slabs = ConvGemmSlabsOf(a).count;
-  return {slabs * kGemmSlabBytes, slabs * 2 * kGemmSlabBytes + 4ull * kGemmTileM * kGemmTileN,
-          ConvGemmActivationBytes(), 2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+  const uint64_t slabs = ConvGemmSlabsOf(a).count, input = (a.flags & kConvBf16Input) ? 1 : 2;
+  const uint64_t stores = (a.out != kNoTensor ? 4 : 0) + (a.out_bf16 != kNoTensor ? 2 : 0);
+  return {slabs * kGemmSlabBytes, slabs * (1 + input) * kGemmSlabBytes + stores * kGemmTileM * kGemmTileN,
+          ConvGemmActivationBytes(a), 2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
 }
 
-// The tile's patches rounded to bf16 as the device stores them, times the bf16 weight image, summed in f32.
+// The tile's patches rounded to bf16 as the device stores them (a bf16 input as it is), times the bf16 weight
+// image, summed in f32.
 void Reference(const ConvGemmArgs& a, const MachineView& m) {
   const ConvShape s = ConvShapeOf(a);
   const uint32_t rows = ConvGemmRows(a), k = ConvGemmK(a);
@@ -127,7 +140,7 @@ void Reference(const ConvGemmArgs& a, const MachineView& m) {
   const uint32_t x_begin = slabs.begin * kGemmSlabK, x_end = std::min(k, (slabs.begin + slabs.count) * kGemmSlabK);
   const uint32_t width = x_end - x_begin, row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * kGemmTileN;
   const uint32_t row_end = std::min(rows, row0 + kGemmTileM), col_end = std::min(a.n, col0 + kGemmTileN);
-  const float* x = m.ptr<float>(a.input);
+  const bool bf16 = (a.flags & kConvBf16Input) != 0, relu = (a.flags & kConvReluInput) != 0;
   const uint16_t* w = m.ptr<uint16_t>(a.weight);
   std::vector<ConvTap> taps(width);
   for (uint32_t j = 0; j < width; ++j) taps[j] = ConvTapOf(a, s, x_begin + j);
@@ -138,24 +151,31 @@ void Reference(const ConvGemmArgs& a, const MachineView& m) {
           graph::Bf16ToFloat(w[SwizzledImageOffset(k, kGemmTileM, Swizzle::k128B, col, x_begin + j) / 2]);
     }
   }
-  float* out = m.ptr<float>(a.out);
   for (uint32_t r = row0; r < row_end; ++r) {
     const ConvRow row = ConvRowOf(a, s, r);
     for (uint32_t j = 0; j < width; ++j) {
-      patch[j] = graph::Bf16ToFloat(graph::FloatToBf16(ConvPatch(a, s, x, row, taps[j])));
+      uint32_t at = 0;
+      float v = 0.0f;
+      if (ConvPatchAt(a, s, row, taps[j], &at)) {
+        v = bf16 ? graph::Bf16ToFloat(m.ptr<uint16_t>(a.input)[at]) : m.ptr<float>(a.input)[at];
+      }
+      if (relu && v < 0.0f) v = 0.0f;
+      patch[j] = graph::Bf16ToFloat(graph::FloatToBf16(v));
     }
     for (uint32_t col = col0; col < col_end; ++col) {
       float acc = 0.0f;
       const float* rw = weights.data() + uint64_t{col - col0} * width;
       for (uint32_t j = 0; j < width; ++j) acc += patch[j] * rw[j];
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
-      float& o = out[uint64_t{r} * a.n + col];
+      const uint64_t at = uint64_t{r} * a.n + col;
       if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
-        std::atomic_ref<float>(o).fetch_add(acc);
+        std::atomic_ref<float>(m.ptr<float>(a.out)[at]).fetch_add(acc);
         continue;
       }
-      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[uint64_t{r} * a.n + col];
-      o = a.epilogue == kGemmStoreF32Relu ? std::max(acc, 0.0f) : acc;
+      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[at];
+      if (a.epilogue == kGemmStoreF32Relu) acc = std::max(acc, 0.0f);
+      if (a.out != kNoTensor) m.ptr<float>(a.out)[at] = acc;
+      if (a.out_bf16 != kNoTensor) m.ptr<uint16_t>(a.out_bf16)[at] = graph::FloatToBf16(acc);
     }
   }
 }

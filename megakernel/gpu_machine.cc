@@ -78,6 +78,12 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": a wide tile's K step takes a page of ",
                                                        isa::kGemmWideStepBytes, " bytes, a page is ", p.page_bytes));
       }
+      if (inst.op() == isa::Opcode::CONV_GEMM &&
+          isa::ConvGemmRingPages(inst.as<isa::ConvGemmArgs>(), p.page_bytes) > p.num_pages) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": a bf16 input's tile holds ", isa::ConvGemmRingPages(inst.as<isa::ConvGemmArgs>(), p.page_bytes),
+            " pages of the ring at once; it has ", p.num_pages));
+      }
       if (isa::ActivationBytes(inst) > p.activation_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, " needs ", isa::ActivationBytes(inst),
                                                        " bytes of activation ring, the SM has ", p.activation_bytes));

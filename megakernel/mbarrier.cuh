@@ -117,6 +117,10 @@ __device__ __forceinline__ void CpAsync(void* dst, const void* src, uint32_t siz
                  : "memory");
   }
 }
+// The same, 16 bytes to a shared-space address (no generic-to-shared conversion per copy).
+__device__ __forceinline__ void CpAsync16Shared(uint32_t dst, const void* src, uint32_t size) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(size) : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <uint32_t kPending>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -80,6 +80,13 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     g.residual = kNone;
   }
   const uint32_t stage = into ? *into : b_.Stage(e.ops);
+  // A convolution's output other convolutions gather as bf16: stored so too, whole (split over K, it is summed in
+  // f32 and they gather that).
+  uint32_t bf16_out = kNone;
+  if (a.conv && e.bf16 && splits == 1) {
+    const std::vector<uint64_t> shape = ShapeOf(T(e.out));
+    bf16_out = Scratch(absl::StrCat("bf16:", e.out), graph::BF16, std::vector<int64_t>(shape.begin(), shape.end()));
+  }
   ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
     if (!a.conv) {
       Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
@@ -88,10 +95,16 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     isa::ConvGemmArgs c = *a.conv;
     c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
     c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
-    c.slab_begin = isa::GemmSplitBegin(tile), c.slab_count = isa::GemmSplitCount(tile);
+    c.slabs = tile.slabs;
+    c.out_bf16 = kNone;
+    if (bf16_out != kNone) {
+      c.out_bf16 = bf16_out;
+      if (!e.f32) c.out = kNone;
+    }
     Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
   });
   stage_[e.out] = stage;
+  if (bf16_out != kNone) bf16_[e.out] = bf16_out;
   // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (CONV_GEMM, IM2COL
   // and the next split GEMM's residual copy apply it as they read), or applied in place by the first reader that
   // cannot.
@@ -141,7 +154,7 @@ isa::ConvGemmArgs ConvGemmOf(const isa::ImToColArgs& c) {
   g.dilation = isa::Pack16(c.dilation_h, c.dilation_w);
   g.c_begin = c.c_begin;
   g.group_c = c.group_c;
-  g.relu = c.relu;
+  g.flags = c.relu ? isa::kConvReluInput : 0;
   return g;
 }
 }  // namespace
@@ -149,12 +162,56 @@ isa::ConvGemmArgs ConvGemmOf(const isa::ImToColArgs& c) {
 // Groups 1: one CONV_GEMM (with the epilogue fusions). Groups g: per group a CONV_GEMM over its input channels
 // against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the output.
 // With CompileOptions.conv_im2col (or a geometry CONV_GEMM cannot pack), IM2COL + GEMM instead.
+isa::ImToColArgs NnLowering::ConvGeometry(const OpDef& op) const {
+  const std::vector<uint64_t> xs = ShapeOf(T(op.inputs(0))), ws = ShapeOf(T(op.inputs(1))),
+                              ys = ShapeOf(T(op.outputs(0)));
+  const graph::Conv2dAttrs& a = op.conv2d();
+  isa::ImToColArgs c{};
+  c.input = c.out = kNone;
+  c.n = static_cast<uint32_t>(xs[0]), c.h = static_cast<uint32_t>(xs[1]), c.w = static_cast<uint32_t>(xs[2]);
+  c.c = static_cast<uint32_t>(xs[3]);
+  c.oh = static_cast<uint32_t>(ys[1]), c.ow = static_cast<uint32_t>(ys[2]);
+  c.kh = static_cast<uint32_t>(ws[1]), c.kw = static_cast<uint32_t>(ws[2]);
+  c.stride_h = std::max(1, a.stride_h()), c.stride_w = std::max(1, a.stride_w());
+  c.pad_top = a.pad_h(), c.pad_left = a.pad_w();
+  c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
+  c.group_c = static_cast<uint32_t>(ws[3]);
+  return c;
+}
+
+bool NnLowering::ImplicitConv(const OpDef& op) const {
+  const uint32_t groups = static_cast<uint32_t>(std::max(1, op.conv2d().groups()));
+  const bool depthwise = groups > 1 && ShapeOf(T(op.inputs(1)))[3] == 1;
+  return !depthwise && !o_.conv_im2col() && ConvGemmPackable(ConvGeometry(op));
+}
+
+bool NnLowering::ReadsBf16(const OpDef& reader, const std::string& name) const {
+  if (reader.type() != graph::CONV2D || reader.inputs(0) != name || !ImplicitConv(reader)) return false;
+  if (o_.has_conv_bf16_activations() && !o_.conv_bf16_activations()) return false;
+  const isa::ImToColArgs c = ConvGeometry(reader);
+  return isa::ConvBf16Readable(c.c, 0, c.group_c);  // (every group's first channel a multiple of group_c)
+}
+
+void NnLowering::ChooseConvOutputs(Epilogue& e) const {
+  if (prefill()) return;
+  uint32_t bf16_readers = 0, readers = 0;
+  for (const OpDef* r : g_.consumers(e.out)) {
+    ++readers;
+    bf16_readers += ReadsBf16(*r, e.out);
+  }
+  e.bf16 = bf16_readers > 0;
+  e.f32 = bf16_readers < readers || T(e.out).is_output();
+}
+
+// Groups 1: one CONV_GEMM (with the epilogue fusions). Groups g: per group a CONV_GEMM over its input channels
+// against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the output.
+// With CompileOptions.conv_im2col (or a geometry CONV_GEMM cannot pack), IM2COL + GEMM instead. An input some
+// CONV_GEMM epilogue stored as bf16 too is gathered so.
 absl::Status NnLowering::LowerConv(const OpDef& op) {
   const std::string& x = op.inputs(0);
   const std::string& w = op.inputs(1);
-  const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(w)), ys = ShapeOf(T(op.outputs(0)));
-  const graph::Conv2dAttrs& a = op.conv2d();
-  const uint32_t groups = static_cast<uint32_t>(std::max(1, a.groups()));
+  const std::vector<uint64_t> ws = ShapeOf(T(w));
+  const uint32_t groups = static_cast<uint32_t>(std::max(1, op.conv2d().groups()));
   if (groups > 1 && ws[3] == 1) return LowerDepthwise(op);
   if (op.inputs_size() > 2 && T(op.inputs(2)).kind() != graph::WEIGHT) {
     return Unsupported(op, "a bias computed at run time is not lowered (constants only)");
@@ -166,21 +223,15 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     if (!wid.ok()) return wid.status();
     runtime_weight = *wid;
   }
-  absl::StatusOr<uint32_t> input = OperandRaw(op, x);
+  const bool implicit = ImplicitConv(op);
+  const auto bf16 = bf16_.find(x);
+  const bool bf16_input = implicit && bf16 != bf16_.end() && ReadsBf16(op, x);
+  absl::StatusOr<uint32_t> input = bf16_input ? absl::StatusOr<uint32_t>(bf16->second) : OperandRaw(op, x);
   if (!input.ok()) return input.status();
-  isa::ImToColArgs c{};
+  isa::ImToColArgs c = ConvGeometry(op);
   c.input = *input;
   c.relu = pending_relu_.contains(x) ? 1 : 0;
-  c.n = static_cast<uint32_t>(xs[0]), c.h = static_cast<uint32_t>(xs[1]), c.w = static_cast<uint32_t>(xs[2]);
-  c.c = static_cast<uint32_t>(xs[3]);
-  c.oh = static_cast<uint32_t>(ys[1]), c.ow = static_cast<uint32_t>(ys[2]);
-  c.kh = static_cast<uint32_t>(ws[1]), c.kw = static_cast<uint32_t>(ws[2]);
-  c.stride_h = std::max(1, a.stride_h()), c.stride_w = std::max(1, a.stride_w());
-  c.pad_top = a.pad_h(), c.pad_left = a.pad_w();
-  c.dilation_h = std::max(1, a.dilation_h()), c.dilation_w = std::max(1, a.dilation_w());
-  c.group_c = static_cast<uint32_t>(ws[3]);
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
-  const bool implicit = !o_.conv_im2col() && ConvGemmPackable(c);
   const std::vector<uint32_t> after = ReadyOf({x});
   // One stage each for every group's IM2COL (and run-time weight packing), GEMM and copy (a barrier per stage, not
   // per group).
@@ -196,6 +247,7 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
     GemmA operand;
     if (implicit) {
       operand.conv = ConvGemmOf(c);
+      if (bf16_input) operand.conv->flags = isa::kConvBf16Input;  // (a bf16 copy has its ReLU applied)
       operand.ready = after;
       if (pack_stage) operand.ready.push_back(*pack_stage);
     } else {
@@ -230,7 +282,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
                                                            ROWS_IDENTITY, n, 1, false, graph::BF16, gi * n)
                                                : kNone;
     if (groups == 1) {
-      EmitGemm(FuseEpilogue(op), operand, weight, bias, m, n, k);
+      Epilogue e = FuseEpilogue(op);
+      if (implicit) ChooseConvOutputs(e);
+      EmitGemm(e, operand, weight, bias, m, n, k);
       break;
     }
     Epilogue e;

@@ -211,6 +211,8 @@ class NnLowering {
     std::vector<std::string> residual_names;
     bool relu = false;
     std::string ops;
+    bool bf16 = false;  // a convolution's: stored as bf16 too (other convolutions read it; unless split over K)
+    bool f32 = true;    // stored as f32 (some reader needs it, or it is an output)
   };
   Epilogue FuseEpilogue(const OpDef& op);
 
@@ -249,6 +251,13 @@ class NnLowering {
   absl::Status LowerConv(const OpDef& op);
   // Depthwise (one input channel per group): DWCONV, direct.
   absl::Status LowerDepthwise(const OpDef& op);
+  // A CONV2D's geometry as IM2COL's args (no tensors, first group), and whether it lowers to CONV_GEMM.
+  isa::ImToColArgs ConvGeometry(const OpDef& op) const;
+  bool ImplicitConv(const OpDef& op) const;
+  // Whether `reader` is a convolution that gathers `name` as bf16 when a bf16 copy exists (conv_bf16_activations).
+  bool ReadsBf16(const OpDef& reader, const std::string& name) const;
+  // Sets e.bf16 / e.f32 for a convolution's epilogue output from its readers.
+  void ChooseConvOutputs(Epilogue& e) const;
 
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.
@@ -338,6 +347,7 @@ class NnLowering {
     std::string ops;
   };
   absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
+  absl::flat_hash_map<std::string, uint32_t> bf16_;  // graph tensor -> its bf16 copy (a CONV_GEMM epilogue's)
   // Operand images of matmul inputs already packed: the image and its stage.
   absl::flat_hash_map<std::string, std::pair<uint32_t, uint32_t>> images_;
   // RMSNorms read only by LINEARs: applied by PACK_ROWS as it packs their input.

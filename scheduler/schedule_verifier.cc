@@ -321,6 +321,12 @@ absl::Status VerifySchedule(const Schedule& s) {
         return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ",
                                  smem.page_bytes()));
       }
+      if (inst.op() == isa::Opcode::CONV_GEMM &&
+          isa::ConvGemmRingPages(inst.as<isa::ConvGemmArgs>(), smem.page_bytes()) > smem.num_pages()) {
+        return Fail(absl::StrCat(Where(s, sm, i), ": a bf16 input's tile holds ",
+                                 isa::ConvGemmRingPages(inst.as<isa::ConvGemmArgs>(), smem.page_bytes()),
+                                 " pages of the ring at once; it has ", smem.num_pages()));
+      }
       const isa::Footprint f = isa::InstructionFootprint(inst, s.max_seq());
       if (f.smem_bytes > smem.activation_bytes()) {
         return Fail(absl::StrCat(Where(s, sm, i), " needs ", f.smem_bytes, " bytes of activation buffer; the SM has ",

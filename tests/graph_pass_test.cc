@@ -78,10 +78,29 @@ std::string ResidualBlock(int64_t batch) {
   return m.SerializeAsString();
 }
 
+// x [batch, 8, 12, 12] -> conv1x1 (8 -> 64, one K slab: never split) -> conv3x3 (64 -> 64) -> y: the second
+// convolution gathers the first's bf16 copy, split over K on many SMs or whole on few.
+std::string FedConvolution(int64_t batch) {
+  onnx::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = m.mutable_graph();
+  constexpr int64_t C = 64;
+  AddValue(g->add_input(), "x", {batch, 8, 12, 12});
+  *g->add_initializer() = FloatTensor("w0", {C, 8, 1, 1}, Wave(C * 8, 0.3f, 0.4f));
+  *g->add_initializer() = FloatTensor("b0", {C}, Wave(C, 0.1f, 0.6f));
+  *g->add_initializer() = FloatTensor("w1", {C, C, 3, 3}, Wave(C * C * 9, 0.06f, 0.1f));
+  *g->add_initializer() = FloatTensor("b1", {C}, Wave(C, 0.1f, 0.2f));
+  Node(g, "Conv", {"x", "w0", "b0"}, "f");
+  Ints(Node(g, "Conv", {"f", "w1", "b1"}, "y"), "pads", {1, 1, 1, 1});
+  AddValue(g->add_output(), "y", {batch, C, 12, 12});
+  return m.SerializeAsString();
+}
+
 struct PassShape {
   int gemms = 0, accumulating = 0, fused = 0;  // GEMM / CONV_GEMM instructions; split over K; taking over ADD / RELU
   int conv_gemms = 0, im2cols = 0;
   int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a split GEMM's pending ReLU
+  int bf16_inputs = 0, bf16_outputs = 0;  // CONV_GEMM gathering a bf16 input; storing a bf16 copy of its output
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
@@ -90,7 +109,9 @@ PassShape Inspect(const scheduler::Schedule& s) {
       const bool conv = inst.opcode() == "CONV_GEMM";
       p.im2cols += inst.opcode() == "IM2COL";
       p.relu_on_read += (inst.opcode() == "IM2COL" && inst.args(20) == 1) ||  // ImToColArgs.relu
-                        (conv && inst.args(21) == 1);                          // ConvGemmArgs.relu
+                        (conv && (inst.args(21) & isa::kConvReluInput));       // ConvGemmArgs.flags
+      p.bf16_inputs += conv && (inst.args(21) & isa::kConvBf16Input);  // ConvGemmArgs.flags
+      p.bf16_outputs += conv && inst.args(10) != isa::kNoTensor;        // ConvGemmArgs.out_bf16
       if (inst.opcode() != "GEMM" && !conv) continue;
       ++p.gemms;
       p.conv_gemms += conv;
@@ -106,12 +127,15 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
 
 // Compiles the block for `num_sms` SMs and runs it twice on the VM (and the GPU where there is one), fresh inputs
 // each time, against the oracle.
-void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* shape) {
-  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(ResidualBlock(batch), "block.onnx");
+void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* shape, bool bf16 = true,
+                      const std::string& onnx = "") {
+  absl::StatusOr<graph::OnnxModel> m =
+      graph::ImportOnnxBytes(onnx.empty() ? ResidualBlock(batch) : onnx, "block.onnx");
   ASSERT_TRUE(m.ok()) << m.status();
   scheduler::CompileOptions options;
   options.set_num_sms(num_sms);
   options.set_conv_im2col(im2col);
+  if (!bf16) options.set_conv_bf16_activations(false);
   absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "block.onnx", options);
   ASSERT_TRUE(pass.ok()) << pass.status();
   ASSERT_TRUE(pass->has_graph());
@@ -128,7 +152,8 @@ void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* s
 
 void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, const scheduler::Schedule& pass,
            int64_t batch) {
-  graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, {batch, 64, 8, 8});
+  const auto& dims = m.graph.tensor(m.inputs[0]).shape();
+  graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, std::vector<int64_t>(dims.begin(), dims.end()));
   x.f32 = Wave(x.f32.size(), 1.0f, 0.0f);
   absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> vm =
       megakernel::GraphRunner::Create(pass, m.weights, backend);
@@ -159,6 +184,7 @@ TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders
     RunAgainstOracle(1, 132, im2col, &shape);
     EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
     EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
+    EXPECT_EQ(shape.bf16_inputs, 0) << "a split convolution's output is summed in f32 and gathered so";
     EXPECT_EQ(shape.conv_gemms > 0, !im2col);
     EXPECT_EQ(shape.im2cols > 0, im2col);
   }
@@ -171,7 +197,29 @@ TEST(GraphPass, ManyTilesTakeTheBiasResidualAndReluIntoTheEpilogue) {
     RunAgainstOracle(8, 4, im2col, &shape);
     EXPECT_EQ(shape.accumulating, 0);
     EXPECT_GT(shape.fused, 0) << "conv2's GEMM should take over the residual ADD and the RELU";
+    // conv1's output is read by conv2 alone: stored as bf16 only, and gathered so.
+    EXPECT_EQ(shape.bf16_inputs, im2col ? 0 : shape.conv_gemms / 2);
+    EXPECT_EQ(shape.bf16_outputs, im2col ? 0 : shape.conv_gemms / 2);
   }
+}
+
+TEST(GraphPass, AConvolutionGathersItsProducersBf16CopySplitOverKOrWhole) {
+  for (uint32_t num_sms : {132u, 2u}) {
+    SCOPED_TRACE(absl::StrCat(num_sms, " SMs"));
+    PassShape shape;
+    RunAgainstOracle(2, num_sms, false, &shape, true, FedConvolution(2));
+    EXPECT_EQ(shape.bf16_outputs, 3) << "the 1x1 convolution's 3 row tiles store bf16 alone";
+    EXPECT_EQ(shape.bf16_inputs, shape.conv_gemms - 3);
+    EXPECT_EQ(shape.accumulating > 0, num_sms == 132u);
+  }
+}
+
+TEST(GraphPass, ConvolutionsGatherF32WhenBf16ActivationsAreOff) {
+  PassShape shape;
+  RunAgainstOracle(8, 4, false, &shape, /*bf16=*/false);
+  EXPECT_GT(shape.conv_gemms, 0);
+  EXPECT_EQ(shape.bf16_inputs, 0);
+  EXPECT_EQ(shape.bf16_outputs, 0);
 }
 
 // x [2, 16, 32] through a pre-norm transformer encoder block as torch exports one: LayerNormalization, Q / K / V

@@ -42,6 +42,8 @@ def median_ms(fn, warmup=5, iters=30):
 
 IM2COL_OPTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench_options",
                               "conv_im2col.pbtxt")
+F32_GATHER_OPTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench_options",
+                                  "conv_f32_activations.pbtxt")
 
 
 def loom_pass_ms(stdout):
@@ -68,6 +70,9 @@ def main():
     ap.add_argument("--im2col", action="store_true",
                     help="also time Loom with the convolutions as IM2COL + GEMM "
                          "(tools/bench_options/conv_im2col.pbtxt), the lowering before CONV_GEMM")
+    ap.add_argument("--f32-gather", action="store_true",
+                    help="also time Loom with every convolution gathering f32 (no bf16 copies of conv outputs: "
+                         "tools/bench_options/conv_f32_activations.pbtxt)")
     ap.add_argument("--trace", action="store_true", help="print Loom's per-op trace summary of the whole network")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -102,6 +107,15 @@ def main():
                 sys.exit(f"loom (IM2COL + GEMM) failed on batch {batch}: {run.stderr}")
             im2col_ms = loom_pass_ms(run.stdout)
             print(f"batch {batch}: Loom with IM2COL + GEMM {im2col_ms:.3f} ms, CONV_GEMM {loom_ms:.3f} ms")
+        if args.f32_gather:
+            for _ in range(2):  # alternating with the default build's options, twice
+                runs = [subprocess.run([args.loom, "run", f"--model={path}", f"--input={work}/x.npy", "--backend=gpu",
+                                        f"--repeat={args.repeat}"] + o, capture_output=True, text=True)
+                        for o in ([f"--options={F32_GATHER_OPTIONS}"], [])]
+                if any(r.returncode != 0 for r in runs):
+                    sys.exit(f"loom (f32 gather) failed on batch {batch}: {runs[0].stderr}{runs[1].stderr}")
+                print(f"batch {batch}: Loom with f32 gathers {loom_pass_ms(runs[0].stdout):.3f} ms, with bf16 conv "
+                      f"activations (default) {loom_pass_ms(runs[1].stdout):.3f} ms", flush=True)
 
         with torch.no_grad():
             y_torch = model(x).numpy()
@@ -167,28 +181,32 @@ def conv_layers(model):
 CONV_OPCODES = ("CONV_GEMM", "GEMM", "IM2COL")
 
 
-def conv_span_us(trace_path):
+def conv_span_us(trace_path, skip_first_op=False):
     """(span, tiles, us per tile) of the convolution in a traced pass: from the moment its first CONV_GEMM (or IM2COL)
     instruction's waits were met (its input ready) to its last instruction's end (the pass's layout copies of the
     NCHW input and output excluded; a split GEMM's zeroing runs before, beside the input's copy); its tensor-core
-    instructions and their mean time from waits met to end."""
+    instructions and their mean time from waits met to end. skip_first_op: the pass has a feeding convolution
+    first (the one whose first instruction's waits were met first: the measured one waits for it), left out."""
     with open(trace_path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     conv = [e for e in events if e["name"] in CONV_OPCODES]
+    if skip_first_op:
+        first = min(conv, key=lambda e: e["ts"] + e["args"]["wait_us"])["args"]["op"]
+        conv = [e for e in conv if e["args"]["op"] != first]
     start = min(e["ts"] + e["args"]["wait_us"] for e in conv)
     tiles = [e["dur"] - e["args"]["wait_us"] for e in conv if e["name"] in ("CONV_GEMM", "GEMM")]
     return max(e["ts"] + e["dur"] for e in conv) - start, len(tiles), sum(tiles) / len(tiles)
 
 
-def loom_layer(loom, path, repeat, work, options=None):
+def loom_layer(loom, path, repeat, work, options=None, fed=False):
     """(pass ms: median kernel time of the whole one-launch pass, (conv span us, tiles, us per tile) in a traced
-    run)."""
+    run). fed: the model is a feeding convolution, then the one measured."""
     trace = os.path.join(work, "layer_trace.json")
     cmd = [loom, "run", f"--model={path}", "--backend=gpu", f"--repeat={repeat}", f"--trace={trace}"]
     run = subprocess.run(cmd + ([f"--options={options}"] if options else []), capture_output=True, text=True)
     if run.returncode != 0:
         return None
-    return loom_pass_ms(run.stdout), conv_span_us(trace)
+    return loom_pass_ms(run.stdout), conv_span_us(trace, skip_first_op=fed)
 
 
 def graph_ms(fn, repeat, calls=20):
@@ -208,13 +226,15 @@ def graph_ms(fn, repeat, calls=20):
 
 def bench_layers(model, loom, batches, repeat, work, im2col):
     """Every distinct Conv2d alone. Loom: the one-launch pass of that conv (NCHW in and out: with its layout copies)
-    and the conv's own span inside it (trace); cuDNN: one call timed alone (with its launch), and per call of 20
-    replayed from a CUDA graph (kernel time)."""
+    and the conv's own span inside it (trace), its input f32 (a graph input); and its span with a bf16 input, as
+    inside the network where another convolution's epilogue writes it: the pass of a 1x1 convolution from 8 channels
+    (one K slab: never split, so its output is stored as bf16) feeding it. cuDNN: one call timed alone (with its
+    launch), and per call of 20 replayed from a CUDA graph (kernel time), on bf16 channels_last tensors."""
     im2col_head = " Loom IM2COL + GEMM conv |" if im2col else ""
-    print(f"\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom conv (tiles x us each) |{im2col_head} "
-          "Loom conv TFLOP/s | "
-          "cuDNN call | cuDNN in a graph | cuDNN TFLOP/s | cuDNN / Loom (conv, graph) |")
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if im2col else ""))
+    print(f"\n| layer | shape (C->OC, k, stride, H) | batch | Loom pass | Loom conv, f32 input (tiles x us each) |"
+          f"{im2col_head} Loom conv, bf16 input (tiles x us each) | Loom TFLOP/s (f32, bf16 input) | "
+          "cuDNN call | cuDNN in a graph | cuDNN TFLOP/s | cuDNN / Loom (f32, bf16 input) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if im2col else ""))
     for name, conv, h in conv_layers(model):
         for batch in batches:
             single = torch.nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
@@ -226,6 +246,11 @@ def bench_layers(model, loom, batches, repeat, work, im2col):
                 print(f"| {name} | loom failed |")
                 continue
             loom_ms, (conv_us, tiles, tile_us) = got
+            fed = torch.nn.Sequential(torch.nn.Conv2d(8, conv.in_channels, 1), single).eval()
+            fed_path = os.path.join(work, f"fed_{name}_b{batch}.onnx")
+            export_shape(fed, (batch, 8, h, h), fed_path)
+            got = loom_layer(loom, fed_path, repeat, work, fed=True)
+            fed_us, fed_tiles, fed_tile_us = got[1] if got is not None else (float("nan"), 0, float("nan"))
             im_col = ""
             if im2col:
                 got = loom_layer(loom, path, repeat, work, IM2COL_OPTIONS)
@@ -241,9 +266,11 @@ def bench_layers(model, loom, batches, repeat, work, im2col):
                 cudnn = median_ms(call, iters=repeat)
                 cudnn_graph = graph_ms(call, repeat)
             print(f"| {name} | {conv.in_channels}->{conv.out_channels}, {conv.kernel_size[0]}x{conv.kernel_size[1]}, "
-                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {conv_us:.1f} us ({tiles} x {tile_us:.1f}) |{im_col} "
-                  f"{flops / conv_us / 1e6:.1f} | {cudnn * 1e3:.1f} us | {cudnn_graph * 1e3:.1f} us | "
-                  f"{flops / cudnn_graph / 1e9:.1f} | {cudnn_graph * 1e3 / conv_us:.2f} |", flush=True)
+                  f"{conv.stride[0]}, {h} | {batch} | {loom_ms * 1e3:.1f} us | {conv_us:.1f} us ({tiles} x {tile_us:.1f}) |"
+                  f"{im_col} {fed_us:.1f} us ({fed_tiles} x {fed_tile_us:.1f}) | "
+                  f"{flops / conv_us / 1e6:.1f}, {flops / fed_us / 1e6:.1f} | {cudnn * 1e3:.1f} us | "
+                  f"{cudnn_graph * 1e3:.1f} us | {flops / cudnn_graph / 1e9:.1f} | "
+                  f"{cudnn_graph * 1e3 / conv_us:.2f}, {cudnn_graph * 1e3 / fed_us:.2f} |", flush=True)
 
 
 def export_shape(model, shape, path):

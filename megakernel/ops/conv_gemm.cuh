@@ -1,11 +1,15 @@
 // CONV_GEMM on the device (isa::ConvGemmArgs): one 128 x 128 output tile of a convolution as an implicit GEMM. The
 // weight loader streams the tile's W slabs through the page ring as for GEMM, without waiting for the instruction's
 // barriers (W is a weight), and leaves each slab's A half of the page (or A page, with 16 KB pages) to the
-// consumers: consumer warpgroup g gathers the patches of its 64 rows for a K slab from the NHWC f32 input, rounds
-// them to bf16 and stores them swizzled there, then multiplies them with the W slab on wgmma. The gather is
-// asynchronous (cp.async into f32 stages in the activation slot, two slabs ahead of the conversion), so the copies
-// of slabs s + 1 and s + 2 fly while slab s's wgmma runs; one slab of wgmma stays in flight, as in GEMM.
-// Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K).
+// consumers: consumer warpgroup g gathers the patches of its 64 rows for a K slab from the NHWC input into it, then
+// multiplies them with the W slab on wgmma. The gather is asynchronous (cp.async), two slabs ahead, so the copies of
+// slabs s + 1 and s + 2 fly while slab s's wgmma runs; one slab of wgmma stays in flight, as in GEMM.
+// - f32 input: the copies go into two f32 stages in the activation slot, and the consumers round them to bf16 into
+//   the A half (ReLU'd when the producer left its ReLU to its readers).
+// - bf16 input (written by the producing CONV_GEMM's epilogue): the copies go straight into the A half of the slab's
+//   page, swizzled, once its W has landed (the page is then the consumers' until they release it): no stage, no
+//   conversion.
+// Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K), into out and / or out_bf16.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -121,36 +125,124 @@ struct ConvGather {
   }
 };
 
-// Inlined into the graph variant's consumer loop only, like every wgmma path (gemm.cuh: a call serialises them).
-__device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
-  using Slab = GemmSlab;
-  static_assert(Slab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
+// A bf16 input's share of a thread: the same chunks as ConvGather's (rows t / 8 + 16 j of its warpgroup, chunk t % 8
+// of 8 columns = 8 channels of one tap), each one 16-byte copy into its swizzled place in the page's A half. The
+// tap is followed slab to slab without divisions: a slab moves a chunk 64 columns on.
+struct ConvGatherBf16 {
+  static constexpr uint32_t kRows = 4;
+  int32_t base[kRows];     // row j's (0, 0) tap at the group's first channel, as an input element index (may lie
+  int32_t y0[kRows];       //   outside the input: only inside positions are read)
+  int32_t x0[kRows];
+  uint32_t dst;            // chunk 0's byte offset in the A slab (chunk j: + j * 16 rows of 128 bytes)
+  uint32_t ch, kx, ky;     // the current slab's tap of this thread's chunk (ky == kh: past K)
+
+  // row0: the warpgroup's first row of the output.
+  __device__ __forceinline__ ConvGatherBf16(const isa::ConvGemmArgs& a, const isa::ConvShape& s, uint32_t row0,
+                                            uint32_t first_slab, uint32_t warpgroup, uint32_t t) {
+    const uint32_t m = isa::ConvGemmRows(a);
+#pragma unroll
+    for (uint32_t j = 0; j < kRows; ++j) {
+      const uint32_t r = row0 + t / 8 + 16 * j;
+      const isa::ConvRow row = r < m ? isa::ConvRowOf(a, s, r) : isa::ConvRow{0, -(1 << 30), 0};
+      y0[j] = row.y0;
+      x0[j] = row.x0;
+      base[j] = r < m ? static_cast<int32_t>(row.plane) +
+                            (row.y0 * static_cast<int32_t>(s.w) + row.x0) * static_cast<int32_t>(a.c)
+                      : 0;
+    }
+    dst = isa::SwizzledOffset<isa::Swizzle::k128B>(warpgroup * 64 + t / 8, (t % 8) * 16);
+    const uint32_t col = first_slab * isa::kGemmSlabK + (t % 8) * 8, tap = col / a.group_c;
+    ch = col % a.group_c;
+    kx = tap % s.kw;
+    ky = tap / s.kw;
+  }
+
+  // This slab's copies into the A slab at shared address `slab`, committed as one group; then the next slab's tap.
+  __device__ __forceinline__ void Issue(const isa::ConvGemmArgs& a, const isa::ConvShape& s,
+                                        const __nv_bfloat16* x, uint32_t slab) {
+    const int32_t dy = static_cast<int32_t>(ky * s.dilation_h), dx = static_cast<int32_t>(kx * s.dilation_w);
+    const int32_t tap = (dy * static_cast<int32_t>(s.w) + dx) * static_cast<int32_t>(a.c) + static_cast<int32_t>(ch);
+    const bool column = ky < s.kh;
+#pragma unroll
+    for (uint32_t j = 0; j < kRows; ++j) {
+      const bool inside = column && static_cast<uint32_t>(y0[j] + dy) < s.h && static_cast<uint32_t>(x0[j] + dx) < s.w;
+      CpAsync16Shared(slab + dst + j * 16 * 128, inside ? x + (base[j] + tap) : x, inside ? 16 : 0);
+    }
+    CpAsyncCommit();
+    ch += isa::kGemmSlabK;
+    while (ch >= a.group_c) {
+      ch -= a.group_c;
+      if (++kx == s.kw) kx = 0, ++ky;
+    }
+  }
+};
+
+// The tile's K loop with a bf16 input (see the top of the file): slab i + kAhead's copies go into its page once
+// slab i is on the tensor cores and slab i - 1's pages are released, so the ring holds kAhead + 1 slabs' pages
+// for it (GpuMachine checks; the loader needs no more to keep going).
+__device__ __forceinline__ void ConvGemmBf16Slabs(const isa::ConvGemmArgs& g, const isa::ConvShape& s, GemmAcc& acc,
+                                                  uint32_t warpgroup, uint32_t t, uint32_t row0,
+                                                  ConsumerContext& ctx) {
+  constexpr uint32_t kAhead = isa::kConvBf16SlabsAhead;
+  static_assert(kAhead == 2, "CpAsyncWait<1> below: one slab's group may still fly");
+  const isa::GemmSlabRange slabs = isa::ConvGemmSlabsOf(g);
+  const __nv_bfloat16* x = ctx.machine.ptr<__nv_bfloat16>(g.input);
+  const uint32_t per_slab = GemmPagesPerSlab(ctx.page_bytes);
+  ConvGatherBf16 gather(g, s, row0, slabs.begin, warpgroup, t);
+  PipelineState fill = ctx.ring;  // the next slab's pages to gather into
+  for (uint32_t i = 0; i < kAhead; ++i) {
+    if (i < slabs.count) {
+      gather.Issue(g, s, x, SmemAddress(ctx.WaitPage(fill)));
+      for (uint32_t p = 0; p < per_slab; ++p) ++fill;
+    } else {
+      CpAsyncCommit();
+    }
+  }
+  PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
+  for (uint32_t i = 0; i < slabs.count; ++i) {
+    const uint8_t* a = ctx.WaitPage(next);
+    ++next;
+    const GemmSlab w{per_slab == 1 ? a + isa::kGemmSlabBytes : ctx.WaitPage(next)};
+    if (per_slab == 2) ++next;
+    CpAsyncWait<kAhead - 1>();
+    tile::FenceProxyAsyncShared();  // cp.async's writes, read next by wgmma
+    NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
+    GemmSlabStep(acc, GemmSlab{a}, w, warpgroup, i, per_slab, ctx);
+    if (i + kAhead < slabs.count) {
+      gather.Issue(g, s, x, SmemAddress(ctx.WaitPage(fill)));
+      for (uint32_t p = 0; p < per_slab; ++p) ++fill;
+    } else {
+      CpAsyncCommit();
+    }
+  }
+  GemmSlabsDone(per_slab, ctx);
+  CpAsyncWait<0>();  // (only empty groups are left)
+}
+
+// The tile's K loop with an f32 input (see the top of the file).
+__device__ __forceinline__ void ConvGemmF32Slabs(const isa::ConvGemmArgs& g, const isa::ConvShape& s, GemmAcc& acc,
+                                                 uint32_t warpgroup, uint32_t t, uint32_t row0,
+                                                 ConsumerContext& ctx) {
   static_assert(isa::kConvStages == 2, "the loop keeps two slabs' copies in flight");
-  const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
-  const isa::ConvShape s = isa::ConvShapeOf(g);
   const isa::GemmSlabRange slabs = isa::ConvGemmSlabsOf(g);
   const uint32_t k = isa::ConvGemmK(g);
-  const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0, relu = g.relu != 0;
+  const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0, relu = g.flags & isa::kConvReluInput;
   const float* x = ctx.machine.ptr<float>(g.input);
   uint8_t* stages = reinterpret_cast<uint8_t*>(ctx.act);
   constexpr uint32_t kStageBytes = isa::kGemmTileM * isa::kConvStageRowBytes;
-  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
   const ConvGather gather(g, s, row0, t);
   // Slabs 0 and 1 in flight before the first wait; then one group committed per slab (empty past the last), so
   // CpAsyncWait<1> always means "this slab's copies are in".
   gather.Issue(g, s, x, k, vector, slabs.begin, stages, warpgroup, t);
   if (slabs.count > 1) gather.Issue(g, s, x, k, vector, slabs.begin + 1, stages + kStageBytes, warpgroup, t);
   else CpAsyncCommit();
-  GemmAcc acc;
-  acc.Zero();
-  tile::FenceRegisters(acc.d);  // (gemm.cuh: else ptxas serialises the wgmma pipeline, C7515)
   const uint32_t per_slab = GemmPagesPerSlab(ctx.page_bytes);
   PipelineState next = ctx.ring;  // the next page to wait for; ctx.ring is the oldest not yet released
   for (uint32_t i = 0; i < slabs.count; ++i) {
     // The A half (or page) is the consumers' once the page is full: the loader copies nothing into it.
     const uint8_t* a = ctx.WaitPage(next);
     ++next;
-    const Slab w{per_slab == 1 ? a + isa::kGemmSlabBytes : ctx.WaitPage(next)};
+    const GemmSlab w{per_slab == 1 ? a + isa::kGemmSlabBytes : ctx.WaitPage(next)};
     if (per_slab == 2) ++next;
     uint8_t* stage = stages + (i % 2) * kStageBytes;
     CpAsyncWait<1>();
@@ -161,13 +253,24 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
     // The stage is free again (this thread converted its own chunks): slab i + 2's copies go into it.
     if (i + 2 < slabs.count) gather.Issue(g, s, x, k, vector, slabs.begin + i + 2, stage, warpgroup, t);
     else CpAsyncCommit();
-    GemmSlabStep(acc, Slab{a}, w, warpgroup, i, per_slab, ctx);
+    GemmSlabStep(acc, GemmSlab{a}, w, warpgroup, i, per_slab, ctx);
   }
   GemmSlabsDone(per_slab, ctx);
   CpAsyncWait<0>();  // (only empty groups are left)
+}
 
-  const isa::MachineView& m = ctx.machine;
-  GemmStoreF32Tile(g, m, isa::ConvGemmRows(g), acc, t, row0, col0);
+// Inlined into the graph variant's consumer loop only, like every wgmma path (gemm.cuh: a call serialises them).
+__device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
+  static_assert(GemmSlab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
+  const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
+  const isa::ConvShape s = isa::ConvShapeOf(g);
+  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+  GemmAcc acc;
+  acc.Zero();
+  tile::FenceRegisters(acc.d);  // (gemm.cuh: else ptxas serialises the wgmma pipeline, C7515)
+  if (g.flags & isa::kConvBf16Input) ConvGemmBf16Slabs(g, s, acc, warpgroup, t, row0, ctx);
+  else ConvGemmF32Slabs(g, s, acc, warpgroup, t, row0, ctx);
+  GemmStoreF32Tile(g, ctx.machine, isa::ConvGemmRows(g), acc, t, row0, col0);
 }
 
 }  // namespace loom::megakernel

@@ -10,6 +10,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
 #include "megakernel/ops/matvec.cuh"  // Silu, RotatePairAt
@@ -87,11 +89,13 @@ __device__ __forceinline__ void GemmAddBias(Acc& acc, const __nv_bfloat16* bias,
 // The f32 store epilogues of a tile (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32), GEMM's and CONV_GEMM's
 // (`g`: their args, read where they lie; m: the output's rows): bias (when accumulating, from the split holding slab
 // 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds.
+// CONV_GEMM's out may be kNoTensor (its out_bf16 alone), and out_bf16 takes the finished values rounded to bf16.
 template <typename Args, typename Acc>
 __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::MachineView& m, uint32_t rows, Acc& acc,
                                                  uint32_t t, uint32_t row0, uint32_t col0) {
+  constexpr bool kConv = std::is_same_v<Args, isa::ConvGemmArgs>;
   const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
-  float* out = m.ptr<float>(g.out);
+  float* out = !kConv || g.out != isa::kNoTensor ? m.ptr<float>(g.out) : nullptr;
   // One 8-byte access per register pair when n is even (the pair's offset is then even too).
   const bool pairs = g.n % 2 == 0;
   // Adding into out: split-K's parts, or a residual that is out itself (out += A·Wᵀ + bias, the prefill's O- and
@@ -99,7 +103,7 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   // would give (bit for bit, but that an atomic f32 add flushes subnormals), without waiting a round trip for the
   // loads: written as loads, the compiler ran them one at a time (gemm_bench --residual at 2048³: 0.062 ms against
   // 0.040 without).
-  const bool in_place = g.epilogue == isa::kGemmStoreF32 && g.residual == g.out;
+  const bool in_place = g.epilogue == isa::kGemmStoreF32 && g.residual == g.out && (!kConv || out != nullptr);
   if (g.epilogue == isa::kGemmAccumulateF32 || in_place) {
     if (in_place || isa::GemmSplitBegin(g) == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds it
     ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
@@ -129,6 +133,20 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   if (g.epilogue == isa::kGemmStoreF32Relu) {
 #pragma unroll
     for (uint32_t i = 0; i < Acc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
+  }
+  if constexpr (kConv) {
+    if (g.out_bf16 != isa::kNoTensor) {
+      __nv_bfloat16* image = m.ptr<__nv_bfloat16>(g.out_bf16);
+      ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
+        if (pairs) {
+          *reinterpret_cast<__nv_bfloat162*>(image + at) = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
+        } else {
+          image[at] = __float2bfloat16_rn(acc.d[i]);
+          if (second) image[at + 1] = __float2bfloat16_rn(acc.d[i + 1]);
+        }
+      });
+    }
+    if (out == nullptr) return;
   }
   ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
     if (pairs) {
