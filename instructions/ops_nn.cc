@@ -33,6 +33,7 @@ void Validate(const PoolArgs& a, Checker& c) {
   c.Require(U(a.n) * a.h * a.w * a.c < (uint64_t{1} << 32), "input of 2^32 elements or more");
   c.Tensor("input", a.input, F32, U(a.n) * a.h * a.w * a.c);
   c.Tensor("out", a.out, F32, out);
+  if (a.out_bf16 != kNoTensor) c.Tensor("out_bf16", a.out_bf16, BF16, out);
 }
 
 void Validate(const ElementwiseArgs& a, Checker& c) {
@@ -107,7 +108,11 @@ void Reference(const ImToColArgs& a, const MachineView& m) {
 void Reference(const PoolArgs& a, const MachineView& m) {
   const float* in = m.ptr<float>(a.input);
   float* out = m.ptr<float>(a.out);
-  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) out[i] = PoolElement(a, in, i);
+  uint16_t* image = a.out_bf16 != kNoTensor ? m.ptr<uint16_t>(a.out_bf16) : nullptr;
+  for (uint32_t i = a.begin; i < a.begin + a.count; ++i) {
+    out[i] = PoolElement(a, in, i);
+    if (image != nullptr) image[i] = graph::FloatToBf16(out[i]);
+  }
 }
 
 void Reference(const ElementwiseArgs& a, const MachineView& m) {

@@ -240,6 +240,14 @@ absl::Status NnLowering::LowerPool(const OpDef& op) {
   isa::PoolArgs p{};
   p.input = *input;
   p.out = Arena(op.outputs(0));
+  // Convolutions that gather it as bf16 read a copy it stores too.
+  p.out_bf16 = kNone;
+  const std::vector<const OpDef*> readers = g_.consumers(op.outputs(0));
+  if (!prefill() && std::any_of(readers.begin(), readers.end(),
+                                [&](const OpDef* r) { return ReadsBf16(*r, op.outputs(0)); })) {
+    p.out_bf16 = Scratch(absl::StrCat("bf16:", op.outputs(0)), graph::BF16, std::vector<int64_t>(ys.begin(), ys.end()));
+    bf16_[op.outputs(0)] = p.out_bf16;
+  }
   p.n = static_cast<uint32_t>(xs[0]), p.h = static_cast<uint32_t>(xs[1]), p.w = static_cast<uint32_t>(xs[2]);
   p.c = static_cast<uint32_t>(xs[3]), p.oh = static_cast<uint32_t>(ys[1]), p.ow = static_cast<uint32_t>(ys[2]);
   p.stride_h = p.stride_w = p.dilation_h = p.dilation_w = 1;

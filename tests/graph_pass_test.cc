@@ -101,6 +101,7 @@ struct PassShape {
   int conv_gemms = 0, im2cols = 0;
   int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a split GEMM's pending ReLU
   int bf16_inputs = 0, bf16_outputs = 0;  // CONV_GEMM gathering a bf16 input; storing a bf16 copy of its output
+  int rounding_splits = 0;                 // CONV_GEMM split over K whose tile's last split stores that copy
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
@@ -112,6 +113,7 @@ PassShape Inspect(const scheduler::Schedule& s) {
                         (conv && (inst.args(21) & isa::kConvReluInput));       // ConvGemmArgs.flags
       p.bf16_inputs += conv && (inst.args(21) & isa::kConvBf16Input);  // ConvGemmArgs.flags
       p.bf16_outputs += conv && inst.args(10) != isa::kNoTensor;        // ConvGemmArgs.out_bf16
+      p.rounding_splits += conv && inst.args(20) != isa::kNoTensor;     // ConvGemmArgs.arrivals
       if (inst.opcode() != "GEMM" && !conv) continue;
       ++p.gemms;
       p.conv_gemms += conv;
@@ -178,15 +180,23 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
 }
 
 TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders) {
-  for (bool im2col : {false, true}) {
-    SCOPED_TRACE(im2col ? "IM2COL + GEMM" : "CONV_GEMM");
+  for (int form = 0; form < 3; ++form) {  // CONV_GEMM gathering bf16, CONV_GEMM gathering f32, IM2COL + GEMM
+    const bool im2col = form == 2, bf16 = form == 0;
+    SCOPED_TRACE(im2col ? "IM2COL + GEMM" : bf16 ? "CONV_GEMM, bf16 activations" : "CONV_GEMM, f32 gathers");
     PassShape shape;
-    RunAgainstOracle(1, 132, im2col, &shape);
+    RunAgainstOracle(1, 132, im2col, &shape, bf16);
     EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
-    EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
-    EXPECT_EQ(shape.bf16_inputs, 0) << "a split convolution's output is summed in f32 and gathered so";
     EXPECT_EQ(shape.conv_gemms > 0, !im2col);
     EXPECT_EQ(shape.im2cols > 0, im2col);
+    if (bf16) {
+      // conv1's tiles' last splits store its sum ReLU'd as bf16, which conv2 gathers.
+      EXPECT_EQ(shape.rounding_splits, shape.conv_gemms / 2);
+      EXPECT_EQ(shape.bf16_inputs, shape.conv_gemms / 2);
+      EXPECT_EQ(shape.relu_on_read, 0);
+    } else {
+      EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
+      EXPECT_EQ(shape.bf16_inputs, 0);
+    }
   }
 }
 
@@ -209,6 +219,7 @@ TEST(GraphPass, AConvolutionGathersItsProducersBf16CopySplitOverKOrWhole) {
     PassShape shape;
     RunAgainstOracle(2, num_sms, false, &shape, true, FedConvolution(2));
     EXPECT_EQ(shape.bf16_outputs, 3) << "the 1x1 convolution's 3 row tiles store bf16 alone";
+    EXPECT_EQ(shape.rounding_splits, 0);
     EXPECT_EQ(shape.bf16_inputs, shape.conv_gemms - 3);
     EXPECT_EQ(shape.accumulating > 0, num_sms == 132u);
   }

@@ -115,9 +115,12 @@ __device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const floa
 __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
+  __nv_bfloat16* image = a.out_bf16 != isa::kNoTensor ? ctx.machine.ptr<__nv_bfloat16>(a.out_bf16) : nullptr;
   const bool gather = a.kh * a.kw <= kPoolGather;
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
-    out[i] = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
+    const float v = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
+    out[i] = v;
+    if (image != nullptr) image[i] = __float2bfloat16_rn(v);
   }
 }
 
