@@ -59,15 +59,11 @@ LOOM_HD uint32_t Lo16(uint32_t v) { return v & 0xffffu; }
 // page beside the slab of W the loader streams (f32 input: through f32 stages, rounded to bf16; bf16 input: copied
 // straight into the page). K slabs [begin, +count) of the packed `slabs` (count 0: all from begin); epilogues as
 // GEMM's kGemmStoreF32, kGemmStoreF32Relu and kGemmAccumulateF32 (bias, residual), the stores into out (f32) and / or
-// out_bf16 (the output rounded to bf16, for the convolutions that read it). Split over K (kGemmAccumulateF32) with
-// out_bf16: the tile's last split to finish (`arrivals`, one counter per output tile, back to 0 after it) reads the
-// finished f32 sums and stores them rounded (ReLU'd with kConvReluBf16Output). Spatial sizes, kernel, strides,
-// padding, dilations and the group's channels are packed two to a word (Pack16): each below 2^16.
+// out_bf16 (the output rounded to bf16, for the convolutions that read it). Spatial sizes, kernel, strides, padding
+// and dilations are packed two to a word (Pack16): each below 2^16.
 enum ConvGemmFlags : uint32_t {
-  kConvReluInput = 1,       // max(0, input) as it is read (a ReLU a split GEMM left to its readers; f32 input only)
-  kConvBf16Input = 2,       // input is bf16 (its group's channels a multiple of 8, 16-byte aligned): no conversion
-  kConvReluBf16Output = 4,  // split over K: out_bf16 takes max(0, sum) (the f32 sum keeps its ReLU pending)
-  kConvSplitsShift = 8,     // split over K with out_bf16: the tile's splits, in bits 8-15
+  kConvReluInput = 1,  // max(0, input) as it is read (a ReLU a split GEMM left to its readers; f32 input only)
+  kConvBf16Input = 2,  // input is bf16 (its group's channels a multiple of 8, 16-byte aligned): no conversion
 };
 struct ConvGemmArgs {
   uint32_t input;     // f32 or bf16 (kConvBf16Input) [batch, h, w, c]
@@ -89,16 +85,13 @@ struct ConvGemmArgs {
   uint32_t stride;    // stride_h, stride_w
   uint32_t pad;       // pad_top, pad_left
   uint32_t dilation;  // dilation_h, dilation_w
-  uint32_t group;     // the group's first input channel, input channels per group
-  uint32_t arrivals;  // i32 [output tiles] or kNoTensor: split over K with out_bf16, the tiles' finished splits
+  uint32_t c_begin;   // the group's first input channel
+  uint32_t group_c;   // input channels per group
   uint32_t flags;     // ConvGemmFlags
   static constexpr const char* kFields[] = {"input", "weight", "out", "bias", "residual", "epilogue", "n", "m_tile",
                                             "n_tile", "slabs", "out_bf16", "batch", "c", "hw", "ohw", "kernel",
-                                            "stride", "pad", "dilation", "group", "arrivals", "flags"};
+                                            "stride", "pad", "dilation", "c_begin", "group_c", "flags"};
 };
-LOOM_HD uint32_t ConvCBegin(const ConvGemmArgs& a) { return Hi16(a.group); }
-LOOM_HD uint32_t ConvGroupC(const ConvGemmArgs& a) { return Lo16(a.group); }
-LOOM_HD uint32_t ConvGemmSplits(const ConvGemmArgs& a) { return (a.flags >> kConvSplitsShift) & 0xffu; }
 // The device stages each K slab's patches of an f32 input in its activation slot, two slabs ahead: rows of 64 floats
 // padded to kConvStageRowBytes (16 bytes: a warp's reads of 4 rows hit every bank equally). A bf16 input needs no
 // stage: its copies go into the page.
@@ -129,7 +122,7 @@ LOOM_HD ConvShape ConvShapeOf(const ConvGemmArgs& a) {
           Hi16(a.stride), Lo16(a.stride),   Hi16(a.pad), Lo16(a.pad), Hi16(a.dilation), Lo16(a.dilation)};
 }
 LOOM_HD uint32_t ConvGemmRows(const ConvGemmArgs& a) { return a.batch * Hi16(a.ohw) * Lo16(a.ohw); }
-LOOM_HD uint32_t ConvGemmK(const ConvGemmArgs& a) { return Hi16(a.kernel) * Lo16(a.kernel) * ConvGroupC(a); }
+LOOM_HD uint32_t ConvGemmK(const ConvGemmArgs& a) { return Hi16(a.kernel) * Lo16(a.kernel) * a.group_c; }
 LOOM_HD uint32_t GemmSplitBegin(const ConvGemmArgs& a) { return a.slabs & 0xffffu; }
 LOOM_HD uint32_t GemmSplitCount(const ConvGemmArgs& a) { return a.slabs >> 16; }
 LOOM_HD GemmSlabRange ConvGemmSlabsOf(const ConvGemmArgs& a) {
@@ -144,7 +137,7 @@ struct ConvRow {
 };
 LOOM_HD ConvRow ConvRowOf(const ConvGemmArgs& a, const ConvShape& s, uint32_t r) {
   const uint32_t ox = r % s.ow, oy = r / s.ow % s.oh, b = r / s.ow / s.oh;
-  return {b * s.h * s.w * a.c + ConvCBegin(a), static_cast<int32_t>(oy * s.stride_h) - static_cast<int32_t>(s.pad_top),
+  return {b * s.h * s.w * a.c + a.c_begin, static_cast<int32_t>(oy * s.stride_h) - static_cast<int32_t>(s.pad_top),
           static_cast<int32_t>(ox * s.stride_w) - static_cast<int32_t>(s.pad_left)};
 }
 // Column k's tap: the input offset from the window's (0, 0) tap (dy * w + dx) * c + ch, and (dy, dx).
@@ -153,9 +146,9 @@ struct ConvTap {
   uint32_t ch;
 };
 LOOM_HD ConvTap ConvTapOf(const ConvGemmArgs& a, const ConvShape& s, uint32_t k) {
-  const uint32_t group_c = ConvGroupC(a), tap = k / group_c;
+  const uint32_t tap = k / a.group_c;
   return {static_cast<int32_t>(tap / s.kw * s.dilation_h), static_cast<int32_t>(tap % s.kw * s.dilation_w),
-          k % group_c};
+          k % a.group_c};
 }
 // Where patch(r, k) lies in the input (an element index), for a row below ConvGemmRows and a column below
 // ConvGemmK; false in the padding (the patch is zero there).

@@ -60,20 +60,18 @@ void Validate(const GemmArgs& a, Checker& c) {
 
 void Validate(const ConvGemmArgs& a, Checker& c) {
   const ConvShape s = ConvShapeOf(a);
-  const uint32_t splits = ConvGemmSplits(a), c_begin = ConvCBegin(a), group_c = ConvGroupC(a);
-  c.Require((a.flags & ~((0xffu << kConvSplitsShift) | kConvReluInput | kConvBf16Input | kConvReluBf16Output)) == 0,
-            absl::StrCat("unknown flags ", a.flags));
+  c.Require(a.flags <= (kConvReluInput | kConvBf16Input), absl::StrCat("unknown flags ", a.flags));
   const bool bf16 = (a.flags & kConvBf16Input) != 0;
-  ValidateConvGeometry(s, a.batch, a.c, c_begin, group_c, a.flags & kConvReluInput, c);
+  ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.flags & kConvReluInput, c);
   c.Require(!bf16 || !(a.flags & kConvReluInput), "a bf16 input is copied as it is: no ReLU as it is read");
-  c.Require(!bf16 || ConvBf16Readable(a.c, c_begin, group_c),
-            absl::StrCat("a bf16 input needs c, c_begin and group_c multiples of 8, not ", a.c, ", ", c_begin, ", ",
-                         group_c));
+  c.Require(!bf16 || ConvBf16Readable(a.c, a.c_begin, a.group_c),
+            absl::StrCat("a bf16 input needs c, c_begin and group_c multiples of 8, not ", a.c, ", ", a.c_begin, ", ",
+                         a.group_c));
   c.Require(a.n > 0, "n must be positive");
   c.Require(U(s.oh) * s.stride_h + U(s.kh) * s.dilation_h < (uint64_t{1} << 30) &&
                 U(s.ow) * s.stride_w + U(s.kw) * s.dilation_w < (uint64_t{1} << 30),
             "window positions of 2^30 or more");
-  const uint64_t input = U(a.batch) * s.h * s.w * a.c, m = U(a.batch) * s.oh * s.ow, k = U(s.kh) * s.kw * group_c;
+  const uint64_t input = U(a.batch) * s.h * s.w * a.c, m = U(a.batch) * s.oh * s.ow, k = U(s.kh) * s.kw * a.group_c;
   c.Require(input < (uint64_t{1} << 31) && m < (uint64_t{1} << 31) && m * a.n < (uint64_t{1} << 32) &&
                 k < (uint64_t{1} << 20),
             "input, rows or output of 2^31 elements or more");
@@ -88,17 +86,9 @@ void Validate(const ConvGemmArgs& a, Checker& c) {
   c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmAccumulateF32,
             absl::StrCat("epilogue ", a.epilogue, ": a convolution stores or accumulates f32"));
   c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
-  const bool rounds_splits = a.epilogue == kGemmAccumulateF32 && a.out_bf16 != kNoTensor;
   if (a.epilogue == kGemmAccumulateF32) {
     c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
-    c.Require(a.out != kNoTensor, "accumulating: into out (f32)");
-  }
-  c.Require(rounds_splits == (splits > 0) && rounds_splits == (a.arrivals != kNoTensor),
-            "split over K with out_bf16 (and only then): the tile's splits in flags and an arrivals tensor");
-  c.Require(rounds_splits || !(a.flags & kConvReluBf16Output), "kConvReluBf16Output: a split tile's bf16 rounding only");
-  if (rounds_splits) {
-    c.Require(splits <= slabs, absl::StrCat(splits, " splits of ", slabs, " K slabs"));
-    c.Tensor("arrivals", a.arrivals, I32, U(GemmTiles(static_cast<uint32_t>(m))) * GemmTiles(a.n));
+    c.Require(a.out_bf16 == kNoTensor && a.out != kNoTensor, "accumulating: into out (f32) only");
   }
   c.Require(a.out != kNoTensor || a.out_bf16 != kNoTensor, "no output: out and out_bf16 are both kNoTensor");
   c.Tensor("input", a.input, bf16 ? BF16 : F32, input);
@@ -179,26 +169,13 @@ void Reference(const ConvGemmArgs& a, const MachineView& m) {
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
       const uint64_t at = uint64_t{r} * a.n + col;
       if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
-        std::atomic_ref<float>(m.ptr<float>(a.out)[at]).fetch_add(acc, std::memory_order_relaxed);
+        std::atomic_ref<float>(m.ptr<float>(a.out)[at]).fetch_add(acc);
         continue;
       }
       if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[at];
       if (a.epilogue == kGemmStoreF32Relu) acc = std::max(acc, 0.0f);
       if (a.out != kNoTensor) m.ptr<float>(a.out)[at] = acc;
       if (a.out_bf16 != kNoTensor) m.ptr<uint16_t>(a.out_bf16)[at] = graph::FloatToBf16(acc);
-    }
-  }
-  if (a.epilogue != kGemmAccumulateF32 || a.out_bf16 == kNoTensor) return;
-  // The tile's last split to finish rounds the finished sums (the others' adds acquired through the counter).
-  std::atomic_ref<int32_t> arrivals(m.ptr<int32_t>(a.arrivals)[U(a.m_tile) * GemmTiles(a.n) + a.n_tile]);
-  if (arrivals.fetch_add(1, std::memory_order_acq_rel) + 1 != static_cast<int32_t>(ConvGemmSplits(a))) return;
-  arrivals.store(0, std::memory_order_relaxed);
-  for (uint32_t r = row0; r < row_end; ++r) {
-    for (uint32_t col = col0; col < col_end; ++col) {
-      const uint64_t at = uint64_t{r} * a.n + col;
-      float v = std::atomic_ref<float>(m.ptr<float>(a.out)[at]).load(std::memory_order_relaxed);
-      if ((a.flags & kConvReluBf16Output) && v < 0.0f) v = 0.0f;
-      m.ptr<uint16_t>(a.out_bf16)[at] = graph::FloatToBf16(v);
     }
   }
 }

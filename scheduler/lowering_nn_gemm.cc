@@ -80,13 +80,12 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     g.residual = kNone;
   }
   const uint32_t stage = into ? *into : b_.Stage(e.ops);
-  // A convolution's output other convolutions gather as bf16: stored so too (split over K, by each tile's last split
-  // to finish, from the f32 sum: a ReLU left pending there is applied to the copy).
-  uint32_t bf16_out = kNone, arrivals = kNone;
-  if (a.conv && e.bf16) {
+  // A convolution's output other convolutions gather as bf16: stored so too, whole (split over K, it is summed in
+  // f32 and they gather that).
+  uint32_t bf16_out = kNone;
+  if (a.conv && e.bf16 && splits == 1) {
     const std::vector<uint64_t> shape = ShapeOf(T(e.out));
     bf16_out = Scratch(absl::StrCat("bf16:", e.out), graph::BF16, std::vector<int64_t>(shape.begin(), shape.end()));
-    if (splits > 1) arrivals = Scratch(absl::StrCat("arrivals:", e.out), graph::I32, {static_cast<int64_t>(tiles)});
   }
   ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
     if (!a.conv) {
@@ -97,12 +96,10 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
     c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
     c.slabs = tile.slabs;
-    c.out_bf16 = bf16_out;
-    c.arrivals = arrivals;
-    if (arrivals != kNone) {
-      c.flags |= splits << isa::kConvSplitsShift | (e.relu ? isa::kConvReluBf16Output : 0);
-    } else if (bf16_out != kNone && !e.f32) {
-      c.out = kNone;  // (no reader of the f32 output)
+    c.out_bf16 = kNone;
+    if (bf16_out != kNone) {
+      c.out_bf16 = bf16_out;
+      if (!e.f32) c.out = kNone;
     }
     Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
   });
@@ -137,7 +134,7 @@ namespace {
 bool ConvGemmPackable(const isa::ImToColArgs& c) {
   constexpr uint64_t kField = uint64_t{1} << 16, kSpan = uint64_t{1} << 30;
   for (uint32_t v : {c.h, c.w, c.oh, c.ow, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dilation_h,
-                     c.dilation_w, c.c}) {
+                     c.dilation_w}) {
     if (v >= kField) return false;
   }
   return uint64_t{c.oh} * c.stride_h + uint64_t{c.kh} * c.dilation_h < kSpan &&
@@ -155,8 +152,8 @@ isa::ConvGemmArgs ConvGemmOf(const isa::ImToColArgs& c) {
   g.stride = isa::Pack16(c.stride_h, c.stride_w);
   g.pad = isa::Pack16(c.pad_top, c.pad_left);
   g.dilation = isa::Pack16(c.dilation_h, c.dilation_w);
-  g.group = isa::Pack16(c.c_begin, c.group_c);
-  g.arrivals = isa::kNoTensor;
+  g.c_begin = c.c_begin;
+  g.group_c = c.group_c;
   g.flags = c.relu ? isa::kConvReluInput : 0;
   return g;
 }

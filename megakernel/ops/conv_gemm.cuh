@@ -151,9 +151,8 @@ struct ConvGatherBf16 {
                       : 0;
     }
     dst = isa::SwizzledOffset<isa::Swizzle::k128B>(warpgroup * 64 + t / 8, (t % 8) * 16);
-    const uint32_t group_c = isa::ConvGroupC(a), col = first_slab * isa::kGemmSlabK + (t % 8) * 8,
-                   tap = col / group_c;
-    ch = col % group_c;
+    const uint32_t col = first_slab * isa::kGemmSlabK + (t % 8) * 8, tap = col / a.group_c;
+    ch = col % a.group_c;
     kx = tap % s.kw;
     ky = tap / s.kw;
   }
@@ -171,9 +170,8 @@ struct ConvGatherBf16 {
     }
     CpAsyncCommit();
     ch += isa::kGemmSlabK;
-    const uint32_t group_c = isa::ConvGroupC(a);
-    while (ch >= group_c) {
-      ch -= group_c;
+    while (ch >= a.group_c) {
+      ch -= a.group_c;
       if (++kx == s.kw) kx = 0, ++ky;
     }
   }
@@ -228,8 +226,7 @@ __device__ __forceinline__ void ConvGemmF32Slabs(const isa::ConvGemmArgs& g, con
   static_assert(isa::kConvStages == 2, "the loop keeps two slabs' copies in flight");
   const isa::GemmSlabRange slabs = isa::ConvGemmSlabsOf(g);
   const uint32_t k = isa::ConvGemmK(g);
-  const bool vector = isa::ConvGroupC(g) % 8 == 0 && g.c % 4 == 0 && isa::ConvCBegin(g) % 4 == 0,
-             relu = g.flags & isa::kConvReluInput;
+  const bool vector = g.group_c % 8 == 0 && g.c % 4 == 0 && g.c_begin % 4 == 0, relu = g.flags & isa::kConvReluInput;
   const float* x = ctx.machine.ptr<float>(g.input);
   uint8_t* stages = reinterpret_cast<uint8_t*>(ctx.act);
   constexpr uint32_t kStageBytes = isa::kGemmTileM * isa::kConvStageRowBytes;
@@ -262,50 +259,6 @@ __device__ __forceinline__ void ConvGemmF32Slabs(const isa::ConvGemmArgs& g, con
   CpAsyncWait<0>();  // (only empty groups are left)
 }
 
-// Split over K with a bf16 copy: every consumer's adds are issued (the barrier), then one thread publishes this
-// split's arrival with release semantics and learns whether it was the tile's last; that split acquires the others'
-// adds, resets the counter (the next pass's splits start after this one's signal) and stores the finished tile
-// rounded to bf16, each thread the elements its accumulator held.
-__device__ __forceinline__ void ConvRoundLastSplit(const isa::ConvGemmArgs& g, ConsumerContext& ctx, GemmAcc& acc,
-                                                   uint32_t t, uint32_t row0, uint32_t col0) {
-  const isa::MachineView& m = ctx.machine;
-  const uint32_t rows = isa::ConvGemmRows(g);
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  int32_t* arrivals = m.ptr<int32_t>(g.arrivals) + g.m_tile * isa::GemmTiles(g.n) + g.n_tile;
-  if (ctx.tid == 0) {
-    int32_t before;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(arrivals) : "memory");
-    const bool last = before + 1 == static_cast<int32_t>(isa::ConvGemmSplits(g));
-    if (last) asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(arrivals) : "memory");
-    ctx.scratch[0] = last ? 1.0f : 0.0f;
-  }
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  if (ctx.scratch[0] == 0.0f) return;  // (the instruction-end barrier orders this read before scratch's next use)
-  // Every load issued before the first store (the compiler cannot tell out and the image apart: one round trip each,
-  // one after another, took ~9 us), into the accumulator's registers (its values are stored already).
-  const float* out = m.ptr<float>(g.out);
-  __nv_bfloat16* image = m.ptr<__nv_bfloat16>(g.out_bf16);
-  const bool relu = g.flags & isa::kConvReluBf16Output, pairs = g.n % 2 == 0;
-  ForEachGemmPair<GemmAcc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
-    if (pairs) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(out + at));
-      acc.d[i] = v.x, acc.d[i + 1] = v.y;
-    } else {
-      acc.d[i] = __ldcg(out + at);
-      if (second) acc.d[i + 1] = __ldcg(out + at + 1);
-    }
-  });
-  ForEachGemmPair<GemmAcc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
-    const float x = relu ? fmaxf(acc.d[i], 0.0f) : acc.d[i], y = relu ? fmaxf(acc.d[i + 1], 0.0f) : acc.d[i + 1];
-    if (pairs) {
-      *reinterpret_cast<__nv_bfloat162*>(image + at) = __floats2bfloat162_rn(x, y);
-    } else {
-      image[at] = __float2bfloat16_rn(x);
-      if (second) image[at + 1] = __float2bfloat16_rn(y);
-    }
-  });
-}
-
 // Inlined into the graph variant's consumer loop only, like every wgmma path (gemm.cuh: a call serialises them).
 __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
   static_assert(GemmSlab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
@@ -318,7 +271,6 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   if (g.flags & isa::kConvBf16Input) ConvGemmBf16Slabs(g, s, acc, warpgroup, t, row0, ctx);
   else ConvGemmF32Slabs(g, s, acc, warpgroup, t, row0, ctx);
   GemmStoreF32Tile(g, ctx.machine, isa::ConvGemmRows(g), acc, t, row0, col0);
-  if (g.arrivals != isa::kNoTensor) ConvRoundLastSplit(g, ctx, acc, t, row0, col0);
 }
 
 }  // namespace loom::megakernel
