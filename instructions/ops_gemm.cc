@@ -127,7 +127,7 @@ Footprint Cost(const GemmArgs& a, uint32_t) {
 Footprint Cost(const ConvGemmArgs& a, uint32_t) {
   const uint64_t slabs = ConvGemmSlabsOf(a).count, input = (a.flags & kConvBf16Input) ? 1 : 2;
   const uint64_t stores = (a.out != kNoTensor ? 4 : 0) + (a.out_bf16 != kNoTensor ? 2 : 0);
-  return {slabs * kGemmSlabBytes, slabs * (1 + input) * kGemmSlabBytes + stores * kGemmTileM * kGemmTileN,
+  return {slabs * kGemmSlabBytes, slabs * input * kGemmSlabBytes + stores * kGemmTileM * kGemmTileN,
           ConvGemmActivationBytes(a), 2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
 }
 
