@@ -4,7 +4,7 @@ instructions, run on the GPU, and compared with PyTorch and onnxruntime on the s
 PyTorch eager, torch.compile (CUDA graphs) and onnxruntime.
 
 On a machine with a Hopper GPU, torch, torchvision and onnxruntime (from the repository root, after a build):
-  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8 [--layers] [--trace] [--check] [--im2col]
+  python3 examples/resnet18/resnet18.py --loom build/tools/loom --batches 1,8 [--layers] [--trace] [--check] [--im2col] [--f32-gather]
 Prints, per batch: Loom's relative error against PyTorch float32 and onnxruntime, top-1 agreement, and
 milliseconds per forward pass of each (medians; Loom's is the kernel time of its one launch, CUDA events).
 """
