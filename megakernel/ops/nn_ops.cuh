@@ -84,61 +84,50 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
 // Windows of at most kPoolGather positions: the window's loads all issued (an unrolled, guarded gather), then
 // reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by PoolElement itself.
 constexpr uint32_t kPoolGather = 16;
-struct PoolGather {
+__device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
+  const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
+  const bool max = a.mode == isa::kPoolMax;
   float v[kPoolGather];
   uint32_t inside = 0;  // bit t: window position t lies inside the input
   int32_t padded = 0;
-
-  // The window's row and column are followed position to position: t / kw and t % kw with kw known only at run
-  // time were two integer divisions a position, most of the pool's instructions.
-  __device__ __forceinline__ void Load(const isa::PoolArgs& a, const float* x, uint32_t i) {
-    const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
-    uint32_t kx = 0;
-    int32_t iy = win.y0, ix = win.x0;
-    const uint32_t positions = a.kh * a.kw;
+  // The window's row and column followed position to position: t / kw and t % kw with kw known only at run time
+  // were two integer divisions a position (ResNet-18's max pool at batch 8: 52 -> 44 us an instruction). This
+  // code's shape is fragile: the same steps as a struct, or two windows gathered before their stores, measured
+  // 87-142 us (docs/performance.md "Convolutions gathering bf16 activations").
+  uint32_t kx = 0;
+  int32_t iy = win.y0, ix = win.x0;
+  const uint32_t positions = a.kh * a.kw;
 #pragma unroll
-    for (uint32_t t = 0; t < kPoolGather; ++t) {
-      if (t < positions) {
-        padded += isa::PoolWindow::InsidePadded(a, iy, ix);
-        if (isa::PoolWindow::Inside(a, iy, ix)) {
-          v[t] = win.At(a, iy, ix);
-          inside |= 1u << t;
-        }
-        const bool wrap = ++kx == a.kw;
-        kx = wrap ? 0 : kx;
-        ix = wrap ? win.x0 : ix + static_cast<int32_t>(a.dilation_w);
-        iy = wrap ? iy + static_cast<int32_t>(a.dilation_h) : iy;
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
+    if (t < positions) {
+      padded += isa::PoolWindow::InsidePadded(a, iy, ix);
+      if (isa::PoolWindow::Inside(a, iy, ix)) {
+        v[t] = win.At(a, iy, ix);
+        inside |= 1u << t;
       }
+      const bool wrap = ++kx == a.kw;
+      kx = wrap ? 0 : kx;
+      ix = wrap ? win.x0 : ix + static_cast<int32_t>(a.dilation_w);
+      iy = wrap ? iy + static_cast<int32_t>(a.dilation_h) : iy;
     }
   }
-  __device__ __forceinline__ float Reduce(const isa::PoolArgs& a) const {
-    const bool max = a.mode == isa::kPoolMax;
-    float acc = max ? -INFINITY : 0.0f;
+  float acc = max ? -INFINITY : 0.0f;
 #pragma unroll
-    for (uint32_t t = 0; t < kPoolGather; ++t) {
-      if ((inside >> t) & 1u) acc = max ? (v[t] > acc ? v[t] : acc) : acc + v[t];
-    }
-    const int32_t count = __popc(inside);
-    if (!max) acc /= static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
-    return acc;
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
+    if ((inside >> t) & 1u) acc = max ? (v[t] > acc ? v[t] : acc) : acc + v[t];
   }
-};
-// One window a thread at a time (two or four windows gathered before their stores measured 2.2 to 2.7 times
-// slower: docs/performance.md "Eighteenth session").
+  const int32_t count = __popc(inside);
+  if (!max) acc /= static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+  return acc;
+}
+
 __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
   __nv_bfloat16* image = a.out_bf16 != isa::kNoTensor ? ctx.machine.ptr<__nv_bfloat16>(a.out_bf16) : nullptr;
   const bool gather = a.kh * a.kw <= kPoolGather;
   for (uint32_t i = a.begin + ctx.tid; i < a.begin + a.count; i += kConsumerThreads) {
-    float v;
-    if (gather) {
-      PoolGather g;
-      g.Load(a, in, i);
-      v = g.Reduce(a);
-    } else {
-      v = isa::PoolElement(a, in, i);
-    }
+    const float v = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
     out[i] = v;
     if (image != nullptr) image[i] = __float2bfloat16_rn(v);
   }
