@@ -3,8 +3,10 @@
 // with its GEMM epilogues taking over the bias, the residual and the ReLUs, once with few output tiles (split
 // over K: the residual copied in first, the ReLU applied by the next conv's CONV_GEMM as it gathers, or in place
 // before the pool) and once with enough tiles for the fused epilogue, and both again with the convolutions as
-// IM2COL + GEMM (CompileOptions.conv_im2col); a product of two activations refused by name. The ONNX backend data
-// covers the rest of the ops (grouped and depthwise convolutions, CONCAT, pools, softmax) on the VM and the GPU.
+// IM2COL + GEMM (CompileOptions.conv_im2col); bf16 conv activations (an unsplit convolution's or a max pool's output
+// stored as bf16 too and gathered so by the convolution reading it, and none of it with the option off); a product of
+// two activations refused by name. The ONNX backend data covers the rest of the ops (grouped and depthwise
+// convolutions, CONCAT, pools, softmax) on the VM and the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
