@@ -8,6 +8,7 @@
 //   NORM_ROWS   LayerNorm or RMSNorm of f32 rows with f32 scale (and shift)
 //   CONV1D      depthwise causal convolution over f32 rows, carrying its state across calls (decode and prefill)
 //   DWCONV      depthwise 2-D convolution of NHWC f32 (one input channel per output channel), direct
+//   NHWC_BF16   an f32 tensor (any strides) as bf16 NHWC, channels zero-padded to a multiple of 8 (CONV_GEMM's input)
 #pragma once
 
 #include <math.h>
@@ -212,9 +213,10 @@ struct PoolWindow {
     return iy >= -static_cast<int32_t>(a.pad_top) && iy < static_cast<int32_t>(a.h + a.pad_bottom) &&
            ix >= -static_cast<int32_t>(a.pad_left) && ix < static_cast<int32_t>(a.w + a.pad_right);
   }
-  LOOM_HD float At(const PoolArgs& a, int32_t iy, int32_t ix) const {
-    return plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
+  LOOM_HD const float* Address(const PoolArgs& a, int32_t iy, int32_t ix) const {
+    return plane + (static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c;
   }
+  LOOM_HD float At(const PoolArgs& a, int32_t iy, int32_t ix) const { return *Address(a, iy, ix); }
 };
 LOOM_HD PoolWindow PoolWindowOf(const PoolArgs& a, const float* x, uint32_t i) {
   const uint32_t ch = i % a.c;
@@ -342,7 +344,8 @@ LOOM_HD bool EwContiguous(const ElementwiseArgs& e) {
 enum KernelVariant : uint32_t {
   kDecodeKernel = 0,  // the decode opcodes (CONV1D too: a gated-conv decoder's steps)
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
-  kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV (general graphs' passes)
+  kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV, NHWC_BF16 (general
+                      //   graphs' passes)
   // kTensorKernel's opcodes + GEMM's 128 x 256 tiles (GemmArgs::wide), in a variant of their own: beside the
   // 128-column path their 128 accumulator registers per thread cost it 2-7% (gemm_bench, H100), and the graph
   // variant's spills doubled. Not with the general-graph opcodes (GpuMachine refuses the mix).
@@ -350,7 +353,7 @@ enum KernelVariant : uint32_t {
 };
 LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
   if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE ||
-      op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV) {
+      op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV || op == Opcode::NHWC_BF16) {
     return kGraphKernel;
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
@@ -482,6 +485,41 @@ LOOM_HD float DwConvElement(const DwConvArgs& a, const float* in, const float* w
     }
   }
   return acc;
+}
+
+// NHWC_BF16: an f32 tensor read as [n, h, w, c] through any element strides (an NCHW input's transpose folded in)
+// into a bf16 NHWC tensor whose channels are padded with zeros to c_pad (a multiple of 8), ReLU'd if relu: what a
+// CONV_GEMM gathering bf16 reads (16-byte chunks of 8 channels) when the convolution's channels are not a multiple
+// of 8 (a 3-channel image; its weight is packed with the same zero channels). Pixels [begin, +count) of n * h * w.
+struct NhwcBf16Args {
+  uint32_t input;  // f32: element (b, y, x, ch) at b * stride_n + y * stride_h + x * stride_w + ch * stride_c
+  uint32_t out;    // bf16 [n, h, w, c_pad]
+  uint32_t n;
+  uint32_t h;
+  uint32_t w;
+  uint32_t c;
+  uint32_t c_pad;
+  uint32_t stride_n;
+  uint32_t stride_h;
+  uint32_t stride_w;
+  uint32_t stride_c;
+  uint32_t relu;  // 0 or 1
+  uint32_t begin;
+  uint32_t count;
+  static constexpr const char* kFields[] = {"input",    "out",      "n",        "h",        "w",
+                                            "c",        "c_pad",    "stride_n", "stride_h", "stride_w",
+                                            "stride_c", "relu",     "begin",    "count"};
+};
+// The input element offset of channel 0 of pixel p (32-bit: Validate keeps every offset below 2^32).
+LOOM_HD uint32_t NhwcBf16Pixel(const NhwcBf16Args& a, uint32_t p) {
+  const uint32_t x = p % a.w, y = p / a.w % a.h, b = p / a.w / a.h;
+  return b * a.stride_n + y * a.stride_h + x * a.stride_w;
+}
+// Channel ch of the pixel at input offset `at`, as the output holds it before rounding (zero past c).
+LOOM_HD float NhwcBf16Value(const NhwcBf16Args& a, const float* x, uint32_t at, uint32_t ch) {
+  if (ch >= a.c) return 0.0f;
+  const float v = x[at + ch * a.stride_c];
+  return a.relu != 0 ? (v > 0.0f ? v : 0.0f) : v;
 }
 
 }  // namespace loom::isa

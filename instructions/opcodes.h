@@ -25,4 +25,5 @@
   V(NORM_ROWS, NormRowsArgs) \
   V(CONV1D, Conv1dArgs) \
   V(DWCONV, DwConvArgs) \
-  V(CONV_GEMM, ConvGemmArgs)
+  V(CONV_GEMM, ConvGemmArgs) \
+  V(NHWC_BF16, NhwcBf16Args)

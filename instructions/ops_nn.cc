@@ -1,5 +1,5 @@
 // Host side of the general-graph opcodes: IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, CONV1D,
-// DWCONV (instruction_nn.h).
+// DWCONV, NHWC_BF16 (instruction_nn.h).
 #include <algorithm>
 #include <cmath>
 
@@ -242,6 +242,31 @@ void Reference(const DwConvArgs& a, const MachineView& m) {
   const float* bias = a.bias != kNoTensor ? m.ptr<float>(a.bias) : nullptr;
   float* out = m.ptr<float>(a.out);
   for (uint32_t i = a.begin; i < a.begin + a.count; ++i) out[i] = DwConvElement(a, in, w, bias, i);
+}
+
+void Validate(const NhwcBf16Args& a, Checker& c) {
+  c.Require(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0, "every dimension must be positive");
+  c.Require(a.c_pad % 8 == 0 && a.c_pad >= a.c, absl::StrCat("c_pad ", a.c_pad, " is not a multiple of 8 >= c ", a.c));
+  c.Require(a.relu <= 1, "relu must be 0 or 1");
+  const uint64_t pixels = U(a.n) * a.h * a.w;
+  c.Require(a.count > 0 && U(a.begin) + a.count <= pixels,
+            absl::StrCat("pixels [", a.begin, ", +", a.count, ") outside the ", pixels));
+  const uint64_t end = U(a.n - 1) * a.stride_n + U(a.h - 1) * a.stride_h + U(a.w - 1) * a.stride_w +
+                       U(a.c - 1) * a.stride_c + 1;
+  c.Require(end < (uint64_t{1} << 32) && pixels * a.c_pad < (uint64_t{1} << 32), "offsets of 2^32 elements or more");
+  c.Tensor("input", a.input, F32, end);
+  c.Tensor("out", a.out, BF16, pixels * a.c_pad);
+}
+
+Footprint Cost(const NhwcBf16Args& a, uint32_t) { return {0, U(a.count) * (4 * a.c + 2 * a.c_pad), 0, 0}; }
+
+void Reference(const NhwcBf16Args& a, const MachineView& m) {
+  const float* in = m.ptr<float>(a.input);
+  uint16_t* out = m.ptr<uint16_t>(a.out);
+  for (uint32_t p = a.begin; p < a.begin + a.count; ++p) {
+    const uint32_t at = NhwcBf16Pixel(a, p);
+    for (uint32_t ch = 0; ch < a.c_pad; ++ch) out[U(p) * a.c_pad + ch] = graph::FloatToBf16(NhwcBf16Value(a, in, at, ch));
+  }
 }
 
 }  // namespace loom::isa::ref

@@ -548,6 +548,9 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
       case isa::Opcode::DWCONV:
         if constexpr (kGraphOps) RunDwConv(inst.as<isa::DwConvArgs>(), ctx);
         break;
+      case isa::Opcode::NHWC_BF16:
+        if constexpr (kGraphOps) RunNhwcBf16(inst.as<isa::NhwcBf16Args>(), ctx);
+        break;
       case isa::Opcode::GEMM:
         if constexpr (kTensorOps) RunGemm<kVariant == isa::kWideKernel>(inst.as<isa::GemmArgs>(), ctx);
         break;

@@ -173,6 +173,18 @@ absl::Status NnLowering::EmitStrided(const OpDef& op, uint32_t func, const std::
 absl::Status NnLowering::LowerElementwise(const OpDef& op) {
   const std::string& out = op.outputs(0);
   const std::vector<uint64_t> ys = ShapeOf(T(out));
+  // A transpose only a channel-padding convolution reads (an NCHW image's): its NHWC_BF16 copy reads through it.
+  const std::vector<const OpDef*> readers = g_.consumers(out);
+  if (op.type() == graph::TRANSPOSE && ys.size() == 4 && !T(out).is_output() && readers.size() == 1 &&
+      readers[0]->type() == graph::CONV2D && readers[0]->inputs(0) == out && readers[0]->inputs(1) != out &&
+      (readers[0]->inputs_size() < 3 || readers[0]->inputs(2) != out) && PaddedChannels(*readers[0]) > 0 &&
+      T(op.inputs(0)).dtype() == graph::F32) {
+    const std::vector<uint64_t> contiguous = ContiguousStrides(ShapeOf(T(op.inputs(0))));
+    std::vector<uint64_t> strides;
+    for (int p : op.transpose().perm()) strides.push_back(contiguous[p]);
+    deferred_transposes_[out] = {op.inputs(0), strides};
+    return absl::OkStatus();
+  }
   StridedDims dims;
   dims.size = ys;
   std::vector<uint32_t> operands;

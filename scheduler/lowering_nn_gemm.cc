@@ -192,6 +192,50 @@ bool NnLowering::ReadsBf16(const OpDef& reader, const std::string& name) const {
   return isa::ConvBf16Readable(c.c, 0, c.group_c);  // (every group's first channel a multiple of group_c)
 }
 
+uint32_t NnLowering::PaddedChannels(const OpDef& conv) const {
+  if (conv.type() != graph::CONV2D || prefill() || !ImplicitConv(conv) || std::max(1, conv.conv2d().groups()) != 1 ||
+      T(conv.inputs(1)).kind() != graph::WEIGHT || (o_.has_conv_bf16_activations() && !o_.conv_bf16_activations())) {
+    return 0;
+  }
+  const isa::ImToColArgs c = ConvGeometry(conv);
+  if (c.group_c % 8 == 0 || ShapeOf(T(conv.inputs(0))).size() != 4) return 0;
+  return (c.group_c + 7) / 8 * 8;
+}
+
+absl::StatusOr<std::pair<uint32_t, uint32_t>> NnLowering::PadChannels(const OpDef& op, uint32_t channels) {
+  const std::string& x = op.inputs(0);
+  const std::vector<uint64_t> xs = ShapeOf(T(x));
+  isa::NhwcBf16Args a{};
+  a.n = static_cast<uint32_t>(xs[0]), a.h = static_cast<uint32_t>(xs[1]), a.w = static_cast<uint32_t>(xs[2]);
+  a.c = static_cast<uint32_t>(xs[3]), a.c_pad = channels;
+  std::string source = x;
+  std::vector<uint64_t> strides = ContiguousStrides(xs);
+  if (auto it = deferred_transposes_.find(x); it != deferred_transposes_.end()) {
+    source = it->second.first;
+    strides = it->second.second;
+  }
+  absl::StatusOr<uint32_t> input = OperandRaw(op, source);
+  if (!input.ok()) return input.status();
+  a.input = *input;
+  a.relu = pending_relu_.contains(source) ? 1 : 0;
+  a.stride_n = static_cast<uint32_t>(strides[0]), a.stride_h = static_cast<uint32_t>(strides[1]);
+  a.stride_w = static_cast<uint32_t>(strides[2]), a.stride_c = static_cast<uint32_t>(strides[3]);
+  const uint64_t pixels = uint64_t{a.n} * a.h * a.w;
+  if (Product(xs) >= (uint64_t{1} << 32) || pixels * channels >= (uint64_t{1} << 32)) {
+    return Unsupported(op, "an input of 2^32 elements or more is not padded to bf16");
+  }
+  a.out = Scratch(absl::StrCat("bf16pad:", x), graph::BF16,
+                  {static_cast<int64_t>(xs[0]), static_cast<int64_t>(xs[1]), static_cast<int64_t>(xs[2]), channels});
+  const uint32_t stage = b_.Stage(absl::StrCat(op.name(), "/pad"));
+  const std::vector<uint32_t> after = ReadyOf({source});
+  for (const auto& [begin, end] : Chunks(pixels, 1)) {
+    a.begin = static_cast<uint32_t>(begin);
+    a.count = static_cast<uint32_t>(end - begin);
+    Emit(Make(isa::Opcode::NHWC_BF16, a), stage, after, absl::StrCat(op.name(), "/pad"));
+  }
+  return std::make_pair(a.out, stage);
+}
+
 void NnLowering::ChooseConvOutputs(Epilogue& e) const {
   if (prefill()) return;
   uint32_t bf16_readers = 0, readers = 0;
@@ -206,7 +250,8 @@ void NnLowering::ChooseConvOutputs(Epilogue& e) const {
 // Groups 1: one CONV_GEMM (with the epilogue fusions). Groups g: per group a CONV_GEMM over its input channels
 // against its rows of the weight into a scratch [M, OC / g], and a strided copy into its columns of the output.
 // With CompileOptions.conv_im2col (or a geometry CONV_GEMM cannot pack), IM2COL + GEMM instead. An input some
-// CONV_GEMM epilogue stored as bf16 too is gathered so.
+// CONV_GEMM epilogue stored as bf16 too is gathered so; channels not a multiple of 8 are padded into a bf16 copy
+// (PaddedChannels).
 absl::Status NnLowering::LowerConv(const OpDef& op) {
   const std::string& x = op.inputs(0);
   const std::string& w = op.inputs(1);
@@ -225,14 +270,25 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   }
   const bool implicit = ImplicitConv(op);
   const auto bf16 = bf16_.find(x);
-  const bool bf16_input = implicit && bf16 != bf16_.end() && ReadsBf16(op, x);
-  absl::StatusOr<uint32_t> input = bf16_input ? absl::StatusOr<uint32_t>(bf16->second) : OperandRaw(op, x);
+  const uint32_t padded = PaddedChannels(op);
+  std::optional<std::pair<uint32_t, uint32_t>> pad;  // the channel-padded bf16 copy and its stage
+  if (padded > 0) {
+    absl::StatusOr<std::pair<uint32_t, uint32_t>> copy = PadChannels(op, padded);
+    if (!copy.ok()) return copy.status();
+    pad = *copy;
+  }
+  const bool bf16_input = implicit && (pad || (bf16 != bf16_.end() && ReadsBf16(op, x)));
+  absl::StatusOr<uint32_t> input = pad          ? absl::StatusOr<uint32_t>(pad->first)
+                                   : bf16_input ? absl::StatusOr<uint32_t>(bf16->second)
+                                                : OperandRaw(op, x);
   if (!input.ok()) return input.status();
   isa::ImToColArgs c = ConvGeometry(op);
+  const uint32_t channels = c.group_c;  // the weight's (unpadded)
   c.input = *input;
   c.relu = pending_relu_.contains(x) ? 1 : 0;
+  if (pad) c.c = c.group_c = padded, c.relu = 0;
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
-  const std::vector<uint32_t> after = ReadyOf({x});
+  const std::vector<uint32_t> after = pad ? std::vector<uint32_t>{pad->second} : ReadyOf({x});
   // One stage each for every group's IM2COL (and run-time weight packing), GEMM and copy (a barrier per stage, not
   // per group).
   std::optional<uint32_t> pack_stage;
@@ -276,7 +332,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
         Emit(Make(isa::Opcode::PACK_ROWS, p), *pack_stage, ReadyOf({w}), absl::StrCat(op.name(), tag, "/weight"));
       }
     } else {
-      weight = b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
+      weight = pad ? b_.Packed(absl::StrCat("image", padded, ":", w), {w}, ROWS_IDENTITY, n, k, true, graph::BF16,
+                               std::nullopt, std::make_pair(channels, padded))
+                   : b_.Packed(absl::StrCat("image:", w, tag), {w}, ROWS_IDENTITY, n, k, true, graph::BF16, gi * n);
     }
     const uint32_t bias = op.inputs_size() > 2 ? b_.Packed(absl::StrCat("bias:", op.inputs(2), tag), {op.inputs(2)},
                                                            ROWS_IDENTITY, n, 1, false, graph::BF16, gi * n)

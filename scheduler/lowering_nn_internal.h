@@ -258,6 +258,13 @@ class NnLowering {
   bool ReadsBf16(const OpDef& reader, const std::string& name) const;
   // Sets e.bf16 / e.f32 for a convolution's epilogue output from its readers.
   void ChooseConvOutputs(Epilogue& e) const;
+  // A convolution whose channels are not a multiple of 8 (a 3-channel image): its input copied by NHWC_BF16 into
+  // bf16 with the channels zero-padded to the next multiple of 8 (the returned count; 0: not so lowered), its
+  // weight packed with the same zero channels, so it gathers bf16 16-byte chunks (conv_bf16_activations).
+  uint32_t PaddedChannels(const OpDef& conv) const;
+  // The NHWC_BF16 copy of `op`'s input with `channels` channels (a deferred transpose's source read through its
+  // strides): the bf16 tensor and its stage.
+  absl::StatusOr<std::pair<uint32_t, uint32_t>> PadChannels(const OpDef& op, uint32_t channels);
 
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.
@@ -348,6 +355,9 @@ class NnLowering {
   };
   absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
   absl::flat_hash_map<std::string, uint32_t> bf16_;  // graph tensor -> its bf16 copy (a CONV_GEMM epilogue's)
+  // TRANSPOSEs read only by a convolution whose NHWC_BF16 copy reads their input through the permuted strides
+  // (nothing emitted for them): output -> (input, the input's strides in the output's dimension order).
+  absl::flat_hash_map<std::string, std::pair<std::string, std::vector<uint64_t>>> deferred_transposes_;
   // Operand images of matmul inputs already packed: the image and its stage.
   absl::flat_hash_map<std::string, std::pair<uint32_t, uint32_t>> images_;
   // RMSNorms read only by LINEARs: applied by PACK_ROWS as it packs their input.

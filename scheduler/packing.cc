@@ -28,6 +28,15 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
     }
     const bool transposed = p.order() == ROWS_TRANSPOSED;
+    // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
+    const uint64_t run = p.column_group(), padded = p.column_group_padded();
+    const bool grouped = run > 0;
+    if (grouped && (padded < run || cols % padded != 0 || p.order() != ROWS_IDENTITY || f32)) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': columns in runs of ", run,
+                                                     " padded to ", padded, " do not fit ", cols, " bf16 columns"));
+    }
+    const uint64_t src_width = grouped ? cols / padded * run : cols;
+    auto column = [&](uint64_t c) { return grouped ? c / run * padded + c % run : c; };
     std::vector<const graph::HostTensor*> src;
     uint64_t rows = 0;
     for (const std::string& name : p.sources()) {
@@ -41,13 +50,13 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
                                : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
       if ((w->second.dtype != graph::BF16 && w->second.dtype != graph::F32) ||
-          src_cols != static_cast<int64_t>(cols)) {
+          src_cols != static_cast<int64_t>(src_width)) {
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
-                                                       "' is not bf16 or f32 with ", cols,
+                                                       "' is not bf16 or f32 with ", src_width,
                                                        transposed ? " rows (transposed)" : " columns"));
       }
       src.push_back(&w->second);
-      rows += static_cast<uint64_t>(w->second.size()) / cols;
+      rows += static_cast<uint64_t>(w->second.size()) / src_width;
     }
     const bool ranged = p.source_rows() > 0;
     if (ranged) {
@@ -77,19 +86,19 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
       uint8_t* to = out + packed_row * stride * elem;
-      if (!f32 && !transposed && t->dtype == graph::BF16) {
+      if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
         std::memcpy(to, t->bf16.data() + row * cols, cols * 2);
         return;
       }
-      for (uint64_t c = 0; c < cols; ++c) {
-        const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * cols + c));
+      for (uint64_t c = 0; c < src_width; ++c) {
+        const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * src_width + c));
         if (f32) {
           std::memcpy(to + c * 4, &v, 4);
         } else {
-          const uint16_t bits = t->dtype == graph::BF16 && !transposed ? t->bf16[row * cols + c]
+          const uint16_t bits = t->dtype == graph::BF16 && !transposed ? t->bf16[row * src_width + c]
                                 : t->dtype == graph::BF16 ? t->bf16[c * rows + row]
                                                           : graph::FloatToBf16(v);
-          std::memcpy(to + c * 2, &bits, 2);
+          std::memcpy(to + column(c) * 2, &bits, 2);
         }
       }
     };
@@ -104,7 +113,7 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         }
         uint64_t r = 0;
         for (const graph::HostTensor* t : src) {
-          for (uint64_t i = 0; i < static_cast<uint64_t>(t->size()) / cols; ++i) copy_row(r++, t, i);
+          for (uint64_t i = 0; i < static_cast<uint64_t>(t->size()) / src_width; ++i) copy_row(r++, t, i);
         }
         break;
       }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -152,15 +153,21 @@ class PassBuilder {
     p_.nodes.push_back(std::move(node));
   }
   // A packed WEIGHTS tensor (AddPacked), added once per name.
-  // With `source_row_begin`: the rows [source_row_begin, +rows) of the one source (a convolution group's).
+  // With `source_row_begin`: the rows [source_row_begin, +rows) of the one source (a convolution group's). With
+  // `column_group` = {run, padded}: a source row's columns in runs of `run`, each padded with zeros to `padded`.
   uint32_t Packed(const std::string& name, const std::vector<std::string>& sources, RowOrder order, uint64_t rows,
                   uint64_t cols, bool image, graph::DType dtype = graph::BF16,
-                  std::optional<uint64_t> source_row_begin = std::nullopt) {
+                  std::optional<uint64_t> source_row_begin = std::nullopt,
+                  std::optional<std::pair<uint32_t, uint32_t>> column_group = std::nullopt) {
     if (auto it = ids_.find(name); it != ids_.end()) return it->second;
     AddPacked(&p_, name, sources, order, rows, cols, image, 0, 0, dtype);
     if (source_row_begin) {
       p_.packing.back().set_source_row_begin(*source_row_begin);
       p_.packing.back().set_source_rows(rows);
+    }
+    if (column_group) {
+      p_.packing.back().set_column_group(column_group->first);
+      p_.packing.back().set_column_group_padded(column_group->second);
     }
     ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
     return ids_[name];

@@ -586,12 +586,15 @@ TEST(GpuOpcodes, PoolWindowsAtSeveralShapes) {
     p.out = b.Output(outputs);
     // Odd cases store the outputs as bf16 too (what convolutions that read them gather).
     p.out_bf16 = ci % 2 == 1 ? b.Output(outputs, graph::BF16) : isa::kNoTensor;
-    // Chunks of 192 outputs; the second split into 190 + 2 (counts and a start not a multiple of 4: one at a time).
+    // Chunks of 192 outputs; the second split into 190 + 2 and the third into 1 + 191 (counts and starts not a
+    // multiple of 4: the ends one element at a time, the fours between them four channels a thread).
     std::vector<std::pair<uint32_t, uint32_t>> chunks;
     for (uint32_t begin = 0; begin < outputs; begin += 192) chunks.emplace_back(begin, std::min(192u, outputs - begin));
-    if (chunks.size() > 2) {
+    if (chunks.size() > 3) {
       chunks[1].second = 190;
       chunks.insert(chunks.begin() + 2, {chunks[1].first + 190, 2});
+      chunks[3].second = 1;
+      chunks.insert(chunks.begin() + 4, {chunks[3].first + 1, 191});
     }
     std::vector<isa::Instruction> queue;
     for (const auto& [begin, count] : chunks) {
@@ -601,6 +604,44 @@ TEST(GpuOpcodes, PoolWindowsAtSeveralShapes) {
     }
     b.RunAndCompare(queue, absl::StrCat("POOL case ", ci, " (", p.oh, " x ", p.ow, " x ", c.c, ", mode ", c.mode,
                                         ") seed ", seed));
+  }
+}
+
+// NHWC_BF16: an NCHW f32 image of 3 channels read through its transpose's strides into bf16 NHWC padded to 8
+// channels, an NHWC input of 12 channels padded to 16 with its ReLU applied, and 16 channels copied unpadded; pixel
+// ranges of ragged starts and counts (the last a single pixel). The padding must come out zero (outputs are
+// poisoned).
+TEST(GpuOpcodes, NhwcBf16PadsChannelsThroughAnyStrides) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    uint32_t n, h, w, c, c_pad, relu;
+    bool nchw;
+  };
+  for (const Case& c : {Case{2, 17, 19, 3, 8, 0, true}, Case{1, 9, 11, 12, 16, 1, false},
+                        Case{3, 5, 7, 16, 16, 0, false}}) {
+    const uint32_t seed = Seed();
+    OpBench b(seed);
+    isa::NhwcBf16Args a{};
+    a.n = c.n, a.h = c.h, a.w = c.w, a.c = c.c, a.c_pad = c.c_pad, a.relu = c.relu;
+    a.input = b.Arena(uint64_t{c.n} * c.h * c.w * c.c);
+    b.FillRandom(a.input, -2.0f, 2.0f);
+    if (c.nchw) {
+      a.stride_n = c.c * c.h * c.w, a.stride_h = c.w, a.stride_w = 1, a.stride_c = c.h * c.w;
+    } else {
+      a.stride_n = c.h * c.w * c.c, a.stride_h = c.w * c.c, a.stride_w = c.c, a.stride_c = 1;
+    }
+    const uint32_t pixels = c.n * c.h * c.w;
+    a.out = b.Output(uint64_t{pixels} * c.c_pad, graph::BF16);
+    std::vector<isa::Instruction> queue;
+    for (uint32_t begin = 0; begin < pixels;) {
+      const uint32_t count = std::min(begin == 0 ? 37u : 301u, pixels - 1 - begin);
+      a.begin = begin;
+      a.count = count > 0 ? count : 1;
+      begin += a.count;
+      queue.push_back(Make(isa::Opcode::NHWC_BF16, a));
+    }
+    b.RunAndCompare(queue, absl::StrCat("NHWC_BF16 ", c.c, " -> ", c.c_pad, c.nchw ? " from NCHW" : "",
+                                        c.relu ? " relu" : "", " seed ", seed));
   }
 }
 

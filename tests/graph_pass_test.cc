@@ -4,13 +4,15 @@
 // over K: the residual copied in first, the ReLU applied by the next conv's CONV_GEMM as it gathers, or in place
 // before the pool) and once with enough tiles for the fused epilogue, and both again with the convolutions as
 // IM2COL + GEMM (CompileOptions.conv_im2col); bf16 conv activations (an unsplit convolution's or a max pool's output
-// stored as bf16 too and gathered so by the convolution reading it, and none of it with the option off); a product of
-// two activations refused by name. The ONNX backend data covers the rest of the ops (grouped and depthwise
+// stored as bf16 too and gathered so by the convolution reading it, and none of it with the option off; channels not
+// a multiple of 8 padded into a bf16 copy by NHWC_BF16, an NCHW image read through its transpose, a pending ReLU
+// applied); a product of two activations refused by name. The ONNX backend data covers the rest of the ops (grouped and depthwise
 // convolutions, CONCAT, pools, softmax) on the VM and the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,18 @@ namespace {
 std::vector<float> Wave(size_t n, float scale, float phase) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + phase);
+  return v;
+}
+
+// Uniform in [-scale, scale) from a hash of the index: weights without the sine's structure, whose sums would
+// cancel into values bf16 operands cannot resolve to 1e-2.
+std::vector<float> Noise(size_t n, float scale, uint32_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u + seed * 40503u;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    v[i] = scale * (static_cast<float>(h >> 8) / static_cast<float>(1u << 23) - 1.0f);
+  }
   return v;
 }
 
@@ -117,16 +131,56 @@ std::string PoolFedConvolution(int64_t batch) {
   return m.SerializeAsString();
 }
 
+// x [batch, 3, 20, 20] -> conv 7x7 / 2 (3 -> 64, bias) -> relu -> y: the 3-channel NCHW image is copied by NHWC_BF16
+// into bf16 NHWC padded to 8 channels, reading through the input's transpose (which emits nothing), and the
+// convolution gathers that against its weight packed with the same zero channels.
+std::string ImageConvolution(int64_t batch) {
+  onnx::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = m.mutable_graph();
+  constexpr int64_t C = 64;
+  AddValue(g->add_input(), "x", {batch, 3, 20, 20});
+  *g->add_initializer() = FloatTensor("w", {C, 3, 7, 7}, Noise(C * 3 * 49, 0.1f, 1));
+  *g->add_initializer() = FloatTensor("b", {C}, Noise(C, 0.1f, 2));
+  onnx::NodeProto* conv = Node(g, "Conv", {"x", "w", "b"}, "c");
+  Ints(conv, "pads", {3, 3, 3, 3});
+  Ints(conv, "strides", {2, 2});
+  Node(g, "Relu", {"c"}, "y");
+  AddValue(g->add_output(), "y", {batch, C, 10, 10});
+  return m.SerializeAsString();
+}
+
+// x [1, 64, 8, 8] -> conv 3x3 (64 -> 12, split over K on many SMs: its ReLU left to its reader) -> relu -> conv 3x3
+// (12 -> 64) -> y: the second convolution's 12 channels are padded to 16 by NHWC_BF16, which applies the ReLU.
+std::string PaddedAfterSplit() {
+  onnx::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = m.mutable_graph();
+  AddValue(g->add_input(), "x", {1, 64, 8, 8});
+  *g->add_initializer() = FloatTensor("w0", {12, 64, 3, 3}, Noise(12 * 64 * 9, 0.06f, 3));
+  *g->add_initializer() = FloatTensor("w1", {64, 12, 3, 3}, Noise(64 * 12 * 9, 0.1f, 4));
+  Ints(Node(g, "Conv", {"x", "w0"}, "c0"), "pads", {1, 1, 1, 1});
+  Node(g, "Relu", {"c0"}, "r0");
+  Ints(Node(g, "Conv", {"r0", "w1"}, "y"), "pads", {1, 1, 1, 1});
+  AddValue(g->add_output(), "y", {1, 64, 8, 8});
+  return m.SerializeAsString();
+}
+
 struct PassShape {
   int gemms = 0, accumulating = 0, fused = 0;  // GEMM / CONV_GEMM instructions; split over K; taking over ADD / RELU
   int conv_gemms = 0, im2cols = 0;
   int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a split GEMM's pending ReLU
   int bf16_inputs = 0, bf16_outputs = 0;  // CONV_GEMM gathering a bf16 input; storing a bf16 copy of its output
+  int padded = 0, padded_relu = 0;        // NHWC_BF16 instructions; those applying a pending ReLU
+  std::set<std::string> elementwise_ops;  // the ops ELEMENTWISE instructions carry out
 };
 PassShape Inspect(const scheduler::Schedule& s) {
   PassShape p;
   for (const scheduler::SmQueue& q : s.queues()) {
     for (const scheduler::Instruction& inst : q.instructions()) {
+      if (inst.opcode() == "ELEMENTWISE") p.elementwise_ops.insert(inst.op());
+      p.padded += inst.opcode() == "NHWC_BF16";
+      p.padded_relu += inst.opcode() == "NHWC_BF16" && inst.args(11) == 1;  // NhwcBf16Args.relu
       const bool conv = inst.opcode() == "CONV_GEMM";
       p.im2cols += inst.opcode() == "IM2COL";
       p.relu_on_read += (inst.opcode() == "IM2COL" && inst.args(20) == 1) ||  // ImToColArgs.relu
@@ -248,6 +302,32 @@ TEST(GraphPass, ConvolutionsGatherF32WhenBf16ActivationsAreOff) {
   EXPECT_GT(shape.conv_gemms, 0);
   EXPECT_EQ(shape.bf16_inputs, 0);
   EXPECT_EQ(shape.bf16_outputs, 0);
+}
+
+TEST(GraphPass, AThreeChannelImageIsPaddedToEightBf16Channels) {
+  for (uint32_t num_sms : {132u, 2u}) {
+    SCOPED_TRACE(absl::StrCat(num_sms, " SMs"));
+    PassShape shape;
+    RunAgainstOracle(2, num_sms, false, &shape, true, ImageConvolution(2));
+    EXPECT_GT(shape.padded, 0);
+    EXPECT_EQ(shape.padded_relu, 0);
+    EXPECT_EQ(shape.bf16_inputs, shape.conv_gemms);
+    // The input's transpose is read through: no ELEMENTWISE carries it out.
+    EXPECT_EQ(shape.elementwise_ops.count("c/nhwc_in"), 0u);
+  }
+  PassShape off;
+  RunAgainstOracle(2, 2, false, &off, /*bf16=*/false, ImageConvolution(2));
+  EXPECT_EQ(off.padded, 0);
+  EXPECT_EQ(off.bf16_inputs, 0);
+  EXPECT_EQ(off.elementwise_ops.count("c/nhwc_in"), 1u) << "the input's transpose, carried out";
+}
+
+TEST(GraphPass, APaddedCopyAppliesASplitConvolutionsPendingRelu) {
+  PassShape shape;
+  RunAgainstOracle(1, 132, false, &shape, true, PaddedAfterSplit());
+  EXPECT_GT(shape.accumulating, 0) << "the 64 -> 12 convolution should be split over K on 132 SMs";
+  EXPECT_GT(shape.padded_relu, 0);
+  EXPECT_EQ(shape.padded, shape.padded_relu);
 }
 
 // x [2, 16, 32] through a pre-norm transformer encoder block as torch exports one: LayerNormalization, Q / K / V
