@@ -626,6 +626,8 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     bytes = GemmActivationBytes(inst.as<GemmArgs>());
   } else if (inst.op() == Opcode::CONV_GEMM) {
     bytes = ConvGemmActivationBytes(inst.as<ConvGemmArgs>());
+  } else if (inst.op() == Opcode::POOL) {
+    bytes = PoolActivationBytes(inst.as<PoolArgs>());
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

@@ -197,6 +197,14 @@ struct PoolArgs {
                                             "pad_right", "dilation_h", "dilation_w", "mode", "begin", "count",
                                             "out_bf16"};
 };
+// Windows of up to kPoolQuadPositions positions over channels that come in fours are pooled four channels a
+// thread, each thread's window loads staged in the activation slot (position p of consumer thread t at
+// (p * kPoolThreads + t) * 16 bytes): every load in flight at once, none held in registers.
+inline constexpr uint32_t kPoolQuadPositions = 9, kPoolThreads = 256;
+LOOM_HD bool PoolQuads(const PoolArgs& a) { return a.c % 4 == 0 && a.kh * a.kw <= kPoolQuadPositions; }
+LOOM_HD uint32_t PoolActivationBytes(const PoolArgs& a) {
+  return PoolQuads(a) ? kPoolQuadPositions * kPoolThreads * 16 : 0;
+}
 
 // The pooled value of output element `i` (NHWC index), shared by the reference and the device. 32-bit index
 // arithmetic (Validate keeps every index below 2^32): a 64-bit division costs the GPU a few dozen instructions.

@@ -76,7 +76,7 @@ Footprint Cost(const ImToColArgs& a, uint32_t) {
 
 Footprint Cost(const PoolArgs& a, uint32_t) {
   const uint64_t window = U(a.kh) * a.kw;
-  return {0, 4ull * a.count * (window + 1), 0, a.count * window};
+  return {0, 4ull * a.count * (window + 1), PoolActivationBytes(a), a.count * window};
 }
 
 Footprint Cost(const ElementwiseArgs& a, uint32_t) {

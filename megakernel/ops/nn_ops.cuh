@@ -6,7 +6,9 @@
 #include <cuda_bf16.h>
 
 #include "instructions/swizzle.h"
+#include "megakernel/mbarrier.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/tile/smem_tile.cuh"
 
 namespace loom::megakernel {
 
@@ -83,28 +85,11 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
 
 // Windows of at most kPoolGather positions: the window's loads all issued (an unrolled, guarded gather), then
 // reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by PoolElement itself.
-// V: float (one output) or float4 (four consecutive channels of one output position: four times the bytes in
-// flight a thread and a quarter of the index arithmetic; ResNet-18's max pool was latency-bound one channel a
-// thread).
-constexpr uint32_t kPoolGather = 16, kPoolGather4 = 9;  // positions (float4: 3 x 3 windows and smaller)
-__device__ __forceinline__ float PoolMax(float a, float b) { return a > b ? a : b; }
-__device__ __forceinline__ float4 PoolMax(float4 a, float4 b) {
-  return make_float4(PoolMax(a.x, b.x), PoolMax(a.y, b.y), PoolMax(a.z, b.z), PoolMax(a.w, b.w));
-}
-__device__ __forceinline__ float4 operator+(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-__device__ __forceinline__ float4 operator/(float4 a, float d) { return make_float4(a.x / d, a.y / d, a.z / d, a.w / d); }
-template <typename V>
-__device__ __forceinline__ V PoolFill(float f) {
-  if constexpr (sizeof(V) == sizeof(float)) return f;
-  else return make_float4(f, f, f, f);
-}
-template <typename V, uint32_t kPositions = kPoolGather>
-__device__ __forceinline__ V PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
+constexpr uint32_t kPoolGather = 16;
+__device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
   const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
   const bool max = a.mode == isa::kPoolMax;
-  V v[kPositions];
+  float v[kPoolGather];
   uint32_t inside = 0;  // bit t: window position t lies inside the input
   int32_t padded = 0;
   // The window's row and column followed position to position: t / kw and t % kw with kw known only at run time
@@ -115,11 +100,11 @@ __device__ __forceinline__ V PoolGathered(const isa::PoolArgs& a, const float* x
   int32_t iy = win.y0, ix = win.x0;
   const uint32_t positions = a.kh * a.kw;
 #pragma unroll
-  for (uint32_t t = 0; t < kPositions; ++t) {
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
     if (t < positions) {
       padded += isa::PoolWindow::InsidePadded(a, iy, ix);
       if (isa::PoolWindow::Inside(a, iy, ix)) {
-        v[t] = *reinterpret_cast<const V*>(win.Address(a, iy, ix));
+        v[t] = win.At(a, iy, ix);
         inside |= 1u << t;
       }
       const bool wrap = ++kx == a.kw;
@@ -128,32 +113,84 @@ __device__ __forceinline__ V PoolGathered(const isa::PoolArgs& a, const float* x
       iy = wrap ? iy + static_cast<int32_t>(a.dilation_h) : iy;
     }
   }
-  V acc = PoolFill<V>(max ? -INFINITY : 0.0f);
+  float acc = max ? -INFINITY : 0.0f;
 #pragma unroll
-  for (uint32_t t = 0; t < kPositions; ++t) {
-    if ((inside >> t) & 1u) acc = max ? PoolMax(v[t], acc) : acc + v[t];
+  for (uint32_t t = 0; t < kPoolGather; ++t) {
+    if ((inside >> t) & 1u) acc = max ? (v[t] > acc ? v[t] : acc) : acc + v[t];
   }
   const int32_t count = __popc(inside);
-  if (!max) acc = acc / static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+  if (!max) acc /= static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
   return acc;
 }
 
-// Four channels a thread where the channels come in fours (16-byte aligned), the instruction's ragged ends (its
-// elements need not start or end on a four) and other shapes one element a thread.
+// Four channels of output element i's window (isa::PoolQuads): the window's positions copied with cp.async into
+// this thread's places in the activation slot (`stage`: position 0's shared address; the next one
+// kPoolThreads * 16 bytes on), then reduced from there in PoolElement's order. Held in registers, the window's
+// float4s went to local memory one after another (the graph variant's register pressure), each store waiting for
+// its load: ResNet-18's max pool took 34-39 us an instruction.
+__device__ __forceinline__ float4 PoolStaged(const isa::PoolArgs& a, const float* x, uint32_t i, uint32_t stage) {
+  const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
+  uint32_t inside = 0;  // bit t: window position t lies inside the input
+  int32_t padded = 0;
+  uint32_t kx = 0;
+  int32_t iy = win.y0, ix = win.x0;
+  const uint32_t positions = a.kh * a.kw;
+#pragma unroll
+  for (uint32_t t = 0; t < isa::kPoolQuadPositions; ++t) {
+    if (t < positions) {
+      padded += isa::PoolWindow::InsidePadded(a, iy, ix);
+      if (isa::PoolWindow::Inside(a, iy, ix)) {
+        CpAsync16Shared(stage + t * isa::kPoolThreads * 16, win.Address(a, iy, ix), 16);
+        inside |= 1u << t;
+      }
+      const bool wrap = ++kx == a.kw;
+      kx = wrap ? 0 : kx;
+      ix = wrap ? win.x0 : ix + static_cast<int32_t>(a.dilation_w);
+      iy = wrap ? iy + static_cast<int32_t>(a.dilation_h) : iy;
+    }
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();  // (a thread's own copies: visible to it once complete)
+  const bool max = a.mode == isa::kPoolMax;
+  float4 acc = max ? make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (uint32_t t = 0; t < isa::kPoolQuadPositions; ++t) {
+    if ((inside >> t) & 1u) {
+      const float4 v = tile::LoadShared128(stage + t * isa::kPoolThreads * 16);
+      if (max) {
+        acc.x = v.x > acc.x ? v.x : acc.x, acc.y = v.y > acc.y ? v.y : acc.y;
+        acc.z = v.z > acc.z ? v.z : acc.z, acc.w = v.w > acc.w ? v.w : acc.w;
+      } else {
+        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      }
+    }
+  }
+  if (!max) {
+    const int32_t count = __popc(inside);
+    const float d = static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+    acc.x /= d, acc.y /= d, acc.z /= d, acc.w /= d;
+  }
+  return acc;
+}
+
+// Four channels a thread where isa::PoolQuads (16-byte aligned), the instruction's ragged ends (its elements need
+// not start or end on a four) and other shapes one element a thread.
 __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
+  static_assert(isa::kPoolThreads == kConsumerThreads, "a staged place per consumer thread");
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
   __nv_bfloat16* image = a.out_bf16 != isa::kNoTensor ? ctx.machine.ptr<__nv_bfloat16>(a.out_bf16) : nullptr;
   const bool gather = a.kh * a.kw <= kPoolGather;
   const uint32_t end = a.begin + a.count;
   uint32_t quads_begin = end, quads_end = end;  // [quads_begin, quads_end): four channels a thread
-  if (a.kh * a.kw <= kPoolGather4 && a.c % 4 == 0 &&
+  if (isa::PoolQuads(a) &&
       (reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(image)) % 16 ==
           0) {
     quads_begin = std::min((a.begin + 3) / 4 * 4, end);
     quads_end = std::max(end / 4 * 4, quads_begin);
+    const uint32_t stage = tile::SharedAddress(ctx.act) + ctx.tid * 16;
     for (uint32_t i = quads_begin + 4 * ctx.tid; i < quads_end; i += 4 * kConsumerThreads) {
-      const float4 v = PoolGathered<float4, kPoolGather4>(a, in, i);
+      const float4 v = PoolStaged(a, in, i, stage);
       *reinterpret_cast<float4*>(out + i) = v;
       if (image != nullptr) {
         const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
@@ -166,7 +203,7 @@ __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext&
   const uint32_t head = quads_begin - a.begin, rest = head + (end - quads_end);
   for (uint32_t j = ctx.tid; j < rest; j += kConsumerThreads) {
     const uint32_t i = j < head ? a.begin + j : quads_end + (j - head);
-    const float v = gather ? PoolGathered<float>(a, in, i) : isa::PoolElement(a, in, i);
+    const float v = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
     out[i] = v;
     if (image != nullptr) image[i] = __float2bfloat16_rn(v);
   }
@@ -175,7 +212,7 @@ __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext&
 // The instruction's (pixel, 8-channel chunk) pairs over the consumer threads, kNhwcBf16Batch at a time with every
 // load issued before the first 16-byte store (through `out` the compiler must assume a store may alias the input).
 // From an NCHW input a warp's 32 pixels read each channel's 128 contiguous bytes.
-constexpr uint32_t kNhwcBf16Batch = 4;
+constexpr uint32_t kNhwcBf16Batch = 2;
 __device__ __forceinline__ void RunNhwcBf16(const isa::NhwcBf16Args& a, ConsumerContext& ctx) {
   const float* in = ctx.machine.ptr<float>(a.input);
   uint4* out = ctx.machine.ptr<uint4>(a.out);
