@@ -52,7 +52,8 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   g.epilogue = e.relu ? isa::kGemmStoreF32Relu : isa::kGemmStoreF32;
   g.k_cache = g.v_cache = g.step_state = g.rope_table = g.qk_norm = kNone;
   const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
-  const bool split = 2 * tiles * siblings <= o_.num_sms() && slabs >= 2 * kMinSlabsPerSplit;
+  const uint32_t splits = KSplits(tiles, slabs, siblings);
+  const bool split = splits > 1;
   // A residual whose ReLU is still pending: the split form's initial copy applies it; the fused epilogue reads
   // the tensor as it is, so the ReLU is applied first.
   const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
@@ -61,10 +62,7 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   for (uint32_t r : a.ready) {
     if (std::find(after.begin(), after.end(), r) == after.end()) after.push_back(r);
   }
-  uint32_t splits = 1;
   if (split) {
-    // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
-    splits = std::min({o_.num_sms() / (tiles * siblings), slabs / kMinSlabsPerSplit, kMaxKSplits});
     const uint64_t elements = uint64_t{m} * n;
     // Into an operand image's stage (the GEMM then waits for one barrier, not two), else a stage of its own.
     const uint32_t init = a.conv || a.ready.empty() ? b_.Stage(absl::StrCat(e.ops, "/init")) : a.ready[0];
@@ -105,10 +103,41 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   });
   stage_[e.out] = stage;
   if (bf16_out != kNone) bf16_[e.out] = bf16_out;
+  // Split over K, the sum is complete only at the stage's end: its bf16 copy (ReLU'd) is NHWC_BF16's, a stage of
+  // its own. (The tile's last split rounding the sum itself put a read-back on every split's path: not kept.)
+  if (a.conv && e.bf16 && splits > 1 && ShapeOf(T(e.out)).size() == 4 && Bf16CopyPays(e.out)) {
+    const std::vector<uint64_t> shape = ShapeOf(T(e.out));
+    isa::NhwcBf16Args c{};
+    c.input = g.out;
+    c.out = Scratch(absl::StrCat("bf16:", e.out), graph::BF16, std::vector<int64_t>(shape.begin(), shape.end()));
+    c.n = static_cast<uint32_t>(shape[0]), c.h = static_cast<uint32_t>(shape[1]), c.w = static_cast<uint32_t>(shape[2]);
+    c.c = c.c_pad = static_cast<uint32_t>(shape[3]);
+    c.stride_n = c.h * c.w * c.c, c.stride_h = c.w * c.c, c.stride_w = c.c, c.stride_c = 1;
+    c.relu = e.relu ? 1 : 0;
+    bf16_stage_[e.out] = EmitNhwcBf16(c, {stage}, absl::StrCat(e.ops, "/bf16"));
+    bf16_[e.out] = c.out;
+  }
   // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (CONV_GEMM, IM2COL
   // and the next split GEMM's residual copy apply it as they read), or applied in place by the first reader that
   // cannot.
   if (splits > 1 && e.relu) pending_relu_[e.out] = {g.out, uint64_t{m} * n, e.ops};
+}
+
+uint32_t NnLowering::KSplits(uint32_t tiles, uint32_t slabs, uint32_t siblings) const {
+  if (2 * tiles * siblings > o_.num_sms() || slabs < 2 * kMinSlabsPerSplit) return 1;
+  // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
+  return std::min({o_.num_sms() / (tiles * siblings), slabs / kMinSlabsPerSplit, kMaxKSplits});
+}
+
+bool NnLowering::Bf16CopyPays(const std::string& name) const {
+  for (const OpDef* r : g_.consumers(name)) {
+    if (!ReadsBf16(*r, name)) continue;
+    const isa::ImToColArgs c = ConvGeometry(*r);
+    const uint32_t m = isa::ImToColRows(c), n = static_cast<uint32_t>(ShapeOf(T(r->inputs(1)))[0]);
+    const uint32_t slabs = isa::GemmSlabs(isa::ImToColK(c));
+    if (slabs / KSplits(isa::GemmTiles(m) * isa::GemmTiles(n), slabs, 1) >= kMinSlabsForBf16Copy) return true;
+  }
+  return false;
 }
 
 // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
@@ -226,14 +255,22 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> NnLowering::PadChannels(const OpDe
   }
   a.out = Scratch(absl::StrCat("bf16pad:", x), graph::BF16,
                   {static_cast<int64_t>(xs[0]), static_cast<int64_t>(xs[1]), static_cast<int64_t>(xs[2]), channels});
-  const uint32_t stage = b_.Stage(absl::StrCat(op.name(), "/pad"));
-  const std::vector<uint32_t> after = ReadyOf({source});
-  for (const auto& [begin, end] : Chunks(pixels, 1)) {
+  return std::make_pair(a.out, EmitNhwcBf16(a, ReadyOf({source}), absl::StrCat(op.name(), "/pad")));
+}
+
+uint32_t NnLowering::EmitNhwcBf16(isa::NhwcBf16Args a, const std::vector<uint32_t>& after, const std::string& name) {
+  const uint32_t stage = b_.Stage(name);
+  // About two instructions per SM by elements (a pixel is c_pad of them), at least kMinElementsPerInstruction.
+  const uint64_t pixels = uint64_t{a.n} * a.h * a.w;
+  const uint64_t per = std::max<uint64_t>((kMinElementsPerInstruction + a.c_pad - 1) / a.c_pad,
+                                          (pixels + 2 * o_.num_sms() - 1) / (2 * o_.num_sms()));
+  for (uint64_t begin = 0; begin < pixels; begin += per) {
+    const uint64_t end = std::min(pixels, begin + per);
     a.begin = static_cast<uint32_t>(begin);
     a.count = static_cast<uint32_t>(end - begin);
-    Emit(Make(isa::Opcode::NHWC_BF16, a), stage, after, absl::StrCat(op.name(), "/pad"));
+    Emit(Make(isa::Opcode::NHWC_BF16, a), stage, after, name);
   }
-  return std::make_pair(a.out, stage);
+  return stage;
 }
 
 void NnLowering::ChooseConvOutputs(Epilogue& e) const {
@@ -288,7 +325,9 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   c.relu = pending_relu_.contains(x) ? 1 : 0;
   if (pad) c.c = c.group_c = padded, c.relu = 0;
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
-  const std::vector<uint32_t> after = pad ? std::vector<uint32_t>{pad->second} : ReadyOf({x});
+  const std::vector<uint32_t> after = pad ? std::vector<uint32_t>{pad->second}
+                                      : bf16_input && bf16_stage_.contains(x) ? std::vector<uint32_t>{bf16_stage_.at(x)}
+                                                                               : ReadyOf({x});
   // One stage each for every group's IM2COL (and run-time weight packing), GEMM and copy (a barrier per stage, not
   // per group).
   std::optional<uint32_t> pack_stage;

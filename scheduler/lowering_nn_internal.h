@@ -27,6 +27,11 @@ constexpr uint32_t kImToColRows = 4;  // IM2COL rows per instruction, at least (
 constexpr uint32_t kNone = isa::kNoTensor;
 constexpr uint32_t kMaxKSplits = 16;       // of a GEMM with few output tiles
 constexpr uint32_t kMinSlabsPerSplit = 2;  // K slabs (of 64) each split multiplies, at least
+// A convolution split over K has its sum copied to bf16 (NHWC_BF16, a stage of its own) for the convolutions
+// reading it when one of them multiplies at least this many K slabs an instruction: a slab gathered as bf16 saves
+// ~0.5 us against f32, the copy's stage costs ~3 us (H100, ResNet-18: batch 8's readers take 7-9 slabs and gain
+// 8%, batch 1's take 2-4.5 and lost 13% with a copy each; docs/performance.md).
+constexpr uint32_t kMinSlabsForBf16Copy = 6;
 
 inline std::vector<uint64_t> ShapeOf(const TensorDef& t) { return {t.shape().begin(), t.shape().end()}; }
 inline uint64_t Product(const std::vector<uint64_t>& s, size_t from = 0) {
@@ -211,7 +216,7 @@ class NnLowering {
     std::vector<std::string> residual_names;
     bool relu = false;
     std::string ops;
-    bool bf16 = false;  // a convolution's: stored as bf16 too (other convolutions read it; unless split over K)
+    bool bf16 = false;  // a convolution's: a bf16 copy too (other convolutions read it; split over K: NHWC_BF16's)
     bool f32 = true;    // stored as f32 (some reader needs it, or it is an output)
   };
   Epilogue FuseEpilogue(const OpDef& op);
@@ -239,6 +244,11 @@ class NnLowering {
 
   // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
   void Materialize(const std::string& name);
+  // The ways a GEMM of `tiles` output tiles and `slabs` K slabs is split over K (1: not split), `siblings` GEMMs of
+  // its shape beside it.
+  uint32_t KSplits(uint32_t tiles, uint32_t slabs, uint32_t siblings) const;
+  // Whether a split convolution's output `name` is worth a bf16 copy for its readers (kMinSlabsForBf16Copy).
+  bool Bf16CopyPays(const std::string& name) const;
 
   // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least
   // `granule` rows (PACK_ROWS: a warp per row).
@@ -265,6 +275,9 @@ class NnLowering {
   // The NHWC_BF16 copy of `op`'s input with `channels` channels (a deferred transpose's source read through its
   // strides): the bf16 tensor and its stage.
   absl::StatusOr<std::pair<uint32_t, uint32_t>> PadChannels(const OpDef& op, uint32_t channels);
+  // NHWC_BF16 instructions over a's pixels (everything but begin / count set), in a stage of their own waiting for
+  // `after`; returns the stage.
+  uint32_t EmitNhwcBf16(isa::NhwcBf16Args a, const std::vector<uint32_t>& after, const std::string& name);
 
   // LINEAR (x [..., K], w [N, K] [, bias]) and MATMUL (a [..., M, K], a constant b [K, N]): the rows of x packed
   // into an operand image, then a GEMM.
@@ -355,6 +368,9 @@ class NnLowering {
   };
   absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
   absl::flat_hash_map<std::string, uint32_t> bf16_;  // graph tensor -> its bf16 copy (a CONV_GEMM epilogue's)
+  // Graph tensor -> the stage of its bf16 copy where that is not the tensor's own (NHWC_BF16 after a convolution
+  // split over K): what its bf16 readers wait for.
+  absl::flat_hash_map<std::string, uint32_t> bf16_stage_;
   // TRANSPOSEs read only by a convolution whose NHWC_BF16 copy reads their input through the permuted strides
   // (nothing emitted for them): output -> (input, the input's strides in the output's dimension order).
   absl::flat_hash_map<std::string, std::pair<std::string, std::vector<uint64_t>>> deferred_transposes_;

@@ -2,12 +2,13 @@
 // imported from ONNX (Conv, Relu, Conv, residual Add, Relu, GlobalAveragePool, Flatten, Gemm, Softmax), lowered
 // with its GEMM epilogues taking over the bias, the residual and the ReLUs, once with few output tiles (split
 // over K: the residual copied in first, the ReLU applied by the next conv's CONV_GEMM as it gathers, or in place
-// before the pool) and once with enough tiles for the fused epilogue, and both again with the convolutions as
-// IM2COL + GEMM (CompileOptions.conv_im2col); bf16 conv activations (an unsplit convolution's or a max pool's output
-// stored as bf16 too and gathered so by the convolution reading it, and none of it with the option off; channels not
-// a multiple of 8 padded into a bf16 copy by NHWC_BF16, an NCHW image read through its transpose, a pending ReLU
-// applied); a product of two activations refused by name. The ONNX backend data covers the rest of the ops (grouped and depthwise
-// convolutions, CONCAT, pools, softmax) on the VM and the GPU.
+// before the pool; or, for a reader of many K slabs, copied to bf16 with it by NHWC_BF16) and once with enough tiles
+// for the fused epilogue, and both again with the convolutions as IM2COL + GEMM (CompileOptions.conv_im2col); bf16 conv
+// activations (an unsplit convolution's or a max pool's output stored as bf16 too and gathered so by the
+// convolution reading it, and none of it with the option off; channels not a multiple of 8 padded into a bf16 copy
+// by NHWC_BF16, an NCHW image read through its transpose, a pending ReLU applied); a product of two activations
+// refused by name. The ONNX backend data covers the rest of the ops (grouped and depthwise convolutions, CONCAT,
+// pools, softmax) on the VM and the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -150,6 +151,22 @@ std::string ImageConvolution(int64_t batch) {
   return m.SerializeAsString();
 }
 
+// x [1, 32, 8, 8] -> conv 3x3 (32 -> 256) -> relu -> conv 3x3 (256 -> 64) -> y, on 4 SMs: both split over K,
+// the second multiplying 9 of its 36 K slabs an instruction.
+std::string WideThenNarrow() {
+  onnx::ModelProto m;
+  m.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = m.mutable_graph();
+  AddValue(g->add_input(), "x", {1, 32, 8, 8});
+  *g->add_initializer() = FloatTensor("w1", {256, 32, 3, 3}, Noise(256 * 32 * 9, 0.06f, 5));
+  *g->add_initializer() = FloatTensor("w2", {64, 256, 3, 3}, Noise(64 * 256 * 9, 0.03f, 6));
+  Ints(Node(g, "Conv", {"x", "w1"}, "c1"), "pads", {1, 1, 1, 1});
+  Node(g, "Relu", {"c1"}, "r1");
+  Ints(Node(g, "Conv", {"r1", "w2"}, "y"), "pads", {1, 1, 1, 1});
+  AddValue(g->add_output(), "y", {1, 64, 8, 8});
+  return m.SerializeAsString();
+}
+
 // x [1, 64, 8, 8] -> conv 3x3 (64 -> 12, split over K on many SMs: its ReLU left to its reader) -> relu -> conv 3x3
 // (12 -> 64) -> y: the second convolution's 12 channels are padded to 16 by NHWC_BF16, which applies the ReLU.
 std::string PaddedAfterSplit() {
@@ -259,9 +276,30 @@ TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders
     RunAgainstOracle(1, 132, im2col, &shape);
     EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
     EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
-    EXPECT_EQ(shape.bf16_inputs, 0) << "a split convolution's output is summed in f32 and gathered so";
+    // conv2 multiplies 2 K slabs an instruction: a bf16 copy of conv1's sum would not pay.
+    EXPECT_EQ(shape.bf16_inputs, 0);
+    EXPECT_EQ(shape.padded, 0);
     EXPECT_EQ(shape.conv_gemms > 0, !im2col);
     EXPECT_EQ(shape.im2cols > 0, im2col);
+  }
+}
+
+TEST(GraphPass, ASplitSumIsCopiedToBf16ForAReaderOfManySlabs) {
+  for (bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "bf16 activations" : "f32 activations");
+    PassShape shape;
+    RunAgainstOracle(1, 4, false, &shape, bf16, WideThenNarrow());
+    EXPECT_GT(shape.accumulating, 0);
+    if (bf16) {
+      // c1's sum (split over K) copied with its ReLU by NHWC_BF16; c2 (36 slabs, 4 ways) gathers the copy.
+      EXPECT_GT(shape.padded_relu, 0);
+      EXPECT_EQ(shape.padded, shape.padded_relu);
+      EXPECT_EQ(shape.relu_on_read, 0);
+      EXPECT_GT(shape.bf16_inputs, 0);
+    } else {
+      EXPECT_EQ(shape.padded, 0);
+      EXPECT_GT(shape.relu_on_read, 0);
+    }
   }
 }
 
