@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Convolutions of unusual shapes through Loom on the GPU (CONV_GEMM, grouped, 1-D, rectangular, dilated, strided
-past the kernel, batch 17, 1024 channels), each exported from torch.nn to ONNX and compared with PyTorch float32 and
+past the kernel, batch 17, 1024 channels, channels padded to 8, a split sum copied to bf16, a max pool), each exported from torch.nn to ONNX and compared with PyTorch float32 and
 with Loom's own op-by-op oracle (`loom run --check`). On a machine with a Hopper GPU and torch, after a build:
 
   python3 tools/conv_sweep.py build/tools/loom
@@ -31,6 +31,11 @@ cases = [  # name, module, input shape
     ("1x1 on 1x1", torch.nn.Conv2d(1, 3, 1), (1, 1, 1, 1)),
     ("groups 4 of 32", torch.nn.Conv2d(128, 64, 3, 1, 1, groups=4), (2, 128, 12, 12)),
     ("batch 17 3x3", torch.nn.Conv2d(16, 16, 3, 1, 1), (17, 16, 9, 9)),
+    # conv1 split over K, its sum copied to bf16 with the ReLU (NHWC_BF16) for conv2's 7 K slabs an instruction
+    ("split sum to bf16", torch.nn.Sequential(torch.nn.Conv2d(32, 256, 3, 1, 1), torch.nn.ReLU(),
+                                              torch.nn.Conv2d(256, 64, 3, 1, 1)), (16, 32, 14, 14)),
+    ("3 ch 7x7 s2 + pool", torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(),
+                                               torch.nn.MaxPool2d(3, 2, 1)), (2, 3, 45, 45)),
 ]
 bad = 0
 for name, m, shape in cases:

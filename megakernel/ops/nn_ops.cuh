@@ -1,6 +1,7 @@
 // The general-graph opcodes on the device (instructions/instruction_nn.h): IM2COL writes a convolution's
 // patches as a GEMM's A operand image, POOL and ELEMENTWISE map output elements over the consumer threads with
-// the element functions the host reference uses (PoolElement, EwOffsets, EwApply).
+// the element functions the host reference uses (PoolElement, EwOffsets, EwApply), NHWC_BF16 copies an f32 tensor
+// into the bf16 NHWC form CONV_GEMM gathers (NhwcBf16Value).
 #pragma once
 
 #include <cuda_bf16.h>
