@@ -201,6 +201,9 @@ struct PoolArgs {
 // thread, each thread's window loads staged in the activation slot (position p of consumer thread t at
 // (p * kPoolThreads + t) * 16 bytes): every load in flight at once, none held in registers.
 inline constexpr uint32_t kPoolQuadPositions = 9, kPoolThreads = 256;
+// Windows of more positions than this are reduced by several threads an output on the device (kPoolParts): the
+// lowering gives their instructions fewer outputs.
+inline constexpr uint32_t kPoolGatherPositions = 16, kPoolWideOutputs = 32;
 LOOM_HD bool PoolQuads(const PoolArgs& a) { return a.c % 4 == 0 && a.kh * a.kw <= kPoolQuadPositions; }
 LOOM_HD uint32_t PoolActivationBytes(const PoolArgs& a) {
   return PoolQuads(a) ? kPoolQuadPositions * kPoolThreads * 16 : 0;

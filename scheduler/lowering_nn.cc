@@ -277,8 +277,19 @@ absl::Status NnLowering::LowerPool(const OpDef& op) {
   }
   const uint32_t stage = b_.Stage(op.name());
   const std::vector<uint32_t> after = ReadyOf({x});
-  // Chunked by work (outputs x window): a global pool's few outputs each sum a whole map.
-  for (const auto& [begin, end] : WindowChunks(Product(ys), uint64_t{p.kh} * p.kw)) {
+  // Chunked by work (outputs x window): a global pool's few outputs each sum a whole map. Windows of more than
+  // isa::kPoolGatherPositions are summed by 8 threads an output: kPoolWideOutputs outputs fill an instruction.
+  const uint64_t window = uint64_t{p.kh} * p.kw, outputs = Product(ys);
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;
+  if (window > isa::kPoolGatherPositions) {
+    const uint64_t per = std::max<uint64_t>(
+        isa::kPoolWideOutputs, (outputs + 2 * o_.num_sms() - 1) / (2 * o_.num_sms()) / isa::kPoolWideOutputs *
+                                   isa::kPoolWideOutputs);
+    for (uint64_t b = 0; b < outputs; b += per) chunks.emplace_back(b, std::min(outputs, b + per));
+  } else {
+    chunks = WindowChunks(outputs, window);
+  }
+  for (const auto& [begin, end] : chunks) {
     p.begin = static_cast<uint32_t>(begin);
     p.count = static_cast<uint32_t>(end - begin);
     Emit(Make(isa::Opcode::POOL, p), stage, after, op.name());

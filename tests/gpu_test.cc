@@ -557,8 +557,9 @@ TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
 }
 
 // POOL over NHWC f32: max, average and average counting the padding, strides, asymmetric padding, dilation, 3 to 64
-// channels, chunks of any start and count, windows gathered with every load in flight (up to 16 positions) and a
-// global window larger than that (the element-by-element path), the outputs stored as bf16 too or not.
+// channels, chunks of any start and count, windows gathered with every load in flight (up to 16 positions; four
+// channels a thread staged in shared memory up to 9) and windows larger than that (a global one, a 5x5 max, a 5x4
+// average counting the padding: 8 threads an output), the outputs stored as bf16 too or not.
 TEST(GpuOpcodes, PoolWindowsAtSeveralShapes) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -568,6 +569,8 @@ TEST(GpuOpcodes, PoolWindowsAtSeveralShapes) {
       {2, 13, 11, 64, 3, 3, 2, 1, 1, 1, 1, 1, isa::kPoolMax},      {2, 13, 11, 64, 3, 3, 2, 1, 0, 0, 1, 1, isa::kPoolAvg},
       {1, 10, 9, 16, 3, 2, 1, 1, 1, 1, 1, 1, isa::kPoolAvgIncludePad}, {1, 9, 9, 3, 3, 3, 1, 2, 2, 2, 2, 2, isa::kPoolMax},
       {1, 8, 8, 16, 2, 2, 2, 0, 0, 0, 0, 1, isa::kPoolAvg},        {2, 7, 7, 32, 7, 7, 1, 0, 0, 0, 0, 1, isa::kPoolAvg},
+      // Windows of more than 16 positions (8 threads an output): max, and average counting the padding
+      {1, 9, 9, 8, 5, 5, 1, 2, 2, 2, 2, 1, isa::kPoolMax},          {1, 12, 11, 4, 5, 4, 1, 1, 2, 2, 1, 1, isa::kPoolAvgIncludePad},
   };
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& c = cases[ci];

@@ -85,8 +85,8 @@ __device__ __forceinline__ void RunImToCol(const isa::ImToColArgs& a, ConsumerCo
 }
 
 // Windows of at most kPoolGather positions: the window's loads all issued (an unrolled, guarded gather), then
-// reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by PoolElement itself.
-constexpr uint32_t kPoolGather = 16;
+// reduced in isa::PoolElement's order (the same result); larger windows (a global pool) by RunPoolWide.
+constexpr uint32_t kPoolGather = isa::kPoolGatherPositions;
 __device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const float* x, uint32_t i) {
   const isa::PoolWindow win = isa::PoolWindowOf(a, x, i);
   const bool max = a.mode == isa::kPoolMax;
@@ -174,6 +174,48 @@ __device__ __forceinline__ float4 PoolStaged(const isa::PoolArgs& a, const float
   return acc;
 }
 
+// Windows of more than kPoolGather positions (a global pool): a warp takes 4 outputs, its 8 lanes of each sharing
+// the output's positions (lane = part * 4 + output; part p sums positions p, p + 8, ...), the parts combined by
+// shuffles. One thread walking a 49-position window waited for its loads one after another: ResNet-18's global pool
+// took 14-16 us an instruction. The sum's order differs from PoolElement's (within float rounding).
+constexpr uint32_t kPoolParts = 8;
+__device__ __forceinline__ void RunPoolWide(const isa::PoolArgs& a, ConsumerContext& ctx, const float* in, float* out,
+                                            __nv_bfloat16* image) {
+  static_assert(kPoolParts * 4 == 32, "a warp: 4 outputs x kPoolParts parts");
+  const bool max = a.mode == isa::kPoolMax;
+  const uint32_t end = a.begin + a.count, positions = a.kh * a.kw;
+  const uint32_t tasks = (a.count + 3) / 4 * 32;  // whole warps: every lane of a warp takes the same trips
+  for (uint32_t task = ctx.tid; task < tasks; task += kConsumerThreads) {
+    const uint32_t part = ctx.lane / 4, i = a.begin + task / 32 * 4 + ctx.lane % 4;
+    float acc = max ? -INFINITY : 0.0f;
+    int32_t count = 0, padded = 0;
+    if (i < end) {
+      const isa::PoolWindow win = isa::PoolWindowOf(a, in, i);
+      for (uint32_t t = part; t < positions; t += kPoolParts) {
+        const int32_t iy = win.y0 + static_cast<int32_t>(t / a.kw * a.dilation_h);
+        const int32_t ix = win.x0 + static_cast<int32_t>(t % a.kw * a.dilation_w);
+        padded += isa::PoolWindow::InsidePadded(a, iy, ix);
+        if (!isa::PoolWindow::Inside(a, iy, ix)) continue;
+        const float v = win.At(a, iy, ix);
+        acc = max ? (v > acc ? v : acc) : acc + v;
+        ++count;
+      }
+    }
+#pragma unroll
+    for (uint32_t lanes = 4; lanes < 32; lanes *= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, acc, lanes);
+      acc = max ? (other > acc ? other : acc) : acc + other;
+      count += __shfl_xor_sync(0xffffffffu, count, lanes);
+      padded += __shfl_xor_sync(0xffffffffu, padded, lanes);
+    }
+    if (part == 0 && i < end) {
+      if (!max) acc /= static_cast<float>(a.mode == isa::kPoolAvgIncludePad ? padded : (count > 1 ? count : 1));
+      out[i] = acc;
+      if (image != nullptr) image[i] = __float2bfloat16_rn(acc);
+    }
+  }
+}
+
 // Four channels a thread where isa::PoolQuads (16-byte aligned), the instruction's ragged ends (its elements need
 // not start or end on a four) and other shapes one element a thread.
 __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext& ctx) {
@@ -181,7 +223,10 @@ __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext&
   const float* in = ctx.machine.ptr<float>(a.input);
   float* out = ctx.machine.ptr<float>(a.out);
   __nv_bfloat16* image = a.out_bf16 != isa::kNoTensor ? ctx.machine.ptr<__nv_bfloat16>(a.out_bf16) : nullptr;
-  const bool gather = a.kh * a.kw <= kPoolGather;
+  if (a.kh * a.kw > kPoolGather) {
+    RunPoolWide(a, ctx, in, out, image);
+    return;
+  }
   const uint32_t end = a.begin + a.count;
   uint32_t quads_begin = end, quads_end = end;  // [quads_begin, quads_end): four channels a thread
   if (isa::PoolQuads(a) &&
@@ -204,7 +249,7 @@ __device__ __forceinline__ void RunPool(const isa::PoolArgs& a, ConsumerContext&
   const uint32_t head = quads_begin - a.begin, rest = head + (end - quads_end);
   for (uint32_t j = ctx.tid; j < rest; j += kConsumerThreads) {
     const uint32_t i = j < head ? a.begin + j : quads_end + (j - head);
-    const float v = gather ? PoolGathered(a, in, i) : isa::PoolElement(a, in, i);
+    const float v = PoolGathered(a, in, i);
     out[i] = v;
     if (image != nullptr) image[i] = __float2bfloat16_rn(v);
   }
