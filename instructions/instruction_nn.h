@@ -98,8 +98,18 @@ struct ConvGemmArgs {
 // stage: its copies go into the page.
 inline constexpr uint32_t kConvStages = 2;
 inline constexpr uint32_t kConvStageRowBytes = kGemmSlabK * 4 + 16;
+// A bf16 input's tile with a residual (added by its store epilogue, not in place) copies the residual's pairs
+// into its activation slot with cp.async before its K loop, so the epilogue reads them there: read from global
+// memory by the epilogue, the loads of 32 pairs a thread waited for each other (the graph variant's registers).
+// Pair p of consumer thread t at (p * kConvThreads + t) * 8 bytes.
+inline constexpr uint32_t kConvThreads = 256;
+LOOM_HD bool ConvStagesResidual(const ConvGemmArgs& a) {
+  return (a.flags & kConvBf16Input) && a.residual != kNoTensor && a.residual != a.out &&
+         a.epilogue != kGemmAccumulateF32 && a.n % 2 == 0;
+}
 LOOM_HD uint32_t ConvGemmActivationBytes(const ConvGemmArgs& a) {
-  return (a.flags & kConvBf16Input) ? 0 : kConvStages * kGemmTileM * kConvStageRowBytes;
+  if (a.flags & kConvBf16Input) return ConvStagesResidual(a) ? kGemmTileM * kGemmTileN * 4 : 0;
+  return kConvStages * kGemmTileM * kConvStageRowBytes;
 }
 // K slabs a bf16 input's tile keeps in flight beyond the one on the tensor cores: the ring must hold this many + 1
 // slabs' pages (GpuMachine checks).

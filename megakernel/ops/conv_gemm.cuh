@@ -265,12 +265,24 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const isa::ConvShape s = isa::ConvShapeOf(g);
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+  // The residual's pairs staged in the activation slot (isa::ConvStagesResidual), one commit group ahead of the
+  // K loop's (its waits then cover it).
+  uint32_t staged = 0;
+  if (isa::ConvStagesResidual(g)) {
+    static_assert(isa::kConvThreads == kConsumerThreads, "a staged place per consumer thread");
+    staged = tile::SharedAddress(ctx.act) + ctx.tid * 8;
+    const float* residual = ctx.machine.ptr<float>(g.residual);
+    ForEachGemmPair<GemmAcc>(isa::ConvGemmRows(g), g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool) {
+      CpAsync<8>(reinterpret_cast<uint8_t*>(ctx.act) + (i / 2 * kConsumerThreads + ctx.tid) * 8, residual + at, 8);
+    });
+    CpAsyncCommit();
+  }
   GemmAcc acc;
   acc.Zero();
   tile::FenceRegisters(acc.d);  // (gemm.cuh: else ptxas serialises the wgmma pipeline, C7515)
   if (g.flags & isa::kConvBf16Input) ConvGemmBf16Slabs(g, s, acc, warpgroup, t, row0, ctx);
   else ConvGemmF32Slabs(g, s, acc, warpgroup, t, row0, ctx);
-  GemmStoreF32Tile(g, ctx.machine, isa::ConvGemmRows(g), acc, t, row0, col0);
+  GemmStoreF32Tile(g, ctx.machine, isa::ConvGemmRows(g), acc, t, row0, col0, staged);
 }
 
 }  // namespace loom::megakernel

@@ -90,9 +90,11 @@ __device__ __forceinline__ void GemmAddBias(Acc& acc, const __nv_bfloat16* bias,
 // (`g`: their args, read where they lie; m: the output's rows): bias (when accumulating, from the split holding slab
 // 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds.
 // CONV_GEMM's out may be kNoTensor (its out_bf16 alone), and out_bf16 takes the finished values rounded to bf16.
+// staged (CONV_GEMM): the shared address of this thread's residual pair 0 (pair p kConsumerThreads * 8 bytes on;
+// isa::ConvStagesResidual), or 0: the residual read from global memory.
 template <typename Args, typename Acc>
 __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::MachineView& m, uint32_t rows, Acc& acc,
-                                                 uint32_t t, uint32_t row0, uint32_t col0) {
+                                                 uint32_t t, uint32_t row0, uint32_t col0, uint32_t staged = 0) {
   constexpr bool kConv = std::is_same_v<Args, isa::ConvGemmArgs>;
   const __nv_bfloat16* bias = g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr;
   float* out = !kConv || g.out != isa::kNoTensor ? m.ptr<float>(g.out) : nullptr;
@@ -117,7 +119,16 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
     return;
   }
   GemmAddBias(acc, bias, g.n, t, col0);
-  if (g.residual != isa::kNoTensor) {
+  if constexpr (kConv) {
+    if (staged != 0) {  // (n even: pairs)
+      ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t, bool) {
+        const float2 v = tile::LoadShared64(staged + i / 2 * kConsumerThreads * 8);
+        acc.d[i] += v.x;
+        acc.d[i + 1] += v.y;
+      });
+    }
+  }
+  if (g.residual != isa::kNoTensor && staged == 0) {
     const float* residual = m.ptr<float>(g.residual);
     ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
