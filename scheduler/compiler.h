@@ -12,6 +12,8 @@
 
 namespace loom::scheduler {
 
+// A general graph's pass models each instruction's fixed cost at this (CostModel.instruction_overhead_ns unset).
+inline constexpr double kGraphInstructionOverheadNs = 1500;
 inline constexpr uint32_t kScheduleFormatVersion = 7;  // 2: padded matvec rows, biases, rope tables, head norms;
                                                        // 3: EMBED rows, GEMM split-K / head norms, prefill passes;
                                                        // 4: ATTN_PARTIAL with the fused reduce (out, arrivals);

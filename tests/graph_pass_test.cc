@@ -521,6 +521,20 @@ TEST(GraphPass, CausalConv1dCarriesItsStateFromPassToPass) {
   RunPassAgainstOracle(*pass, *g, weights, 3, 1e-2);
 }
 
+// A graph pass models an instruction's fixed cost at kGraphInstructionOverheadNs unless the options set one.
+TEST(GraphPass, InstructionOverheadDefaultsToTheGraphVariantsUnlessSet) {
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(ResidualBlock(1), "block.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  scheduler::CompileOptions options;
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "block.onnx", options);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  EXPECT_EQ(pass->options().cost().instruction_overhead_ns(), scheduler::kGraphInstructionOverheadNs);
+  options.mutable_cost()->set_instruction_overhead_ns(700);
+  pass = scheduler::Compile(m->graph, "block.onnx", options);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  EXPECT_EQ(pass->options().cost().instruction_overhead_ns(), 700);
+}
+
 TEST(GraphPass, UnsupportedOpsAreRefusedByName) {
   onnx::ModelProto m;
   m.add_opset_import()->set_version(13);
