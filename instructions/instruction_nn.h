@@ -107,7 +107,22 @@ LOOM_HD bool ConvStagesResidual(const ConvGemmArgs& a) {
   return (a.flags & kConvBf16Input) && a.residual != kNoTensor && a.residual != a.out &&
          a.epilogue != kGemmAccumulateF32 && a.n % 2 == 0;
 }
+// The store epilogue through the activation slot (ConvStagesOutput: row lengths of whole 16-byte chunks, n % 4 ==
+// 0, and n % 8 == 0 with a bf16 output): the tile's finished rows are written to the slot, f32 rows
+// kConvOutRowBytes apart (then bf16 rows kConvOutBf16RowBytes apart, in the same place once the f32 ones are read),
+// and one thread a row bulk-copies (or, adding into out, bulk-reduces) each to global memory. The bias (bf16, the
+// tile's 128 columns) is copied into the slot at kConvBiasOffset before the K loop, past everything the K loop and
+// the staged residual use.
+inline constexpr uint32_t kConvOutRowBytes = kGemmTileN * 4 + 16;
+inline constexpr uint32_t kConvOutBf16RowBytes = kGemmTileN * 2 + 16;
+inline constexpr uint32_t kConvBiasOffset = kConvStages * kGemmTileM * kConvStageRowBytes;
+static_assert(kConvBiasOffset >= kGemmTileM * kConvOutRowBytes && kConvBiasOffset >= kGemmTileM * kGemmTileN * 4,
+              "the bias lies past the output rows, the f32 stages and the staged residual");
+LOOM_HD bool ConvStagesOutput(const ConvGemmArgs& a) {
+  return a.n % 4 == 0 && (a.out_bf16 == kNoTensor || a.n % 8 == 0);
+}
 LOOM_HD uint32_t ConvGemmActivationBytes(const ConvGemmArgs& a) {
+  if (ConvStagesOutput(a)) return kConvBiasOffset + kGemmTileN * 2;
   if (a.flags & kConvBf16Input) return ConvStagesResidual(a) ? kGemmTileM * kGemmTileN * 4 : 0;
   return kConvStages * kGemmTileM * kConvStageRowBytes;
 }
