@@ -127,25 +127,6 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// Shared -> global bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned) in this thread's bulk
-// async-group; with kAdd a reduction (global += shared, f32 element by element, atomically per element).
-template <bool kAdd>
-__device__ __forceinline__ void BulkStoreToGlobal(void* dst, uint32_t src, uint32_t bytes) {
-  if constexpr (kAdd) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
-                 "r"(bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-  }
-}
-__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Until this thread's bulk stores have read their shared memory (it may be written again).
-__device__ __forceinline__ void BulkWaitRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-// Until this thread's bulk stores have completed (their writes performed).
-__device__ __forceinline__ void BulkWaitAll() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
 // Asks L2 to fetch `bytes` (multiple of 16, 16-byte aligned) of global memory; nothing waits for it.
 __device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");

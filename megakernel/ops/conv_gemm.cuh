@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 
 #include "instructions/swizzle.h"
-#include "megakernel/global_barrier.cuh"
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/ops/consumer_context.cuh"
 #include "megakernel/ops/gemm.cuh"
@@ -271,11 +270,11 @@ __device__ __forceinline__ void IssueConvBias(const isa::ConvGemmArgs& g, const 
 }
 
 // The store epilogue through the activation slot (isa::ConvStagesOutput): bias (from the slot), residual, ReLU in
-// registers as GemmStoreF32Tile's; then the tile's rows into the slot and one bulk copy a row to `out` (a bulk
-// reduction where the tile adds into it: split K, or out += the tile), then the same in bf16 to `out_bf16`. The
-// stores no longer wait on each other's issue (32 8-byte stores a thread took ~1.9 us of a 128 x 64 tile) and the
-// bias no longer costs a round trip after the K loop (~1.5 us). The issuing threads wait for their copies to
-// complete before the instruction ends (its signal follows).
+// registers as GemmStoreF32Tile's; then the tile's rows into the slot, and from there a warp a row, 16 bytes a lane,
+// to `out` (float4 atomic adds where the tile adds into it: split K, or out += the tile); then the same in bf16 to
+// `out_bf16`. Against GemmStoreF32Tile's stores straight from the registers (8 bytes of 8 rows a warp instruction)
+// and its bias loaded after the K loop (a round trip behind the loader's pages), ResNet-18 at batch 8 took 0.585
+// against 0.623 ms (performance.md). Bulk copies a row (cp.async.bulk from the slot) measured 0.595.
 __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, const isa::MachineView& m,
                                                     GemmAcc& acc, uint32_t tid, uint32_t warpgroup, uint32_t col0,
                                                     uint32_t staged, uint8_t* slot) {
@@ -314,8 +313,7 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
       for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) acc.d[i] = fmaxf(acc.d[i], 0.0f);
     }
   }
-  const uint32_t cols = min(isa::kGemmTileN, g.n - col0), row = grow0 + tid;
-  const bool issues = tid < isa::kGemmTileM && row < rows;  // thread tid copies the tile's row tid
+  const uint32_t cols = min(isa::kGemmTileN, g.n - col0), tile_rows = min(isa::kGemmTileM, rows - grow0);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the staged residual is read: the slot is free
   if (has_out) {
 #pragma unroll
@@ -323,37 +321,37 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
       const uint32_t r = warpgroup * 64 + GemmAcc::Row(t, i), c = GemmAcc::Col(t, i);
       tile::StoreShared64(base + r * isa::kConvOutRowBytes + c * 4, make_float2(acc.d[i], acc.d[i + 1]));
     }
-    tile::FenceProxyAsyncShared();  // generic stores, read next by the bulk copies
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-    if (issues) {
-      float* dst = m.ptr<float>(g.out) + static_cast<uint64_t>(row) * g.n + col0;
-      if (add_into) BulkStoreToGlobal<true>(dst, base + tid * isa::kConvOutRowBytes, cols * 4);
-      else BulkStoreToGlobal<false>(dst, base + tid * isa::kConvOutRowBytes, cols * 4);
-      BulkCommit();
+    // A warp a row: 32 lanes x 16 bytes, whole lines of out.
+    float* out = m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n + col0;
+    for (uint32_t j = tid; j < tile_rows * 32; j += kConsumerThreads) {
+      const uint32_t r = j / 32, c = (j % 32) * 4;
+      if (c < cols) {
+        const float4 v = tile::LoadShared128(base + r * isa::kConvOutRowBytes + c * 4);
+        float4* dst = reinterpret_cast<float4*>(out + static_cast<uint64_t>(r) * g.n + c);
+        if (add_into) atomicAdd(dst, v);
+        else *dst = v;
+      }
     }
   }
   if (g.out_bf16 != isa::kNoTensor && !add_into) {
-    if (has_out) {
-      if (issues) BulkWaitRead();
-      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the f32 rows are read: the slot is free again
-    }
+    if (has_out) NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the f32 rows are read: free again
 #pragma unroll
     for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
       const uint32_t r = warpgroup * 64 + GemmAcc::Row(t, i), c = GemmAcc::Col(t, i);
       const __nv_bfloat162 pair = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
       tile::StoreShared32(base + r * isa::kConvOutBf16RowBytes + c * 2, *reinterpret_cast<const uint32_t*>(&pair));
     }
-    tile::FenceProxyAsyncShared();
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-    if (issues) {
-      __nv_bfloat16* dst = m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(row) * g.n + col0;
-      BulkStoreToGlobal<false>(dst, base + tid * isa::kConvOutBf16RowBytes, cols * 2);
-      BulkCommit();
+    // Half a warp a row: 16 lanes x 16 bytes.
+    __nv_bfloat16* out = m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(grow0) * g.n + col0;
+    for (uint32_t j = tid; j < tile_rows * 16; j += kConsumerThreads) {
+      const uint32_t r = j / 16, c = (j % 16) * 8;
+      if (c < cols) {
+        *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(r) * g.n + c) =
+            tile::LoadShared128Bits(base + r * isa::kConvOutBf16RowBytes + c * 2);
+      }
     }
-  }
-  if (issues) {
-    BulkWaitAll();            // written (and the slot read) before the instruction ends and signals
-    FenceProxyAsyncGlobal();  // the async proxy's writes, then the signal's release (generic proxy)
   }
 }
 
