@@ -65,6 +65,11 @@ LOOM_HD uint32_t Lo16(uint32_t v) { return v & 0xffffu; }
 enum ConvGemmFlags : uint32_t {
   kConvReluInput = 1,  // max(0, input) as it is read (a ReLU a split GEMM left to its readers; f32 input only)
   kConvBf16Input = 2,  // input is bf16 (its group's channels a multiple of 8, 16-byte aligned): no conversion
+  // A tall tile: rows [m_tile * kConvTallRows, +kConvTallRows) and n <= kConvTallCols columns, with a bf16 input and
+  // the whole K: the consumers gather its A slabs (32 KB) into the activation slot, two buffers, and each warpgroup
+  // multiplies its 128 rows as two m64n64 products with the first 64 rows of the W slab. One wave for a 64-channel
+  // convolution whose 128 x 128 tiles (half of their columns zero weights) take 1.5.
+  kConvTall = 4,
 };
 struct ConvGemmArgs {
   uint32_t input;     // f32 or bf16 (kConvBf16Input) [batch, h, w, c]
@@ -93,6 +98,8 @@ struct ConvGemmArgs {
                                             "n_tile", "slabs", "out_bf16", "batch", "c", "hw", "ohw", "kernel",
                                             "stride", "pad", "dilation", "c_begin", "group_c", "flags"};
 };
+inline constexpr uint32_t kConvTallRows = 256, kConvTallCols = 64;
+LOOM_HD uint32_t ConvTileRows(const ConvGemmArgs& a) { return (a.flags & kConvTall) ? kConvTallRows : kGemmTileM; }
 // The device stages each K slab's patches of an f32 input in its activation slot, two slabs ahead: rows of 64 floats
 // padded to kConvStageRowBytes (16 bytes: a warp's reads of 4 rows hit every bank equally). A bf16 input needs no
 // stage: its copies go into the page.
@@ -132,7 +139,7 @@ inline constexpr uint32_t kConvBf16SlabsAhead = 2;
 // Ring pages a CONV_GEMM holds at once: a bf16 input's kConvBf16SlabsAhead + 1 slabs' (a slab takes one page of 32
 // KB or more, else two); 0 for an f32 input (it holds two slabs' pages, as GEMM).
 LOOM_HD uint32_t ConvGemmRingPages(const ConvGemmArgs& a, uint32_t page_bytes) {
-  if (!(a.flags & kConvBf16Input)) return 0;
+  if (!(a.flags & kConvBf16Input) || (a.flags & kConvTall)) return 0;
   return (kConvBf16SlabsAhead + 1) * (page_bytes >= 2 * kGemmSlabBytes ? 1 : 2);
 }
 // Whether a group of `group_c` channels from c_begin of `c` may be read as bf16 (whole 16-byte chunks of 8 channels).

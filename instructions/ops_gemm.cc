@@ -60,7 +60,7 @@ void Validate(const GemmArgs& a, Checker& c) {
 
 void Validate(const ConvGemmArgs& a, Checker& c) {
   const ConvShape s = ConvShapeOf(a);
-  c.Require(a.flags <= (kConvReluInput | kConvBf16Input), absl::StrCat("unknown flags ", a.flags));
+  c.Require(a.flags <= (kConvReluInput | kConvBf16Input | kConvTall), absl::StrCat("unknown flags ", a.flags));
   const bool bf16 = (a.flags & kConvBf16Input) != 0;
   ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.flags & kConvReluInput, c);
   c.Require(!bf16 || !(a.flags & kConvReluInput), "a bf16 input is copied as it is: no ReLU as it is read");
@@ -76,9 +76,16 @@ void Validate(const ConvGemmArgs& a, Checker& c) {
                 k < (uint64_t{1} << 20),
             "input, rows or output of 2^31 elements or more");
   if (!c.status().ok()) return;
-  c.Require(a.m_tile < GemmTiles(static_cast<uint32_t>(m)) && a.n_tile < GemmTiles(a.n),
-            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(static_cast<uint32_t>(m)),
-                         " x ", GemmTiles(a.n), " output tiles"));
+  const uint32_t row_tiles = static_cast<uint32_t>((m + ConvTileRows(a) - 1) / ConvTileRows(a));
+  c.Require(a.m_tile < row_tiles && a.n_tile < GemmTiles(a.n),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", row_tiles, " x ", GemmTiles(a.n),
+                         " output tiles"));
+  if (a.flags & kConvTall) {
+    c.Require(bf16 && a.n <= kConvTallCols && a.slabs == 0 && a.epilogue != kGemmAccumulateF32 &&
+                  ConvStagesOutput(a),
+              absl::StrCat("a tall tile needs a bf16 input, n <= ", kConvTallCols,
+                           " (a multiple of 4, of 8 with out_bf16), the whole K and a store epilogue; n ", a.n));
+  }
   const uint32_t slabs = GemmSlabs(static_cast<uint32_t>(k)), slab_begin = GemmSplitBegin(a),
                  slab_count = GemmSplitCount(a);
   c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= slabs,
@@ -127,8 +134,9 @@ Footprint Cost(const GemmArgs& a, uint32_t) {
 Footprint Cost(const ConvGemmArgs& a, uint32_t) {
   const uint64_t slabs = ConvGemmSlabsOf(a).count, input = (a.flags & kConvBf16Input) ? 1 : 2;
   const uint64_t stores = (a.out != kNoTensor ? 4 : 0) + (a.out_bf16 != kNoTensor ? 2 : 0);
-  return {slabs * kGemmSlabBytes, slabs * input * kGemmSlabBytes + stores * kGemmTileM * kGemmTileN,
-          ConvGemmActivationBytes(a), 2ull * kGemmTileM * kGemmTileN * slabs * kGemmSlabK};
+  const uint64_t rows = ConvTileRows(a), cols = (a.flags & kConvTall) ? kConvTallCols : kGemmTileN;
+  return {slabs * kGemmSlabBytes, slabs * input * rows * kGemmSlabK * 2 + stores * rows * cols,
+          ConvGemmActivationBytes(a), 2ull * rows * cols * slabs * kGemmSlabK};
 }
 
 // The tile's patches rounded to bf16 as the device stores them (a bf16 input as it is), times the bf16 weight
@@ -138,8 +146,8 @@ void Reference(const ConvGemmArgs& a, const MachineView& m) {
   const uint32_t rows = ConvGemmRows(a), k = ConvGemmK(a);
   const GemmSlabRange slabs = ConvGemmSlabsOf(a);
   const uint32_t x_begin = slabs.begin * kGemmSlabK, x_end = std::min(k, (slabs.begin + slabs.count) * kGemmSlabK);
-  const uint32_t width = x_end - x_begin, row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * kGemmTileN;
-  const uint32_t row_end = std::min(rows, row0 + kGemmTileM), col_end = std::min(a.n, col0 + kGemmTileN);
+  const uint32_t width = x_end - x_begin, row0 = a.m_tile * ConvTileRows(a), col0 = a.n_tile * kGemmTileN;
+  const uint32_t row_end = std::min(rows, row0 + ConvTileRows(a)), col_end = std::min(a.n, col0 + kGemmTileN);
   const bool bf16 = (a.flags & kConvBf16Input) != 0, relu = (a.flags & kConvReluInput) != 0;
   const uint16_t* w = m.ptr<uint16_t>(a.weight);
   std::vector<ConvTap> taps(width);

@@ -85,15 +85,21 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     const std::vector<uint64_t> shape = ShapeOf(T(e.out));
     bf16_out = Scratch(absl::StrCat("bf16:", e.out), graph::BF16, std::vector<int64_t>(shape.begin(), shape.end()));
   }
+  // A 64-channel convolution with a bf16 input whose 128 x 128 tiles would take more than one wave: tall tiles
+  // (isa::kConvTall), half as many.
+  const bool tall = a.conv && (a.conv->flags & isa::kConvBf16Input) && splits == 1 && n <= isa::kConvTallCols &&
+                    n % (bf16_out != kNone ? 8 : 4) == 0 && isa::GemmTiles(m) > o_.num_sms();
   ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
     if (!a.conv) {
       Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
       return;
     }
+    if (tall && tile.m_tile % 2 != 0) return;
     isa::ConvGemmArgs c = *a.conv;
     c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
     c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
     c.slabs = tile.slabs;
+    if (tall) c.m_tile /= 2, c.flags |= isa::kConvTall;
     c.out_bf16 = kNone;
     if (bf16_out != kNone) {
       c.out_bf16 = bf16_out;

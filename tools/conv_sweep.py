@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Convolutions of unusual shapes through Loom on the GPU (CONV_GEMM, grouped, 1-D, rectangular, dilated, strided
-past the kernel, batch 17, 1024 channels, channels padded to 8, a split sum copied to bf16, a max pool), each exported from torch.nn to ONNX and compared with PyTorch float32 and
+past the kernel, batch 17, 1024 channels, channels padded to 8, a split sum copied to bf16, a max pool, tall tiles), each exported from torch.nn to ONNX and compared with PyTorch float32 and
 with Loom's own op-by-op oracle (`loom run --check`). On a machine with a Hopper GPU and torch, after a build:
 
   python3 tools/conv_sweep.py build/tools/loom
@@ -18,6 +18,18 @@ import torch
 
 loom = sys.argv[1] if len(sys.argv) > 1 else "build/tools/loom"
 work = tempfile.mkdtemp(prefix="loom_conv_sweep_")
+class FedResidual(torch.nn.Module):
+    """A 1x1 convolution from 8 channels (stored bf16 for the next) and a 3x3 one adding it back, ReLU'd."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(8, c, 1), torch.nn.Conv2d(c, c, 3, 1, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        return torch.relu(self.b(y) + y)
+
+
 cases = [  # name, module, input shape
     ("stem 11x11 s4", torch.nn.Conv2d(3, 16, 11, 4, 2), (2, 3, 67, 67)),
     ("5x5 dilation 3", torch.nn.Conv2d(8, 12, 5, 1, 6, dilation=3), (1, 8, 20, 17)),
@@ -36,6 +48,12 @@ cases = [  # name, module, input shape
                                               torch.nn.Conv2d(256, 64, 3, 1, 1)), (16, 32, 14, 14)),
     ("3 ch 7x7 s2 + pool", torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, 2, 3), torch.nn.ReLU(),
                                                torch.nn.MaxPool2d(3, 2, 1)), (2, 3, 45, 45)),
+    # more than a wave of 128-row tiles, <= 64 channels, a bf16 input: tall 256 x 64 tiles (the last one partial)
+    ("tall 64 ch fed", torch.nn.Sequential(torch.nn.Conv2d(8, 64, 1), torch.nn.Conv2d(64, 64, 3, 1, 1)),
+     (6, 8, 55, 55)),
+    ("tall 48 ch + relu", torch.nn.Sequential(torch.nn.Conv2d(8, 32, 1), torch.nn.Conv2d(32, 48, 3, 1, 1),
+                                             torch.nn.ReLU()), (6, 8, 55, 55)),
+    ("tall residual", FedResidual(64), (6, 8, 55, 55)),
 ]
 bad = 0
 for name, m, shape in cases:

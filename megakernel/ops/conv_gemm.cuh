@@ -355,9 +355,157 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
   }
 }
 
+// A tall tile's store epilogue (isa::kConvTall; always through the slot, isa::ConvStagesOutput): the residual's
+// rows copied into the slot once the K loop is done with its A buffers, then bias, residual and ReLU applied as the
+// two accumulators' fragments are written there (f32 rows isa::kConvTallOutRowBytes apart), then stored a warp two
+// rows, 16 bytes a lane; then the bf16 rows likewise.
+__device__ __forceinline__ void ConvStoreTallTile(const isa::ConvGemmArgs& g, const isa::MachineView& m,
+                                                  tile::Accumulator<64>& acc0, tile::Accumulator<64>& acc1,
+                                                  uint32_t tid, uint32_t warpgroup, uint8_t* slot) {
+  using Acc = tile::Accumulator<64>;
+  constexpr uint32_t kPitch = isa::kConvTallCols * 4 + 16, kPitchBf16 = isa::kConvTallCols * 2 + 16;
+  const uint32_t t = tid % 128, base = tile::SharedAddress(slot), grow0 = g.m_tile * isa::kConvTallRows;
+  const uint32_t tile_rows = min(isa::kConvTallRows, isa::ConvGemmRows(g) - grow0), cols = g.n;
+  const bool residual = g.residual != isa::kNoTensor;
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // both warpgroups are done with the A buffers
+  if (residual) {
+    const float* src = m.ptr<float>(g.residual) + static_cast<uint64_t>(grow0) * g.n;
+    for (uint32_t j = tid; j < tile_rows * 16; j += kConsumerThreads) {
+      const uint32_t r = j / 16, c = (j % 16) * 4;
+      if (c < cols) CpAsync16Shared(base + r * kPitch + c * 4, src + static_cast<uint64_t>(r) * g.n + c, 16);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  }
+  const bool relu = g.epilogue == isa::kGemmStoreF32Relu, bias = g.bias != isa::kNoTensor;
+  auto stage = [&](Acc& acc, uint32_t row_base) {
+#pragma unroll
+    for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+      const uint32_t r = row_base + Acc::Row(t, i), c = Acc::Col(t, i), at = base + r * kPitch + c * 4;
+      float2 v = make_float2(acc.d[i], acc.d[i + 1]);
+      if (bias) {
+        const float b = tile::LoadShared32(base + isa::kConvBiasOffset + c * 2);
+        const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b));
+        v.x += pair.x, v.y += pair.y;
+      }
+      if (residual) {
+        const float2 add = tile::LoadShared64(at);
+        v.x += add.x, v.y += add.y;
+      }
+      if (relu) v.x = fmaxf(v.x, 0.0f), v.y = fmaxf(v.y, 0.0f);
+      acc.d[i] = v.x, acc.d[i + 1] = v.y;
+      tile::StoreShared64(at, v);
+    }
+  };
+  stage(acc0, warpgroup * 128);
+  stage(acc1, warpgroup * 128 + 64);
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  if (g.out != isa::kNoTensor) {
+    float* out = m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n;
+    for (uint32_t j = tid; j < tile_rows * 16; j += kConsumerThreads) {
+      const uint32_t r = j / 16, c = (j % 16) * 4;
+      if (c < cols) {
+        *reinterpret_cast<float4*>(out + static_cast<uint64_t>(r) * g.n + c) =
+            tile::LoadShared128(base + r * kPitch + c * 4);
+      }
+    }
+  }
+  if (g.out_bf16 == isa::kNoTensor) return;
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the f32 rows are read
+  auto stage_bf16 = [&](const Acc& acc, uint32_t row_base) {
+#pragma unroll
+    for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+      const uint32_t r = row_base + Acc::Row(t, i), c = Acc::Col(t, i);
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
+      tile::StoreShared32(base + r * kPitchBf16 + c * 2, *reinterpret_cast<const uint32_t*>(&pair));
+    }
+  };
+  stage_bf16(acc0, warpgroup * 128);
+  stage_bf16(acc1, warpgroup * 128 + 64);
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  __nv_bfloat16* out = m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(grow0) * g.n;
+  for (uint32_t j = tid; j < tile_rows * 8; j += kConsumerThreads) {
+    const uint32_t r = j / 8, c = (j % 8) * 8;
+    if (c < cols) {
+      *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(r) * g.n + c) =
+          tile::LoadShared128Bits(base + r * kPitchBf16 + c * 2);
+    }
+  }
+}
+
+// A tall tile (isa::kConvTall): K slab i's patches (256 rows, 32 KB) gathered into A buffer i % 2 of the activation
+// slot (aligned to the swizzle atom), slab i + 1's in flight while slab i is on the tensor cores; warpgroup g's rows
+// [128g, +128) as two m64n64 products with the W slab's first 64 rows (the page as the loader streams it for any
+// CONV_GEMM).
+__device__ __forceinline__ void RunConvGemmTall(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
+  using Acc = tile::Accumulator<64>;
+  constexpr uint32_t kSlabBytes = isa::kConvTallRows * isa::kGemmSlabK * 2;
+  const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
+  const isa::ConvShape s = isa::ConvShapeOf(g);
+  uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
+  IssueConvBias(g, ctx.machine, 0, slot, ctx.tid);
+  CpAsyncCommit();
+  const uint32_t slot_base = tile::SharedAddress(slot), a_base = (slot_base + 1023) & ~1023u;
+  const uint8_t* a_ptr = slot + (a_base - slot_base);
+  const uint32_t slabs = isa::GemmSlabs(isa::ConvGemmK(g));
+  const __nv_bfloat16* x = ctx.machine.ptr<__nv_bfloat16>(g.input);
+  const uint32_t row0 = g.m_tile * isa::kConvTallRows + warpgroup * 128;
+  ConvGatherBf16 lo(g, s, row0, 0, 2 * warpgroup, t), hi(g, s, row0 + 64, 0, 2 * warpgroup + 1, t);
+  auto issue = [&](uint32_t i) {  // two commit groups a slab
+    const uint32_t buffer = a_base + (i % 2) * kSlabBytes;
+    lo.Issue(g, s, x, buffer);
+    hi.Issue(g, s, x, buffer);
+  };
+  issue(0);
+  if (slabs > 1) {
+    issue(1);
+  } else {
+    CpAsyncCommit();
+    CpAsyncCommit();
+  }
+  Acc acc0, acc1;
+  acc0.Zero();
+  acc1.Zero();
+  tile::FenceRegisters(acc0.d);
+  tile::FenceRegisters(acc1.d);
+  const uint32_t per_slab = GemmPagesPerSlab(ctx.page_bytes);
+  PipelineState next = ctx.ring;
+  for (uint32_t i = 0; i < slabs; ++i) {
+    const uint8_t* page = ctx.WaitPage(next);
+    ++next;
+    const uint8_t* w = per_slab == 1 ? page + isa::kGemmSlabBytes : ctx.WaitPage(next);
+    if (per_slab == 2) ++next;
+    CpAsyncWait<2>();               // slab i's two groups (slab i + 1's may fly)
+    tile::FenceProxyAsyncShared();  // cp.async's writes, read next by wgmma
+    NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
+    const tile::SmemSlab<isa::kConvTallRows, isa::Swizzle::k128B> a{a_ptr + (i % 2) * kSlabBytes};
+    const tile::SmemSlab<isa::kConvTallCols, isa::Swizzle::k128B> b{w};
+    tile::WgmmaFence();
+    tile::SlabMma(acc0, a, warpgroup * 128, b, i > 0);
+    tile::SlabMma(acc1, a, warpgroup * 128 + 64, b, i > 0);
+    tile::WgmmaCommit();
+    tile::WgmmaWait<0>();  // the buffer is read: slab i + 2's copies go into it
+    ctx.ReleasePage();
+    if (per_slab == 2) ctx.ReleasePage();
+    if (i + 2 < slabs) {
+      issue(i + 2);
+    } else {
+      CpAsyncCommit();
+      CpAsyncCommit();
+    }
+  }
+  CpAsyncWait<0>();
+  ConvStoreTallTile(g, ctx.machine, acc0, acc1, ctx.tid, warpgroup, slot);
+}
+
 // Inlined into the graph variant's consumer loop only, like every wgmma path (gemm.cuh: a call serialises them).
 __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, ConsumerContext& ctx) {
   static_assert(GemmSlab::kBytes == isa::kGemmSlabBytes && kConsumerThreads == 2 * 128, "GEMM slab layout");
+  if (g.flags & isa::kConvTall) {
+    RunConvGemmTall(g, ctx);
+    return;
+  }
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const isa::ConvShape s = isa::ConvShapeOf(g);
   const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
