@@ -125,6 +125,11 @@ inline constexpr uint32_t kConvOutBf16RowBytes = kGemmTileN * 2 + 16;
 inline constexpr uint32_t kConvBiasOffset = kConvStages * kGemmTileM * kConvStageRowBytes;
 static_assert(kConvBiasOffset >= kGemmTileM * kConvOutRowBytes && kConvBiasOffset >= kGemmTileM * kGemmTileN * 4,
               "the bias lies past the output rows, the f32 stages and the staged residual");
+// A tall tile's slot (kConvTall): two A buffers of kConvTallRows x kGemmSlabK bf16 from the first 1 KB boundary (the
+// swizzle atom), and afterwards its epilogue's f32 rows (kConvTallCols + 4 floats apart), all below the bias.
+static_assert(1023 + 2 * kConvTallRows * kGemmSlabK * 2 <= kConvBiasOffset &&
+                  kConvTallRows * (kConvTallCols * 4 + 16) <= kConvBiasOffset,
+              "a tall tile's A buffers and output rows fit below the bias");
 LOOM_HD bool ConvStagesOutput(const ConvGemmArgs& a) {
   return a.n % 4 == 0 && (a.out_bf16 == kNoTensor || a.n % 8 == 0);
 }
