@@ -357,7 +357,7 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
 
 // A tall tile's store epilogue (isa::kConvTall; always through the slot, isa::ConvStagesOutput): the residual's
 // rows copied into the slot once the K loop is done with its A buffers, then bias, residual and ReLU applied as the
-// two accumulators' fragments are written there (f32 rows isa::kConvTallOutRowBytes apart), then stored a warp two
+// two accumulators' fragments are written there (f32 rows kConvTallCols + 4 floats apart), then stored a warp two
 // rows, 16 bytes a lane; then the bf16 rows likewise.
 __device__ __forceinline__ void ConvStoreTallTile(const isa::ConvGemmArgs& g, const isa::MachineView& m,
                                                   tile::Accumulator<64>& acc0, tile::Accumulator<64>& acc1,
