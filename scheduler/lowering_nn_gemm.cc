@@ -87,8 +87,13 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   }
   // A 64-channel convolution with a bf16 input whose 128 x 128 tiles would take more than one wave: tall tiles
   // (isa::kConvTall), half as many.
-  const bool tall = a.conv && (a.conv->flags & isa::kConvBf16Input) && splits == 1 && n <= isa::kConvTallCols &&
-                    n % (bf16_out != kNone ? 8 : 4) == 0 && isa::GemmTiles(m) > o_.num_sms();
+  bool tall = a.conv && (a.conv->flags & isa::kConvBf16Input) && splits == 1 && n <= isa::kConvTallCols &&
+              isa::GemmTiles(m) > o_.num_sms();
+  if (tall) {  // and its store epilogue goes through the slot (as a tall tile's must)
+    isa::ConvGemmArgs probe = *a.conv;
+    probe.n = n, probe.out_bf16 = bf16_out;
+    tall = isa::ConvStagesOutput(probe);
+  }
   ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
     if (!a.conv) {
       Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);

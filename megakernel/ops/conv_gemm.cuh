@@ -269,6 +269,57 @@ __device__ __forceinline__ void IssueConvBias(const isa::ConvGemmArgs& g, const 
   CpAsync<16>(slot + isa::kConvBiasOffset + tid * 16, m.ptr<__nv_bfloat16>(g.bias) + (valid != 0 ? c : 0), valid);
 }
 
+// The staged epilogues' shared steps (ConvStoreTileStaged, ConvStoreTallTile). The bias pair of columns (c, c + 1),
+// copied into the slot by IssueConvBias at `bias_at`.
+__device__ __forceinline__ float2 StagedBiasPair(uint32_t bias_at, uint32_t c) {
+  const float b = tile::LoadShared32(bias_at + c * 2);
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b));
+}
+// A fragment's values rounded to bf16 into the slot's rows from `row_base` (`pitch` bytes apart).
+template <typename Acc>
+__device__ __forceinline__ void StageBf16Rows(const Acc& acc, uint32_t t, uint32_t row_base, uint32_t base,
+                                              uint32_t pitch) {
+#pragma unroll
+  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
+    const uint32_t r = row_base + Acc::Row(t, i), c = Acc::Col(t, i);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
+    tile::StoreShared32(base + r * pitch + c * 2, *reinterpret_cast<const uint32_t*>(&pair));
+  }
+}
+// The slot's f32 rows [0, tile_rows) of kCols columns (kCols + 4 floats apart) to `out` (its first row; rows n
+// floats apart), their first `cols` columns, 16 bytes a lane (a warp a 128-column row): stores, or with add_into
+// float4 atomic adds.
+template <uint32_t kCols>
+__device__ __forceinline__ void StoreSlotRowsF32(uint32_t base, float* out, uint32_t n, uint32_t cols,
+                                                 uint32_t tile_rows, bool add_into, uint32_t tid) {
+  constexpr uint32_t kChunks = kCols / 4, kPitch = kCols * 4 + 16;
+  for (uint32_t j = tid; j < tile_rows * kChunks; j += kConsumerThreads) {
+    const uint32_t r = j / kChunks, c = (j % kChunks) * 4;
+    if (c < cols) {
+      const float4 v = tile::LoadShared128(base + r * kPitch + c * 4);
+      float4* dst = reinterpret_cast<float4*>(out + static_cast<uint64_t>(r) * n + c);
+      if (add_into) atomicAdd(dst, v);
+      else *dst = v;
+    }
+  }
+}
+// The same for the slot's bf16 rows (kCols + 8 bf16 apart).
+template <uint32_t kCols>
+__device__ __forceinline__ void StoreSlotRowsBf16(uint32_t base, __nv_bfloat16* out, uint32_t n, uint32_t cols,
+                                                  uint32_t tile_rows, uint32_t tid) {
+  constexpr uint32_t kChunks = kCols / 8, kPitch = kCols * 2 + 16;
+  for (uint32_t j = tid; j < tile_rows * kChunks; j += kConsumerThreads) {
+    const uint32_t r = j / kChunks, c = (j % kChunks) * 8;
+    if (c < cols) {
+      *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(r) * n + c) =
+          tile::LoadShared128Bits(base + r * kPitch + c * 2);
+    }
+  }
+}
+static_assert(isa::kConvOutRowBytes == isa::kGemmTileN * 4 + 16 &&
+                  isa::kConvOutBf16RowBytes == isa::kGemmTileN * 2 + 16,
+              "StoreSlotRows*'s pitches");
+
 // The store epilogue through the activation slot (isa::ConvStagesOutput): bias (from the slot), residual, ReLU in
 // registers as GemmStoreF32Tile's; then the tile's rows into the slot, and from there a warp a row, 16 bytes a lane,
 // to `out` (float4 atomic adds where the tile adds into it: split K, or out += the tile); then the same in bf16 to
@@ -287,8 +338,7 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
   if (g.bias != isa::kNoTensor && (g.epilogue != isa::kGemmAccumulateF32 || isa::GemmSplitBegin(g) == 0)) {
 #pragma unroll
     for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-      const float b = tile::LoadShared32(base + isa::kConvBiasOffset + GemmAcc::Col(t, i) * 2);
-      const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b));
+      const float2 pair = StagedBiasPair(base + isa::kConvBiasOffset, GemmAcc::Col(t, i));
       acc.d[i] += pair.x;
       acc.d[i + 1] += pair.y;
     }
@@ -322,36 +372,15 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
       tile::StoreShared64(base + r * isa::kConvOutRowBytes + c * 4, make_float2(acc.d[i], acc.d[i + 1]));
     }
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-    // A warp a row: 32 lanes x 16 bytes, whole lines of out.
-    float* out = m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n + col0;
-    for (uint32_t j = tid; j < tile_rows * 32; j += kConsumerThreads) {
-      const uint32_t r = j / 32, c = (j % 32) * 4;
-      if (c < cols) {
-        const float4 v = tile::LoadShared128(base + r * isa::kConvOutRowBytes + c * 4);
-        float4* dst = reinterpret_cast<float4*>(out + static_cast<uint64_t>(r) * g.n + c);
-        if (add_into) atomicAdd(dst, v);
-        else *dst = v;
-      }
-    }
+    StoreSlotRowsF32<isa::kGemmTileN>(base, m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n + col0, g.n,
+                                      cols, tile_rows, add_into, tid);
   }
   if (g.out_bf16 != isa::kNoTensor && !add_into) {
     if (has_out) NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the f32 rows are read: free again
-#pragma unroll
-    for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
-      const uint32_t r = warpgroup * 64 + GemmAcc::Row(t, i), c = GemmAcc::Col(t, i);
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
-      tile::StoreShared32(base + r * isa::kConvOutBf16RowBytes + c * 2, *reinterpret_cast<const uint32_t*>(&pair));
-    }
+    StageBf16Rows(acc, t, warpgroup * 64, base, isa::kConvOutBf16RowBytes);
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-    // Half a warp a row: 16 lanes x 16 bytes.
     __nv_bfloat16* out = m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(grow0) * g.n + col0;
-    for (uint32_t j = tid; j < tile_rows * 16; j += kConsumerThreads) {
-      const uint32_t r = j / 16, c = (j % 16) * 8;
-      if (c < cols) {
-        *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(r) * g.n + c) =
-            tile::LoadShared128Bits(base + r * isa::kConvOutBf16RowBytes + c * 2);
-      }
-    }
+    StoreSlotRowsBf16<isa::kGemmTileN>(base, out, g.n, cols, tile_rows, tid);
   }
 }
 
@@ -385,8 +414,7 @@ __device__ __forceinline__ void ConvStoreTallTile(const isa::ConvGemmArgs& g, co
       const uint32_t r = row_base + Acc::Row(t, i), c = Acc::Col(t, i), at = base + r * kPitch + c * 4;
       float2 v = make_float2(acc.d[i], acc.d[i + 1]);
       if (bias) {
-        const float b = tile::LoadShared32(base + isa::kConvBiasOffset + c * 2);
-        const float2 pair = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&b));
+        const float2 pair = StagedBiasPair(base + isa::kConvBiasOffset, c);
         v.x += pair.x, v.y += pair.y;
       }
       if (residual) {
@@ -402,36 +430,16 @@ __device__ __forceinline__ void ConvStoreTallTile(const isa::ConvGemmArgs& g, co
   stage(acc1, warpgroup * 128 + 64);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   if (g.out != isa::kNoTensor) {
-    float* out = m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n;
-    for (uint32_t j = tid; j < tile_rows * 16; j += kConsumerThreads) {
-      const uint32_t r = j / 16, c = (j % 16) * 4;
-      if (c < cols) {
-        *reinterpret_cast<float4*>(out + static_cast<uint64_t>(r) * g.n + c) =
-            tile::LoadShared128(base + r * kPitch + c * 4);
-      }
-    }
+    StoreSlotRowsF32<isa::kConvTallCols>(base, m.ptr<float>(g.out) + static_cast<uint64_t>(grow0) * g.n, g.n, cols,
+                                         tile_rows, false, tid);
   }
   if (g.out_bf16 == isa::kNoTensor) return;
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the f32 rows are read
-  auto stage_bf16 = [&](const Acc& acc, uint32_t row_base) {
-#pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
-      const uint32_t r = row_base + Acc::Row(t, i), c = Acc::Col(t, i);
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(acc.d[i], acc.d[i + 1]);
-      tile::StoreShared32(base + r * kPitchBf16 + c * 2, *reinterpret_cast<const uint32_t*>(&pair));
-    }
-  };
-  stage_bf16(acc0, warpgroup * 128);
-  stage_bf16(acc1, warpgroup * 128 + 64);
+  StageBf16Rows(acc0, t, warpgroup * 128, base, kPitchBf16);
+  StageBf16Rows(acc1, t, warpgroup * 128 + 64, base, kPitchBf16);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  __nv_bfloat16* out = m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(grow0) * g.n;
-  for (uint32_t j = tid; j < tile_rows * 8; j += kConsumerThreads) {
-    const uint32_t r = j / 8, c = (j % 8) * 8;
-    if (c < cols) {
-      *reinterpret_cast<uint4*>(out + static_cast<uint64_t>(r) * g.n + c) =
-          tile::LoadShared128Bits(base + r * kPitchBf16 + c * 2);
-    }
-  }
+  StoreSlotRowsBf16<isa::kConvTallCols>(base, m.ptr<__nv_bfloat16>(g.out_bf16) + static_cast<uint64_t>(grow0) * g.n,
+                                        g.n, cols, tile_rows, tid);
 }
 
 // A tall tile (isa::kConvTall): K slab i's patches (256 rows, 32 KB) gathered into A buffer i % 2 of the activation
