@@ -319,5 +319,61 @@ TEST(VmOracleFamilies, EveryFamilysTinyModelMatchesTheOracleFusedAndUnfused) {
   }
 }
 
+// A bf16 KV cache (ModelOptions::kv_cache): the graph's caches are bf16, the VM's decode (fused: the QKV matvec's
+// epilogue appends; unfused and Qwen3: ROPE_KV_APPEND) and prefill pass (the QKV GEMM's epilogue, FLASH_ATTN) match
+// the oracle that rounds the rows the same way, and the logits stay near the f32 cache's but not equal to them.
+TEST(VmOracleFamilies, Bf16KvCacheMatchesTheOracle) {
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {
+    graph::ModelOptions mo;
+    mo.max_seq = 256;
+    absl::StatusOr<graph::Model> f32 = graph::LoadModel(spec, mo);
+    mo.kv_cache = graph::BF16;
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok() && f32.ok()) << m.status() << f32.status();
+    int bf16_caches = 0;
+    for (const graph::TensorDef* t : m->graph.TensorsOfKind(graph::STATE)) bf16_caches += t->dtype() == graph::BF16;
+    EXPECT_EQ(bf16_caches, 2 * m->config.num_layers) << spec;
+    const std::vector<int32_t> prompt = {17, 923, 4, 512};
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, kNewTokens);
+    absl::StatusOr<graph::OracleDecode> oracle_f32 = graph::DecodeWithOracle(*f32, prompt, kNewTokens);
+    ASSERT_TRUE(oracle.ok() && oracle_f32.ok());
+    double max_diff = 0.0;
+    for (size_t step = 0; step < oracle->logits.size(); ++step) {
+      max_diff = std::max(max_diff, RelativeError(oracle->logits[step], oracle_f32->logits[step]));
+    }
+    EXPECT_GT(max_diff, 1e-6) << spec << ": the bf16 cache changed nothing";
+    EXPECT_LT(max_diff, 2e-2) << spec;
+    for (bool fused : {true, false}) {
+      for (uint32_t sms : {3u, 132u}) {
+        scheduler::CompileOptions o;
+        o.set_num_sms(sms);
+        if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+        VmOracle::CheckAgainstOracle(*m, *oracle, o, absl::StrCat(spec, " bf16 KV, ", fused ? "fused" : "unfused",
+                                                                  " on ", sms));
+      }
+    }
+    // The prefill pass appends the prompt's rows (the QKV GEMM's epilogue) and FLASH_ATTN reads them as bf16.
+    std::vector<int32_t> long_prompt;
+    for (int i = 0; i < 70; ++i) long_prompt.push_back((i * 7919 + 3) % 1000);
+    absl::StatusOr<graph::OracleDecode> long_oracle = graph::DecodeWithOracle(*m, long_prompt, 16);
+    ASSERT_TRUE(long_oracle.ok());
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, 70, {});
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(long_prompt).ok());
+    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+    ASSERT_TRUE((*vm)->Run(15).ok());
+    EXPECT_EQ((*vm)->tokens(), long_oracle->tokens) << spec << " bf16 KV prefill";
+  }
+  graph::ModelOptions mo;
+  mo.kv_cache = graph::BF16;
+  const absl::StatusOr<graph::Model> conv = graph::LoadModel("random:gated-conv-tiny", mo);
+  ASSERT_FALSE(conv.ok());
+  EXPECT_NE(conv.status().message().find("bf16 KV cache"), std::string::npos) << conv.status();
+}
+
 }  // namespace
 }  // namespace loom
