@@ -344,10 +344,10 @@ struct MatvecEpilogueInputs {
   float bias0 = 0.0f, bias1 = 0.0f;  // bias of the first row (pair)
   float residual = 0.0f;             // kEpilogueResidualAdd: the first row's residual
   // kEpilogueRopeKvAppend, the first pair: where its two values go (q's output row or the K / V cache row at this
-  // step's position: its elements bf16 with row_bf16), and its rotation (cos and sin already scaled by the
+  // step's position; row_out_bf16 instead for a bf16 cache), and its rotation (cos and sin already scaled by the
   // table's factor).
   float* row_out = nullptr;
-  bool row_bf16 = false;
+  __nv_bfloat16* row_out_bf16 = nullptr;
   float cos = 1.0f, sin = 0.0f;
 };
 
@@ -385,9 +385,11 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
   } else {
     const uint32_t cache = row.kind == isa::kQkvK ? a.k_cache : a.v_cache;
     const uint64_t first = (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
-    in->row_bf16 = m.kv_bytes(cache) == 2;
-    in->row_out = in->row_bf16 ? reinterpret_cast<float*>(m.ptr<__nv_bfloat16>(cache) + first)
-                               : m.ptr<float>(cache) + first;
+    if (m.kv_bytes(cache) == 2) {
+      in->row_out_bf16 = m.ptr<__nv_bfloat16>(cache) + first;
+    } else {
+      in->row_out = m.ptr<float>(cache) + first;
+    }
   }
   if (row.kind == isa::kQkvV) return;
   const float* table = m.ptr<float>(a.rope_table);
@@ -548,10 +550,9 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
         float v0 = row_sum(r), v1 = row_sum(r + 1);
         if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
         const uint32_t second = row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half;
-        if (pair.row_bf16) {
-          __nv_bfloat16* row_out = reinterpret_cast<__nv_bfloat16*>(pair.row_out);
-          row_out[row.dim] = __float2bfloat16_rn(v0);
-          row_out[second] = __float2bfloat16_rn(v1);
+        if (pair.row_out_bf16 != nullptr) {
+          pair.row_out_bf16[row.dim] = __float2bfloat16_rn(v0);
+          pair.row_out_bf16[second] = __float2bfloat16_rn(v1);
         } else {
           pair.row_out[row.dim] = v0;
           pair.row_out[second] = v1;
