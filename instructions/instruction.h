@@ -300,13 +300,9 @@ struct AttnPartialArgs {
   // Positions a non-empty split covers at least (0 or 1: none): short contexts then fill fewer splits, and the
   // fused reduce merges only those (a merge costs a round trip per batch of splits).
   uint32_t min_positions;
-  // The caches' bytes per element (4: f32, 2: bf16), as their tensors say: here so that the activation loader and
-  // the consumers need not read the tensor table on attention's chain.
-  uint32_t kv_bytes;
   static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "partial_o", "partial_ml",
                                             "kv_head", "split", "num_splits", "num_heads", "num_kv_heads",
-                                            "head_dim", "max_seq", "scale", "out", "arrivals", "min_positions",
-                                            "kv_bytes"};
+                                            "head_dim", "max_seq", "scale", "out", "arrivals", "min_positions"};
 };
 
 // Positions per split of a context of `length` positions.

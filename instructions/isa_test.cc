@@ -170,7 +170,6 @@ TEST(IsaReference, AttentionSplitsRecombineToTheFullSoftmax) {
         inst.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
         inst.as<AttnPartialArgs>() = {q, kc, vc, state, po, pml, g, s, kSplits, kHeads, kKv, kDim, kSeq, scale};
         inst.as<AttnPartialArgs>().min_positions = min_positions;
-        inst.as<AttnPartialArgs>().kv_bytes = 4;
         ExecuteReference(inst, m);
       }
     }

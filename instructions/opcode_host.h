@@ -50,13 +50,6 @@ class Checker {
     Tensor("v_cache", v_cache, dtype, elements);
     if (dtype == BF16) Require(head_dim % 8 == 0, absl::StrCat("a bf16 KV cache needs a head_dim that is a multiple of 8, not ", head_dim));
   }
-  // An instruction's own record of its cache's element size (`kv_bytes`) agrees with the tensor.
-  void KvBytes(uint32_t cache, uint32_t kv_bytes) {
-    if (!status_.ok() || cache >= tensors_.size()) return;
-    const uint32_t want = tensors_[cache].dtype == graph::BF16 ? 2 : 4;
-    Require(kv_bytes == want, absl::StrCat("kv_bytes ", kv_bytes, " for the ", graph::DType_Name(tensors_[cache].dtype),
-                                           " cache '", tensors_[cache].name, "' (", want, ")"));
-  }
   void Require(bool ok, const std::string& why) {
     if (status_.ok() && !ok) Fail(why);
   }

@@ -22,7 +22,6 @@ void Validate(const AttnPartialArgs& a, Checker& c) {
   const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
   c.KvCaches(a.k_cache, a.v_cache, kv * a.max_seq, a.head_dim);
-  c.KvBytes(a.k_cache, a.kv_bytes);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
   c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);

@@ -333,7 +333,7 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
-      const uint32_t group = a.num_heads / a.num_kv_heads, kv_bytes = a.kv_bytes;
+      const uint32_t group = a.num_heads / a.num_kv_heads, kv_bytes = m.kv_bytes(a.k_cache);
       const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true, kv_bytes);
       const uint32_t chunk =
           kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes, kv_bytes), end - begin) : 0;

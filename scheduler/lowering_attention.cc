@@ -203,7 +203,6 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
       a.out = fused ? out : isa::kNoTensor;
       a.arrivals = arrivals;
       a.min_positions = min_positions;
-      a.kv_bytes = graph_.tensor(op.inputs(3)).dtype() == graph::BF16 ? 2 : 4;
       Emit(Make(Opcode::ATTN_PARTIAL, a), partial_barrier, chunked ? waits : WaitsFor(qkv_barriers),
            op.name(), partial_group);
     }

@@ -306,10 +306,7 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
           const graph::DType cache = prologue == isa::kPrologueRmsNorm ? graph::BF16 : graph::F32;
           a.k_cache = b.Output(2 * 8 * 16, cache);
           a.v_cache = b.Output(2 * 8 * 16, cache);
-          if (cache == graph::BF16) {
-            what += " (bf16 cache)";
-            b.AllowBf16Steps();  // rounded from f32 values the two sides sum in other orders
-          }
+          if (cache == graph::BF16) what += " (bf16 cache)";
           a.step_state = b.Arena(4, graph::I32);
           b.SetState(a.step_state, 5, 1);
           a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
@@ -735,7 +732,6 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       g.residual = isa::kNoTensor;
       g.epilogue = isa::kGemmRopeKvAppend;
       const graph::DType cache = m == 200 ? graph::BF16 : graph::F32;  // the caches f32, and bf16
-      if (cache == graph::BF16) b.AllowBf16Steps();  // rounded from f32 values the two sides sum in other orders
       g.k_cache = b.Output(kKv * kSeq * kDim, cache);
       g.v_cache = b.Output(kKv * kSeq * kDim, cache);
       g.step_state = b.Arena(4, graph::I32);
@@ -920,7 +916,7 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
               queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
                                    isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim,
                                                         kSeq, 0.125f, fused ? out : isa::kNoTensor, arrivals,
-                                                        min_positions, cache == graph::BF16 ? 2u : 4u}));
+                                                        min_positions}));
             }
           }
           for (uint32_t g = 0; g < kKv && !fused; ++g) {

@@ -451,7 +451,7 @@ __device__ __forceinline__ void RunAttnPartialOf(const isa::AttnPartialArgs& a, 
 }
 template <bool kChunks>
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
-  if (a.kv_bytes == 2) {
+  if (ctx.machine.kv_bytes(a.k_cache) == 2) {
     RunAttnPartialOf<kChunks, __nv_bfloat16>(a, ctx);
   } else {
     RunAttnPartialOf<kChunks, float>(a, ctx);
