@@ -302,11 +302,8 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
             b.FillRandom(a.bias);
           }
           a.out = b.Output(3 * 2 * 16);
-          // The caches f32, or bf16 with the RMSNorm prologue.
-          const graph::DType cache = prologue == isa::kPrologueRmsNorm ? graph::BF16 : graph::F32;
-          a.k_cache = b.Output(2 * 8 * 16, cache);
-          a.v_cache = b.Output(2 * 8 * 16, cache);
-          if (cache == graph::BF16) what += " (bf16 cache)";
+          a.k_cache = b.Output(2 * 8 * 16);
+          a.v_cache = b.Output(2 * 8 * 16);
           a.step_state = b.Arena(4, graph::I32);
           b.SetState(a.step_state, 5, 1);
           a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
@@ -731,9 +728,8 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       if (biased) b.FillRandom(g.bias);
       g.residual = isa::kNoTensor;
       g.epilogue = isa::kGemmRopeKvAppend;
-      const graph::DType cache = m == 200 ? graph::BF16 : graph::F32;  // the caches f32, and bf16
-      g.k_cache = b.Output(kKv * kSeq * kDim, cache);
-      g.v_cache = b.Output(kKv * kSeq * kDim, cache);
+      g.k_cache = b.Output(kKv * kSeq * kDim);
+      g.v_cache = b.Output(kKv * kSeq * kDim);
       g.step_state = b.Arena(4, graph::I32);
       b.SetState(g.step_state, 3, static_cast<int32_t>(m) + 3);
       g.rope_table = b.Weight(kDim / 2 + 1, graph::F32);
@@ -773,9 +769,7 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
                                    {64, 64, 1, 1, 64},  {256, 128, 1, 1, 0},
                                    {129, 128, 1, 3, 40}, {1000, 128, 4, 2, 0}, {300, 64, 8, 1, 700},
                                    {2048, 64, 1, 2, 0},  {2048, 128, 8, 1, 0}};
-  for (size_t index = 0; index < 2 * cases.size(); ++index) {
-    const Case& c = cases[index % cases.size()];
-    const graph::DType cache = index < cases.size() ? graph::F32 : graph::BF16;  // every case with both caches
+  for (const Case& c : cases) {
     const uint32_t seed = Seed();
     OpBench b(seed);
     const uint32_t heads = c.group * c.kv_heads, hd = c.head_dim;
@@ -783,18 +777,14 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
     isa::FlashAttnArgs a{};
     a.q = b.Arena(uint64_t{c.rows} * heads * hd);
     b.FillRandom(a.q, -2.0f, 2.0f);
-    a.k_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd, cache);
-    a.v_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd, cache);
+    a.k_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
+    a.v_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
     b.FillRandom(a.k_cache, -2.0f, 2.0f);
     b.FillRandom(a.v_cache);
     for (uint32_t g = 0; g < c.kv_heads; ++g) {
       for (uint64_t i = (uint64_t{g} * max_seq + c.start + c.rows) * hd; i < uint64_t{g + 1} * max_seq * hd; ++i) {
-        if (cache == graph::BF16) {
-          b.Data<uint16_t>(a.k_cache)[i] = b.Data<uint16_t>(a.v_cache)[i] = 0x7fc0;  // NaN
-        } else {
-          b.Data<float>(a.k_cache)[i] = NAN;
-          b.Data<float>(a.v_cache)[i] = NAN;
-        }
+        b.Data<float>(a.k_cache)[i] = NAN;
+        b.Data<float>(a.v_cache)[i] = NAN;
       }
     }
     a.step_state = b.Arena(4, graph::I32);
@@ -815,8 +805,7 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
       }
     }
     b.RunAndCompare(queue, absl::StrCat("FLASH_ATTN P ", c.rows, " head_dim ", hd, " group ", c.group, " start ",
-                                        c.start, " ", graph::DTypeName(cache), " cache, seed ", seed),
-                    kBf16OutputTolerance);
+                                        c.start, " seed ", seed), kBf16OutputTolerance);
   }
 }
 
@@ -885,9 +874,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
 TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   SKIP_WITHOUT_GPU();
   // Groups of 4 heads of 64 (merged a thread per element), 8 of 64 (two elements a thread), 8 of 128 (four).
-  // The caches f32 and bf16 (half the bytes a row: twice the positions fit the slot or a chunk).
   struct Heads { uint32_t heads, kv, dim; };
-  for (graph::DType cache : {graph::F32, graph::BF16}) {
   for (const Heads& shape : {Heads{8, 2, 64}, Heads{16, 2, 64}, Heads{16, 2, 128}}) {
     for (uint32_t position : {0u, 5u, 63u, 200u, 1000u}) {
       // 1 split at 200, 1 or 3 at 1000: K and V do not fit the slot; they come through it in chunks (5 to 63).
@@ -896,8 +883,7 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
           const uint32_t seed = Seed();
           OpBench b(seed);
           const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 1024;
-          const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim, cache);
-          const uint32_t vc = b.Arena(kKv * kSeq * kDim, cache);
+          const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
           b.FillRandom(q);
           b.FillRandom(kc);
           b.FillRandom(vc);
@@ -925,12 +911,10 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
           }
           b.RunAndCompare(queue,
                           absl::StrCat("attention ", kHeads, "/", kKv, " heads of ", kDim, " position ", position,
-                                       " splits ", splits, fused ? " reduce fused" : "", " ",
-                                       graph::DTypeName(cache), " cache, seed ", seed));
+                                       " splits ", splits, fused ? " reduce fused" : "", " seed ", seed));
         }
       }
     }
-  }
   }
 }
 
@@ -996,19 +980,18 @@ class GpuSchedules : public testing::Test {
     if (!GpuAvailable(&why)) GTEST_SKIP() << why;
     Load("random:tiny");
   }
-  void Load(const std::string& spec, int max_seq = 64, graph::DType kv_cache = graph::F32) {
+  void Load(const std::string& spec, int max_seq = 64) {
     graph::ModelOptions mo;
     mo.max_seq = max_seq;
-    mo.kv_cache = kv_cache;
     absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<graph::Model>(*std::move(m));
   }
 
-  void Check(const scheduler::CompileOptions& options, int steps_per_launch, const std::string& what,
-             const std::vector<int32_t>& prompt = {17, 923, 4, 512}) {
+  void Check(const scheduler::CompileOptions& options, int steps_per_launch, const std::string& what) {
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, options);
     ASSERT_TRUE(s.ok()) << s.status();
+    const std::vector<int32_t> prompt = {17, 923, 4, 512};
     const int steps = static_cast<int>(prompt.size()) - 1 + 32;
     absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
     ASSERT_TRUE(vm.ok());
@@ -1117,49 +1100,6 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
     }
   }
 }
-}
-
-// A bf16 KV cache (graph::ModelOptions::kv_cache): decode fused and unfused, in one launch and step by step, at a
-// context whose splits copy their rows whole into the slot and at one whose two splits take them in chunks, and a
-// prefill pass (the QKV GEMM's epilogue appends, FLASH_ATTN reads bf16 pages) then decode, against the VM.
-TEST_F(GpuSchedules, Bf16KvCacheMatchesTheVm) {
-  std::vector<int32_t> long_prompt;
-  for (int i = 0; i < 700; ++i) long_prompt.push_back((i * 7919 + 13) % 1000);
-  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {
-    Load(spec, 1024, graph::BF16);
-    for (bool fused : {true, false}) {
-      scheduler::CompileOptions o;
-      o.set_num_sms(16);
-      if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
-      const std::string what = absl::StrCat(spec, " bf16 KV", fused ? ", fused" : ", unfused");
-      Check(o, 0, what + ", one launch");
-      Check(o, 1, what + ", one step per launch");
-      o.set_num_sms(132);
-      o.set_attention_splits(2);  // 350 positions a split: chunks through the slot
-      Check(o, 0, what + ", 700-token prompt, chunked splits", long_prompt);
-    }
-    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, {});
-    ASSERT_TRUE(s.ok()) << s.status();
-    const std::vector<int32_t> prompt(long_prompt.begin(), long_prompt.begin() + 129);
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, 129, {});
-    ASSERT_TRUE(pass.ok()) << pass.status();
-    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
-    ASSERT_TRUE(vm.ok());
-    ASSERT_TRUE((*vm)->Reset(prompt).ok());
-    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
-    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
-    ASSERT_TRUE(d.ok()) << d.status();
-    ASSERT_TRUE((*d)->Reset(prompt).ok());
-    ASSERT_TRUE((*d)->Prefill(*pass).ok());
-    absl::StatusOr<std::vector<float>> logits = (*d)->logits();
-    ASSERT_TRUE(logits.ok());
-    EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << spec << " bf16 KV prefill: logits";
-    ASSERT_TRUE((*vm)->Run(8).ok());
-    ASSERT_TRUE((*d)->Run(8).ok());
-    absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
-    ASSERT_TRUE(tokens.ok());
-    EXPECT_EQ(*tokens, (*vm)->tokens()) << spec << " bf16 KV: prefill then decode";
-  }
 }
 
 // Every family's tiny preset (padded rows, biases, 7 heads per KV head, YaRN,
