@@ -235,7 +235,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> DecoderWeightShapes(co
   return shapes;
 }
 
-absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq, DType kv_cache) {
+absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq) {
   if (absl::Status s = c.Validate(); !s.ok()) return s;
   if (max_seq <= 0) return absl::InvalidArgumentError("max_seq must be positive");
   if (absl::Status s = c.CheckWindows(max_seq); !s.ok()) return s;
@@ -268,8 +268,8 @@ absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq, DTy
     }
     const std::string qr = b.Rope(n("q_rope"), q, pos, rope);
     const std::string kr = b.Rope(n("k_rope"), k, pos, rope);
-    const std::string kc = b.State(n("k_cache"), {c.num_kv_heads, max_seq, c.head_dim}, kv_cache);
-    const std::string vc = b.State(n("v_cache"), {c.num_kv_heads, max_seq, c.head_dim}, kv_cache);
+    const std::string kc = b.State(n("k_cache"), {c.num_kv_heads, max_seq, c.head_dim});
+    const std::string vc = b.State(n("v_cache"), {c.num_kv_heads, max_seq, c.head_dim});
     const std::string a = b.Attention(n("attn"), qr, kr, v, kc, vc, pos, attn);
     const std::string o = linear("o", a, "self_attn.o_proj", c.o_bias);
     const std::string x1 = b.Add(n("attn_residual"), x, o);

@@ -168,17 +168,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   model.spec = spec;
   const bool random = absl::StartsWith(spec, "random:");
   const std::string config_path = (fs::path(spec) / "config.json").string();
-  if (options.kv_cache != F32 && options.kv_cache != BF16) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_cache ", DTypeName(options.kv_cache), ": F32 or BF16"));
-  }
-  // A KV cache's element type is a choice of the decoder graphs Loom builds; other models bring their own.
-  auto no_kv_choice = [&](const char* what) -> absl::Status {
-    if (options.kv_cache == F32) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(spec, ": a bf16 KV cache applies to the decoder families Loom builds (",
-                                                   "llama, mistral, qwen2, qwen3); this is ", what));
-  };
   if (absl::EndsWith(spec, ".onnx") && !fs::is_directory(spec)) {  // an ONNX model: graph and initializers
-    if (absl::Status s = no_kv_choice("an ONNX model"); !s.ok()) return s;
     absl::StatusOr<OnnxModel> onnx = ImportOnnx(spec);
     if (!onnx.ok()) return onnx.status();
     model.graph = std::move(onnx->graph);
@@ -214,7 +204,6 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     gated = *config;
   }
   if (gated) {
-    if (absl::Status s = no_kv_choice("a gated depthwise-conv LM"); !s.ok()) return s;
     absl::StatusOr<Graph> graph = BuildGatedConvGraph(*gated, options.max_seq > 0 ? options.max_seq : 4096);
     if (!graph.ok()) return graph.status();
     model.graph = *std::move(graph);
@@ -249,7 +238,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   if (absl::Status s = model.config.CheckWindows(max_seq); !s.ok()) {
     return random ? s : absl::UnimplementedError(absl::StrCat(config_path, ": ", s.message()));
   }
-  absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq, options.kv_cache);
+  absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
   if (random) {
@@ -259,12 +248,6 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     return s;
   }
   return model;
-}
-
-absl::StatusOr<DType> KvCacheFromFlag(const std::string& value, const std::string& flag) {
-  if (value == "f32") return F32;
-  if (value == "bf16") return BF16;
-  return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": the KV cache is f32 or bf16"));
 }
 
 absl::Status ExportModel(const Model& model, const std::string& dir) {

@@ -20,7 +20,6 @@ struct ModelOptions {
   int max_seq = 0;           // KV-cache capacity; 0: min(max_position_embeddings, 4096)
   bool load_weights = true;  // false: config and graph only (compiling needs no weights)
   uint64_t seed = 0x10057u;  // for random: models
-  DType kv_cache = F32;      // the KV cache's elements: F32 or BF16 (BuildDecoderGraph)
 };
 
 struct Model {
@@ -35,9 +34,6 @@ struct Model {
 };
 
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});
-
-// ModelOptions::kv_cache from a flag's value ("f32" or "bf16"); `flag` names it in the error.
-absl::StatusOr<DType> KvCacheFromFlag(const std::string& value, const std::string& flag);
 
 // Writes config.json and model.safetensors into `dir` (created if missing), a
 // folder transformers loads as the config's family.

@@ -74,9 +74,6 @@ struct TensorDesc {
 };
 static_assert(sizeof(TensorDesc) == 24);
 
-// graph::BF16 (graph.proto), for the code here that cannot include the proto (isa.cc checks they agree).
-inline constexpr uint32_t kDTypeBf16 = 1;
-
 // Resolves tensor ids to addresses: the only way opcode code reaches memory.
 struct MachineView {
   uint8_t* regions[kNumRegions];
@@ -92,8 +89,6 @@ struct MachineView {
     uint8_t* base = t.region == kArenaRegion ? regions[kArenaRegion] : regions[kWeightRegion];
     return reinterpret_cast<T*>(base + t.offset);
   }
-  // Bytes per element of a KV cache: 4 (f32) or 2 (bf16, a decode graph built with a bf16 cache).
-  LOOM_HD uint32_t kv_bytes(uint32_t cache) const { return tensors[cache].dtype == kDTypeBf16 ? 2 : 4; }
 };
 
 struct Wait {
@@ -194,7 +189,7 @@ struct MatvecArgs {
   uint32_t epilogue;     // MatvecEpilogue
   uint32_t out;          // f32: output vector (q for RoPE, logits for argmax)
   uint32_t residual;     // f32 (kEpilogueResidualAdd)
-  uint32_t k_cache;      // f32 or bf16 [kv_heads, max_seq, head_dim] (kEpilogueRopeKvAppend)
+  uint32_t k_cache;      // f32 [kv_heads, max_seq, head_dim] (kEpilogueRopeKvAppend)
   uint32_t v_cache;
   uint32_t step_state;
   uint32_t rope_table;   // f32 [head_dim / 2 + 1]: inverse frequencies, then the cos/sin factor
@@ -335,21 +330,19 @@ inline constexpr uint32_t kAttnMaxGroupHeads = 8;
 struct AttnPartialSlot {
   uint64_t q, scores, red, k, v, bytes;
 };
-// kv_bytes: the cache's bytes per element (MachineView::kv_bytes), as the rows are copied.
-LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uint32_t positions, bool with_kv,
-                                          uint32_t kv_bytes) {
+LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uint32_t positions, bool with_kv) {
   AttnPartialSlot s;
   s.q = 0;
   s.scores = 4ull * group * head_dim;
   s.red = s.scores + (4ull * group * positions + 15) / 16 * 16;
   s.k = s.red + 4ull * group * kAttnThreads;
-  s.v = s.k + (with_kv ? uint64_t{kv_bytes} * positions * head_dim : 0);
-  s.bytes = s.v + (with_kv ? uint64_t{kv_bytes} * positions * head_dim : 0);
+  s.v = s.k + (with_kv ? 4ull * positions * head_dim : 0);
+  s.bytes = s.v + (with_kv ? 4ull * positions * head_dim : 0);
   return s;
 }
 // Without K and V: what the slot must always have room for.
 LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, uint32_t positions) {
-  return AttnPartialLayout(group, head_dim, positions, false, 4).bytes;
+  return AttnPartialLayout(group, head_dim, positions, false).bytes;
 }
 // A split whose rows do not fit the slot takes them `chunk` positions at a time through kAttnChunkBuffers K and V
 // buffers (the copies of the next kAttnChunkBuffers - 1 chunks fly while one is computed; a running maximum and sum
@@ -360,22 +353,22 @@ inline constexpr uint32_t kAttnChunkBuffers = 2;
 struct AttnChunkSlot {
   uint64_t q, scores, red, alpha, k, v, bytes;
 };
-LOOM_HD AttnChunkSlot AttnChunkLayout(uint32_t group, uint32_t head_dim, uint32_t chunk, uint32_t kv_bytes) {
+LOOM_HD AttnChunkSlot AttnChunkLayout(uint32_t group, uint32_t head_dim, uint32_t chunk) {
   AttnChunkSlot s;
   s.q = 0;
   s.scores = 4ull * group * head_dim;
   s.red = s.scores + (4ull * group * chunk + 15) / 16 * 16;
   s.alpha = s.red + 4ull * group * kAttnThreads;
   s.k = s.alpha + 4ull * kAttnMaxGroupHeads;
-  s.v = s.k + uint64_t{kv_bytes} * kAttnChunkBuffers * chunk * head_dim;
-  s.bytes = s.v + uint64_t{kv_bytes} * kAttnChunkBuffers * chunk * head_dim;
+  s.v = s.k + 4ull * kAttnChunkBuffers * chunk * head_dim;
+  s.bytes = s.v + 4ull * kAttnChunkBuffers * chunk * head_dim;
   return s;
 }
 // The positions of the largest chunk whose layout fits `bytes` (0: none of kAttnMinChunk does).
 inline constexpr uint32_t kAttnMinChunk = 8;
-LOOM_HD uint32_t AttnChunkPositions(uint32_t group, uint32_t head_dim, uint64_t bytes, uint32_t kv_bytes) {
-  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0, kv_bytes).bytes + 16;
-  const uint64_t per = 4ull * group + 2ull * kv_bytes * kAttnChunkBuffers * head_dim;
+LOOM_HD uint32_t AttnChunkPositions(uint32_t group, uint32_t head_dim, uint64_t bytes) {
+  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0).bytes + 16;
+  const uint64_t per = 4ull * group + 8ull * kAttnChunkBuffers * head_dim;
   const uint64_t chunk = bytes > fixed ? (bytes - fixed) / per : 0;
   return chunk >= kAttnMinChunk ? static_cast<uint32_t>(chunk < 0xffffu ? chunk : 0xffffu) : 0;
 }
@@ -469,7 +462,7 @@ struct GemmArgs {
   uint32_t residual;  // f32 [m, n] or kNoTensor
   uint32_t epilogue;  // GemmEpilogue
   // kGemmRopeKvAppend only (as MATVEC's kEpilogueRopeKvAppend, one row per token):
-  uint32_t k_cache;     // f32 or bf16 [kv_heads, max_seq, head_dim]
+  uint32_t k_cache;     // f32 [kv_heads, max_seq, head_dim]
   uint32_t v_cache;
   uint32_t step_state;  // row r is the token at position state[position] + r
   uint32_t rope_table;  // f32 [head_dim / 2 + 1]
@@ -571,7 +564,7 @@ inline constexpr uint32_t kFlashRows = 128;  // query rows per instruction: 64 p
 inline constexpr uint32_t kFlashKeys = 64;   // keys per tile
 struct FlashAttnArgs {
   uint32_t q;  // f32 [rows, num_heads * head_dim], rotated
-  uint32_t k_cache;  // f32 or bf16 [kv_heads, max_seq, head_dim]
+  uint32_t k_cache;  // f32 [kv_heads, max_seq, head_dim]
   uint32_t v_cache;
   uint32_t step_state;
   uint32_t out;

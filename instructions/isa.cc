@@ -7,8 +7,6 @@
 
 namespace loom::isa {
 
-static_assert(kDTypeBf16 == graph::BF16, "instruction.h's copy of graph::BF16");
-
 const char* OpcodeName(Opcode op) {
   switch (op) {
 #define LOOM_NAME(name, args) \

@@ -41,15 +41,6 @@ class Checker {
                         elements));
     }
   }
-  // The K and V caches (fields "k_cache", "v_cache"): both f32 or both bf16, at least `elements` each; a bf16 row
-  // must be whole 16-byte copies (head_dim a multiple of 8).
-  void KvCaches(uint32_t k_cache, uint32_t v_cache, uint64_t elements, uint32_t head_dim) {
-    if (!status_.ok()) return;
-    const graph::DType dtype = k_cache < tensors_.size() && tensors_[k_cache].dtype == graph::BF16 ? BF16 : F32;
-    Tensor("k_cache", k_cache, dtype, elements);
-    Tensor("v_cache", v_cache, dtype, elements);
-    if (dtype == BF16) Require(head_dim % 8 == 0, absl::StrCat("a bf16 KV cache needs a head_dim that is a multiple of 8, not ", head_dim));
-  }
   void Require(bool ok, const std::string& why) {
     if (status_.ok() && !ok) Fail(why);
   }
@@ -96,19 +87,6 @@ inline void RotatePair(float* x, float* y, uint32_t j, int32_t position, const f
   const float a = *x, b = *y;
   *x = a * c - b * s;
   *y = b * c + a * s;
-}
-
-// Element i of a KV cache (f32 or bf16: MachineView::kv_bytes), and a value stored into one (rounded to bf16 as the
-// device's __float2bfloat16_rn).
-inline float KvLoad(const MachineView& m, uint32_t cache, uint64_t i) {
-  return m.kv_bytes(cache) == 2 ? graph::Bf16ToFloat(m.ptr<uint16_t>(cache)[i]) : m.ptr<float>(cache)[i];
-}
-inline void KvStore(const MachineView& m, uint32_t cache, uint64_t i, float v) {
-  if (m.kv_bytes(cache) == 2) {
-    m.ptr<uint16_t>(cache)[i] = graph::FloatToBf16(v);
-  } else {
-    m.ptr<float>(cache)[i] = v;
-  }
 }
 
 #define LOOM_DECLARE_HOST_OPS(name, args)        \

@@ -21,7 +21,8 @@ void Validate(const AttnPartialArgs& a, Checker& c) {
                          " query heads share a KV head; at most ", kAttnMaxGroupHeads, " can"));
   const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
-  c.KvCaches(a.k_cache, a.v_cache, kv * a.max_seq, a.head_dim);
+  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
+  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
   c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
@@ -47,7 +48,7 @@ Footprint Cost(const AttnPartialArgs& a, uint32_t context) {
   const uint64_t positions = end - begin, active = ActiveSplits(length, a.num_splits, a.min_positions);
   const uint64_t group = a.num_heads / a.num_kv_heads;
   Footprint f;
-  f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;  // (f32 rows: a bf16 cache's are half)
+  f.activation_bytes = 2 * positions * a.head_dim * 4 + group * a.head_dim * 8;
   f.smem_bytes = AttnPartialActivationBytes(static_cast<uint32_t>(group), a.head_dim, static_cast<uint32_t>(positions));
   f.flops = 4 * group * positions * a.head_dim;
   if (a.out != kNoTensor) {  // one split in num_splits also merges the active splits' partials: its share
@@ -97,16 +98,15 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
   uint32_t begin, end;
   SplitRange(length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads;
-  const uint64_t head_row = static_cast<uint64_t>(a.kv_head) * a.max_seq;
-  auto kc = [&](uint32_t p, uint32_t d) { return KvLoad(m, a.k_cache, (head_row + p) * a.head_dim + d); };
-  auto vc = [&](uint32_t p, uint32_t d) { return KvLoad(m, a.v_cache, (head_row + p) * a.head_dim + d); };
+  const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
   std::vector<float> scores(end - begin);
   for (uint32_t h = a.kv_head * group; h < (a.kv_head + 1) * group; ++h) {
     const float* q = m.ptr<float>(a.q) + h * a.head_dim;
     float max_score = -INFINITY;
     for (uint32_t p = begin; p < end; ++p) {
       float s = 0.0f;
-      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * kc(p, d);
+      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * kc[p * a.head_dim + d];
       scores[p - begin] = s * a.scale;
       max_score = std::max(max_score, scores[p - begin]);
     }
@@ -116,7 +116,7 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
     for (uint32_t p = begin; p < end; ++p) {
       const float e = std::exp(scores[p - begin] - max_score);
       l += e;
-      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * vc(p, d);
+      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * vc[p * a.head_dim + d];
     }
     float* ml = m.ptr<float>(a.partial_ml) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * 2;
     ml[0] = max_score;

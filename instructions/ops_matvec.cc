@@ -43,7 +43,8 @@ void Validate(const MatvecArgs& a, Checker& c) {
       c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "RoPE tiles must hold whole rotation pairs");
       c.Require(end <= (U(a.heads_per_group) + 2) * kv_rows, "tile runs past the q|k|v rows");
       c.Tensor("out", a.out, F32, U(a.heads_per_group) * kv_rows);
-      c.KvCaches(a.k_cache, a.v_cache, kv_rows * a.max_seq, a.head_dim);
+      c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
+      c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
       c.Tensor("step_state", a.step_state, I32, kStepStateWords);
       c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
       break;
@@ -103,16 +104,16 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
       for (uint32_t r = 0; r < a.rows; r += 2) {
         const QkvRow row = QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
         if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, table, half);
-        // v rows keep their order (r, r+1 are dims d, d+1); q and k rows are the pair (j, j + half).
-        const uint32_t second = row.kind == kQkvV ? row.dim + 1 : row.dim + half;
-        if (row.kind == kQkvQ) {
-          out[row.head * a.head_dim + row.dim] = y[r];
-          out[row.head * a.head_dim + second] = y[r + 1];
-        } else {
-          const uint32_t cache = row.kind == kQkvK ? a.k_cache : a.v_cache;
-          const uint64_t first = (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
-          KvStore(m, cache, first + row.dim, y[r]);
-          KvStore(m, cache, first + second, y[r + 1]);
+        float* dst = row.kind == kQkvQ ? out
+                     : row.kind == kQkvK ? m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim
+                                         : m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+        const uint32_t base = row.kind == kQkvQ ? row.head * a.head_dim : 0;
+        if (row.kind == kQkvV) {  // v rows keep their order: r, r+1 are dims d, d+1
+          dst[row.dim] = y[r];
+          dst[row.dim + 1] = y[r + 1];
+        } else {  // the pair (j, j + half)
+          dst[base + row.dim] = y[r];
+          dst[base + row.dim + half] = y[r + 1];
         }
       }
       break;

@@ -145,7 +145,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     uint64_t total = 0;
     GemmPages gemm{nullptr, nullptr, 0, nullptr, 0};
     ConvGemmPages conv{nullptr, 0};
-    FlashPages flash{nullptr, nullptr, 0, 0, 0};
+    FlashPages flash{nullptr, nullptr, 64, 0, 0};
     const uint32_t opcode = inst.opcode;
     if (inst.op() == isa::Opcode::MATVEC) {
       const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
@@ -333,15 +333,15 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       plan.length = length.Get(m, a.step_state, step);
       uint32_t begin, end;
       isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
-      const uint32_t group = a.num_heads / a.num_kv_heads, kv_bytes = m.kv_bytes(a.k_cache);
-      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true, kv_bytes);
-      const uint32_t chunk =
-          kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes, kv_bytes), end - begin) : 0;
+      const uint32_t group = a.num_heads / a.num_kv_heads;
+      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
+      const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
+                                     : 0;
       if (end > begin && kv.bytes <= p.activation_bytes) {
         plan.bytes = static_cast<uint32_t>(kv.bytes);
         plan.flags = kActivationKv;
       } else if (end > begin && chunk > 0) {
-        plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk, kv_bytes).bytes);
+        plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
         plan.flags = kActivationChunked | chunk << kActivationChunkShift;
       }
       break;

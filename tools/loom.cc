@@ -51,8 +51,6 @@ ABSL_FLAG(std::string, granularity, "", "barrier granularity: op or chunk");
 ABSL_FLAG(std::string, unfuse, "",
           "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax");
 ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
-ABSL_FLAG(std::string, kv_cache, "f32",
-          "KV-cache elements of a decoder model: f32, or bf16 (half the bytes each step reads; rows rounded to bf16)");
 ABSL_FLAG(int32_t, repeat, 1,
           "compile: compile this many times and print the median time; run on a general graph: run the pass this many "
           "times and print the median");
@@ -137,9 +135,6 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   mo.load_weights = weights;
   mo.max_seq = static_cast<int>(options.max_seq());
   mo.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<graph::DType> kv_cache = graph::KvCacheFromFlag(absl::GetFlag(FLAGS_kv_cache), "--kv_cache");
-  if (!kv_cache.ok()) return kv_cache.status();
-  mo.kv_cache = *kv_cache;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return model;

@@ -30,7 +30,6 @@ ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or 
 ABSL_FLAG(std::string, prompts, "128,512,2048", "comma-separated prompt lengths for time to first token");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per measurement (median reported)");
 ABSL_FLAG(int32_t, max_seq, 4096, "KV-cache capacity");
-ABSL_FLAG(std::string, kv_cache, "f32", "KV-cache elements: f32 or bf16");
 ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
 ABSL_FLAG(int32_t, e2e_tokens, 128, "end to end: tokens generated");
 ABSL_FLAG(std::string, row_tile_barriers, "auto",
@@ -75,9 +74,6 @@ int Main() {
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
-  absl::StatusOr<graph::DType> kv_cache = graph::KvCacheFromFlag(absl::GetFlag(FLAGS_kv_cache), "--kv_cache");
-  if (!kv_cache.ok()) return Fail(kv_cache.status());
-  mo.kv_cache = *kv_cache;
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return Fail(model.status());

@@ -22,8 +22,7 @@
 namespace loom::megakernel {
 
 // The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
-// (kFlashPageKeys keys of cache rows each: 8 KB of f32 rows at head_dim 64, 16 KB at 128; half that for a bf16
-// cache), clamped to the cache's max_seq rows.
+// (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128), clamped to the cache's max_seq rows.
 inline constexpr uint32_t kFlashPageKeys = 32;  // keys per page: 16 KB of f32 rows at head_dim 128
 // A ring page of 32 KB or more holds two of these pages, kFlashPageStride bytes apart (one wait and release).
 inline constexpr uint32_t kFlashPageStride = 16384;
@@ -31,9 +30,9 @@ __device__ __forceinline__ uint32_t FlashPagesPerRingPage(uint32_t page_bytes) {
   return page_bytes >= 2 * kFlashPageStride ? 2 : 1;
 }
 struct FlashPages {
-  const uint8_t* k;  // the KV head's first cache row
-  const uint8_t* v;
-  uint32_t row_bytes, max_seq, count;
+  const float* k;  // the KV head's first cache row
+  const float* v;
+  uint32_t head_dim, max_seq, count;
 
   static constexpr uint32_t PagesPerTensor() { return isa::kFlashKeys / kFlashPageKeys; }
   __device__ __forceinline__ uint32_t FirstKey(uint32_t i) const {
@@ -42,21 +41,20 @@ struct FlashPages {
   }
   __device__ __forceinline__ const void* Source(uint32_t i) const {
     const bool is_v = (i % (2 * PagesPerTensor())) >= PagesPerTensor();
-    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * row_bytes;
+    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim;
   }
   __device__ __forceinline__ uint32_t Bytes(uint32_t i) const {
     const uint32_t key = FirstKey(i), keys = kFlashPageKeys;
     const uint32_t n = key >= max_seq ? 0 : (max_seq - key < keys ? max_seq - key : keys);
-    return n * row_bytes;
+    return n * head_dim * 4;
   }
 };
 
 __device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m) {
   const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
   const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads);
-  const uint32_t row_bytes = a.head_dim * m.kv_bytes(a.k_cache);
-  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * row_bytes;
-  return {m.ptr<uint8_t>(a.k_cache) + row, m.ptr<uint8_t>(a.v_cache) + row, row_bytes, a.max_seq,
+  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim;
+  return {m.ptr<float>(a.k_cache) + row, m.ptr<float>(a.v_cache) + row, a.head_dim, a.max_seq,
           isa::FlashKeyTiles(start, a) * 2 * FlashPages::PagesPerTensor()};
 }
 
@@ -128,17 +126,14 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   constexpr uint32_t kVChunks = HD * kPageKeys / 8 / kConsumerThreads;
   static_assert(kKChunks * kConsumerThreads * 8 == kPageKeys * HD && kVChunks == kKChunks && kPages == 2,
                 "whole chunks per thread; a page's keys are one half of the Vᵀ row");
-  // A bf16 cache's pages hold the slabs' values already: K chunks are copied, V's gathered without a rounding.
-  const bool bf16 = m.kv_bytes(a.k_cache) == 2;
-  const uint32_t esize = bf16 ? 2 : 4;
   uint32_t k_src[kKChunks], k_dst[kKChunks], v_src[kVChunks], v_dst[kVChunks];
 #pragma unroll
   for (uint32_t c = 0; c < kKChunks; ++c) {
     const uint32_t ch = ctx.tid + c * kConsumerThreads, key = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
-    k_src[c] = (key * HD + d0) * esize;
+    k_src[c] = (key * HD + d0) * 4;
     k_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0));
     const uint32_t d = ch % HD, k_local = (ch / HD) * 8;
-    v_src[c] = (k_local * HD + d) * esize;
+    v_src[c] = (k_local * HD + d) * 4;
     v_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(isa::kFlashKeys, HD, d, k_local));
   }
 
@@ -159,16 +154,12 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
       else page += kFlashPageStride;
 #pragma unroll
       for (uint32_t c = 0; c < kKChunks; ++c) {
+        float4 x0 = tile::LoadShared128(page + k_src[c]), x1 = tile::LoadShared128(page + k_src[c] + 16);
         const uint32_t key = p * kPageKeys + (ctx.tid + c * kConsumerThreads) / (HD / 8);
-        uint4 packed;
-        if (bf16) {
-          packed = tile::LoadShared128Bits(page + k_src[c]);
-        } else {
-          const float4 x0 = tile::LoadShared128(page + k_src[c]), x1 = tile::LoadShared128(page + k_src[c] + 16);
-          packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
-        }
-        if (!whole && key0 + key >= valid_keys) packed = make_uint4(0, 0, 0, 0);
-        tile::StoreShared128(kb + k_dst[c] + p * kPageKeys * 128, packed);
+        if (!whole && key0 + key >= valid_keys) x0 = x1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        tile::StoreShared128(kb + k_dst[c] + p * kPageKeys * 128,
+                             make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y),
+                                        PackBf16(x1.z, x1.w)));
       }
       if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
@@ -179,10 +170,7 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
       for (uint32_t c = 0; c < kVChunks; ++c) {
         float v[8];
 #pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) {
-          v[e] = bf16 ? __bfloat162float(__ushort_as_bfloat16(tile::LoadShared16(page + v_src[c] + e * HD * 2)))
-                      : tile::LoadShared32(page + v_src[c] + e * HD * 4);
-        }
+        for (uint32_t e = 0; e < 8; ++e) v[e] = tile::LoadShared32(page + v_src[c] + e * HD * 4);
         if (!whole) {
           const uint32_t key = p * kPageKeys + ((ctx.tid + c * kConsumerThreads) / HD) * 8;
 #pragma unroll

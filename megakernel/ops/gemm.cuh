@@ -232,9 +232,8 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   const float factor = table[half], frequency = q.kind != isa::kQkvV ? table[q.dim] : 0.0f;
   const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
   float* out = m.ptr<float>(g.out);
-  const uint32_t cache = q.kind == isa::kQkvK ? g.k_cache : g.v_cache;
-  const bool bf16 = m.kv_bytes(cache) == 2;
-  const uint64_t head_row = static_cast<uint64_t>(q.head) * g.max_seq;
+  float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) + static_cast<uint64_t>(q.head) *
+                                                                                   g.max_seq * g.head_dim;
   for (uint32_t row = t / 64; row < 64 && row0 + row < g.m; row += 2) {
     const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
     const uint32_t r = row0 + row;
@@ -246,15 +245,12 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
       dst[q.dim] = v0;
       dst[q.dim + half] = v1;
     } else if (pos < static_cast<int32_t>(g.max_seq)) {
-      const uint64_t first = (head_row + pos) * g.head_dim;
+      float* dst = cache + static_cast<uint64_t>(pos) * g.head_dim;
       if (q.kind == isa::kQkvK) {
-        StoreKv(m, cache, bf16, first + q.dim, v0);
-        StoreKv(m, cache, bf16, first + q.dim + half, v1);
-      } else if (bf16) {
-        *reinterpret_cast<__nv_bfloat162*>(m.ptr<__nv_bfloat16>(cache) + first + q.dim) =
-            __floats2bfloat162_rn(v0, v1);  // q.dim even
+        dst[q.dim] = v0;
+        dst[q.dim + half] = v1;
       } else {
-        *reinterpret_cast<float2*>(m.ptr<float>(cache) + first + q.dim) = make_float2(v0, v1);
+        *reinterpret_cast<float2*>(dst + q.dim) = make_float2(v0, v1);  // q.dim even
       }
     }
   }

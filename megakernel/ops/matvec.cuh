@@ -251,15 +251,6 @@ __device__ __forceinline__ void ApplyRotation(float* a, float* b, float c, float
   *b = y * c + x * s;
 }
 
-// Element i of a KV cache <- v: f32, or bf16 rounded to nearest even (isa::MachineView::kv_bytes says which).
-__device__ __forceinline__ void StoreKv(const isa::MachineView& m, uint32_t cache, bool bf16, uint64_t i, float v) {
-  if (bf16) {
-    m.ptr<__nv_bfloat16>(cache)[i] = __float2bfloat16_rn(v);
-  } else {
-    m.ptr<float>(cache)[i] = v;
-  }
-}
-
 // Rotates (a, b) by position * frequency (RopeRotation).
 __device__ __forceinline__ void RotatePairAt(float* a, float* b, int32_t position, float frequency, float factor) {
   float c, s;
@@ -344,10 +335,8 @@ struct MatvecEpilogueInputs {
   float bias0 = 0.0f, bias1 = 0.0f;  // bias of the first row (pair)
   float residual = 0.0f;             // kEpilogueResidualAdd: the first row's residual
   // kEpilogueRopeKvAppend, the first pair: where its two values go (q's output row or the K / V cache row at this
-  // step's position; row_out_bf16 instead for a bf16 cache), and its rotation (cos and sin already scaled by the
-  // table's factor).
+  // step's position), and its rotation (cos and sin already scaled by the table's factor).
   float* row_out = nullptr;
-  __nv_bfloat16* row_out_bf16 = nullptr;
   float cos = 1.0f, sin = 0.0f;
 };
 
@@ -383,13 +372,8 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
   if (row.kind == isa::kQkvQ) {
     in->row_out = in->out + row.head * a.head_dim;
   } else {
-    const uint32_t cache = row.kind == isa::kQkvK ? a.k_cache : a.v_cache;
-    const uint64_t first = (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
-    if (m.kv_bytes(cache) == 2) {
-      in->row_out_bf16 = m.ptr<__nv_bfloat16>(cache) + first;
-    } else {
-      in->row_out = m.ptr<float>(cache) + first;
-    }
+    in->row_out = m.ptr<float>(row.kind == isa::kQkvK ? a.k_cache : a.v_cache) +
+                  (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
   }
   if (row.kind == isa::kQkvV) return;
   const float* table = m.ptr<float>(a.rope_table);
@@ -549,14 +533,8 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
         if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
         float v0 = row_sum(r), v1 = row_sum(r + 1);
         if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
-        const uint32_t second = row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half;
-        if (pair.row_out_bf16 != nullptr) {
-          pair.row_out_bf16[row.dim] = __float2bfloat16_rn(v0);
-          pair.row_out_bf16[second] = __float2bfloat16_rn(v1);
-        } else {
-          pair.row_out[row.dim] = v0;
-          pair.row_out[second] = v1;
-        }
+        pair.row_out[row.dim] = v0;
+        pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
       }
       break;
     }

@@ -46,10 +46,8 @@ __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, Cons
     const bool is_q = head < a.num_heads;
     const uint32_t h = is_q ? head : head - a.num_heads;
     const float* src = m.ptr<float>(is_q ? a.q_in : a.k_in) + h * a.head_dim;
-    // q's output row, or K's cache row (f32 or bf16) at this position.
-    const uint32_t dst_tensor = is_q ? a.q_out : a.k_cache;
-    const bool bf16 = !is_q && m.kv_bytes(a.k_cache) == 2;
-    const uint64_t dst = is_q ? uint64_t{h} * a.head_dim : (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim;
+    float* dst = is_q ? m.ptr<float>(a.q_out) + h * a.head_dim
+                      : m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim;
     const uint32_t norm = is_q ? a.q_norm : a.k_norm;
     float scale = 1.0f;
     if (norm != isa::kNoTensor) {
@@ -65,15 +63,13 @@ __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, Cons
         v1 = v1 * scale * __bfloat162float(w[j + half]);
       }
       RotatePairDevice(&v0, &v1, j, pos, table, factor);
-      StoreKv(m, dst_tensor, bf16, dst + j, v0);
-      StoreKv(m, dst_tensor, bf16, dst + j + half, v1);
+      dst[j] = v0;
+      dst[j + half] = v1;
     }
   }
-  const bool v_bf16 = m.kv_bytes(a.v_cache) == 2;
   for (uint32_t i = ctx.tid; i < a.num_kv_heads * a.head_dim; i += kConsumerThreads) {
     const uint32_t head = i / a.head_dim, d = i % a.head_dim;
-    StoreKv(m, a.v_cache, v_bf16, (static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim + d,
-            m.ptr<float>(a.v_in)[i]);
+    m.ptr<float>(a.v_cache)[(static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim + d] = m.ptr<float>(a.v_in)[i];
   }
 }
 
