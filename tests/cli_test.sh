@@ -126,6 +126,7 @@ expect_error "bad options file" "opts.pbtxt" "$WORK/y.pb" -- \
 expect_error "unwritable output" "cannot write" "" -- \
   "$LOOM" compile --model=random:tiny --out="$WORK/no/such/dir/s.pb"
 expect_error "bad prompt" "--prompt: 'x' is not a token id" "" -- "$LOOM" run --model=random:tiny --prompt=1,x
+expect_error "empty prompt token" "--prompt: token 2 is empty" "" -- "$LOOM" run --model=random:tiny --prompt=1,,2
 expect_error "prompt outside vocab" "outside the vocabulary" "" -- "$LOOM" run --model=random:tiny --prompt=5000
 expect_error "too many tokens" "exceed the KV cache" "" -- "$LOOM" run --model=random:tiny --max_seq=16 --tokens=40
 expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly

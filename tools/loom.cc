@@ -223,7 +223,14 @@ int InspectCommand(const std::string& path) {
 
 absl::StatusOr<std::vector<int32_t>> ParsePrompt() {
   std::vector<int32_t> prompt;
-  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_prompt), ',', absl::SkipEmpty())) {
+  const std::string flag = absl::GetFlag(FLAGS_prompt);
+  const std::vector<absl::string_view> ids = absl::StrSplit(flag, ',');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const absl::string_view t = ids[i];
+    if (t.empty() && i + 1 == ids.size()) break;  // a trailing comma
+    if (t.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt: token ", i + 1, " is empty (two commas in a row?)"));
+    }
     int32_t id;
     if (!absl::SimpleAtoi(t, &id)) {
       return absl::InvalidArgumentError(absl::StrCat("--prompt: '", std::string(t), "' is not a token id"));
