@@ -129,6 +129,8 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
 }
 
 int Main() {
+  if (absl::GetFlag(FLAGS_repeats) < 1) return Fail(absl::InvalidArgumentError("--repeats must be at least 1"));
+  if (absl::GetFlag(FLAGS_num_sms) < 1) return Fail(absl::InvalidArgumentError("--num_sms must be at least 1"));
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   const int32_t page_kb = absl::GetFlag(FLAGS_page_kb);

@@ -265,6 +265,18 @@ std::string TracePathFor(const std::string& path, size_t index, size_t models) {
 }
 
 int Main() {
+  // The flags first: a bad one is named on any machine.
+  if (absl::GetFlag(FLAGS_tokens) < 1) return Fail(absl::InvalidArgumentError("--tokens must be at least 1"));
+  if (absl::GetFlag(FLAGS_repeats) < 1) return Fail(absl::InvalidArgumentError("--repeats must be at least 1"));
+  std::vector<int> contexts;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(c, &v) || v < 1) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--contexts: '", c, "' is not a positive context length")));
+    }
+    contexts.push_back(v);
+  }
+  if (contexts.empty()) return Fail(absl::InvalidArgumentError("--contexts: no context"));
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   scheduler::CompileOptions options;
@@ -274,13 +286,6 @@ int Main() {
     options = *o;
   }
   options.set_max_seq(absl::GetFlag(FLAGS_max_seq));
-  std::vector<int> contexts;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',', absl::SkipEmpty())) {
-    int v;
-    if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail(absl::InvalidArgumentError("--contexts: bad context"));
-    contexts.push_back(v);
-  }
-  if (contexts.empty()) return Fail(absl::InvalidArgumentError("--contexts: no context"));
   std::vector<std::string> models = absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty());
   if (models.empty()) models.push_back(absl::GetFlag(FLAGS_model));
   std::vector<SweepRow> rows;

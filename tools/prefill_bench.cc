@@ -70,6 +70,10 @@ int Main() {
   if (const std::string t = absl::GetFlag(FLAGS_row_tile_barriers); t != "on" && t != "off" && t != "auto") {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--row_tile_barriers: '", t, "' is not on, off or auto")));
   }
+  if (absl::GetFlag(FLAGS_repeats) < 1) return Fail(absl::InvalidArgumentError("--repeats must be at least 1"));
+  if (absl::GetFlag(FLAGS_e2e_prompt) > 0 && absl::GetFlag(FLAGS_e2e_tokens) < 1) {
+    return Fail(absl::InvalidArgumentError("--e2e_tokens must be at least 1 (or --e2e_prompt=0 to skip)"));
+  }
   std::string why;
   if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   graph::ModelOptions mo;
