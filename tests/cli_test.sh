@@ -196,5 +196,30 @@ else
   echo "skip: ONNX cases ($ONNX missing: apt-get install libonnx-testdata)"
 fi
 
+# tools/decode_ab.py over a fake loom_bench (prints loom_bench's rows; ms/token from FAKE_MS, 1.0 by default): the
+# builds alternate, their environment and own flags reach them, medians and differences come out, failures are named.
+TOOLS="$(cd "$(dirname "$0")/../tools" && pwd)"
+cat >"$WORK/fake_bench" <<'FAKE'
+#!/usr/bin/env bash
+echo "$0 $*" >>"$(dirname "$0")/calls"
+ms=${FAKE_MS:-1.0}; models=""
+for a in "$@"; do [ "$a" = --slow ] && ms=2.0; [[ "$a" == --models=* ]] && models=${a#--models=}; done
+for model in ${models//,/ }; do
+  echo "model $model: 2.471 GB of weights read per token, 132 SMs"
+  for c in 128 1024; do printf "%8d %8d %12.4f %5.3f..%5.3f %10.3f %9.2fx %14.4f\n" $c 64 "$ms" 0 0 0.8 1 0.5; done
+done
+FAKE
+chmod +x "$WORK/fake_bench"
+if command -v python3 >/dev/null; then
+  ab=$(python3 "$TOOLS/decode_ab.py" "a=$WORK/fake_bench" "b=FAKE_MS=1.1 $WORK/fake_bench" "c=$WORK/fake_bench --slow" \
+    --models=random:m1,random:m2 --rounds=2 2>&1)
+  [ "$(grep -c -- '--slow' "$WORK/calls")" -eq 2 ] && [ "$(sed -n 4p "$WORK/calls" | grep -c -- '--slow')" -eq 1 ] &&
+    [[ "$ab" == *"1.1000 (+10.0%)"* ]] && [[ "$ab" == *"2.0000 (+100.0%)"* ]] &&
+    pass "decode_ab alternates builds and reports medians" || fail "decode_ab: $ab"
+  ab=$(python3 "$TOOLS/decode_ab.py" "a=$WORK/fake_bench" "b=$WORK/no_such_bench" 2>&1)
+  [ $? -ne 0 ] && [[ "$ab" == *"build b failed"* ]] && pass "decode_ab names a failing build" ||
+    fail "decode_ab failing build: $ab"
+fi
+
 echo "$failures failure(s)"
 [ $failures -eq 0 ]
