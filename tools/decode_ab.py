@@ -2,7 +2,8 @@
 """Decode speed of several builds side by side, alternating (the A/B method of docs/performance.md).
 
     python3 tools/decode_ab.py main=old/loom_bench new=build/tools/loom_bench \\
-        'bf16=build/tools/loom_bench --kv_cache=bf16' 'on=LOOM_SPLIT_FIRST=1 build/tools/loom_bench' \\
+        'fused=build/tools/loom_bench --options=tools/bench_options/fused_attention_reduce.pbtxt' \\
+        'on=SOME_SWITCH=1 build/tools/loom_bench' \\
         [--models random:llama-3.2-1b,random:tests/data/hf_configs/transformers5/tinyllama-1.1b.json] \\
         [--contexts 128,1024] [--tokens 64] [--repeats 3] [--rounds 2]
 
