@@ -23,6 +23,7 @@ enum DeviceErrorKind : uint32_t {
   kStuckActivationWait = 4,   // barrier = activation slot
   kStuckSignalWait = 5,       // barrier = consumer -> storer signal slot
   kStuckTaggedRead = 6,       // barrier = tensor id; value = the bits read; target = the step's parity
+  kStuckSplitRows = 7,        // the decode loader: barrier = attention splits walked; value = those whose rows landed
 };
 
 struct DeviceError {

@@ -248,6 +248,11 @@ absl::Status GpuMachine::CheckError(const char* what) const {
                                               " reading tensor ", e.barrier, ": a value 0x", absl::Hex(e.value),
                                               " never carried the step's tag ", e.target, " (", what, ")"));
     }
+    if (e.kind == kStuckSplitRows) {
+      return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
+                                              ": the loader waits for attention split ", e.barrier,
+                                              "'s K / V rows; the consumers counted ", e.value, " (", what, ")"));
+    }
     const char* ring = e.kind == kStuckPageWait          ? "page"
                        : e.kind == kStuckInstructionWait ? "instruction slot"
                        : e.kind == kStuckActivationWait  ? "activation slot"

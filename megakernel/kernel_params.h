@@ -97,10 +97,17 @@ struct KernelParams {
 // the activation slots and the page ring.
 // Pages start at a multiple of the largest swizzle atom: wgmma reads swizzled GEMM slabs in place.
 inline constexpr uint32_t kPageAlign = 1024;
-inline constexpr uint32_t SmemFixedBytes() {
-  return 2 * kMaxPages * 8 + 2 * kSignalSlots * 8 + 2 * kInstructionSlots * 8 + 6 * kMaxActivationSlots * 8 +
-         kInstructionSlots * isa::kInstructionBytes + kScratchFloats * 8 + kPageAlign;
-}
+// The decode loader's count of attention splits whose K / V rows landed (megakernel.cu's Loader): one word, with
+// room to keep what follows aligned.
+inline constexpr uint32_t kSplitCountBytes = 128;
+// Where the activation ring starts (megakernel.cu's Carve lays out the same). A multiple of 128: the ring 16 bytes
+// off that measured 5-9% slower decode (docs/performance.md "Twenty-third session").
+inline constexpr uint32_t kActivationRingOffset =
+    kInstructionSlots * isa::kInstructionBytes +
+    (2 * kMaxPages + 2 * kSignalSlots + 2 * kInstructionSlots + 6 * kMaxActivationSlots) * 8 + kSplitCountBytes +
+    kScratchFloats * 8;
+static_assert(kActivationRingOffset % 128 == 0, "the activation ring starts 128-byte aligned");
+inline constexpr uint32_t SmemFixedBytes() { return kActivationRingOffset + kPageAlign; }
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
   return SmemFixedBytes() + activation_bytes + page_bytes * num_pages;
 }

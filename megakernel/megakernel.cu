@@ -67,6 +67,7 @@ struct SharedLayout {
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
   uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
   uint64_t* act_info;    // [kMaxActivationSlots] flags | context length << 32 (ActivationPlan)
+  uint32_t* split_rows;  // decode: the attention splits whose K / V rows landed, counted by consumer thread 0
   isa::Instruction* inst;  // [kInstructionSlots]
   float* scratch;
   uint8_t* act;          // the activation ring: activation_bytes
@@ -89,8 +90,9 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.act_ready = s.act_waited + kMaxActivationSlots;
   s.act_offset = s.act_ready + kMaxActivationSlots;
   s.act_info = s.act_offset + kMaxActivationSlots;
-  s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
-  s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);
+  s.split_rows = reinterpret_cast<uint32_t*>(s.act_info + kMaxActivationSlots);
+  s.scratch = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s.split_rows) + kSplitCountBytes);
+  s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);  // smem + kActivationRingOffset
   const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + kPageAlign - 1) & ~uintptr_t{kPageAlign - 1});
   return s;
@@ -138,9 +140,25 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       p.matvec_pages_in_flight == 0 || p.matvec_pages_in_flight > p.num_pages ? p.num_pages : p.matvec_pages_in_flight;
   PipelineState landed = ring;
   uint32_t in_flight = 0;
+  uint32_t splits = 0;  // decode: the ATTN_PARTIALs walked
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
+    // Decode: no page of the instructions after an attention split goes out before the split's K / V rows are in
+    // its slot. Issued sooner, they share the SM's bandwidth with the rows, and the split (the chain) ends later:
+    // -2% ms/token at context 1024, -0.4% at 128 (docs/performance.md "Twenty-third session"). Counted, not an
+    // mbarrier's phase: an SM's consecutive splits need no pages between them, so its consumers may be two splits
+    // on before this thread looks.
+    if (kVariant == isa::kDecodeKernel && inst.op() == isa::Opcode::ATTN_PARTIAL) {
+      MbarrierArrive(&s.inst_empty[w.slot.index]);
+      ++splits;
+      const StuckWhere where = w.Where(p, sm, inst.opcode, splits, kStuckSplitRows);
+      const volatile uint32_t* landed_rows = s.split_rows;
+      for (uint64_t spins = 0; *landed_rows < splits;) {
+        if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(*landed_rows);
+      }
+      continue;
+    }
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
     GemmPages gemm{nullptr, nullptr, 0, nullptr, 0};
@@ -612,6 +630,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       MbarrierInit(&s.act_empty[i], kConsumerThreads);
       s.act_ready[i] = 0;
     }
+    *s.split_rows = 0;
     FenceBarrierInit();
   }
   __syncthreads();

@@ -208,6 +208,17 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
   return acc;
 }
 
+// The split's K / V rows are in its slot (every consumer is past the barrier after their copies): consumer thread 0
+// counts it in the block's split count, kSplitCountBytes before the scratch floats (megakernel.cu's Carve). The
+// decode loader issues no page of the instructions after the split until then.
+__device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
+  if (ctx.tid == 0) {
+    volatile uint32_t* count =
+        reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(ctx.scratch) - kSplitCountBytes);
+    *count = *count + 1;
+  }
+}
+
 // A split whose rows do not fit the slot (kActivationChunked): `chunk` positions at a time through the K and V
 // buffers of isa::AttnChunkLayout, the copies of chunks c + 1 .. c + kAttnChunkBuffers - 1 in flight while chunk c
 // is computed; each head's running maximum and sum (warp h) rescale the accumulators (alpha) as a chunk raises the
@@ -261,6 +272,7 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
     // Every thread is past chunk c - 1 (its scores, alpha and buffers are free): chunk c + kBuffers - 1 goes into
     // the buffers chunk c - 1 used.
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    if (c == 0) CountSplitRows(ctx);  // its first chunk (chunked splits run in the decode variant only)
     const uint32_t ahead = c + kBuffers - 1;
     copy(ahead, ahead * chunk, ahead * chunk + rows_of(ahead));
     CpAsyncCommit();
@@ -397,6 +409,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   CpAsyncCommit();
   CpAsyncWait<1>();
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  if (kChunks) CountSplitRows(ctx);  // (kChunks: the decode variant's)
   AttnScores(q, kc, scores, group, n, hd, a.scale, ctx.tid);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {  // a warp per head: max, exp, sum
