@@ -153,9 +153,8 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       MbarrierArrive(&s.inst_empty[w.slot.index]);
       ++splits;
       const StuckWhere where = w.Where(p, sm, inst.opcode, splits, kStuckSplitRows);
-      const volatile uint32_t* landed_rows = s.split_rows;
-      for (uint64_t spins = 0; *landed_rows < splits;) {
-        if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(*landed_rows);
+      for (uint64_t spins = 0; atomicOr(s.split_rows, 0u) < splits;) {
+        if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(atomicOr(s.split_rows, 0u));
       }
       continue;
     }

@@ -212,11 +212,9 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 // counts it in the block's split count, kSplitCountBytes before the scratch floats (megakernel.cu's Carve). The
 // decode loader issues no page of the instructions after the split until then.
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
-  if (ctx.tid == 0) {
-    volatile uint32_t* count =
-        reinterpret_cast<volatile uint32_t*>(reinterpret_cast<uint8_t*>(ctx.scratch) - kSplitCountBytes);
-    *count = *count + 1;
-  }
+  // (Atomic on both sides, as the loader's polls: a plain store and volatile polls race, to racecheck.)
+  uint32_t* count = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(ctx.scratch) - kSplitCountBytes);
+  if (ctx.tid == 0) atomicAdd(count, 1u);
 }
 
 // A split whose rows do not fit the slot (kActivationChunked): `chunk` positions at a time through the K and V
