@@ -97,16 +97,17 @@ struct KernelParams {
 // the activation slots and the page ring.
 // Pages start at a multiple of the largest swizzle atom: wgmma reads swizzled GEMM slabs in place.
 inline constexpr uint32_t kPageAlign = 1024;
-// The decode loader's count of attention splits whose K / V rows landed (megakernel.cu's Loader): one word, with
-// room to keep what follows aligned.
-inline constexpr uint32_t kSplitCountBytes = 128;
-// Where the activation ring starts (megakernel.cu's Carve lays out the same). A multiple of 128: the ring 16 bytes
-// off that measured 5-9% slower decode (docs/performance.md "Twenty-third session").
+// The decode loader's count of attention splits whose K / V rows landed (megakernel.cu's Loader), after the scratch
+// floats: one word, and room to keep the activation ring after it 1024-byte aligned.
+inline constexpr uint32_t kSplitCountBytes = 512;
+// Where the activation ring starts (megakernel.cu's Carve lays out the same). At least a multiple of 128: the ring
+// 16 bytes off that measured 5-9% slower decode (docs/performance.md "Twenty-third session"); 1024 as it was 512
+// before the split count (at 128, ResNet-18 at batch 8 measured ~1% slower: not settled as noise).
 inline constexpr uint32_t kActivationRingOffset =
     kInstructionSlots * isa::kInstructionBytes +
-    (2 * kMaxPages + 2 * kSignalSlots + 2 * kInstructionSlots + 6 * kMaxActivationSlots) * 8 + kSplitCountBytes +
-    kScratchFloats * 8;
-static_assert(kActivationRingOffset % 128 == 0, "the activation ring starts 128-byte aligned");
+    (2 * kMaxPages + 2 * kSignalSlots + 2 * kInstructionSlots + 6 * kMaxActivationSlots) * 8 + kScratchFloats * 8 +
+    kSplitCountBytes;
+static_assert(kActivationRingOffset % 1024 == 0, "the activation ring starts 1024-byte aligned");
 inline constexpr uint32_t SmemFixedBytes() { return kActivationRingOffset + kPageAlign; }
 inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uint32_t activation_bytes) {
   return SmemFixedBytes() + activation_bytes + page_bytes * num_pages;

@@ -90,9 +90,9 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.act_ready = s.act_waited + kMaxActivationSlots;
   s.act_offset = s.act_ready + kMaxActivationSlots;
   s.act_info = s.act_offset + kMaxActivationSlots;
-  s.split_rows = reinterpret_cast<uint32_t*>(s.act_info + kMaxActivationSlots);
-  s.scratch = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s.split_rows) + kSplitCountBytes);
-  s.act = reinterpret_cast<uint8_t*>(s.scratch + 2 * kScratchFloats);  // smem + kActivationRingOffset
+  s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
+  s.split_rows = reinterpret_cast<uint32_t*>(s.scratch + 2 * kScratchFloats);
+  s.act = reinterpret_cast<uint8_t*>(s.split_rows) + kSplitCountBytes;  // smem + kActivationRingOffset
   const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + kPageAlign - 1) & ~uintptr_t{kPageAlign - 1});
   return s;

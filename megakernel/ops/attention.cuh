@@ -209,11 +209,11 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 }
 
 // The split's K / V rows are in its slot (every consumer is past the barrier after their copies): consumer thread 0
-// counts it in the block's split count, kSplitCountBytes before the scratch floats (megakernel.cu's Carve). The
+// counts it in the block's split count, just after the scratch floats (megakernel.cu's Carve). The
 // decode loader issues no page of the instructions after the split until then.
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
   // (Atomic on both sides, as the loader's polls: a plain store and volatile polls race, to racecheck.)
-  uint32_t* count = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(ctx.scratch) - kSplitCountBytes);
+  uint32_t* count = reinterpret_cast<uint32_t*>(ctx.scratch + 2 * kScratchFloats);
   if (ctx.tid == 0) atomicAdd(count, 1u);
 }
 
