@@ -67,9 +67,9 @@ struct SharedLayout {
   uint64_t* act_ready;   // [kMaxActivationSlots] %globaltimer when the waits were met (tracing)
   uint64_t* act_offset;  // [kMaxActivationSlots] where the slot's bytes start in the ring
   uint64_t* act_info;    // [kMaxActivationSlots] flags | context length << 32 (ActivationPlan)
-  uint32_t* split_rows;  // decode: the attention splits whose K / V rows landed, counted by consumer thread 0
   isa::Instruction* inst;  // [kInstructionSlots]
   float* scratch;
+  uint32_t* split_rows;  // decode: the attention splits whose K / V rows landed, counted by consumer thread 0
   uint8_t* act;          // the activation ring: activation_bytes
   uint8_t* pages;
 };

@@ -209,10 +209,10 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 }
 
 // The split's K / V rows are in its slot (every consumer is past the barrier after their copies): consumer thread 0
-// counts it in the block's split count, just after the scratch floats (megakernel.cu's Carve). The
-// decode loader issues no page of the instructions after the split until then.
+// counts it in the block's split count, just after the scratch floats (megakernel.cu's Carve). The decode loader
+// issues no page of the instructions after the split until then.
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
-  // (Atomic on both sides, as the loader's polls: a plain store and volatile polls race, to racecheck.)
+  // Atomic, as the loader's polls are (a plain store against volatile polls is a race to racecheck).
   uint32_t* count = reinterpret_cast<uint32_t*>(ctx.scratch + 2 * kScratchFloats);
   if (ctx.tid == 0) atomicAdd(count, 1u);
 }
