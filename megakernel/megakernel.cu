@@ -354,10 +354,12 @@ __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction
       const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
       const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
                                      : 0;
-      if (end > begin && kv.bytes <= p.activation_bytes) {
+      if (end == begin) {
+        plan.flags = kActivationEmpty;
+      } else if (kv.bytes <= p.activation_bytes) {
         plan.bytes = static_cast<uint32_t>(kv.bytes);
         plan.flags = kActivationKv;
-      } else if (end > begin && chunk > 0) {
+      } else if (chunk > 0) {
         plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
         plan.flags = kActivationChunked | chunk << kActivationChunkShift;
       }
@@ -408,6 +410,13 @@ struct ActivationRing {
   }
 };
 
+// Decode: an empty split has no rows for the weight loader's hold to wait for. Counted when planned (before the
+// waits, but in a launch's first step), the SM's next pages need not wait for this step's QKV tiles (docs/
+// performance.md "Twenty-fourth session"); its consumers do not count it.
+__device__ __forceinline__ void CountEmptySplit(const ActivationPlan& plan, const SharedLayout& s) {
+  if (plan.flags & kActivationEmpty) atomicAdd(s.split_rows, 1u);
+}
+
 template <uint32_t kVariant>
 __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   ActivationRing ring;
@@ -424,6 +433,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     const bool early = !ReadsPosition(inst) || (kVariant == isa::kDecodeKernel ? length.Follow(step, MaxSeqOf(inst))
                                                                                 : length.step == step);
     if (early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
+    if (kVariant == isa::kDecodeKernel && early) CountEmptySplit(plan, s);
     // ATTN_PARTIAL with its rows (or chunks of them) in the slot, its position known: handed over before the waits,
     // so the consumers copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them)
     // while the waits are polled (of a chunked split, its first chunk's); they copy q and this step's row after
@@ -452,6 +462,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     if (slot == kMaxActivationSlots) {
       // A plan that reads the position is made after the waits.
       if (!early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
+      if (kVariant == isa::kDecodeKernel && !early) CountEmptySplit(plan, s);
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
       s.act_offset[slot] = ring.begin[slot];

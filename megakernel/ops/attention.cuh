@@ -210,7 +210,7 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 
 // The split's K / V rows are in its slot (every consumer is past the barrier after their copies): consumer thread 0
 // counts it in the block's split count, just after the scratch floats (megakernel.cu's Carve). The decode loader
-// issues no page of the instructions after the split until then.
+// issues no page of the instructions after the split until then (an empty split: the activation loader counts it).
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
   // Atomic, as the loader's polls are (a plain store against volatile polls is a race to racecheck).
   uint32_t* count = reinterpret_cast<uint32_t*>(ctx.scratch + 2 * kScratchFloats);
@@ -407,7 +407,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   CpAsyncCommit();
   CpAsyncWait<1>();
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  if (kChunks) CountSplitRows(ctx);  // (kChunks: the decode variant's)
+  if (kChunks && n > 0) CountSplitRows(ctx);  // (kChunks: the decode variant's; an empty split is the loader's)
   AttnScores(q, kc, scores, group, n, hd, a.scale, ctx.tid);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {  // a warp per head: max, exp, sum
