@@ -454,6 +454,9 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       // step; later steps follow the position from the step before: StepLength::Follow).
       // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
       if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early) continue;
+      // An empty split reads nothing its waits order (its outputs and pairs are no longer read by the step before's
+      // reduce: the SM's earlier instructions waited for that step to end).
+      if (kVariant == isa::kDecodeKernel && early && (plan.flags & kActivationEmpty)) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
       // 1.4% ms/token (docs/performance.md "Eleventh session").
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
