@@ -103,7 +103,7 @@ inline constexpr uint32_t kPageAlign = 1024;
 // The decode loader's count of attention splits whose K / V rows landed (megakernel.cu's Loader), after the scratch
 // floats: one word, and room to keep the activation ring after it 1024-byte aligned.
 inline constexpr uint32_t kSplitCountBytes = 512;
-// Where the activation ring starts (megakernel.cu's Carve lays out the same). A multiple of 128 at least: 16 bytes
+// Where the activation ring starts (shared_layout.cuh's Carve lays out the same). A multiple of 128 at least: 16 bytes
 // off that, decode measured 5-9% slower (docs/performance.md "Twenty-third session"). 1024 here (it was at 512
 // before the split count): at 128, ResNet-18 at batch 8 measured ~1% slower, at 1024 level.
 inline constexpr uint32_t kActivationRingOffset =

@@ -209,7 +209,7 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 }
 
 // The split's K / V rows are in its slot (every consumer is past the barrier after their copies): consumer thread 0
-// counts it in the block's split count, just after the scratch floats (megakernel.cu's Carve). The decode loader
+// counts it in the block's split count, just after the scratch floats (shared_layout.cuh's Carve). The decode loader
 // issues no page of the instructions after the split until then (an empty split: the activation loader counts it).
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
   // Atomic, as the loader's polls are (a plain store against volatile polls is a race to racecheck).

@@ -1,0 +1,210 @@
+// The activation loader (warp 11 of the megakernel): for each instruction in queue order it plans its activation
+// slot, polls the waits not observed in the data, takes the slot from the activation ring and hands it to the
+// consumers (docs/architecture.md).
+#pragma once
+
+#include <cstdint>
+
+#include "instructions/instruction.h"
+#include "megakernel/global_barrier.cuh"
+#include "megakernel/kernel_params.h"
+#include "megakernel/mbarrier.cuh"
+#include "megakernel/shared_layout.cuh"
+
+namespace loom::megakernel {
+
+// The activation slot an instruction gets once its waits are met (see each opcode's layout in ops/). The consumers
+// fill it themselves (cp.async through L2: one round trip, where a bulk copy here, after the proxy fence it needs,
+// took ~0.8 us longer from the waits to the slot; docs/performance.md).
+struct ActivationPlan {
+  uint32_t bytes = 0;   // slot size, a multiple of 16
+  uint32_t flags = 0;   // kActivation*: ATTN_PARTIAL's K and V rows (all / in chunks) in the slot, or none (empty)
+  uint32_t length = 0;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (the context length)
+};
+
+// This step's position + 1, read from the step state once per step (by the step's first instruction that needs it,
+// after its waits: they order it after the previous step's ARGMAX_REDUCE advanced it) and kept: the position is
+// the same for every instruction of a step, and each read was a round trip on the chain (attention's hand-off).
+// Decode programs read it only in a launch's first step: in each later one it is the step before's + 1, as
+// ARGMAX_REDUCE advances it by one (at the KV cache's end not at all: `max_seq` clamps it the same way).
+struct StepLength {
+  uint32_t step = ~0u;
+  uint32_t length = 0;
+  __device__ __forceinline__ uint32_t Get(const isa::MachineView& m, uint32_t state, uint32_t this_step) {
+    if (this_step != step) {
+      length = static_cast<uint32_t>(__ldcg(m.ptr<int32_t>(state) + isa::kStatePosition)) + 1;
+      step = this_step;
+    }
+    return length;
+  }
+  // Whether this step's length follows from the step before's, known on this SM; if so it is kept.
+  __device__ __forceinline__ bool Follow(uint32_t this_step, uint32_t max_seq) {
+    if (step == ~0u || step + 1 != this_step) return step == this_step;
+    length = min(length + 1, max_seq);
+    step = this_step;
+    return true;
+  }
+};
+
+// The KV-cache capacity of an instruction that reads the position (ReadsPosition).
+__device__ __forceinline__ uint32_t MaxSeqOf(const isa::Instruction& inst) {
+  return inst.op() == isa::Opcode::ATTN_PARTIAL ? inst.as<isa::AttnPartialArgs>().max_seq
+                                                 : inst.as<isa::MatvecArgs>().max_seq;
+}
+
+// Whether PlanActivations reads this step's position.
+__device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
+  return inst.op() == isa::Opcode::ATTN_PARTIAL ||
+         (inst.op() == isa::Opcode::MATVEC && inst.as<isa::MatvecArgs>().epilogue == isa::kEpilogueRopeKvAppend);
+}
+
+// kChunks: ATTN_PARTIAL's rows that do not fit the slot may come through it in chunks (the decode variant's form:
+// the others read them from the caches, their consumers' registers spent elsewhere).
+template <bool kChunks>
+__device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p,
+                                                          uint32_t step, StepLength& length) {
+  const isa::MachineView& m = p.machine;
+  ActivationPlan plan;
+  plan.bytes = isa::ActivationBytes(inst);
+  switch (inst.op()) {
+    case isa::Opcode::MATVEC: {  // RoPE's position, for the consumers' prologue
+      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
+      if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(m, a.step_state, step);
+      break;
+    }
+    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit, else for chunks of them
+      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();  // (the consumers load them)
+      plan.length = length.Get(m, a.step_state, step);
+      uint32_t begin, end;
+      isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
+      const uint32_t group = a.num_heads / a.num_kv_heads;
+      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
+      const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
+                                     : 0;
+      if (end == begin) {
+        plan.flags = kActivationEmpty;
+      } else if (kv.bytes <= p.activation_bytes) {
+        plan.bytes = static_cast<uint32_t>(kv.bytes);
+        plan.flags = kActivationKv;
+      } else if (chunk > 0) {
+        plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
+        plan.flags = kActivationChunked | chunk << kActivationChunkShift;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return plan;
+}
+
+// The activation ring: instructions take byte ranges of it in queue order, up
+// to activation_slots of them in flight between the activation loader and the
+// consumers. Allocation q uses slot q % slots; the consumers' release of it is
+// the (q / slots)-th completion of that slot's `empty` mbarrier. Kept by the
+// activation loader's one thread.
+struct ActivationRing {
+  uint32_t begin[kMaxActivationSlots];
+  uint32_t end[kMaxActivationSlots];
+  uint32_t made = 0;      // allocations so far
+  uint32_t released = 0;  // allocations known to be released (the oldest in flight)
+
+  __device__ __forceinline__ void WaitOldest(const KernelParams& p, const SharedLayout& s, const StuckWhere& where) {
+    const uint32_t q = released++;
+    MbarrierWait(&s.act_empty[q % p.activation_slots], (q / p.activation_slots) & 1u, where);
+  }
+  __device__ __forceinline__ bool Overlaps(const KernelParams& p, uint32_t b, uint32_t e) const {
+    for (uint32_t q = released; q < made; ++q) {
+      const uint32_t slot = q % p.activation_slots;
+      if (b < end[slot] && begin[slot] < e) return true;
+    }
+    return false;
+  }
+  // Takes `bytes` (a multiple of 16, at most the ring) once they are free; returns the slot.
+  __device__ __forceinline__ uint32_t Allocate(const KernelParams& p, const SharedLayout& s, uint32_t bytes,
+                                               StuckWhere where) {
+    while (released + p.activation_slots <= made) WaitOldest(p, s, where);
+    uint32_t start = 0;
+    if (released < made) {
+      start = end[(made - 1) % p.activation_slots];
+      if (start + bytes > p.activation_bytes) start = 0;  // wrap: the tail is too short
+    }
+    while (bytes > 0 && Overlaps(p, start, start + bytes)) WaitOldest(p, s, where);
+    const uint32_t slot = made++ % p.activation_slots;
+    begin[slot] = start;
+    end[slot] = start + bytes;
+    return slot;
+  }
+};
+
+// Decode: an empty split has no rows for the weight loader's hold to wait for. Counted when planned (before the
+// waits, but in a launch's first step), the SM's next pages need not wait for this step's QKV tiles (docs/
+// performance.md "Twenty-fourth session"); its consumers do not count it.
+__device__ __forceinline__ void CountEmptySplit(const ActivationPlan& plan, const SharedLayout& s) {
+  if (plan.flags & kActivationEmpty) atomicAdd(s.split_rows, 1u);
+}
+
+template <uint32_t kVariant>
+__device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
+  ActivationRing ring;
+  StepLength length;
+  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    const isa::Instruction& inst = s.inst[w.slot.index];
+    const uint32_t step = p.first_step + w.local;
+    // Planned before the waits where it can be (the plan is the slot's size, and for ATTN_PARTIAL and MATVEC's RoPE
+    // this step's position once known): after them only the slot is taken and handed over (-1.1% ms/token).
+    ActivationPlan plan;
+    // A wait observed in the data is skipped below unless the plan must read the position after it: in a decode
+    // program, only in the launch's first step (StepLength::Follow; the step's first RoPE tile on each SM).
+    const bool early = !ReadsPosition(inst) || (kVariant == isa::kDecodeKernel ? length.Follow(step, MaxSeqOf(inst))
+                                                                                : length.step == step);
+    if (early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
+    if (kVariant == isa::kDecodeKernel && early) CountEmptySplit(plan, s);
+    // ATTN_PARTIAL with its rows (or chunks of them) in the slot, its position known: handed over before the waits,
+    // so the consumers copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them)
+    // while the waits are polled (of a chunked split, its first chunk's); they copy q and this step's row after
+    // `act_waited`.
+    uint32_t slot = kMaxActivationSlots;
+    if (kVariant == isa::kDecodeKernel && early && inst.op() == isa::Opcode::ATTN_PARTIAL &&
+        (plan.flags & (kActivationKv | kActivationChunked)) && inst.num_waits > 0) {
+      slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                     kStuckActivationWait));
+      s.act_offset[slot] = ring.begin[slot];
+      s.act_info[slot] = (plan.flags | kActivationEarly) | static_cast<uint64_t>(plan.length) << 32;
+      MbarrierArrive(&s.act_full[slot]);
+    }
+    for (uint32_t k = 0; k < inst.num_waits; ++k) {
+      // A wait observed in the data is the consumers' (step tags: instructions/instruction.h), except where the
+      // plan reads this step's position: that read must follow an acquire of what the previous step's
+      // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the first RoPE instruction of a launch's first
+      // step; later steps follow the position from the step before: StepLength::Follow).
+      // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
+      if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early) continue;
+      // An empty split reads nothing its waits order (its outputs and pairs are no longer read by the step before's
+      // reduce: the SM's earlier instructions waited for that step to end).
+      if (kVariant == isa::kDecodeKernel && early && (plan.flags & kActivationEmpty)) continue;
+      // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
+      // 1.4% ms/token (docs/performance.md "Eleventh session").
+      WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
+    }
+    const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
+    if (slot == kMaxActivationSlots) {
+      // A plan that reads the position is made after the waits.
+      if (!early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
+      if (kVariant == isa::kDecodeKernel && !early) CountEmptySplit(plan, s);
+      slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
+                                                     kStuckActivationWait));
+      s.act_offset[slot] = ring.begin[slot];
+      s.act_info[slot] = plan.flags | static_cast<uint64_t>(plan.length) << 32;
+      s.act_ready[slot] = ready;
+      MbarrierArrive(&s.act_full[slot]);  // (release: the consumers' loads of what the waits acquired come after)
+    } else {
+      s.act_ready[slot] = ready;
+      MbarrierArrive(&s.act_waited[slot]);  // (release, as act_full's: the consumers' copies of this step's rows)
+    }
+    MbarrierArrive(&s.inst_empty[w.slot.index]);
+  }
+}
+
+}  // namespace loom::megakernel
