@@ -38,8 +38,9 @@ inline constexpr uint32_t kActivationEarly = 2;
 // ATTN_PARTIAL: the split's rows do not fit the slot; they come through it in chunks of (flags >> 8) positions
 // (isa::AttnChunkLayout).
 inline constexpr uint32_t kActivationChunked = 4;
-// ATTN_PARTIAL (decode): the split is empty this step (a short context fills fewer splits: isa::ActiveSplits). The
-// activation loader counts it for the weight loader's hold when it plans it; its consumers do not.
+// ATTN_PARTIAL: the split is empty this step (a short context fills fewer splits: isa::ActiveSplits). In the decode
+// variant the activation loader counts it for the weight loader's hold when it plans it (its consumers do not) and
+// polls none of its waits; the other variants only see no rows.
 inline constexpr uint32_t kActivationEmpty = 8;
 inline constexpr uint32_t kActivationChunkShift = 8;
 inline constexpr uint32_t kBlockThreads = kConsumerThreads + 128;
