@@ -104,6 +104,8 @@ inline constexpr uint32_t kPageAlign = 1024;
 // The decode loader's count of attention splits whose K / V rows landed (megakernel.cu's Loader), after the scratch
 // floats: one word, and room to keep the activation ring after it 1024-byte aligned.
 inline constexpr uint32_t kSplitCountBytes = 512;
+// Where that count is, in floats from the scratch floats' start (Carve lays it out, CountSplitRows counts into it).
+inline constexpr uint32_t kSplitCountAfterScratch = 2 * kScratchFloats;
 // Where the activation ring starts (shared_layout.cuh's Carve lays out the same). A multiple of 128 at least: 16 bytes
 // off that, decode measured 5-9% slower (docs/performance.md "Twenty-third session"). 1024 here (it was at 512
 // before the split count): at 128, ResNet-18 at batch 8 measured ~1% slower, at 1024 level.

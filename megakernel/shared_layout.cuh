@@ -48,7 +48,7 @@ __device__ __forceinline__ SharedLayout Carve(uint8_t* smem, const KernelParams&
   s.act_offset = s.act_ready + kMaxActivationSlots;
   s.act_info = s.act_offset + kMaxActivationSlots;
   s.scratch = reinterpret_cast<float*>(s.act_info + kMaxActivationSlots);
-  s.split_rows = reinterpret_cast<uint32_t*>(s.scratch + 2 * kScratchFloats);
+  s.split_rows = reinterpret_cast<uint32_t*>(s.scratch + kSplitCountAfterScratch);
   s.act = reinterpret_cast<uint8_t*>(s.split_rows) + kSplitCountBytes;  // smem + kActivationRingOffset
   const uintptr_t pages = reinterpret_cast<uintptr_t>(s.act + p.activation_bytes);
   s.pages = reinterpret_cast<uint8_t*>((pages + kPageAlign - 1) & ~uintptr_t{kPageAlign - 1});

@@ -213,7 +213,7 @@ __device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, 
 // issues no page of the instructions after the split until then (an empty split: the activation loader counts it).
 __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
   // Atomic, as the loader's polls are (a plain store against volatile polls is a race to racecheck).
-  uint32_t* count = reinterpret_cast<uint32_t*>(ctx.scratch + 2 * kScratchFloats);
+  uint32_t* count = reinterpret_cast<uint32_t*>(ctx.scratch + kSplitCountAfterScratch);
   if (ctx.tid == 0) atomicAdd(count, 1u);
 }
 
