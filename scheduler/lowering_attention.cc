@@ -6,9 +6,46 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/cost_model.h"
 #include "scheduler/lowering_internal.h"
 
 namespace loom::scheduler::lowering_internal {
+
+// The count of splits a KV head, at most one a KV head per SM (and a split per 64 positions of the cache), whose
+// longest split and reduce cost least together in the cost model (CostOf) at the context the schedule is for: the
+// cost model's context_length, or half the cache when that is longer (a decode that fills the cache spends its steps
+// around there). More splits shorten each split and lengthen the reduce (it merges every split's outputs). Counts
+// whose split's K / V rows at that context do not fit the activation slot are passed over while one fits: the rows
+// then come through it in chunks, which the cost model does not see (docs/performance.md "Twenty-fifth session").
+uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
+                             const CompileOptions& o) {
+  const uint32_t cap = std::clamp<uint32_t>(o.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
+  const uint32_t context = std::clamp<uint32_t>(std::max(o.cost().context_length(), max_seq / 2), 1, max_seq);
+  const uint32_t group = heads / kv, per_reduce = std::max<uint32_t>(1, isa::kAttnThreads / head_dim);
+  CostModel cost = o.cost();
+  cost.set_context_length(context);
+  uint32_t best = cap;
+  double best_ns = 0;
+  bool best_fits = false;
+  for (uint32_t splits = 1; splits <= cap; ++splits) {
+    isa::AttnPartialArgs p{};
+    p.num_splits = splits, p.num_heads = heads, p.num_kv_heads = kv, p.head_dim = head_dim, p.max_seq = max_seq;
+    p.min_positions = min_positions, p.out = isa::kNoTensor;
+    isa::AttnReduceArgs r{};
+    r.head_count = std::min(per_reduce, heads), r.num_splits = splits, r.num_heads = heads, r.head_dim = head_dim;
+    Instruction partial{}, reduce{};
+    partial.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL), partial.as<isa::AttnPartialArgs>() = p;
+    reduce.opcode = static_cast<uint8_t>(Opcode::ATTN_REDUCE), reduce.as<isa::AttnReduceArgs>() = r;
+    const double ns = CostOf(partial, cost).total_ns() + CostOf(reduce, cost).total_ns();
+    uint32_t begin, end;
+    isa::SplitRange(context, 0, splits, min_positions, &begin, &end);
+    const bool fits = isa::AttnPartialLayout(group, head_dim, end - begin, true).bytes <= o.smem().activation_bytes();
+    if ((fits && !best_fits) || (fits == best_fits && (splits == 1 || ns < best_ns))) {
+      best = splits, best_ns = ns, best_fits = fits;
+    }
+  }
+  return best;
+}
 
 const OpDef* Lowering::HeadNorm(const OpDef& rope) const {
   const OpDef* norm = graph_.producer(rope.inputs(0));
@@ -175,7 +212,7 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   const uint64_t fits = room / (4 * group);
   uint32_t splits = o_.attention_splits();
   if (splits == 0) {
-    splits = std::clamp<uint32_t>(o_.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
+    splits = AutoAttentionSplits(heads, kv, hd, max_seq, o_.attention_min_split_positions(), o_);
     if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
   }
   // Short contexts fill fewer splits (options.cc has why the default is 16).

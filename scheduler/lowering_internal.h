@@ -36,6 +36,10 @@ inline std::vector<uint64_t> SplitEven(uint64_t begin, uint64_t end, uint64_t pa
   return bounds;
 }
 
+// Decode attention's split count a KV head when CompileOptions.attention_splits is 0 (lowering_attention.cc).
+uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
+                             const CompileOptions& o);
+
 // Which barriers make a tensor ready: one, or one per chunk (PER_CHUNK producers).
 struct Producer {
   std::vector<uint32_t> barriers;

@@ -6,6 +6,7 @@
 
 #include "graph/graph_builder.h"
 #include "instructions/isa.h"
+#include "scheduler/lowering_internal.h"
 #include "scheduler/options.h"
 #include "scheduler/test_util.h"
 
@@ -18,6 +19,32 @@ std::map<std::string, int> OpcodeCounts(const Schedule& s) {
     for (const Instruction& inst : q.instructions()) ++counts[inst.opcode()];
   }
   return counts;
+}
+
+// The split count from the cost model (attention_splits 0): a split's and the reduce's costs weighed at the context
+// the schedule is for (docs/performance.md "Twenty-fifth session").
+TEST(Lowering, AutoAttentionSplitsWeighsTheSplitAgainstTheReduce) {
+  using lowering_internal::AutoAttentionSplits;
+  CompileOptions requested;
+  requested.set_num_sms(132);
+  const CompileOptions o = ResolveOptions(requested);
+  // TinyLlama (32 heads, 4 KV heads of 64): 21 splits at context 1024 (max_seq 2048), not the 33 SMs a KV head has;
+  // at half a 4200-position cache (2100) 32, where fewer splits' rows would no longer fit the slot.
+  EXPECT_EQ(AutoAttentionSplits(32, 4, 64, 2048, 16, o), 21u);
+  EXPECT_EQ(AutoAttentionSplits(32, 4, 64, 4200, 16, o), 32u);
+  // Llama-3.2-1B / 3B / 8B: 16 SMs a KV head, fewer than the cost model's best.
+  EXPECT_EQ(AutoAttentionSplits(32, 8, 64, 2048, 16, o), 16u);
+  EXPECT_EQ(AutoAttentionSplits(24, 8, 128, 2048, 16, o), 16u);
+  // A longer context wants more splits; a short cache caps them at one per 64 positions.
+  EXPECT_GT(AutoAttentionSplits(32, 4, 64, 8192, 16, o), AutoAttentionSplits(32, 4, 64, 2048, 16, o));
+  EXPECT_EQ(AutoAttentionSplits(32, 4, 64, 256, 16, o), 4u);
+  // A smaller slot: the least costly count whose split's rows (at context 1024) fit it.
+  CompileOptions small = o;
+  small.mutable_smem()->set_activation_bytes(32768);
+  const uint32_t splits = AutoAttentionSplits(32, 4, 64, 2048, 16, small);
+  EXPECT_GT(splits, 21u);
+  EXPECT_LE(isa::AttnPartialLayout(8, 64, (1024 + splits - 1) / splits, true).bytes, 32768u);
+  EXPECT_GT(isa::AttnPartialLayout(8, 64, (1024 + splits - 2) / (splits - 1), true).bytes, 32768u);
 }
 
 TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
