@@ -16,7 +16,8 @@ namespace loom::scheduler::lowering_internal {
 // cost model's context_length, or half the cache when that is longer (a decode that fills the cache spends its steps
 // around there). More splits shorten each split and lengthen the reduce (it merges every split's outputs). Counts
 // whose split's K / V rows at that context do not fit the activation slot are passed over while one fits: the rows
-// then come through it in chunks, which the cost model does not see (docs/performance.md "Twenty-fifth session").
+// then come through it in chunks, which the cost model does not see (docs/performance.md "Twenty-fifth session";
+// measured in the twenty-sixth).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
                              const CompileOptions& o) {
   const uint32_t cap = std::clamp<uint32_t>(o.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
@@ -210,14 +211,14 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   const uint64_t group = heads / kv, fixed = isa::AttnPartialActivationBytes(group, hd, 0) + 16;
   const uint64_t room = o_.smem().activation_bytes() - std::min<uint64_t>(o_.smem().activation_bytes(), fixed);
   const uint64_t fits = room / (4 * group);
-  uint32_t splits = o_.attention_splits();
-  if (splits == 0) {
-    splits = AutoAttentionSplits(heads, kv, hd, max_seq, o_.attention_min_split_positions(), o_);
-    if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
-  }
   // Short contexts fill fewer splits (options.cc has why the default is 16).
   uint32_t min_positions = o_.attention_min_split_positions();
   min_positions = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({min_positions, max_seq, fits})));
+  uint32_t splits = o_.attention_splits();
+  if (splits == 0) {
+    splits = AutoAttentionSplits(heads, kv, hd, max_seq, min_positions, o_);
+    if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
+  }
   const uint32_t po = AddTensor(absl::StrCat(op.name(), ".partial_o"), graph::F32, {splits, heads, hd}, ARENA);
   const uint32_t pml = AddTensor(absl::StrCat(op.name(), ".partial_ml"), graph::F32, {splits, heads, 2}, ARENA);
   const float scale = at.scale() > 0 ? at.scale() : 1.0f / std::sqrt(static_cast<float>(hd));
