@@ -406,9 +406,19 @@ LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
   }
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
 }
-// An instruction's variant: its opcode's, but a wide GEMM tile's is kWideKernel.
+// An instruction's variant: its opcode's, but a wide GEMM tile's is kWideKernel, and forms the default decode
+// lowering never emits run in kTensorKernel, so the decode variant does not compile them: an ATTN_PARTIAL with the
+// fused reduce (`out`: the `fused_attention_reduce` option), an ATTN_REDUCE of more than kAttnThreads elements (the
+// lowering's are kAttnThreads: AttnReduceHeads), PACK_ROWS (a GEMM's operand). Code the decode steps never run cost
+// them 0.5-0.8% twice (docs/performance.md, "the decode variant's code size").
 LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
   if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().wide) return kWideKernel;
+  if (inst.op() == Opcode::ATTN_PARTIAL && inst.as<AttnPartialArgs>().out != kNoTensor) return kTensorKernel;
+  if (inst.op() == Opcode::ATTN_REDUCE) {
+    const AttnReduceArgs& a = inst.as<AttnReduceArgs>();
+    if (a.head_count * a.head_dim > kAttnThreads) return kTensorKernel;
+  }
+  if (inst.op() == Opcode::PACK_ROWS) return kTensorKernel;
   return KernelVariantOf(inst.op());
 }
 // Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.

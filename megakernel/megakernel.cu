@@ -244,6 +244,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 template <uint32_t kVariant>
 __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
+  constexpr bool kDecodeOnly = kVariant == isa::kDecodeKernel;  // (the forms isa::KernelVariantOf leaves out of it)
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
   uint32_t waited_phases = 0;  // bit i: the phase of act_waited[i] the next early hand-off of slot i completes
@@ -288,14 +289,18 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
       case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
       case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
       case isa::Opcode::ATTN_PARTIAL:
-        RunAttnPartial<kVariant == isa::kDecodeKernel>(inst.as<isa::AttnPartialArgs>(), ctx);
+        RunAttnPartial<kDecodeOnly, !kDecodeOnly>(inst.as<isa::AttnPartialArgs>(), ctx);
         break;
-      case isa::Opcode::ATTN_REDUCE: RunAttnReduce(inst.as<isa::AttnReduceArgs>(), ctx); break;
+      case isa::Opcode::ATTN_REDUCE:
+        RunAttnReduce<!kDecodeOnly>(inst.as<isa::AttnReduceArgs>(), ctx);
+        break;
       case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
       case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
       case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
-      case isa::Opcode::PACK_ROWS: RunPackRows(inst.as<isa::PackRowsArgs>(), ctx); break;
+      case isa::Opcode::PACK_ROWS:  // (a GEMM's operand: isa::KernelVariantOf)
+        if constexpr (kTensorOps) RunPackRows(inst.as<isa::PackRowsArgs>(), ctx);
+        break;
       // The general-graph ops in their own variant: in the decode one they measured 11% slower decode (their code
       // changes its register allocation), in the tensor one they doubled its spills.
       case isa::Opcode::CONV_GEMM:

@@ -2,10 +2,12 @@
 // clear refusals for what has no lowering yet.
 #include "scheduler/lowering.h"
 
+#include <algorithm>
 #include <map>
 
 #include "graph/graph_builder.h"
 #include "instructions/isa.h"
+#include "scheduler/decoded_schedule.h"
 #include "scheduler/lowering_internal.h"
 #include "scheduler/options.h"
 #include "scheduler/test_util.h"
@@ -137,6 +139,27 @@ TEST(Lowering, SeparateAttentionReduceEmitsAReducePer256Elements) {
   o.clear_separate_attention_reduce();
   o.set_data_waits(false);  // polled, the fused reduce's counter is the shorter way
   EXPECT_EQ(OpcodeCounts(CompileTiny(o)).count("ATTN_REDUCE"), 0u);
+}
+
+// The decode variant compiles only the forms the default decode lowering emits (isa::KernelVariantOf): the fused
+// reduce's ATTN_PARTIAL makes its program run in the tensor variant.
+TEST(Lowering, DefaultDecodeRunsInTheDecodeVariant) {
+  const auto variant = [](const CompileOptions& o) {
+    absl::StatusOr<DecodedSchedule> d = DecodeSchedule(CompileTiny(o));
+    EXPECT_TRUE(d.ok()) << d.status();
+    isa::KernelVariant v = isa::kDecodeKernel;
+    for (const auto& q : d->queues) {
+      for (const isa::Instruction& inst : q) v = std::max(v, isa::KernelVariantOf(inst));
+    }
+    return v;
+  };
+  CompileOptions o;
+  o.set_num_sms(8);
+  EXPECT_EQ(variant(o), isa::kDecodeKernel);
+  o.set_attention_splits(3);
+  EXPECT_EQ(variant(o), isa::kDecodeKernel);
+  o.set_separate_attention_reduce(false);
+  EXPECT_EQ(variant(o), isa::kTensorKernel);
 }
 
 TEST(Lowering, EachFusionOffUsesTheUnfusedOpcodes) {

@@ -306,7 +306,9 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
 }
 
 // The split's outputs from the position groups' sums in `red` (the consumers' barrier first), then warp h's
-// (max, sum) pair; with the fused reduce, the last split of the KV head merges the group's partials.
+// (max, sum) pair; with the fused reduce, the last split of the KV head merges the group's partials. kFused: the
+// fused reduce is compiled in (not in the decode variant: isa::KernelVariantOf runs its programs in the tensor one).
+template <bool kFused>
 __device__ __forceinline__ void AttnPartialFinish(const isa::AttnPartialArgs& a, ConsumerContext& ctx, const float* red,
                                                   float head_max, float head_sum, uint32_t partial_tag) {
   const isa::MachineView& m = ctx.machine;
@@ -326,7 +328,7 @@ __device__ __forceinline__ void AttnPartialFinish(const isa::AttnPartialArgs& a,
     ml[0] = MaybeTag(head_max, partial_tag);
     ml[1] = MaybeTag(head_sum, partial_tag);
   }
-  if (a.out == isa::kNoTensor) return;
+  if (!kFused || a.out == isa::kNoTensor) return;
   // The fused reduce: every consumer's partial stores are issued (the barrier), then one thread publishes this
   // split's arrival with release semantics and learns whether it was the group's last; that split acquires the
   // others' partials and merges them. The last arriver also resets the counter for the next step (the next
@@ -353,7 +355,8 @@ __device__ __forceinline__ void AttnPartialFinish(const isa::AttnPartialArgs& a,
 }
 
 // kChunks: the chunked form is compiled in (the decode variant's; the activation loader plans it only there).
-template <bool kChunks>
+// kFused: the fused reduce is (the other variants': AttnPartialFinish).
+template <bool kChunks, bool kFused>
 __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   uint32_t begin, end;
@@ -366,7 +369,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   float head_max = -INFINITY, head_sum = 0.0f;  // warp h < group: head h's, stored after the outputs
   if (kChunks && (ctx.act_flags & kActivationChunked) != 0) {
     const float* red = AttnPartialChunks(a, ctx, begin, n, &head_max, &head_sum);
-    AttnPartialFinish(a, ctx, red, head_max, head_sum, partial_tag);
+    AttnPartialFinish<kFused>(a, ctx, red, head_max, head_sum, partial_tag);
     return;
   }
   // q (the group's heads), and the K and V rows when the flag says the slot has room for them, come into the slot
@@ -439,7 +442,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   for (uint32_t h = 0; h < kMaxGroupHeads; ++h) {
     if (h < group) red[(pg * group + h) * hd + d] = acc[h];
   }
-  AttnPartialFinish(a, ctx, red, head_max, head_sum, partial_tag);
+  AttnPartialFinish<kFused>(a, ctx, red, head_max, head_sum, partial_tag);
 }
 
 // Whether every float of v carries `parity` (2: no tags, always).
@@ -546,12 +549,15 @@ __device__ __forceinline__ void ReduceThroughSlot(const isa::AttnReduceArgs& a, 
   }
 }
 
+// kWide: the forms of more than kConsumerThreads elements are compiled in (not in the decode variant: the lowering
+// emits none, and isa::KernelVariantOf runs a program with one in the tensor variant).
+template <bool kWide>
 __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, ConsumerContext& ctx) {
   const uint32_t parity = (ctx.flags & isa::kFlagTaggedInput) != 0 ? StepParity(ctx.step) : 2;
   const uint32_t tag = OutputTag(ctx.flags, ctx.step), elems = a.head_count * a.head_dim;
-  if (elems > 2 * kConsumerThreads && a.head_dim % 4 == 0) {
+  if (kWide && elems > 2 * kConsumerThreads && a.head_dim % 4 == 0) {
     ReduceThroughSlot<4>(a, ctx, parity, tag);
-  } else if (elems > kConsumerThreads && a.head_dim % 2 == 0) {
+  } else if (kWide && elems > kConsumerThreads && a.head_dim % 2 == 0) {
     ReduceThroughSlot<2>(a, ctx, parity, tag);
   } else {
     ReduceThroughSlot<1>(a, ctx, parity, tag);
