@@ -222,6 +222,15 @@ LOOM_HD uint64_t MatvecActivationBytes(uint32_t rows, uint32_t k) {
   const uint32_t stride = MatvecRowStride(k);
   return 4ull * stride + 4ull * rows * (stride / MatvecSlotElems(stride));
 }
+// The device splits each page evenly between its 8 consumer warps, kMatvecRowAlign columns (bf16) a segment, and a
+// warp sums a slot alone: a slot must not span two warps' shares. True for every slot with pages of a multiple of
+// 16 KB; with 4-12 KB pages only for rows whose slot is 256 columns (the schedule verifier and the GPU runtime refuse
+// the rest: two warps wrote one slot, wrong results).
+inline constexpr uint32_t kMatvecPageSegmentBytes = 8 * kMatvecRowAlign * 2;  // a page's segment a warp, 4096 bytes
+LOOM_HD bool MatvecSlotsFitPages(uint32_t k, uint32_t page_bytes) {
+  const uint32_t warp_columns = page_bytes / kMatvecPageSegmentBytes * kMatvecRowAlign;
+  return warp_columns > 0 && warp_columns % MatvecSlotElems(MatvecRowStride(k)) == 0;
+}
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of
 // its query heads, then its k head, then its v head ((heads_per_group + 2) *

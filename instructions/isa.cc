@@ -66,6 +66,17 @@ absl::Status ValidateInstruction(const Instruction& inst, const std::vector<Tens
   return checker.status();
 }
 
+absl::Status CheckPageBytes(const Instruction& inst, uint32_t page_bytes) {
+  if (inst.op() != Opcode::MATVEC) return absl::OkStatus();
+  const uint32_t k = inst.as<MatvecArgs>().k;
+  if (MatvecSlotsFitPages(k, page_bytes)) return absl::OkStatus();
+  const uint32_t slot = MatvecSlotElems(MatvecRowStride(k));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a row of ", k, " columns sums ", slot, "-column slots, each in one consumer warp, and a warp's share of a ",
+      page_bytes, "-byte page is ", page_bytes / kMatvecPageSegmentBytes * kMatvecRowAlign,
+      " columns: smem.page_bytes must be a multiple of ", kMatvecPageSegmentBytes * (slot / kMatvecRowAlign)));
+}
+
 Footprint InstructionFootprint(const Instruction& inst, uint32_t context) {
   switch (inst.op()) {
 #define LOOM_FOOTPRINT(name, args) \

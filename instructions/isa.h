@@ -31,6 +31,10 @@ struct TensorInfo {
 // and is large enough for every element the instruction may touch.
 absl::Status ValidateInstruction(const Instruction& inst, const std::vector<TensorInfo>& tensors);
 
+// Checks what the device's page ring imposes on the instruction beyond ValidateInstruction: a MATVEC's slots within
+// one consumer warp's share of a page (MatvecSlotsFitPages). The schedule verifier and the GPU runtime run it.
+absl::Status CheckPageBytes(const Instruction& inst, uint32_t page_bytes);
+
 // What one instruction costs: weight bytes streamed through the page ring,
 // other global bytes, shared memory it needs for activations, and flops.
 struct Footprint {

@@ -110,6 +110,28 @@ struct TestMachine {
 
 // The chunked slot of a split whose rows do not fit (isa::AttnChunkLayout): the largest chunk that fits is what
 // AttnChunkPositions returns, its regions do not overlap, and a slot too small for kAttnMinChunk positions has none.
+// A matvec slot is summed by one consumer warp: 1024-column slots need 16 KB multiples of page, 256-column ones 4 KB.
+TEST(Isa, MatvecSlotsFitOneWarpsShareOfAPage) {
+  EXPECT_TRUE(MatvecSlotsFitPages(2048, 16384));
+  EXPECT_TRUE(MatvecSlotsFitPages(2048, 32768));
+  EXPECT_TRUE(MatvecSlotsFitPages(8192, 49152));
+  EXPECT_FALSE(MatvecSlotsFitPages(2048, 8192));
+  EXPECT_FALSE(MatvecSlotsFitPages(1000, 12288));  // padded to 1024
+  EXPECT_FALSE(MatvecSlotsFitPages(3072, 20480));
+  EXPECT_TRUE(MatvecSlotsFitPages(5632, 8192));  // 256-column slots
+  EXPECT_TRUE(MatvecSlotsFitPages(768, 4096));
+  EXPECT_FALSE(MatvecSlotsFitPages(768, 2048));
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::MATVEC);
+  inst.as<MatvecArgs>().k = 2048;
+  const absl::Status st = CheckPageBytes(inst, 8192);
+  EXPECT_NE(st.message().find("a warp's share of a 8192-byte page is 512 columns: smem.page_bytes must be a multiple "
+                              "of 16384"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(CheckPageBytes(inst, 16384).ok());
+}
+
 TEST(Isa, AttentionChunkLayoutFitsTheSlot) {
   for (uint32_t group : {1u, 4u, 8u}) {
     for (uint32_t hd : {64u, 128u}) {

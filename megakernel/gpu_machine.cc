@@ -70,6 +70,9 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
       }
       // What the kernel implements per instruction (matvec widths, attention head shapes) is part of
       // isa::ValidateInstruction, which the compiler and every schedule load run.
+      if (absl::Status s = isa::CheckPageBytes(inst, p.page_bytes); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+      }
       if (isa::UsesTensorCores(inst.op()) && p.page_bytes < isa::kGemmSlabBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));

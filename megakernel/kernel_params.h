@@ -122,5 +122,6 @@ inline constexpr uint32_t SmemBytes(uint32_t page_bytes, uint32_t num_pages, uin
 using isa::MatvecSlotElems;
 static_assert(kWideSlotElems == 1024 && kSegmentElems == 256, "isa::MatvecSlotElems assumes these widths");
 static_assert(isa::kMatvecRowAlign == kSegmentElems, "matvec rows are padded to whole warp segments");
+static_assert(isa::kMatvecPageSegmentBytes == kConsumerWarps * kSegmentElems * 2, "a page's segment a warp");
 
 }  // namespace loom::megakernel

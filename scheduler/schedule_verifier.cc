@@ -321,6 +321,9 @@ absl::Status VerifySchedule(const Schedule& s) {
         return Fail(absl::StrCat(Where(s, sm, i), ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ",
                                  smem.page_bytes()));
       }
+      if (absl::Status st = isa::CheckPageBytes(inst, smem.page_bytes()); !st.ok()) {
+        return Fail(absl::StrCat(Where(s, sm, i), ": ", st.message()));
+      }
       if (inst.op() == isa::Opcode::CONV_GEMM &&
           isa::ConvGemmRingPages(inst.as<isa::ConvGemmArgs>(), smem.page_bytes()) > smem.num_pages()) {
         return Fail(absl::StrCat(Where(s, sm, i), ": a bf16 input's tile holds ",

@@ -163,6 +163,38 @@ TEST(ScheduleVerifier, RejectsSharedMemoryThatDoesNotFit) {
   ExpectRejected(bad, "matvec_pages_in_flight");
 }
 
+// A MATVEC's 1024-column slots each summed by one consumer warp: pages whose warp shares split them are refused
+// (random:llama-3.2-1b's rows are 2048 and 8192 columns; random:tiny's 256 and 512 use 256-column slots).
+TEST(ScheduleVerifier, RejectsPagesThatSplitAMatvecSlot) {
+  graph::ModelOptions mo;
+  mo.max_seq = 64;
+  mo.load_weights = false;
+  absl::StatusOr<graph::Model> m = graph::LoadModel("random:llama-3.2-1b", mo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (uint32_t page_bytes : {8192u, 12288u, 16384u, 32768u}) {
+    CompileOptions o;
+    o.set_num_sms(16);
+    o.mutable_smem()->set_page_bytes(page_bytes);
+    o.mutable_smem()->set_num_pages(4);
+    absl::StatusOr<Schedule> s = Compile(m->graph, "random:llama-3.2-1b", o);
+    if (page_bytes % 16384 == 0) {
+      EXPECT_TRUE(s.ok()) << page_bytes << ": " << s.status();
+      continue;
+    }
+    ASSERT_FALSE(s.ok()) << page_bytes;
+    EXPECT_NE(s.status().message().find("(MATVEC of "), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("smem.page_bytes must be a multiple of 16384"), std::string::npos)
+        << s.status();
+  }
+  CompileOptions o;
+  o.mutable_smem()->set_page_bytes(8192);
+  o.mutable_smem()->set_num_pages(8);
+  Schedule tiny = CompileTiny(o);  // 256-column slots: any page of whole warp segments
+  EXPECT_TRUE(VerifySchedule(tiny).ok());
+  tiny.mutable_options()->mutable_smem()->set_page_bytes(2048);
+  ExpectRejected(tiny, "smem.page_bytes must be a multiple of 4096");
+}
+
 TEST(ScheduleVerifier, FindsDeadlocksInQueueOrder) {
   CompileOptions o;
   o.set_num_sms(1);

@@ -253,6 +253,38 @@ isa::Instruction Make(isa::Opcode op, const Args& args) {
 
 uint32_t Seed() { return std::random_device{}(); }
 
+// Every streaming form of the matvec (x in registers with 1, 2, 3, 4, 8 or 12 segments a warp, x read per segment)
+// at the page sizes that select them; rows whose 1024-column slots would span two warps' shares of a page are
+// refused by name (before the refusal, two warps wrote one slot: wrong results with 8 KB pages).
+TEST(GpuOpcodes, MatvecAtEveryPageSize) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t page_bytes : {4096u, 8192u, 12288u, 32768u, 49152u}) {
+    for (uint32_t k : {256u, 768u, 1024u, 2048u, 3072u, 5632u}) {
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      isa::MatvecArgs a{};
+      a.rows = 24;
+      a.k = k;
+      a.row_begin = 1;
+      a.weight = b.Weight(uint64_t{a.rows + 1} * isa::MatvecRowStride(k));
+      b.FillRandom(a.weight);
+      a.bias = isa::kNoTensor;
+      a.input = b.Arena(k);
+      b.FillRandom(a.input);
+      a.out = b.Output(a.rows + 1);
+      const std::string what = absl::StrCat("MATVEC k ", k, ", ", page_bytes, "-byte pages, seed ", seed);
+      const isa::Instruction inst = Make(isa::Opcode::MATVEC, a);
+      if (!isa::MatvecSlotsFitPages(k, page_bytes)) {
+        const absl::Status st = b.CreateStatus({inst}, page_bytes);
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+        EXPECT_NE(st.message().find("smem.page_bytes must be a multiple of 16384"), std::string::npos) << st;
+        continue;
+      }
+      b.RunAndCompare({inst}, what, kTolerance, page_bytes);
+    }
+  }
+}
+
 TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, total_rows; };
