@@ -421,6 +421,12 @@ LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
   if (inst.op() == Opcode::PACK_ROWS) return kTensorKernel;
   return KernelVariantOf(inst.op());
 }
+// The decode variant's page size: its matvec compiles only that page's forms, so a program with other pages runs in
+// the tensor variant.
+inline constexpr uint32_t kDecodePageBytes = 16384;
+LOOM_HD KernelVariant KernelVariantOfPages(uint32_t page_bytes) {
+  return page_bytes == kDecodePageBytes ? kDecodeKernel : kTensorKernel;
+}
 // Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.
 LOOM_HD bool UsesTensorCores(Opcode op) {
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::CONV_GEMM;

@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
         prop.sharedMemPerBlockOptin, " a block may use"));
   }
   std::vector<isa::Instruction> all;
+  m->variant_ = isa::KernelVariantOfPages(program.page_bytes);
   for (const auto& q : program.queues) {
     for (const isa::Instruction& inst : q) m->variant_ = std::max(m->variant_, isa::KernelVariantOf(inst));
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
@@ -380,6 +381,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
     return absl::InvalidArgumentError("a program with step-tagged tensors runs as the machine's decode program");
   }
   std::vector<isa::Instruction> all;
+  up->variant = isa::KernelVariantOfPages(other.page_bytes);
   for (const auto& q : other.queues) {
     for (const isa::Instruction& inst : q) {
       up->variant = std::max(up->variant, isa::KernelVariantOf(inst));

@@ -286,7 +286,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     switch (inst.op()) {
       case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
       case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
-      case isa::Opcode::MATVEC: RunMatvec(inst.as<isa::MatvecArgs>(), ctx); break;
+      case isa::Opcode::MATVEC: RunMatvec<kDecodeOnly>(inst.as<isa::MatvecArgs>(), ctx); break;
       case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
       case isa::Opcode::ATTN_PARTIAL:
         RunAttnPartial<kDecodeOnly, !kDecodeOnly>(inst.as<isa::AttnPartialArgs>(), ctx);

@@ -430,6 +430,9 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   return epilogue;
 }
 
+// kDecodePages: pages are isa::kDecodePageBytes (the decode variant's: isa::KernelVariantOfPages), so only the
+// forms of four segments a warp are compiled.
+template <bool kDecodePages>
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   const uint32_t k = isa::MatvecRowStride(a.k), rows = a.rows;  // the padded row from here on
@@ -447,7 +450,8 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   // no division in the loop: a column that advances and wraps, slots by shift.
   const uint32_t tile_elems = rows * k;
   const uint32_t page_elems = ctx.page_bytes / 2;
-  const uint32_t segments_per_warp = page_elems / kSegmentElems / kConsumerWarps;
+  const uint32_t segments_per_warp = kDecodePages ? 4 : page_elems / kSegmentElems / kConsumerWarps;
+  static_assert(isa::kDecodePageBytes / 2 / kSegmentElems / kConsumerWarps == 4, "four segments a warp");
   const uint32_t slot_shift = slot_elems == kWideSlotElems ? 10 : 8;
   static_assert(kWideSlotElems == 1u << 10 && kSegmentElems == 1u << 8, "slot shifts");
   const bool x_in_registers = page_elems % k == 0;
@@ -455,13 +459,13 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
     StreamTileBatched<4>(a, k, ctx, x, partial, slot_shift);
   } else if (x_in_registers && segments_per_warp == 4) {
     StreamTileXInRegisters<4>(a, k, ctx, x, partial, slot_shift);
-  } else if (x_in_registers && segments_per_warp == 8) {
+  } else if (!kDecodePages && x_in_registers && segments_per_warp == 8) {
     StreamTileXInRegisters<8>(a, k, ctx, x, partial, slot_shift);
-  } else if (x_in_registers && segments_per_warp == 2) {
+  } else if (!kDecodePages && x_in_registers && segments_per_warp == 2) {
     StreamTileXInRegisters<2>(a, k, ctx, x, partial, slot_shift);
   } else if (segments_per_warp == 4 && slot_elems == 4 * kSegmentElems) {
     StreamTileXShared<4, 1>(a, k, ctx, x, partial, slot_shift);
-  } else if (segments_per_warp == 4 && slot_elems == kSegmentElems) {
+  } else if (kDecodePages || (segments_per_warp == 4 && slot_elems == kSegmentElems)) {
     StreamTileXShared<4, 4>(a, k, ctx, x, partial, slot_shift);
   } else {
   for (uint32_t page_start = 0; page_start < tile_elems; page_start += page_elems) {
