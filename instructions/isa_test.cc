@@ -108,8 +108,6 @@ struct TestMachine {
   MachineView view() { return {{weights.data(), arena.data()}, table.data(), static_cast<uint32_t>(table.size())}; }
 };
 
-// The chunked slot of a split whose rows do not fit (isa::AttnChunkLayout): the largest chunk that fits is what
-// AttnChunkPositions returns, its regions do not overlap, and a slot too small for kAttnMinChunk positions has none.
 // A matvec slot is summed by one consumer warp: 1024-column slots need 16 KB multiples of page, 256-column ones 4 KB.
 TEST(Isa, MatvecSlotsFitOneWarpsShareOfAPage) {
   EXPECT_TRUE(MatvecSlotsFitPages(2048, 16384));
@@ -132,6 +130,8 @@ TEST(Isa, MatvecSlotsFitOneWarpsShareOfAPage) {
   EXPECT_TRUE(CheckPageBytes(inst, 16384).ok());
 }
 
+// The chunked slot of a split whose rows do not fit (isa::AttnChunkLayout): the largest chunk that fits is what
+// AttnChunkPositions returns, its regions do not overlap, and a slot too small for kAttnMinChunk positions has none.
 TEST(Isa, AttentionChunkLayoutFitsTheSlot) {
   for (uint32_t group : {1u, 4u, 8u}) {
     for (uint32_t hd : {64u, 128u}) {
