@@ -1,0 +1,155 @@
+// GPU tests (ctest label gpu, binary gpu_test) of whole schedules: random:tiny and every family's tiny preset
+// on the megakernel against the CPU reference VM (policies, SM counts, fusions, activation slots, one launch
+// or a step a launch, the one-pass prefill then decode).
+#include "tests/gpu_op_bench.h"
+
+namespace loom::megakernel {
+namespace {
+
+using namespace gpu_bench;  // NOLINT: the bench's helpers and tolerances
+
+class GpuSchedules : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!GpuAvailable(&why)) GTEST_SKIP() << why;
+    Load("random:tiny");
+  }
+  void Load(const std::string& spec, int max_seq = 64) {
+    graph::ModelOptions mo;
+    mo.max_seq = max_seq;
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::make_unique<graph::Model>(*std::move(m));
+  }
+
+  void Check(const scheduler::CompileOptions& options, int steps_per_launch, const std::string& what) {
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const std::vector<int32_t> prompt = {17, 923, 4, 512};
+    const int steps = static_cast<int>(prompt.size()) - 1 + 32;
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Run(steps).ok());
+    GpuRunOptions gpu;
+    gpu.steps_per_launch = steps_per_launch;
+    absl::StatusOr<GpuRunResult> r = RunOnGpu(*s, model_->weights, prompt, steps, gpu);
+    ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+    EXPECT_EQ(r->tokens, (*vm)->tokens()) << what;
+    EXPECT_LE(RelativeError(r->logits, (*vm)->logits()), kTolerance) << what << ": last step's logits";
+  }
+
+  std::unique_ptr<graph::Model> model_;
+};
+
+TEST_F(GpuSchedules, EveryPolicyMatchesTheVmInOneLaunchAndStepByStep) {
+  for (scheduler::SmPolicy policy : {scheduler::ROUND_ROBIN, scheduler::LPT, scheduler::CRITICAL_PATH}) {
+    for (uint32_t sms : {132u, 8u}) {
+      scheduler::CompileOptions o;
+      o.set_policy(policy);
+      o.set_num_sms(sms);
+      const std::string what = absl::StrCat(scheduler::SmPolicy_Name(policy), " on ", sms, " SMs");
+      Check(o, 0, what + ", one launch");
+      Check(o, 1, what + ", one step per launch");
+    }
+  }
+}
+
+TEST_F(GpuSchedules, UnfusedAndPerOpSchedulesMatchTheVm) {
+  scheduler::CompileOptions o;
+  o.set_num_sms(16);
+  o.set_barrier_granularity(scheduler::PER_OP);
+  o.set_elementwise_chunk(100);
+  *o.mutable_fusion() = scheduler::AllFusionsOff();
+  Check(o, 0, "unfused, per-op barriers");
+}
+
+TEST_F(GpuSchedules, EveryActivationSlotCountMatchesTheVm) {
+  for (uint32_t slots = 1; slots <= 4; ++slots) {
+    scheduler::CompileOptions o;
+    o.set_num_sms(8);  // several instructions per SM in flight through the activation ring
+    o.mutable_smem()->set_activation_slots(slots);
+    Check(o, 0, absl::StrCat(slots, " activation slots"));
+  }
+}
+
+// One-pass prefill of random:tiny on the GPU against the same pass on the CPU VM: the KV caches it fills, the
+// residual stream after the last layer and the logits of the last prompt row (bf16 operand images on both sides,
+// the device's P·V in bf16: the looser chain tolerance), the first new token, and decode after it.
+TEST_F(GpuSchedules, PrefillMatchesTheVm) {
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {  // tiny-qwen3: per-head q/k norms
+    Load(spec, 512);
+    for (uint32_t sms : {132u, 8u}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(sms);
+      absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, o);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (uint32_t rows : {1u, 20u, 129u, 299u}) {
+        // On 132 SMs also with 48 KB pages: 128 x 256 GEMM tiles (the wide kernel variant).
+        for (uint32_t wide : {0u, 1u}) {
+          if (wide && sms == 8) continue;
+          const std::string what =
+              absl::StrCat(spec, ": prefill of ", rows, " rows on ", sms, " SMs", wide ? ", wide tiles" : "");
+          std::vector<int32_t> prompt;
+          for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
+          // 8 SMs: a barrier per stage, 16 KB pages; 132 SMs: a barrier per row tile and stage, 32 KB pages.
+          scheduler::PrefillOptions po;
+          po.row_tile_barriers = sms == 8 ? scheduler::PrefillOptions::RowTileBarriers::kOff
+                                          : scheduler::PrefillOptions::RowTileBarriers::kOn;
+          po.page_bytes = sms == 8 ? 16384 : wide ? isa::kGemmWideStepBytes : 32768;
+          absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, rows, po);
+          ASSERT_TRUE(pass.ok()) << pass.status();
+          absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
+          ASSERT_TRUE(vm.ok());
+          ASSERT_TRUE((*vm)->Reset(prompt).ok());
+          ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+          absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
+          ASSERT_TRUE(d.ok()) << d.status();
+          ASSERT_TRUE((*d)->Reset(prompt).ok());
+          absl::StatusOr<float> ms = (*d)->Prefill(*pass);
+          ASSERT_TRUE(ms.ok()) << what << ": " << ms.status();
+          for (const scheduler::Tensor& t : pass->tensors()) {
+            if (t.dtype() != graph::F32 || t.region() != scheduler::ARENA ||
+                !(absl::StrContains(t.name(), "cache") || t.name() == "prefill.x")) {
+              continue;
+            }
+            std::vector<float> got(t.bytes() / 4), want(t.bytes() / 4);
+            ASSERT_TRUE((*d)->machine().ReadArena(t.offset(), got.data(), t.bytes()).ok());
+            const std::vector<uint8_t> vm_bytes = (*vm)->ReadArena(t.offset(), t.bytes());
+            std::memcpy(want.data(), vm_bytes.data(), t.bytes());
+            EXPECT_LE(RelativeError(got, want), kPrefillTolerance) << what << ": " << t.name();
+          }
+          absl::StatusOr<std::vector<float>> logits = (*d)->logits();
+          ASSERT_TRUE(logits.ok());
+          EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << what << ": logits";
+          absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
+          ASSERT_TRUE(tokens.ok());
+          EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": the first new token";
+          ASSERT_TRUE((*vm)->Run(8).ok());
+          ASSERT_TRUE((*d)->Run(8).ok());
+          tokens = (*d)->tokens();
+          ASSERT_TRUE(tokens.ok());
+          EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": decode after the prefill";
+        }
+      }
+    }
+  }
+}
+
+// Every family's tiny preset (padded rows, biases, 7 heads per KV head, YaRN,
+// per-head q/k norms), fused and unfused.
+TEST_F(GpuSchedules, EveryFamilyMatchesTheVm) {
+  for (const char* spec : {"random:tiny-mistral", "random:tiny-qwen2", "random:tiny-qwen3"}) {
+    Load(spec);
+    for (bool fused : {true, false}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(16);
+      if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+      Check(o, 0, absl::StrCat(spec, fused ? ", fused" : ", unfused"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::megakernel
