@@ -22,7 +22,7 @@ uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uin
                              const CompileOptions& o) {
   const uint32_t cap = std::clamp<uint32_t>(o.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
   const uint32_t context = std::clamp<uint32_t>(std::max(o.cost().context_length(), max_seq / 2), 1, max_seq);
-  const uint32_t group = heads / kv, per_reduce = AttnReduceHeads(head_dim);
+  const uint32_t group = heads / kv, per_reduce = AttnReduceHeads(head_dim, o);
   CostModel cost = o.cost();
   cost.set_context_length(context);
   uint32_t best = cap;
@@ -251,8 +251,8 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   }
   const int reduce_group = NewGroup(absl::StrCat(op.name(), ".reduce"));
   const uint32_t reduce_barrier = NewBarrier(absl::StrCat(op.name(), ".reduce"), WaitsFor({partial_barrier}));
-  // A reduce per kAttnThreads output elements (a thread each: it loads 32 splits' outputs at once).
-  const uint32_t per_reduce = AttnReduceHeads(hd);
+  // A reduce per kAttnThreads output elements by default (a thread each: it loads 32 splits' outputs at once).
+  const uint32_t per_reduce = AttnReduceHeads(hd, o_);
   for (uint32_t h = 0; h < heads; h += per_reduce) {
     isa::AttnReduceArgs a{po, pml, out, h, std::min(per_reduce, heads - h), splits, heads, hd};
     Emit(Make(Opcode::ATTN_REDUCE, a), reduce_barrier, WaitsFor({partial_barrier}), op.name(), reduce_group);

@@ -36,8 +36,12 @@ inline std::vector<uint64_t> SplitEven(uint64_t begin, uint64_t end, uint64_t pa
   return bounds;
 }
 
-// Heads an ATTN_REDUCE merges: a consumer thread per output element (the device's wider forms take fewer).
-inline uint32_t AttnReduceHeads(uint32_t head_dim) { return std::max<uint32_t>(1, isa::kAttnThreads / head_dim); }
+// Heads an ATTN_REDUCE merges: CompileOptions.attention_reduce_heads, or a consumer thread per output element (the
+// device's wider forms take fewer).
+inline uint32_t AttnReduceHeads(uint32_t head_dim, const CompileOptions& o) {
+  if (o.attention_reduce_heads() > 0) return o.attention_reduce_heads();
+  return std::max<uint32_t>(1, isa::kAttnThreads / head_dim);
+}
 
 // Decode attention's split count a KV head when CompileOptions.attention_splits is 0 (lowering_attention.cc).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,

@@ -70,6 +70,32 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
   EXPECT_EQ(s.weight_bytes_per_step(), static_cast<uint64_t>(tiny->DecodeWeightBytes()) - norm_bytes);
 }
 
+// attention_reduce_heads: the separate reduce's output split into reduces of that many heads (the last one ragged),
+// every head merged exactly once.
+TEST(Lowering, AttentionReduceHeadsSetsTheReducesPerLayer) {
+  for (uint32_t per : {0u, 1u, 3u}) {
+    CompileOptions o;
+    o.set_num_sms(8);
+    o.set_attention_splits(2);
+    o.set_attention_reduce_heads(per);
+    const Schedule s = CompileTiny(o);
+    std::vector<int> merged(2 * 4, 0);  // layers x heads of random:tiny
+    int reduces = 0;
+    for (const SmQueue& q : s.queues()) {
+      for (const Instruction& inst : q.instructions()) {
+        if (inst.opcode() != "ATTN_REDUCE") continue;
+        ++reduces;
+        const isa::AttnReduceArgs a = DecodeInstruction(inst, s)->as<isa::AttnReduceArgs>();
+        const int layer = inst.op().find("layers.1.") == 0 ? 1 : 0;
+        EXPECT_LE(a.head_count, per == 0 ? 4u : per) << per;
+        for (uint32_t h = a.head_begin; h < a.head_begin + a.head_count; ++h) ++merged[layer * 4 + h];
+      }
+    }
+    EXPECT_EQ(reduces, per == 0 ? 2 : per == 1 ? 8 : 4) << per;  // per layer: 256 elements (4 heads of 64), 4, 2
+    EXPECT_EQ(merged, std::vector<int>(8, 1)) << per;
+  }
+}
+
 // Step tags (instructions/instruction.h): every MATVEC reading a whole activation that tagging writers alone produce
 // observes its wait in the data, and every ATTN_REDUCE its wait on the splits' partials; attention's splits
 // (reading q and the KV cache) still poll their barrier.

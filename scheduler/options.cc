@@ -79,7 +79,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (s->matvec_pages_in_flight() == 0) {  // latency x bandwidth: the pages that keep an SM's share streaming
     const double bytes = c->hbm_latency_ns() * c->sm_gbps();  // ns x GB/s = bytes
     const double pages = std::ceil(bytes / std::max<uint32_t>(s->page_bytes(), 1));
-    s->set_matvec_pages_in_flight(static_cast<uint32_t>(std::clamp(pages, 1.0, double{s->num_pages()})));
+    s->set_matvec_pages_in_flight(static_cast<uint32_t>(std::clamp(pages, 1.0, static_cast<double>(s->num_pages()))));
   }
   return o;
 }
@@ -118,6 +118,7 @@ absl::Status ValidateOptions(const CompileOptions& o) {
                             o.smem().num_pages(), " pages of the ring"));
   }
   if (o.matvec_tiles_per_sm() > 64) return bad("matvec_tiles_per_sm above 64 makes no sense");
+  if (o.attention_reduce_heads() > 256) return bad("attention_reduce_heads above 256 makes no sense");
   if (o.max_seq() > (1u << 20)) return bad("max_seq above 2^20");
   return absl::OkStatus();
 }

@@ -91,6 +91,16 @@ TEST_F(VmOracle, PerOpBarriersAndSmallTilesMatchTheOracle) {
   CheckSchedule(o, "PER_OP, 3 tiles per SM, 5 splits");
 }
 
+TEST_F(VmOracle, ReducesOfAnyHeadCountMatchTheOracle) {
+  for (uint32_t per : {1u, 3u}) {
+    scheduler::CompileOptions o;
+    o.set_num_sms(8);
+    o.set_attention_splits(5);
+    o.set_attention_reduce_heads(per);
+    CheckSchedule(o, absl::StrCat("5 splits, reduces of ", per, " heads"));
+  }
+}
+
 TEST_F(VmOracle, EveryFusionOffMatchesTheOracle) {
   scheduler::CompileOptions o;
   o.set_num_sms(6);
