@@ -114,48 +114,55 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
 
 
 // Split-KV decode attention, the reduce as ATTN_REDUCE instructions or folded into the last split of each KV head
-// (an arrival counter per KV head, zero again afterwards: compared too).
+// (an arrival counter per KV head, zero again afterwards: compared too), in activation slots of 48, 30 (what twelve
+// 16 KB pages leave) and 18 KB (raised to what the split's scores need where that is more).
 TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   SKIP_WITHOUT_GPU();
   // Groups of 4 heads of 64 (merged a thread per element), 8 of 64 (two elements a thread), 8 of 128 (four).
   struct Heads { uint32_t heads, kv, dim; };
   for (const Heads& shape : {Heads{8, 2, 64}, Heads{16, 2, 64}, Heads{16, 2, 128}}) {
     for (uint32_t position : {0u, 5u, 63u, 200u, 1000u}) {
-      // 1 split at 200, 1 or 3 at 1000: K and V do not fit the slot; they come through it in chunks (5 to 63).
+      // 1 split at 200, 1 or 3 at 1000: K and V do not fit the slot; they come through it in chunks (5 to 63). In
+      // the smaller slots more splits do (16 at 1000), in smaller chunks, or read K and V from the caches.
       for (uint32_t splits : {1u, 3u, 16u, 40u}) {
-        for (bool fused : {false, true}) {
-          const uint32_t seed = Seed();
-          OpBench b(seed);
-          const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 1024;
-          const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
-          b.FillRandom(q);
-          b.FillRandom(kc);
-          b.FillRandom(vc);
-          const uint32_t state = b.Arena(4, graph::I32);
-          b.SetState(state, static_cast<int32_t>(position), 1);
-          const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
-          const uint32_t out = b.Output(kHeads * kDim);
-          const uint32_t arrivals = fused ? b.Output(kKv, graph::I32) : isa::kNoTensor;
-          if (fused) std::memset(b.Data<uint8_t>(arrivals), 0, kKv * 4);
-          std::vector<isa::Instruction> queue;
-          for (uint32_t g = 0; g < kKv; ++g) {
-            for (uint32_t s = 0; s < splits; ++s) {
-              // With many splits, a few positions each at least: short contexts fill (and the fused reduce merges)
-              // only the first few (26 of 40 at position 200: merged in one round trip with 8 heads of 64).
-              const uint32_t min_positions = splits == 16 ? 16 : splits == 40 ? 8 : 0;
-              queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
-                                   isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim,
-                                                        kSeq, 0.125f, fused ? out : isa::kNoTensor, arrivals,
-                                                        min_positions}));
+        for (uint32_t slot : {kActivationBytes, 30u * 1024, 18u * 1024}) {
+          for (bool fused : {false, true}) {
+            if (slot != kActivationBytes && fused) continue;  // (the fused reduce: the tensor variant, no chunks)
+            const uint32_t seed = Seed();
+            OpBench b(seed);
+            b.SetActivationBytes(slot);
+            const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 1024;
+            const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
+            b.FillRandom(q);
+            b.FillRandom(kc);
+            b.FillRandom(vc);
+            const uint32_t state = b.Arena(4, graph::I32);
+            b.SetState(state, static_cast<int32_t>(position), 1);
+            const uint32_t po = b.Output(splits * kHeads * kDim), pml = b.Output(splits * kHeads * 2);
+            const uint32_t out = b.Output(kHeads * kDim);
+            const uint32_t arrivals = fused ? b.Output(kKv, graph::I32) : isa::kNoTensor;
+            if (fused) std::memset(b.Data<uint8_t>(arrivals), 0, kKv * 4);
+            std::vector<isa::Instruction> queue;
+            for (uint32_t g = 0; g < kKv; ++g) {
+              for (uint32_t s = 0; s < splits; ++s) {
+                // With many splits, a few positions each at least: short contexts fill (and the fused reduce merges)
+                // only the first few (26 of 40 at position 200: merged in one round trip with 8 heads of 64).
+                const uint32_t min_positions = splits == 16 ? 16 : splits == 40 ? 8 : 0;
+                queue.push_back(Make(isa::Opcode::ATTN_PARTIAL,
+                                     isa::AttnPartialArgs{q, kc, vc, state, po, pml, g, s, splits, kHeads, kKv, kDim,
+                                                          kSeq, 0.125f, fused ? out : isa::kNoTensor, arrivals,
+                                                          min_positions}));
+              }
             }
+            for (uint32_t g = 0; g < kKv && !fused; ++g) {
+              queue.push_back(Make(isa::Opcode::ATTN_REDUCE, isa::AttnReduceArgs{po, pml, out, g * kHeads / kKv,
+                                                                                 kHeads / kKv, splits, kHeads, kDim}));
+            }
+            b.RunAndCompare(queue,
+                            absl::StrCat("attention ", kHeads, "/", kKv, " heads of ", kDim, " position ", position,
+                                         " splits ", splits, fused ? " reduce fused" : "", " slot ", slot,
+                                         " seed ", seed));
           }
-          for (uint32_t g = 0; g < kKv && !fused; ++g) {
-            queue.push_back(Make(isa::Opcode::ATTN_REDUCE, isa::AttnReduceArgs{po, pml, out, g * kHeads / kKv,
-                                                                               kHeads / kKv, splits, kHeads, kDim}));
-          }
-          b.RunAndCompare(queue,
-                          absl::StrCat("attention ", kHeads, "/", kKv, " heads of ", kDim, " position ", position,
-                                       " splits ", splits, fused ? " reduce fused" : "", " seed ", seed));
         }
       }
     }

@@ -97,7 +97,7 @@ class OpBench {
     program.queues = {queue};
     program.tensors = table_;
     program.arena_bytes = arena_.size();
-    program.activation_bytes = kActivationBytes;
+    program.activation_bytes = activation_bytes_;
     program.page_bytes = page_bytes;
     for (const isa::Instruction& inst : queue) {  // FLASH_ATTN at head_dim 128 takes 97 KB
       program.activation_bytes = std::max(program.activation_bytes, isa::ActivationBytes(inst));
@@ -210,6 +210,8 @@ class OpBench {
   std::mt19937& rng() { return rng_; }
   // bf16 outputs rounded from f32 sums: elements one bf16 step apart count as equal.
   void AllowBf16Steps() { bf16_steps_ = true; }
+  // The activation ring's bytes (kActivationBytes unless set), raised to what the queue's largest instruction needs.
+  void SetActivationBytes(uint32_t bytes) { activation_bytes_ = bytes; }
   // A random bf16 matrix [rows, cols] (uniform in +-scale) as a GEMM operand image (isa::PackSwizzled: 128-row
   // tiles of 128-byte swizzled K slabs), in the weights (W) or the arena (A). The references read the image.
   uint32_t RandomOperandImage(uint32_t region, uint32_t rows, uint32_t cols, float scale = 1.0f) {
@@ -235,6 +237,7 @@ class OpBench {
   }
 
   bool bf16_steps_ = false;
+  uint32_t activation_bytes_ = kActivationBytes;
   std::mt19937 rng_;
   std::vector<uint8_t> weights_, arena_;
   std::vector<isa::TensorDesc> table_;
