@@ -40,6 +40,8 @@ expect_error "--verify=false without a pass" "--prefill_rows" "$WORK/nv.pb" -- \
 expect_error "negative prefill rows" "--prefill_rows" "$WORK/neg.pb" -- \
   "$LOOM" compile --model=random:tiny --prefill_rows=-3 --out="$WORK/neg.pb"
 "$LOOM" inspect "$WORK/tiny.pb" | grep -q "instructions per step" && pass "inspect" || fail "inspect"
+"$LOOM" inspect "$WORK/tiny.pb" | grep -q "shared memory per SM: 11 pages of 16 KB (11 in flight), 46 KB activation ring in 1 slot" &&
+  pass "inspect: shared memory" || fail "inspect: shared memory"
 "$LOOM" compile --model=random:tiny --out="$WORK/tiny.pbtxt" --policy=lpt --granularity=op >/dev/null &&
   "$LOOM" inspect "$WORK/tiny.pbtxt" >/dev/null && pass "text-format schedule" || fail "text-format schedule"
 "$LOOM" run --model=random:tiny --tokens=8 --prompt=5,6,7 --check 2>/dev/null | grep -q "identical to the op-by-op oracle" &&
