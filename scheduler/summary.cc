@@ -38,10 +38,12 @@ absl::StatusOr<std::string> ScheduleSummary(const Schedule& schedule, const std:
                         s->weight_bytes() / 1e6, s->weight_bytes_per_step() / 1e6, s->arena_bytes() / 1e6,
                         s->tensors_size(), s->barriers_size());
   const SmemConfig& smem = s->options().smem();
-  absl::StrAppendFormat(&out, "  shared memory per SM: %u pages of %u KB (%u in flight), %u KB activation ring",
+  absl::StrAppendFormat(&out,
+                        "  shared memory per SM: %u pages of %u KB (%u in flight), %u KB activation ring in %u "
+                        "slot%s\n",
                         smem.num_pages(), smem.page_bytes() / 1024, smem.matvec_pages_in_flight(),
-                        smem.activation_bytes() / 1024);
-  absl::StrAppendFormat(&out, " in %u slot%s\n", smem.activation_slots(), smem.activation_slots() == 1 ? "" : "s");
+                        smem.activation_bytes() / 1024, smem.activation_slots(),
+                        smem.activation_slots() == 1 ? "" : "s");
   if (s->has_graph()) {  // a general graph's pass: one run per evaluation ("step" below means that run)
     auto list = [&](const google::protobuf::RepeatedPtrField<IoTensor>& io) {
       std::vector<std::string> items;
