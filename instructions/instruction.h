@@ -149,8 +149,10 @@ struct EmbedArgs {
   uint32_t row_stride;  // elements between rows of the table (>= hidden)
   uint32_t row_begin;
   uint32_t rows;
+  uint32_t folded = 0;  // 1: the step before's ARGMAX_REDUCE stored this row (its embed_out), so on the device it runs only
+                        // in a launch's first step (the VM runs it every step: the same values)
   static constexpr const char* kFields[] = {"table", "tokens", "step_state", "out", "hidden", "vocab", "row_stride",
-                                            "row_begin", "rows"};
+                                            "row_begin", "rows", "folded"};
 };
 
 // out = x * rsqrt(mean(x^2) + eps) * weight
@@ -437,13 +439,24 @@ struct ArgmaxPartialArgs {
 // Picks the best partial, writes it as the token at position+1 (unless that
 // position is still inside the prompt) and advances the position: the end of
 // a decode step.
+// With embed_out (the next step's EMBED folded in), the device also stores the next step's EMBED row a step early:
+// table[the token at the new position] into embed_out, with the next step's tag where it carries kFlagTagOut; not in
+// a launch's last step, and that EMBED (`folded`) then runs only in a launch's first step. The values are the EMBED's
+// own, so the reference (the VM runs that EMBED every step) leaves embed_out alone. Sound because the step's last
+// instruction depends on every other (the verifier's step order): no reader of this step's row is still reading.
 struct ArgmaxReduceArgs {
   uint32_t partials;
   uint32_t num_partials;
   uint32_t step_state;
   uint32_t tokens;  // i32 [max_seq + 1]
   uint32_t max_seq;
-  static constexpr const char* kFields[] = {"partials", "num_partials", "step_state", "tokens", "max_seq"};
+  uint32_t embed_table = kNoTensor;  // bf16 [vocab, row_stride]: the folded EMBED's table
+  uint32_t embed_out = kNoTensor;    // f32 [hidden]: its output (kNoTensor: no EMBED folded in)
+  uint32_t hidden = 0;
+  uint32_t vocab = 0;
+  uint32_t row_stride = 0;
+  static constexpr const char* kFields[] = {"partials", "num_partials", "step_state", "tokens", "max_seq",
+                                            "embed_table", "embed_out", "hidden", "vocab", "row_stride"};
 };
 
 // One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)

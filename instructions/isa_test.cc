@@ -214,6 +214,30 @@ TEST(IsaReference, AttentionSplitsRecombineToTheFullSoftmax) {
   }
 }
 
+// ARGMAX_REDUCE with the next step's EMBED folded in: its table and row checked as the EMBED's are; the reference
+// leaves the row to that EMBED (the VM runs it every step).
+TEST(Isa, ArgmaxReduceChecksTheFoldedEmbedding) {
+  std::vector<TensorInfo> tensors = {{"partials", graph::F32, 6}, {"state", graph::I32, kStepStateWords},
+                                     {"tokens", graph::I32, 5},   {"table", graph::BF16, 10 * 256},
+                                     {"x", graph::F32, 32},       {"small", graph::F32, 16}};
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::ARGMAX_REDUCE);
+  ArgmaxReduceArgs& a = inst.as<ArgmaxReduceArgs>();
+  a = {0, 3, 1, 2, 4};
+  EXPECT_EQ(a.embed_out, kNoTensor);  // (none unless set)
+  EXPECT_TRUE(ValidateInstruction(inst, tensors).ok());
+  a.embed_table = 3, a.embed_out = 4, a.hidden = 32, a.vocab = 10, a.row_stride = 256;
+  EXPECT_TRUE(ValidateInstruction(inst, tensors).ok()) << ValidateInstruction(inst, tensors);
+  a.embed_out = 5;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(),
+            "ARGMAX_REDUCE: embed_out tensor 'small' has 16 elements, instruction reaches 32");
+  a.embed_out = 4, a.vocab = 11;
+  EXPECT_EQ(ValidateInstruction(inst, tensors).message(),
+            "ARGMAX_REDUCE: embed_table tensor 'table' has 2560 elements, instruction reaches 2816");
+  a.vocab = 10, a.row_stride = 16;
+  EXPECT_FALSE(ValidateInstruction(inst, tensors).ok());  // rows shorter than hidden
+}
+
 TEST(IsaReference, ArgmaxReduceForcesPromptThenGeneratesAndStopsAtCapacity) {
   TestMachine tm;
   const uint32_t partials = tm.Add(kArenaRegion, 4 * 6, graph::F32);

@@ -14,6 +14,8 @@ void Validate(const EmbedArgs& a, Checker& c) {
   c.Tensor("tokens", a.tokens, I32, U(a.row_begin) + a.rows);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("out", a.out, F32, (U(a.row_begin) + a.rows) * a.hidden);
+  c.Require(a.folded <= 1, "folded must be 0 or 1");
+  c.Require(a.folded == 0 || (a.row_begin == 0 && a.rows == 1), "a folded EMBED embeds the one decode row");
 }
 
 void Validate(const RmsNormArgs& a, Checker& c) {
@@ -65,6 +67,12 @@ void Validate(const ArgmaxReduceArgs& a, Checker& c) {
   c.Tensor("partials", a.partials, F32, 2 * U(a.num_partials));
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("tokens", a.tokens, I32, U(a.max_seq) + 1);
+  if (a.embed_out != kNoTensor) {
+    c.Require(a.hidden > 0 && a.vocab > 0, "hidden and vocab must be positive");
+    c.Require(a.row_stride >= a.hidden, "row_stride must be at least hidden");
+    c.Tensor("embed_table", a.embed_table, BF16, U(a.vocab) * a.row_stride);
+    c.Tensor("embed_out", a.embed_out, F32, a.hidden);
+  }
 }
 
 Footprint Cost(const EmbedArgs& a, uint32_t) {
@@ -84,7 +92,11 @@ Footprint Cost(const AddArgs& a, uint32_t) { return {0, 12ull * a.count, 0, 1ull
 
 Footprint Cost(const ArgmaxPartialArgs& a, uint32_t) { return {0, 4ull * a.count + 8, 0, a.count}; }
 
-Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) { return {0, 8ull * a.num_partials + 16, 0, a.num_partials}; }
+Footprint Cost(const ArgmaxReduceArgs& a, uint32_t) {
+  // The next step's row, bf16 in and f32 out (its weight bytes are the folded EMBED's, counted there once a step).
+  const uint64_t embed = a.embed_out != kNoTensor ? a.hidden : 0;
+  return {0, 8ull * a.num_partials + 16 + 6 * embed, 0, a.num_partials};
+}
 
 void Reference(const EmbedArgs& a, const MachineView& m) {
   const int32_t* state = m.ptr<int32_t>(a.step_state);
@@ -146,6 +158,7 @@ void Reference(const ArgmaxPartialArgs& a, const MachineView& m) {
   m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_index);
 }
 
+// embed_out: the device's early copy of the next step's EMBED, which the VM runs every step (instruction.h).
 void Reference(const ArgmaxReduceArgs& a, const MachineView& m) {
   const float* partials = m.ptr<float>(a.partials);
   float best = partials[0], best_index = partials[1];

@@ -110,6 +110,7 @@ std::array<uint32_t, 2> TaggedOutputs(const isa::Instruction& inst) {
     }
     case isa::Opcode::ATTN_REDUCE: return {inst.as<isa::AttnReduceArgs>().out, kNone};
     case isa::Opcode::EMBED: return {inst.as<isa::EmbedArgs>().out, kNone};
+    case isa::Opcode::ARGMAX_REDUCE: return {inst.as<isa::ArgmaxReduceArgs>().embed_out, kNone};  // the next row
     default: return {kNone, kNone};
   }
 }

@@ -261,9 +261,11 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
   ctx.page_bytes = p.page_bytes;
   ctx.error = p.error;
   ctx.sm = sm;
+  ctx.launch_steps = p.num_steps;
   const uint32_t total = p.queue_begin[gridDim.x];
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
     ctx.step = p.first_step + w.local;
+    ctx.launch_step = w.local;
     ctx.index = w.i - w.begin;
     const uint64_t start = p.trace != nullptr && tid == 0 ? GlobalTimer() : 0;
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));

@@ -23,6 +23,7 @@ struct TensorUse {
   std::vector<Write> writes;
   std::vector<size_t> input_readers, residual_readers;
   std::vector<size_t> reduce_readers;  // ATTN_REDUCE reading its heads of the partials
+  std::vector<size_t> early_writers;   // ARGMAX_REDUCE storing the next step's EMBED row (tags as its writers do)
   bool other_use = false;              // named by anything else: never tagged
 };
 
@@ -128,6 +129,15 @@ class StepUses {
         Write(a.out, uint64_t{a.row_begin} * a.hidden, (uint64_t{a.row_begin} + a.rows) * a.hidden, i);
         break;
       }
+      case Opcode::ARGMAX_REDUCE: {  // the next step's EMBED row: neither a write nor a read of this step's
+        const isa::ArgmaxReduceArgs& a = inst.as<isa::ArgmaxReduceArgs>();
+        Other(a.partials), Other(a.step_state), Other(a.tokens);
+        if (a.embed_out != isa::kNoTensor) {
+          Other(a.embed_table);
+          if (a.embed_out < uses_.size()) uses_[a.embed_out].early_writers.push_back(i);
+        }
+        break;
+      }
       default:  // any argument word may name a tensor: none of them is tagged
         for (int w = 0; w < isa::ArgCount(inst.op()); ++w) Other(inst.args[w]);
         break;
@@ -175,6 +185,7 @@ Marks Compute(const std::vector<const Inst*>& step, const StepUses& uses) {
     if (!observed) continue;
     m.observed.push_back(t);
     for (size_t w : writers) m.flags[w] |= isa::kFlagTagOut;
+    for (size_t w : u.early_writers) m.flags[w] |= isa::kFlagTagOut;
     for (size_t r : u.input_readers) m.flags[r] |= isa::kFlagTaggedInput;
     for (size_t r : u.reduce_readers) m.flags[r] |= isa::kFlagTaggedInput;
     for (size_t r : u.residual_readers) m.flags[r] |= isa::kFlagTaggedResidual;
@@ -250,6 +261,7 @@ absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step,
     }
     for (size_t r : u.residual_readers) used |= (step[r]->flags & isa::kFlagTaggedResidual) != 0;
     for (size_t w : writers) used |= (step[w]->flags & isa::kFlagTagOut) != 0;
+    for (size_t w : u.early_writers) used |= (step[w]->flags & isa::kFlagTagOut) != 0;
     if (!used) continue;
     auto need = [&](const std::vector<size_t>& insts, uint8_t flag, const char* what) -> absl::Status {
       for (size_t i : insts) {
@@ -262,6 +274,7 @@ absl::Status CheckDataWaits(const std::vector<const isa::Instruction*>& step,
       return absl::OkStatus();
     };
     if (absl::Status s = need(writers, isa::kFlagTagOut, "writes"); !s.ok()) return s;
+    if (absl::Status s = need(u.early_writers, isa::kFlagTagOut, "stores the next step's row of"); !s.ok()) return s;
     if (absl::Status s = need(u.input_readers, isa::kFlagTaggedInput, "reads"); !s.ok()) return s;
     if (absl::Status s = need(u.reduce_readers, isa::kFlagTaggedInput, "reduces"); !s.ok()) return s;
     if (absl::Status s = need(u.residual_readers, isa::kFlagTaggedResidual, "adds"); !s.ok()) return s;

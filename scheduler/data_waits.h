@@ -10,7 +10,8 @@
 // does, at run time). Then a MATVEC's or ATTN_REDUCE's full-count wait on a barrier whose signallers are exactly T's
 // writers is observed in the data: the reader reads T until every value it needs carries the step's tag, and every
 // reader of T validates the tags it reads, so no read of T relies on a chain of acquires that an observed wait would
-// break.
+// break. An ARGMAX_REDUCE storing the next step's EMBED row into T (its embed_out) is neither: it tags that row with
+// the next step's tag where T is tagged (the step's last instruction, after every reader of T in the step).
 #pragma once
 
 #include <cstdint>

@@ -241,6 +241,8 @@ absl::Status Lowering::LowerEmbedding(const OpDef& op) {
   a.row_stride = isa::MatvecRowStride(a.hidden);  // the table is packed as the (tied) LM head's matvec weight
   a.row_begin = 0;
   a.rows = 1;
+  embed_node_ = p_.nodes.size();
+  ++embeds_;
   Emit(Make(Opcode::EMBED, a), barrier, waits, op.name(), group);
   ready_[op.outputs(0)] = {{barrier}};
   return absl::OkStatus();
@@ -444,6 +446,17 @@ absl::Status Lowering::LowerArgmax(const OpDef& op, uint32_t partials, uint32_t 
   const int group = NewGroup(absl::StrCat(op.name(), ".reduce"));
   const std::vector<isa::Wait> waits = WaitsFor(ready);
   isa::ArgmaxReduceArgs a{partials, num_partials, step_state_, tokens_, p_.max_seq};
+  // The next step's EMBED folded in (isa::ArgmaxReduceArgs): the step boundary loses its hop and EMBED's three
+  // dependent reads (the barrier, the position, the token) in every step of a launch but its first.
+  if (o_.fusion().next_embedding() && embeds_ == 1) {  // (one token, embedded once)
+    isa::EmbedArgs& e = p_.nodes[embed_node_].inst.as<isa::EmbedArgs>();
+    e.folded = 1;
+    a.embed_table = e.table;
+    a.embed_out = e.out;
+    a.hidden = e.hidden;
+    a.vocab = e.vocab;
+    a.row_stride = e.row_stride;
+  }
   Emit(Make(Opcode::ARGMAX_REDUCE, a), kStepBarrier, waits, op.name(), group);
   return absl::OkStatus();
 }

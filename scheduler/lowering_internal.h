@@ -147,6 +147,7 @@ class Lowering {
   absl::flat_hash_map<std::string, FusedQkv> fused_qkv_;  // by attention op name
   std::string token_input_, pos_input_;
   uint32_t tokens_ = 0, step_state_ = 0;
+  size_t embed_node_ = 0, embeds_ = 0;  // the decode EMBED's node, and how many (ARGMAX_REDUCE may fold in one)
   uint64_t region_bytes_[2] = {0, 0};
 };
 

@@ -10,6 +10,7 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/lowering_internal.h"
 #include "scheduler/options.h"
+#include "scheduler/schedule_verifier.h"
 #include "scheduler/test_util.h"
 
 namespace loom::scheduler {
@@ -68,6 +69,45 @@ TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
   absl::StatusOr<graph::DecoderConfig> tiny = graph::DecoderPreset("tiny");
   const uint64_t norm_bytes = 2 * (2 * 2 * 256 + 256);
   EXPECT_EQ(s.weight_bytes_per_step(), static_cast<uint64_t>(tiny->DecodeWeightBytes()) - norm_bytes);
+}
+
+// The next step's EMBED folded into ARGMAX_REDUCE (isa::ArgmaxReduceArgs): the reduce stores the EMBED's row with
+// the EMBED's table and shape, tagged as the EMBED tags it; `unfuse embed` leaves both as they were.
+TEST(Lowering, ArgmaxReduceStoresTheNextStepsEmbedding) {
+  for (bool fold : {true, false}) {
+    SCOPED_TRACE(fold ? "folded" : "unfolded");
+    CompileOptions o;
+    if (!fold) o.mutable_fusion()->set_next_embedding(false);
+    const Schedule s = CompileTiny(o);
+    const Instruction* embed = nullptr;
+    const Instruction* reduce = nullptr;
+    for (const auto& q : s.queues()) {
+      for (const Instruction& inst : q.instructions()) {
+        if (inst.opcode() == "EMBED") embed = &inst;
+        if (inst.opcode() == "ARGMAX_REDUCE") reduce = &inst;
+      }
+    }
+    ASSERT_NE(embed, nullptr);
+    ASSERT_NE(reduce, nullptr);
+    absl::StatusOr<isa::Instruction> e = DecodeInstruction(*embed, s);
+    absl::StatusOr<isa::Instruction> r = DecodeInstruction(*reduce, s);
+    ASSERT_TRUE(e.ok() && r.ok());
+    const isa::EmbedArgs& ea = e->as<isa::EmbedArgs>();
+    const isa::ArgmaxReduceArgs& ra = r->as<isa::ArgmaxReduceArgs>();
+    EXPECT_EQ(ea.folded, fold ? 1u : 0u);
+    EXPECT_TRUE(embed->tag_out());  // layer 0 observes the row in the data either way
+    EXPECT_EQ(reduce->tag_out(), fold);
+    if (fold) {
+      EXPECT_EQ(ra.embed_out, ea.out);
+      EXPECT_EQ(ra.embed_table, ea.table);
+      EXPECT_EQ(ra.hidden, ea.hidden);
+      EXPECT_EQ(ra.vocab, ea.vocab);
+      EXPECT_EQ(ra.row_stride, ea.row_stride);
+    } else {
+      EXPECT_EQ(ra.embed_out, isa::kNoTensor);
+    }
+    EXPECT_TRUE(VerifySchedule(s).ok());
+  }
 }
 
 // attention_reduce_heads: the separate reduce's output split into reduces of that many heads (the last one ragged),

@@ -40,6 +40,7 @@ FusionOptions AllFusionsOff() {
   f.set_residual_add(false);
   f.set_silu_mul(false);
   f.set_lm_head_argmax(false);
+  f.set_next_embedding(false);
   return f;
 }
 
@@ -54,6 +55,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (!f->has_residual_add()) f->set_residual_add(true);
   if (!f->has_silu_mul()) f->set_silu_mul(true);
   if (!f->has_lm_head_argmax()) f->set_lm_head_argmax(true);
+  if (!f->has_next_embedding()) f->set_next_embedding(true);
   if (!o.has_data_waits()) o.set_data_waits(true);
   // Observed in the data, the reduce finds the splits' partials a round trip after they land; polled, its barrier
   // hop cost more than the fused reduce's arrival counter (performance.md "Sixteenth session").
@@ -166,7 +168,11 @@ absl::StatusOr<CompileOptions> OptionsFromSettings(const OptionSettings& in, abs
     else if (f == "residual") fusion->set_residual_add(false);
     else if (f == "silu") fusion->set_silu_mul(false);
     else if (f == "argmax") fusion->set_lm_head_argmax(false);
-    else return bad("unfuse", absl::StrCat(": unknown fusion '", f, "' (norm, qkv, residual, silu or argmax)"));
+    else if (f == "embed") fusion->set_next_embedding(false);
+    else {
+      return bad("unfuse",
+                 absl::StrCat(": unknown fusion '", f, "' (norm, qkv, residual, silu, argmax or embed)"));
+    }
   }
   if (in.prefill.has_value()) o.set_prefill(*in.prefill);
   if (absl::Status s = ValidateOptions(ResolveOptions(o)); !s.ok()) return s;

@@ -44,7 +44,7 @@ struct OptionSettings {
   int64_t num_sms = 0;              // SMs to schedule for
   std::string policy;               // round-robin, lpt or critical-path
   std::string granularity;          // op or chunk
-  std::vector<std::string> unfuse;  // fusions to turn off: norm, qkv, residual, silu, argmax
+  std::vector<std::string> unfuse;  // fusions to turn off: norm, qkv, residual, silu, argmax, embed
   int64_t max_seq = 0;              // KV-cache capacity in tokens
   std::optional<bool> prefill;      // pack the one-pass prefill's weights (unset: where the graph has one)
 };

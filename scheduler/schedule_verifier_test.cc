@@ -65,11 +65,20 @@ TEST(ScheduleVerifier, RejectsDataWaitsTheTagsDoNotCover) {
     }
   }
   ExpectRejected(bad, "which the schedule uses step-tagged, without its step-tag flag");
-  bad = s;
+  bad = s;  // the next step's EMBED row stored a step early (the default), untagged: layer 0 would wait forever
   for (auto& q : *bad.mutable_queues()) {
     for (auto& inst : *q.mutable_instructions()) {
-      if (inst.opcode() == "ARGMAX_REDUCE") inst.set_tag_out(true);  // it cannot tag what it writes
+      if (inst.opcode() == "ARGMAX_REDUCE") inst.set_tag_out(false);
     }
+  }
+  ExpectRejected(bad, "stores the next step's row of tensor");
+  CompileOptions unfolded;
+  unfolded.mutable_fusion()->set_next_embedding(false);
+  bad = CompileTiny(unfolded);
+  for (auto& q : *bad.mutable_queues()) {
+    for (auto& inst : *q.mutable_instructions()) {
+      if (inst.opcode() == "ARGMAX_REDUCE") inst.set_tag_out(true);  // without the EMBED folded in it writes nothing
+    }                                                                 // tagged
   }
   ExpectRejected(bad, "has step-tag flags 1 where the rules allow 0");
   // Attention's reduce observed in the data (the default): a split that would not tag its partials, or a reducer
@@ -237,7 +246,7 @@ TEST(ScheduleFiles, RoundTripAndCorruptFiles) {
     EXPECT_EQ(back->SerializeAsString(), s.SerializeAsString());
   }
   const std::string path = testing::TempDir() + "/hostile.pbtxt";
-  ASSERT_TRUE(WriteFileAtomically(path, "format_version: 7 num_sms: 1 queues { instructions { opcode: \"EMBED\" "
+  ASSERT_TRUE(WriteFileAtomically(path, "format_version: 8 num_sms: 1 queues { instructions { opcode: \"EMBED\" "
                                         "waits { barrier: 99 count: 1 } } }")
                   .ok());
   absl::StatusOr<Schedule> bad = LoadSchedule(path);

@@ -56,6 +56,22 @@ TEST_F(GpuSchedules, EveryPolicyMatchesTheVmInOneLaunchAndStepByStep) {
   }
 }
 
+// ARGMAX_REDUCE stores the next step's EMBED row (the default) in every step of a launch but its last, and the EMBED
+// runs only in a launch's first step: in one launch, launches of 5 steps and a step a launch, through the prompt's
+// forced tokens and past a full KV cache (16 positions: the position stays and the step's own token is embedded
+// again), folded and not.
+TEST_F(GpuSchedules, TheFoldedEmbeddingMatchesTheVmAcrossLaunchesAndPastTheCache) {
+  Load("random:tiny", 16);
+  for (bool fold : {true, false}) {
+    for (int per_launch : {0, 5, 1}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(16);
+      o.mutable_fusion()->set_next_embedding(fold);
+      Check(o, per_launch, absl::StrCat(fold ? "folded" : "unfolded", ", ", per_launch, " steps a launch"));
+    }
+  }
+}
+
 TEST_F(GpuSchedules, UnfusedAndPerOpSchedulesMatchTheVm) {
   scheduler::CompileOptions o;
   o.set_num_sms(16);

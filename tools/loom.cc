@@ -49,7 +49,7 @@ ABSL_FLAG(int32_t, num_sms, 0, "SMs to schedule for (0: options file or 132)");
 ABSL_FLAG(std::string, policy, "", "SM assignment policy: round-robin, lpt or critical-path");
 ABSL_FLAG(std::string, granularity, "", "barrier granularity: op or chunk");
 ABSL_FLAG(std::string, unfuse, "",
-          "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax");
+          "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax, embed");
 ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
 ABSL_FLAG(int32_t, repeat, 1,
           "compile: compile this many times and print the median time; run on a general graph: run the pass this many "

@@ -37,6 +37,8 @@ struct ConsumerContext {
   uint32_t sm;
   uint32_t index;
   uint32_t step;
+  uint32_t launch_step;   // the step's index in this launch (EMBED and ARGMAX_REDUCE fold the step boundary)
+  uint32_t launch_steps;  // steps this launch runs
 
   // Waits until the next page of the ring is full; returns it.
   __device__ __forceinline__ const uint8_t* AcquirePage() const { return WaitPage(ring); }

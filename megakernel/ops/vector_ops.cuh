@@ -11,6 +11,7 @@
 namespace loom::megakernel {
 
 __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContext& ctx) {
+  if (a.folded != 0 && ctx.launch_step > 0) return;  // the step before's ARGMAX_REDUCE stored the row
   const isa::MachineView& m = ctx.machine;
   const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
   for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
@@ -105,9 +106,12 @@ __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, 
   const isa::MachineView& m = ctx.machine;
   const float* partials = m.ptr<float>(a.partials);
   int32_t* state = m.ptr<int32_t>(a.step_state);
+  // The next step's EMBED folded in: every consumer needs the token (not in a launch's last step: the next launch's
+  // first step embeds, and the tagged tensors must then hold this step's parity).
+  const bool embed = a.embed_out != isa::kNoTensor && ctx.launch_step + 1 < ctx.launch_steps;
   // The state loaded beside the partials, one round trip for both (within a launch only this instruction writes it).
   int32_t position = 0, prompt_length = 0;
-  if (ctx.tid == 0) position = state[isa::kStatePosition], prompt_length = state[isa::kStatePromptLength];
+  if (ctx.tid == 0 || embed) position = state[isa::kStatePosition], prompt_length = state[isa::kStatePromptLength];
   float best = -INFINITY;
   uint32_t best_index = 0xffffffffu;
   for (uint32_t t = ctx.tid; t < a.num_partials; t += kConsumerThreads) {
@@ -116,15 +120,28 @@ __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, 
     if (best_index == 0xffffffffu || Better(v, index, best, best_index)) best = v, best_index = index;
   }
   ConsumerArgmax(&best, &best_index, ctx.tid, ctx.scratch);
+  const int32_t next = position + 1;
+  const bool overflow = next >= static_cast<int32_t>(a.max_seq);
   if (ctx.tid == 0) {
-    const int32_t next = position + 1;
-    if (next >= static_cast<int32_t>(a.max_seq)) {
+    if (overflow) {
       state[isa::kStateOverflow] = 1;
     } else {
       if (next >= prompt_length) m.ptr<int32_t>(a.tokens)[next] = static_cast<int32_t>(best_index);
       state[isa::kStatePosition] = next;
     }
   }
+  if (!embed) return;
+  // The token at the next step's position, as its EMBED would read it: this one, a forced prompt token, or (the
+  // cache full: the position stays) this step's own. Only thread 0 wrote tokens, at `next`, and only when no
+  // consumer reads it there.
+  int32_t token = static_cast<int32_t>(best_index);
+  if (overflow) token = m.ptr<int32_t>(a.tokens)[position];
+  else if (next < prompt_length) token = m.ptr<int32_t>(a.tokens)[next];
+  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // as RunEmbed
+  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.embed_table) + static_cast<uint64_t>(token) * a.row_stride;
+  float* out = m.ptr<float>(a.embed_out);
+  const uint32_t tag = OutputTag(ctx.flags, ctx.step + 1);
+  for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = MaybeTag(__bfloat162float(row[i]), tag);
 }
 
 }  // namespace loom::megakernel

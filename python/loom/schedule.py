@@ -50,7 +50,7 @@ def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the packa
     Options, as the ``loom compile`` flags (same values, same messages): ``options`` (a CompileOptions .pbtxt or
     .pb file the others override), ``num_sms``, ``policy`` ("round-robin", "lpt", "critical-path"),
     ``granularity`` ("op", "chunk"), ``unfuse`` (a list of, or comma-separated: "norm", "qkv", "residual",
-    "silu", "argmax"), ``prefill`` (pack the one-pass prefill's weights; default where the graph has one),
+    "silu", "argmax", "embed"), ``prefill`` (pack the one-pass prefill's weights; default where the graph has one),
     ``max_seq`` (must be the model's: it is fixed when loading).
     """
     if not isinstance(model, Model):
