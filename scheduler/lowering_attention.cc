@@ -22,7 +22,7 @@ uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uin
                              const CompileOptions& o) {
   const uint32_t cap = std::clamp<uint32_t>(o.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
   const uint32_t context = std::clamp<uint32_t>(std::max(o.cost().context_length(), max_seq / 2), 1, max_seq);
-  const uint32_t group = heads / kv, per_reduce = AttnReduceHeads(head_dim, o);
+  const uint32_t group = heads / kv, per_reduce = AttnReduceHeadsPriced(head_dim);
   CostModel cost = o.cost();
   cost.set_context_length(context);
   uint32_t best = cap;

@@ -36,12 +36,17 @@ inline std::vector<uint64_t> SplitEven(uint64_t begin, uint64_t end, uint64_t pa
   return bounds;
 }
 
-// Heads an ATTN_REDUCE merges: CompileOptions.attention_reduce_heads, or a consumer thread per output element (the
-// device's wider forms take fewer).
+// Heads an ATTN_REDUCE merges: CompileOptions.attention_reduce_heads, or two (one where a head is wider than half the
+// consumer threads): heads of 64 in reduces of 2, not 4, spread the reduce over twice the SMs (TinyLlama -0.6% at
+// 1024, 1B level: performance.md "Twenty-ninth session"); heads of 128 as before.
 inline uint32_t AttnReduceHeads(uint32_t head_dim, const CompileOptions& o) {
   if (o.attention_reduce_heads() > 0) return o.attention_reduce_heads();
-  return std::max<uint32_t>(1, isa::kAttnThreads / head_dim);
+  return std::clamp<uint32_t>(isa::kAttnThreads / head_dim, 1, 2);
 }
+// The reduce the split-count rule prices: a consumer thread per output element whatever AttnReduceHeads is. Priced at
+// two heads of 64 it picks 32 splits for TinyLlama, +2.3% at 1024 against 21 (the cost model's split misses what
+// more splits cost on the chain).
+inline uint32_t AttnReduceHeadsPriced(uint32_t head_dim) { return std::max<uint32_t>(1, isa::kAttnThreads / head_dim); }
 
 // Decode attention's split count a KV head when CompileOptions.attention_splits is 0 (lowering_attention.cc).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,

@@ -48,6 +48,13 @@ TEST(Lowering, AutoAttentionSplitsWeighsTheSplitAgainstTheReduce) {
   EXPECT_GT(splits, 21u);
   EXPECT_LE(isa::AttnPartialLayout(8, 64, (1024 + splits - 1) / splits, true).bytes, 32768u);
   EXPECT_GT(isa::AttnPartialLayout(8, 64, (1024 + splits - 2) / (splits - 1), true).bytes, 32768u);
+  // The reduce is priced at a consumer thread per output element whatever attention_reduce_heads is (priced at its
+  // two heads of 64 the rule picked 32 for TinyLlama, 2.3% slower at 1024 than 21).
+  for (uint32_t per : {1u, 2u, 4u}) {
+    CompileOptions r = o;
+    r.set_attention_reduce_heads(per);
+    EXPECT_EQ(AutoAttentionSplits(32, 4, 64, 2048, 16, r), 21u) << per;
+  }
 }
 
 TEST(Lowering, FusedTinyDecodeStepHasTheExpectedInstructions) {
@@ -110,8 +117,8 @@ TEST(Lowering, ArgmaxReduceStoresTheNextStepsEmbedding) {
   }
 }
 
-// attention_reduce_heads: the separate reduce's output split into reduces of that many heads (the last one ragged),
-// every head merged exactly once.
+// attention_reduce_heads: the separate reduce's output split into reduces of that many heads (default 2; the last one
+// ragged), every head merged exactly once.
 TEST(Lowering, AttentionReduceHeadsSetsTheReducesPerLayer) {
   for (uint32_t per : {0u, 1u, 3u}) {
     CompileOptions o;
@@ -127,11 +134,11 @@ TEST(Lowering, AttentionReduceHeadsSetsTheReducesPerLayer) {
         ++reduces;
         const isa::AttnReduceArgs a = DecodeInstruction(inst, s)->as<isa::AttnReduceArgs>();
         const int layer = inst.op().find("layers.1.") == 0 ? 1 : 0;
-        EXPECT_LE(a.head_count, per == 0 ? 4u : per) << per;
+        EXPECT_LE(a.head_count, per == 0 ? 2u : per) << per;
         for (uint32_t h = a.head_begin; h < a.head_begin + a.head_count; ++h) ++merged[layer * 4 + h];
       }
     }
-    EXPECT_EQ(reduces, per == 0 ? 2 : per == 1 ? 8 : 4) << per;  // per layer: 256 elements (4 heads of 64), 4, 2
+    EXPECT_EQ(reduces, per == 0 ? 4 : per == 1 ? 8 : 4) << per;  // per layer: 2 heads of 64 (the default), 1, 3
     EXPECT_EQ(merged, std::vector<int>(8, 1)) << per;
   }
 }
@@ -193,13 +200,13 @@ TEST(Lowering, UnfusedActivationsAreNotTagged) {
   }
 }
 
-TEST(Lowering, SeparateAttentionReduceEmitsAReducePer256Elements) {
+TEST(Lowering, SeparateAttentionReduceEmitsAReducePerTwoHeads) {
   CompileOptions o;
   o.set_num_sms(8);
   o.set_attention_splits(2);
   const std::map<std::string, int> c = OpcodeCounts(CompileTiny(o));  // (the default with data waits)
   EXPECT_EQ(c.at("ATTN_PARTIAL"), 2 * 2 * 2);
-  EXPECT_EQ(c.at("ATTN_REDUCE"), 2);  // layers x (4 heads of 64: one reduce)
+  EXPECT_EQ(c.at("ATTN_REDUCE"), 4);  // layers x (4 heads of 64: two reduces of two)
   o.set_separate_attention_reduce(false);
   EXPECT_EQ(OpcodeCounts(CompileTiny(o)).count("ATTN_REDUCE"), 0u);
   o.clear_separate_attention_reduce();
