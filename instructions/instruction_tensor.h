@@ -1,0 +1,172 @@
+// Arguments of the tensor-core opcodes (the one-pass prefill's and the general graphs' GEMMs), included by
+// instruction.h (same rules: 32-bit words, tensor ids, kFields):
+//   GEMM        an output tile of C = A · Wᵀ from swizzled bf16 operand images (wgmma), with its epilogues
+//   PACK_ROWS   f32 rows (optionally RMS-normed) into a GEMM's bf16 operand image
+//   FLASH_ATTN  a 128-row query tile's causal attention over the KV cache on the tensor cores
+#pragma once
+
+namespace loom::isa {
+
+// One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)
+// and columns [n_tile * 128, +128) of C (fewer at the edges), K streamed in
+// 64-wide slabs. A [m, k] (activations) and W [n, k] (weights) are bf16 images
+// in the 128-byte swizzled K-major layout (isa::PackSwizzled with 128-row
+// tiles: for each 128-row tile, its ceil(k / 64) slabs of 16 KB, zeros past m,
+// n and k), so every slab is one bulk copy into one page. out[r, c] = (A·Wᵀ)[r, c]
+// (+ bias[c]) (+ residual[r, c]), f32 row-major [m, n].
+inline constexpr uint32_t kGemmTileM = 128;
+inline constexpr uint32_t kGemmTileN = 128;
+inline constexpr uint32_t kGemmSlabK = 64;                        // bf16 of K per 128-byte swizzled row
+inline constexpr uint32_t kGemmSlabBytes = kGemmTileM * kGemmSlabK * 2;  // 16 KB: one page
+static_assert(kGemmTileM == kGemmTileN, "A and W slabs are the same page size");
+struct GemmArgs {
+  uint32_t a;       // bf16 swizzled image of A (ARENA)
+  uint32_t weight;  // bf16 swizzled image of W (WEIGHTS)
+  uint32_t out;     // f32 [m, n]
+  uint32_t m;
+  uint32_t n;
+  uint32_t k;
+  uint32_t m_tile;
+  uint32_t n_tile;
+  uint32_t bias;      // bf16 [n] or kNoTensor
+  uint32_t residual;  // f32 [m, n] or kNoTensor
+  uint32_t epilogue;  // GemmEpilogue
+  // kGemmRopeKvAppend only (as MATVEC's kEpilogueRopeKvAppend, one row per token):
+  uint32_t k_cache;     // f32 [kv_heads, max_seq, head_dim]
+  uint32_t v_cache;
+  uint32_t step_state;  // row r is the token at position state[position] + r
+  uint32_t rope_table;  // f32 [head_dim / 2 + 1]
+  // bf16 [2, head_dim]: per-head RMSNorm weights of q then k, applied before RoPE (Qwen3), or kNoTensor. Each
+  // 128-column tile holds whole heads (head_dim divides 128), so a head's norm is a reduction inside the tile.
+  uint32_t qk_norm;
+  uint32_t num_kv_heads;  // query heads per KV head: n / (num_kv_heads * head_dim) - 2 (GemmHeadsPerGroup)
+  uint32_t head_dim;
+  uint32_t max_seq;
+  // Split K: this instruction multiplies K slabs [begin, begin + count) only, `slabs` = begin | count << 16
+  // (count 0: all of them from begin; GemmSlabsOf), for kGemmAccumulateF32, which adds its partial product into out.
+  uint32_t slabs;
+  float norm_eps;  // qk_norm's epsilon
+  // 1: the tile is kGemmWideTileN (256) columns wide, n_tile counting such tiles: W's 128-row tiles 2 n_tile and
+  // 2 n_tile + 1 side by side in one ring page with the A slab (pages of kGemmWideStepBytes or more), one
+  // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/performance.md "GEMM
+  // opcode"). The f32 and SiLU-image epilogues only. 0: 128 columns.
+  uint32_t wide;
+  static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
+                                            "residual", "epilogue", "k_cache", "v_cache", "step_state",
+                                            "rope_table", "qk_norm", "num_kv_heads", "head_dim", "max_seq",
+                                            "slabs", "norm_eps", "wide"};
+};
+inline constexpr uint32_t kGemmWideTileN = 2 * kGemmTileN;
+inline constexpr uint32_t kGemmWideStepBytes = 3 * kGemmSlabBytes;  // a K step's A slab and two W slabs
+LOOM_HD uint32_t GemmTileColumns(const GemmArgs& g) { return g.wide ? kGemmWideTileN : kGemmTileN; }
+// Output tiles of an n-column product `wide` or not.
+LOOM_HD uint32_t GemmColumnTiles(uint32_t n, bool wide) {
+  const uint32_t width = wide ? kGemmWideTileN : kGemmTileN;
+  return (n + width - 1) / width;
+}
+LOOM_HD uint32_t GemmPackSlabs(uint32_t begin, uint32_t count) { return begin | count << 16; }
+template <typename Args>
+LOOM_HD uint32_t GemmHeadsPerGroup(const Args& g) {
+  const uint32_t kv_rows = g.num_kv_heads * g.head_dim;
+  return kv_rows == 0 || g.n / kv_rows < 2 ? 0 : g.n / kv_rows - 2;
+}
+enum GemmEpilogue : uint32_t {
+  kGemmStoreF32 = 0,         // out f32 [m, n] as above
+  kGemmSiluMulToImage = 1,   // W rows interleave (gate, up) pairs (ROWS_INTERLEAVE_PAIRS): out is the bf16 A
+                             // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
+  kGemmRopeKvAppend = 2,     // W rows in the grouped QKV layout (QkvGroupedRow): per token row, q rotated into
+                             // out f32 [m, heads * head_dim], k rotated and v into the caches at its position
+  kGemmAccumulateF32 = 3,    // out f32 [m, n] += this instruction's K slabs' product (+ bias from the split holding
+                             // slab 0), atomically: split-K over instructions, and a residual add when out holds
+                             // the residual stream (the sum's order, and so its last bits, vary run to run)
+  kGemmStoreF32Relu = 4,     // as kGemmStoreF32, then max(0, .): bias, residual, ReLU (a conv block's epilogue)
+  kNumGemmEpilogues = 5,
+};
+LOOM_HD uint32_t GemmSlabs(uint32_t k) { return (k + kGemmSlabK - 1) / kGemmSlabK; }
+// The K slabs one GEMM instruction multiplies: [begin, begin + count).
+struct GemmSlabRange {
+  uint32_t begin, count;
+};
+// The packed `slabs` word as written: the first K slab, and the count (0: all from the first).
+LOOM_HD uint32_t GemmSplitBegin(const GemmArgs& g) { return g.slabs & 0xffffu; }
+LOOM_HD uint32_t GemmSplitCount(const GemmArgs& g) { return g.slabs >> 16; }
+LOOM_HD GemmSlabRange GemmSlabsOf(const GemmArgs& g) {
+  const uint32_t begin = GemmSplitBegin(g), count = GemmSplitCount(g);
+  return {begin, count == 0 ? GemmSlabs(g.k) - begin : count};
+}
+LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }
+// Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).
+LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
+  return uint64_t{GemmTiles(rows)} * GemmSlabs(k) * kGemmSlabBytes;
+}
+
+// Rows of an f32 matrix [m, k] as the bf16 operand image a GEMM reads as A
+// (isa::PackSwizzled layout: 128-byte swizzle, 128-row tiles, zeros past m and
+// k): rows [row_begin, row_begin + rows) of it (rows past m, up to the last
+// tile's end, written as zeros), each row optionally RMS-normalised first
+// (x * rsqrt(mean(x²) + eps) * norm_weight), so a norm and the layout change a
+// prefill GEMM needs are one instruction; a pass spreads a matrix over many.
+struct PackRowsArgs {
+  uint32_t input;        // f32 [m, k]
+  uint32_t out;          // bf16 image of GemmImageBytes(m, k)
+  uint32_t m;
+  uint32_t k;
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t norm_weight;  // bf16 [k] or kNoTensor
+  float norm_eps;
+  static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
+                                            "norm_eps"};
+};
+
+// Causal flash attention of a prefill pass on the tensor cores: query rows
+// [row_tile * 128, +128) of one query head (row r is the token at position
+// state[position] + r) against every key at or before its position, read from
+// the KV cache (which the pass's QKV GEMM has just appended to, and which holds
+// whatever an earlier pass or decode put before it). The weight loader streams
+// each 64-key tile of f32 K then V rows through the page ring (one page holds
+// 16384 / (4 * head_dim) keys); the consumers convert each tile to bf16 K and
+// Vᵀ slabs (double-buffered in the activation slot), then each warpgroup runs
+// 64 query rows: S = Q·Kᵀ (Q as bf16 slabs in the slot), online softmax, O += P·V.
+// out is the O-projection GEMM's A image (bf16, PackSwizzled layout, 128-row
+// tiles) of [rows, num_heads * head_dim]: head h fills columns [h * hd, +hd).
+inline constexpr uint32_t kFlashRows = 128;  // query rows per instruction: 64 per consumer warpgroup
+inline constexpr uint32_t kFlashKeys = 64;   // keys per tile
+struct FlashAttnArgs {
+  uint32_t q;  // f32 [rows, num_heads * head_dim], rotated
+  uint32_t k_cache;  // f32 [kv_heads, max_seq, head_dim]
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t out;
+  uint32_t rows;
+  uint32_t row_tile;
+  uint32_t head;
+  uint32_t num_heads;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;  // 64 or 128
+  uint32_t max_seq;
+  float scale;
+  static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "out", "rows", "row_tile",
+                                            "head", "num_heads", "num_kv_heads", "head_dim", "max_seq", "scale"};
+};
+// One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, then the bf16 Q slabs of
+// the 128 query rows [128, hd], aligned to the swizzle atom.
+LOOM_HD uint32_t FlashBufferBytes(uint32_t head_dim) { return 2 * kFlashKeys * head_dim * 2; }
+LOOM_HD uint32_t FlashQueryBytes(uint32_t head_dim) { return kFlashRows * head_dim * 2; }
+inline constexpr uint32_t kSwizzleAtomAlign = 1024;
+LOOM_HD uint32_t FlashActivationBytes(uint32_t head_dim) {
+  return 2 * FlashBufferBytes(head_dim) + FlashQueryBytes(head_dim) + kSwizzleAtomAlign;
+}
+// GEMM's RoPE epilogue stages the f32 tile through its activation slot: 128 rows of kGemmStageStride floats (8
+// floats of padding: the accumulator fragment's float2 stores hit no bank twice in a half-warp).
+inline constexpr uint32_t kGemmStageStride = kGemmTileN + 8;
+LOOM_HD uint32_t GemmActivationBytes(const GemmArgs& g) {
+  return g.epilogue == kGemmRopeKvAppend ? kGemmTileM * kGemmStageStride * 4 : 0;
+}
+// Keys the tiles of one instruction cover: positions [0, last] with last the position of its last row.
+LOOM_HD uint32_t FlashKeyTiles(uint32_t start, const FlashAttnArgs& a) {
+  const uint32_t end_row = (a.row_tile + 1) * kFlashRows < a.rows ? (a.row_tile + 1) * kFlashRows : a.rows;
+  return (start + end_row - 1) / kFlashKeys + 1;
+}
+
+}  // namespace loom::isa
