@@ -8,7 +8,8 @@
 #   tar cJf /tmp/next.tar.xz .carry/m .carry/n && mv /tmp/next.tar.xz .carry/next.tar.xz   # ~19 MB
 #
 # `check` (~2 min): the patched gpu_test and --check (2-layer TinyLlama, 300-token prompt, prefill on and off).
-# `ab` (~4 min): decode_ab main / norm on TinyLlama, 1B, Qwen2.5-0.5B at 128 / 1024, three rounds.
+# `ab` (~5 min): decode_ab main / norm / rh1 (main with reduces of one head) on TinyLlama, 1B, Qwen2.5-0.5B at
+# 128 / 1024, three rounds.
 # `sweep m|n` (~6 min): TinyLlama at 1024 three times with its floor, the four-shape sweep, torch.compile on 1B,
 # gpu_debug_test, hf_matrix's ten usual entries (main's binaries, or the patch's once it has landed: rebuild them).
 set -uo pipefail
@@ -33,7 +34,8 @@ PY
     cat /tmp/check_*.txt
     ;;
   ab)
-    PYTHONUNBUFFERED=1 python3 tools/decode_ab.py main=.carry/m/loom_bench norm=.carry/n/loom_bench --rounds 3 \
+    PYTHONUNBUFFERED=1 python3 tools/decode_ab.py main=.carry/m/loom_bench norm=.carry/n/loom_bench \
+      "rh1=.carry/m/loom_bench --options=tools/bench_options/reduce_heads_1.pbtxt" --rounds 3 \
       --contexts 128,1024 --models "random:$S/tinyllama-1.1b.json,random:llama-3.2-1b,random:$S/qwen2.5-0.5b.json" \
       | tee "$OUT/ab.txt"
     ;;
