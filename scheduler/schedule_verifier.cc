@@ -190,6 +190,40 @@ absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
 
 // Every instruction lies between the step's first and last instruction in the
 // dependency order: what makes reusing activation buffers across steps safe.
+// A folded EMBED (isa::EmbedArgs::folded) runs only in a launch's first step: exactly one ARGMAX_REDUCE must store
+// its row the step before, from the same table and shape; and an ARGMAX_REDUCE stores a next row only for one.
+absl::Status CheckFoldedEmbedding(const std::vector<const isa::Instruction*>& step,
+                                  const std::vector<std::string>& names) {
+  for (size_t i = 0; i < step.size(); ++i) {
+    if (step[i]->op() == isa::Opcode::ARGMAX_REDUCE) {
+      const isa::ArgmaxReduceArgs& r = step[i]->as<isa::ArgmaxReduceArgs>();
+      if (r.embed_out == isa::kNoTensor) continue;
+      int embeds = 0;
+      for (const isa::Instruction* e : step) {
+        if (e->op() != isa::Opcode::EMBED) continue;
+        const isa::EmbedArgs& a = e->as<isa::EmbedArgs>();
+        embeds += a.folded == 1 && a.out == r.embed_out && a.table == r.embed_table && a.hidden == r.hidden &&
+                  a.vocab == r.vocab && a.row_stride == r.row_stride;
+      }
+      if (embeds != 1) {
+        return Fail(absl::StrCat(names[i], ": ARGMAX_REDUCE stores the next step's row of tensor ", r.embed_out,
+                                 ", which ", embeds, " folded EMBEDs of the same table and shape write (needs 1)"));
+      }
+    } else if (step[i]->op() == isa::Opcode::EMBED && step[i]->as<isa::EmbedArgs>().folded == 1) {
+      const isa::EmbedArgs& a = step[i]->as<isa::EmbedArgs>();
+      bool stored = false;
+      for (const isa::Instruction* r : step) {
+        stored |= r->op() == isa::Opcode::ARGMAX_REDUCE && r->as<isa::ArgmaxReduceArgs>().embed_out == a.out;
+      }
+      if (!stored) {
+        return Fail(absl::StrCat(names[i], ": a folded EMBED (it runs only in a launch's first step) whose row no "
+                                 "ARGMAX_REDUCE stores the step before"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
   std::vector<std::pair<uint32_t, size_t>> where;
   std::vector<const isa::Instruction*> nodes;
@@ -349,6 +383,7 @@ absl::Status VerifySchedule(const Schedule& s) {
   if (absl::Status st = CheckDataWaits(step, TensorElements(s.tensors()), names); !st.ok()) {
     return Fail(std::string(st.message()));
   }
+  if (absl::Status st = CheckFoldedEmbedding(step, names); !st.ok()) return st;
   if (absl::Status st = CheckProgress(s, d); !st.ok()) return st;
   return CheckStepOrder(s, d);
 }

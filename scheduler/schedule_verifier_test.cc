@@ -21,6 +21,27 @@ int FindBarrier(const Schedule& s, const std::string& prefix) {
   return -1;
 }
 
+// The folded EMBED and the ARGMAX_REDUCE that stores its row come together: a folded EMBED alone would leave layer 0
+// waiting for a row nobody writes, a reduce storing a row no folded EMBED reads would write into another tensor.
+TEST(ScheduleVerifier, RejectsAFoldedEmbeddingWithoutItsReduce) {
+  const Schedule s = CompileTiny();
+  auto edit = [&](const char* opcode, int word, uint32_t value) {
+    Schedule bad = s;
+    for (auto& q : *bad.mutable_queues()) {
+      for (auto& inst : *q.mutable_instructions()) {
+        if (inst.opcode() != opcode) continue;
+        inst.set_args(word, value);
+        if (inst.opcode() == "ARGMAX_REDUCE" && value == 0xffffffffu) inst.set_tag_out(false);  // (no row to tag)
+      }
+    }
+    return bad;
+  };
+  // ArgmaxReduceArgs: embed_out is word 6, hidden word 7; EmbedArgs: folded is word 9.
+  ExpectRejected(edit("ARGMAX_REDUCE", 6, 0xffffffffu), "a folded EMBED (it runs only in a launch's first step)");
+  ExpectRejected(edit("EMBED", 9, 0), "which 0 folded EMBEDs of the same table and shape write (needs 1)");
+  ExpectRejected(edit("ARGMAX_REDUCE", 7, 128), "which 0 folded EMBEDs of the same table and shape write (needs 1)");
+}
+
 TEST(ScheduleVerifier, AcceptsCompiledSchedules) {
   for (uint32_t sms : {1u, 7u, 132u}) {
     CompileOptions o;
