@@ -188,8 +188,6 @@ absl::Status CheckProgress(const Schedule& s, const DecodedSchedule& d) {
   return absl::OkStatus();
 }
 
-// Every instruction lies between the step's first and last instruction in the
-// dependency order: what makes reusing activation buffers across steps safe.
 // A folded EMBED (isa::EmbedArgs::folded) runs only in a launch's first step: exactly one ARGMAX_REDUCE must store
 // its row the step before, from the same table and shape; and an ARGMAX_REDUCE stores a next row only for one.
 absl::Status CheckFoldedEmbedding(const std::vector<const isa::Instruction*>& step,
@@ -224,6 +222,8 @@ absl::Status CheckFoldedEmbedding(const std::vector<const isa::Instruction*>& st
   return absl::OkStatus();
 }
 
+// Every instruction lies between the step's first and last instruction in the
+// dependency order: what makes reusing activation buffers across steps safe.
 absl::Status CheckStepOrder(const Schedule& s, const DecodedSchedule& d) {
   std::vector<std::pair<uint32_t, size_t>> where;
   std::vector<const isa::Instruction*> nodes;
