@@ -10,17 +10,25 @@
 
 namespace loom::megakernel {
 
+// The embedding row of `token` (out of range: row 0; the host validated the prompt) into out[0, hidden), tagged:
+// EMBED's, and the next step's row that ARGMAX_REDUCE stores when the EMBED is folded into it.
+__device__ __forceinline__ void StoreEmbeddingRow(const __nv_bfloat16* table, uint32_t row_stride, uint32_t vocab,
+                                                  int32_t token, float* out, uint32_t hidden, uint32_t tag,
+                                                  uint32_t tid) {
+  if (token < 0 || static_cast<uint32_t>(token) >= vocab) token = 0;
+  const __nv_bfloat16* row = table + static_cast<uint64_t>(token) * row_stride;
+  for (uint32_t i = tid; i < hidden; i += kConsumerThreads) out[i] = MaybeTag(__bfloat162float(row[i]), tag);
+}
+
 __device__ __forceinline__ void RunEmbed(const isa::EmbedArgs& a, ConsumerContext& ctx) {
   if (a.folded != 0 && ctx.launch_step > 0) return;  // the step before's ARGMAX_REDUCE stored the row
   const isa::MachineView& m = ctx.machine;
   const int32_t pos = m.ptr<int32_t>(a.step_state)[isa::kStatePosition];
   for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
-    int32_t token = m.ptr<int32_t>(a.tokens)[pos + static_cast<int32_t>(r)];
-    if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // the host validated the prompt
-    const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.table) + static_cast<uint64_t>(token) * a.row_stride;
-    float* out = m.ptr<float>(a.out) + static_cast<uint64_t>(r) * a.hidden;
-    const uint32_t tag = OutputTag(ctx.flags, ctx.step);
-    for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = MaybeTag(__bfloat162float(row[i]), tag);
+    const int32_t token = m.ptr<int32_t>(a.tokens)[pos + static_cast<int32_t>(r)];
+    StoreEmbeddingRow(m.ptr<__nv_bfloat16>(a.table), a.row_stride, a.vocab, token,
+                      m.ptr<float>(a.out) + static_cast<uint64_t>(r) * a.hidden, a.hidden,
+                      OutputTag(ctx.flags, ctx.step), ctx.tid);
   }
 }
 
@@ -137,11 +145,8 @@ __device__ __forceinline__ void RunArgmaxReduce(const isa::ArgmaxReduceArgs& a, 
   int32_t token = static_cast<int32_t>(best_index);
   if (overflow) token = m.ptr<int32_t>(a.tokens)[position];
   else if (next < prompt_length) token = m.ptr<int32_t>(a.tokens)[next];
-  if (token < 0 || static_cast<uint32_t>(token) >= a.vocab) token = 0;  // as RunEmbed
-  const __nv_bfloat16* row = m.ptr<__nv_bfloat16>(a.embed_table) + static_cast<uint64_t>(token) * a.row_stride;
-  float* out = m.ptr<float>(a.embed_out);
-  const uint32_t tag = OutputTag(ctx.flags, ctx.step + 1);
-  for (uint32_t i = ctx.tid; i < a.hidden; i += kConsumerThreads) out[i] = MaybeTag(__bfloat162float(row[i]), tag);
+  StoreEmbeddingRow(m.ptr<__nv_bfloat16>(a.embed_table), a.row_stride, a.vocab, token, m.ptr<float>(a.embed_out),
+                    a.hidden, OutputTag(ctx.flags, ctx.step + 1), ctx.tid);
 }
 
 }  // namespace loom::megakernel
