@@ -59,7 +59,7 @@ LOOM_HD uint32_t Lo16(uint32_t v) { return v & 0xffffu; }
 // ch), ch fastest), but no image in memory: the consumers gather each K slab's patches from the NHWC input into the
 // page beside the slab of W the loader streams (f32 input: through f32 stages, rounded to bf16; bf16 input: copied
 // straight into the page). K slabs [begin, +count) of the packed `slabs` (count 0: all from begin); epilogues as
-// GEMM's kGemmStoreF32, kGemmStoreF32Relu and kGemmAccumulateF32 (bias, residual), the stores into out (f32) and / or
+// GEMM's kGemmStoreF32, kGemmStoreF32Relu and kGemmPartialF32 (bias, residual), the stores into out (f32) and / or
 // out_bf16 (the output rounded to bf16, for the convolutions that read it). Spatial sizes, kernel, strides, padding
 // and dilations are packed two to a word (Pack16): each below 2^16.
 enum ConvGemmFlags : uint32_t {
@@ -77,7 +77,7 @@ struct ConvGemmArgs {
   uint32_t out;       // f32 [ConvGemmRows, n], or kNoTensor (only out_bf16)
   uint32_t bias;      // bf16 [n] or kNoTensor
   uint32_t residual;  // f32 [ConvGemmRows, n] or kNoTensor
-  uint32_t epilogue;  // GemmEpilogue: kGemmStoreF32, kGemmStoreF32Relu or kGemmAccumulateF32
+  uint32_t epilogue;  // GemmEpilogue: kGemmStoreF32, kGemmStoreF32Relu or kGemmPartialF32
   uint32_t n;         // output channels (of this group)
   uint32_t m_tile;
   uint32_t n_tile;
@@ -112,7 +112,7 @@ inline constexpr uint32_t kConvStageRowBytes = kGemmSlabK * 4 + 16;
 inline constexpr uint32_t kConvThreads = 256;
 LOOM_HD bool ConvStagesResidual(const ConvGemmArgs& a) {
   return (a.flags & kConvBf16Input) && a.residual != kNoTensor && a.residual != a.out &&
-         a.epilogue != kGemmAccumulateF32 && a.n % 2 == 0;
+         a.epilogue != kGemmPartialF32 && a.n % 2 == 0;
 }
 // The store epilogue through the activation slot (ConvStagesOutput: row lengths of whole 16-byte chunks, n % 4 ==
 // 0, and n % 8 == 0 with a bf16 output): the tile's finished rows are written to the slot, f32 rows
@@ -404,7 +404,7 @@ LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
       op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV || op == Opcode::NHWC_BF16) {
     return kGraphKernel;
   }
-  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN ? kTensorKernel : kDecodeKernel;
+  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::SUM_SPLITS ? kTensorKernel : kDecodeKernel;
 }
 // An instruction's variant: its opcode's, but a wide GEMM tile's is kWideKernel, and forms the default decode
 // lowering never emits run in kTensorKernel, so the decode variant does not compile them: an ATTN_PARTIAL with the

@@ -3,6 +3,7 @@
 //   GEMM        an output tile of C = A · Wᵀ from swizzled bf16 operand images (wgmma), with its epilogues
 //   PACK_ROWS   f32 rows (optionally RMS-normed) into a GEMM's bf16 operand image
 //   FLASH_ATTN  a 128-row query tile's causal attention over the KV cache on the tensor cores
+//   SUM_SPLITS  the parts of a GEMM split over K added in a fixed order (deterministic split-K)
 #pragma once
 
 namespace loom::isa {
@@ -43,7 +44,7 @@ struct GemmArgs {
   uint32_t head_dim;
   uint32_t max_seq;
   // Split K: this instruction multiplies K slabs [begin, begin + count) only, `slabs` = begin | count << 16
-  // (count 0: all of them from begin; GemmSlabsOf), for kGemmAccumulateF32, which adds its partial product into out.
+  // (count 0: all of them from begin; GemmSlabsOf), for kGemmPartialF32, which stores its part of the product.
   uint32_t slabs;
   float norm_eps;  // qk_norm's epsilon
   // 1: the tile is kGemmWideTileN (256) columns wide, n_tile counting such tiles: W's 128-row tiles 2 n_tile and
@@ -76,9 +77,10 @@ enum GemmEpilogue : uint32_t {
                              // image (PackSwizzled, 128-row tiles) of silu(gate) * up, [m, n / 2], for the next GEMM
   kGemmRopeKvAppend = 2,     // W rows in the grouped QKV layout (QkvGroupedRow): per token row, q rotated into
                              // out f32 [m, heads * head_dim], k rotated and v into the caches at its position
-  kGemmAccumulateF32 = 3,    // out f32 [m, n] += this instruction's K slabs' product (+ bias from the split holding
-                             // slab 0), atomically: split-K over instructions, and a residual add when out holds
-                             // the residual stream (the sum's order, and so its last bits, vary run to run)
+  kGemmPartialF32 = 3,       // out f32 [m, n] = this instruction's K slabs' product (+ bias from the split holding
+                             // slab 0): one part of a product split over K, each part its own tensor (views of one
+                             // SumSplitsArgs::parts), added by SUM_SPLITS in part order. Not float atomics into one
+                             // output: their order, and so the sum's last bits, would vary from run to run.
   kGemmStoreF32Relu = 4,     // as kGemmStoreF32, then max(0, .): bias, residual, ReLU (a conv block's epilogue)
   kNumGemmEpilogues = 5,
 };
@@ -98,6 +100,32 @@ LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGe
 // Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).
 LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
   return uint64_t{GemmTiles(rows)} * GemmSlabs(k) * kGemmSlabBytes;
+}
+
+// The parts of a product split over K (kGemmPartialF32) added up: for the elements i in [begin, +count) of an f32
+// tensor of `elements`, out[i] = base[i] + parts[0 * elements + i] + ... + parts[(splits - 1) * elements + i], in
+// that order whichever part was stored first, so a split product is bitwise the same every run. base kNoTensor:
+// the sum starts from the first part; base may be out (the residual stream added to in place). flags: max(0, .) of
+// the base as it is read (a ReLU its producer left pending) and / or of the sum.
+enum SumSplitsFlags : uint32_t {
+  kSumReluBase = 1,
+  kSumReluOut = 2,
+};
+inline constexpr uint32_t kMaxSumSplits = 64;  // parts a thread adds (the lowerings split 16 ways at most)
+struct SumSplitsArgs {
+  uint32_t parts;  // f32 [splits, elements]
+  uint32_t base;   // f32 [elements] or kNoTensor
+  uint32_t out;    // f32 [elements]
+  uint32_t elements;
+  uint32_t splits;
+  uint32_t begin;
+  uint32_t count;
+  uint32_t flags;  // SumSplitsFlags
+  static constexpr const char* kFields[] = {"parts", "base", "out", "elements", "splits", "begin", "count", "flags"};
+};
+// The sum of one element in the order every backend uses.
+LOOM_HD float SumSplitsBase(const SumSplitsArgs& a, float base) {
+  return (a.flags & kSumReluBase) && base < 0.0f ? 0.0f : base;
 }
 
 // Rows of an f32 matrix [m, k] as the bf16 operand image a GEMM reads as A

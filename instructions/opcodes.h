@@ -26,4 +26,5 @@
   V(CONV1D, Conv1dArgs) \
   V(DWCONV, DwConvArgs) \
   V(CONV_GEMM, ConvGemmArgs) \
-  V(NHWC_BF16, NhwcBf16Args)
+  V(NHWC_BF16, NhwcBf16Args) \
+  V(SUM_SPLITS, SumSplitsArgs)

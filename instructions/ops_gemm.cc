@@ -1,7 +1,6 @@
 // Host side of the tensor-core opcodes: GEMM (every epilogue) and PACK_ROWS, over swizzled operand images, and
 // CONV_GEMM (a convolution's implicit GEMM).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -22,11 +21,11 @@ void Validate(const GemmArgs& a, Checker& c) {
   const uint32_t slab_begin = GemmSplitBegin(a), slab_count = GemmSplitCount(a);
   c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= GemmSlabs(a.k),
             absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", GemmSlabs(a.k)));
-  c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
+  c.Require(a.epilogue == kGemmPartialF32 || a.slabs == 0, "only the partial epilogue may take part of K");
   c.Require(a.slabs == 0 || GemmSlabs(a.k) <= 0xffffu,  // (the range's two 16-bit halves)
             absl::StrCat("k ", a.k, ": a split of more than 65535 K slabs"));
   c.Require(!a.wide || a.epilogue != kGemmRopeKvAppend, "the RoPE epilogue takes 128-column tiles only");
-  if (a.epilogue == kGemmAccumulateF32) c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
+  if (a.epilogue == kGemmPartialF32) c.Require(a.residual == kNoTensor, "a part of a split product: SUM_SPLITS adds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {
     const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
     const uint32_t group = GemmHeadsPerGroup(a);
@@ -81,7 +80,7 @@ void Validate(const ConvGemmArgs& a, Checker& c) {
             absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", row_tiles, " x ", GemmTiles(a.n),
                          " output tiles"));
   if (a.flags & kConvTall) {
-    c.Require(bf16 && a.n <= kConvTallCols && a.slabs == 0 && a.epilogue != kGemmAccumulateF32 &&
+    c.Require(bf16 && a.n <= kConvTallCols && a.slabs == 0 && a.epilogue != kGemmPartialF32 &&
                   ConvStagesOutput(a),
               absl::StrCat("a tall tile needs a bf16 input, n <= ", kConvTallCols,
                            " (a multiple of 4, of 8 with out_bf16), the whole K and a store epilogue; n ", a.n));
@@ -90,12 +89,12 @@ void Validate(const ConvGemmArgs& a, Checker& c) {
                  slab_count = GemmSplitCount(a);
   c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= slabs,
             absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", slabs));
-  c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmAccumulateF32,
-            absl::StrCat("epilogue ", a.epilogue, ": a convolution stores or accumulates f32"));
-  c.Require(a.epilogue == kGemmAccumulateF32 || a.slabs == 0, "only the accumulating epilogue may take part of K");
-  if (a.epilogue == kGemmAccumulateF32) {
-    c.Require(a.residual == kNoTensor, "accumulating: out holds the residual");
-    c.Require(a.out_bf16 == kNoTensor && a.out != kNoTensor, "accumulating: into out (f32) only");
+  c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmPartialF32,
+            absl::StrCat("epilogue ", a.epilogue, ": a convolution stores f32 (whole or a part of a split product)"));
+  c.Require(a.epilogue == kGemmPartialF32 || a.slabs == 0, "only the partial epilogue may take part of K");
+  if (a.epilogue == kGemmPartialF32) {
+    c.Require(a.residual == kNoTensor, "a part of a split product: SUM_SPLITS adds the residual");
+    c.Require(a.out_bf16 == kNoTensor && a.out != kNoTensor, "a part of a split product: into out (f32) only");
   }
   c.Require(a.out != kNoTensor || a.out_bf16 != kNoTensor, "no output: out and out_bf16 are both kNoTensor");
   c.Tensor("input", a.input, bf16 ? BF16 : F32, input);
@@ -176,15 +175,41 @@ void Reference(const ConvGemmArgs& a, const MachineView& m) {
       for (uint32_t j = 0; j < width; ++j) acc += patch[j] * rw[j];
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
       const uint64_t at = uint64_t{r} * a.n + col;
-      if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
-        std::atomic_ref<float>(m.ptr<float>(a.out)[at]).fetch_add(acc);
-        continue;
-      }
       if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[at];
       if (a.epilogue == kGemmStoreF32Relu) acc = std::max(acc, 0.0f);
       if (a.out != kNoTensor) m.ptr<float>(a.out)[at] = acc;
       if (a.out_bf16 != kNoTensor) m.ptr<uint16_t>(a.out_bf16)[at] = graph::FloatToBf16(acc);
     }
+  }
+}
+
+void Validate(const SumSplitsArgs& a, Checker& c) {
+  c.Require(a.elements > 0 && a.count > 0, "elements and count must be positive");
+  c.Require(a.splits >= 2 && a.splits <= kMaxSumSplits,
+            absl::StrCat("splits ", a.splits, ": a split product has 2 to ", kMaxSumSplits, " parts"));
+  c.Require(U(a.begin) + a.count <= a.elements,
+            absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", a.elements));
+  c.Require(a.flags <= (kSumReluBase | kSumReluOut), absl::StrCat("unknown flags ", a.flags));
+  c.Require(a.base != kNoTensor || !(a.flags & kSumReluBase), "kSumReluBase without a base");
+  c.Require(a.parts != a.out && a.parts != a.base, "the parts are a tensor of their own");
+  c.Tensor("parts", a.parts, F32, U(a.splits) * a.elements);
+  c.Tensor("out", a.out, F32, a.elements);
+  if (a.base != kNoTensor) c.Tensor("base", a.base, F32, a.elements);
+}
+
+Footprint Cost(const SumSplitsArgs& a, uint32_t) {
+  const uint64_t reads = U(a.splits) + (a.base != kNoTensor ? 1 : 0);
+  return {0, 4 * U(a.count) * (reads + 1), 0, U(a.count) * a.splits};
+}
+
+void Reference(const SumSplitsArgs& a, const MachineView& m) {
+  const float* parts = m.ptr<float>(a.parts);
+  const float* base = a.base != kNoTensor ? m.ptr<float>(a.base) : nullptr;
+  float* out = m.ptr<float>(a.out);
+  for (uint64_t i = a.begin; i < U(a.begin) + a.count; ++i) {
+    float sum = base != nullptr ? SumSplitsBase(a, base[i]) : parts[i];
+    for (uint32_t s = base != nullptr ? 0 : 1; s < a.splits; ++s) sum += parts[s * U(a.elements) + i];
+    out[i] = (a.flags & kSumReluOut) && sum < 0.0f ? 0.0f : sum;
   }
 }
 
@@ -234,10 +259,6 @@ void Reference(const GemmArgs& a, const MachineView& m) {
       const float* rw = tile_w.data() + uint64_t{col - col0} * width;
       for (uint32_t x = 0; x < width; ++x) acc += ra[x] * rw[x];
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
-      if (a.epilogue == kGemmAccumulateF32) {  // other splits add to the same element from other SM threads
-        std::atomic_ref<float>(out[uint64_t{r} * a.n + col]).fetch_add(acc);
-        continue;
-      }
       if (a.epilogue == kGemmRopeKvAppend) {
         row_values[col - a.n_tile * kGemmTileN] = acc;
         continue;

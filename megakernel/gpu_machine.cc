@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   m->program_ = program;
   m->tagged_ranges_ = TaggedRanges(program);
   m->smem_bytes_ = SmemBytes(program.page_bytes, program.num_pages, program.activation_bytes);
+  m->smem_limit_ = static_cast<uint32_t>(prop.sharedMemPerBlockOptin);
   if (m->smem_bytes_ > prop.sharedMemPerBlockOptin) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the schedule's shared memory (", program.num_pages, " pages of ", program.page_bytes, " + an activation ring of ",
@@ -370,6 +371,12 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   if (absl::Status s = CheckProgramForDevice(other); !s.ok()) return s;
   auto up = std::make_unique<OnceProgram>();
   up->smem = SmemBytes(other.page_bytes, other.num_pages, other.activation_bytes);
+  if (up->smem > smem_limit_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pass's shared memory (", other.num_pages, " pages of ", other.page_bytes, " + an activation ring of ",
+        other.activation_bytes, " + ", SmemFixedBytes(), " = ", up->smem, ") exceeds the ", smem_limit_,
+        " a block may use"));
+  }
   up->arena_bytes = other.arena_bytes;
   up->num_tensors = static_cast<uint32_t>(other.tensors.size());
   up->num_barriers = std::max<uint32_t>(other.num_barriers, 1);

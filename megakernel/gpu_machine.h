@@ -102,6 +102,7 @@ class GpuMachine {
   std::vector<uint32_t> queue_begin_;
   std::vector<uint32_t> queue_begin_other_;
   uint32_t smem_bytes_ = 0;
+  uint32_t smem_limit_ = 0;  // the device's opt-in shared memory a block may use
   uint32_t next_step_ = 0;
   bool skip_weight_loads_ = false;
   uint8_t* weights_ = nullptr;

@@ -40,6 +40,7 @@
 #include "megakernel/ops/matvec.cuh"
 #include "megakernel/ops/nn_ops.cuh"
 #include "megakernel/ops/pack_rows.cuh"
+#include "megakernel/ops/sum_splits.cuh"
 #include "megakernel/ops/vector_ops.cuh"
 #include "megakernel/pipeline_state.cuh"
 #include "megakernel/shared_layout.cuh"
@@ -335,6 +336,9 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
         break;
       case isa::Opcode::FLASH_ATTN:
         if constexpr (kTensorOps) RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx);
+        break;
+      case isa::Opcode::SUM_SPLITS:
+        if constexpr (kTensorOps) RunSumSplits(inst.as<isa::SumSplitsArgs>(), ctx);
         break;
       default: break;
     }

@@ -25,9 +25,6 @@ absl::StatusOr<Schedule> NnLowering::Run(const std::string& model) {
     if (absl::Status s = Lower(op); !s.ok()) return s;
   }
   for (const TensorDef& t : g_.def().tensors()) {
-    if (t.is_output()) Materialize(t.name());
-  }
-  for (const TensorDef& t : g_.def().tensors()) {
     if (!t.is_output()) continue;
     auto it = arena_.find(t.name());
     if (it == arena_.end()) {
@@ -107,7 +104,7 @@ uint32_t NnLowering::CopyOut(const std::string& name) {
 }
 
 // The same without applying a pending ReLU (a reader that applies it itself).
-absl::StatusOr<uint32_t> NnLowering::OperandRaw(const OpDef& op, const std::string& name) {
+absl::StatusOr<uint32_t> NnLowering::Operand(const OpDef& op, const std::string& name) {
   const TensorDef& t = T(name);
   if (t.kind() == graph::WEIGHT) {
     // The packing plan's rows of a weight: its first dimension (rank >= 2), or one element each.

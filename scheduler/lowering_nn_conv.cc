@@ -89,10 +89,10 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> NnLowering::PadChannels(const OpDe
     source = it->second.first;
     strides = it->second.second;
   }
-  absl::StatusOr<uint32_t> input = OperandRaw(op, source);
+  absl::StatusOr<uint32_t> input = Operand(op, source);
   if (!input.ok()) return input.status();
   a.input = *input;
-  a.relu = pending_relu_.contains(source) ? 1 : 0;
+  a.relu = 0;
   a.stride_n = static_cast<uint32_t>(strides[0]), a.stride_h = static_cast<uint32_t>(strides[1]);
   a.stride_w = static_cast<uint32_t>(strides[2]), a.stride_c = static_cast<uint32_t>(strides[3]);
   const uint64_t pixels = uint64_t{a.n} * a.h * a.w;
@@ -163,13 +163,13 @@ absl::Status NnLowering::LowerConv(const OpDef& op) {
   const bool bf16_input = implicit && (pad || (bf16 != bf16_.end() && ReadsBf16(op, x)));
   absl::StatusOr<uint32_t> input = pad          ? absl::StatusOr<uint32_t>(pad->first)
                                    : bf16_input ? absl::StatusOr<uint32_t>(bf16->second)
-                                                : OperandRaw(op, x);
+                                                : Operand(op, x);
   if (!input.ok()) return input.status();
   isa::ImToColArgs c = ConvGeometry(op);
   const uint32_t channels = c.group_c;  // the weight's (unpadded)
   c.input = *input;
-  c.relu = pending_relu_.contains(x) ? 1 : 0;
-  if (pad) c.c = c.group_c = padded, c.relu = 0;
+  c.relu = 0;
+  if (pad) c.c = c.group_c = padded;
   const uint32_t m = isa::ImToColRows(c), k = isa::ImToColK(c), oc = static_cast<uint32_t>(ws[0]), n = oc / groups;
   const std::vector<uint32_t> after = pad ? std::vector<uint32_t>{pad->second}
                                       : bf16_input && bf16_stage_.contains(x) ? std::vector<uint32_t>{bf16_stage_.at(x)}
@@ -254,13 +254,13 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   const std::string& x = op.inputs(0);
   const std::vector<uint64_t> xs = ShapeOf(T(x)), ws = ShapeOf(T(op.inputs(1))), ys = ShapeOf(T(op.outputs(0)));
   const graph::Conv2dAttrs& a = op.conv2d();
-  absl::StatusOr<uint32_t> input = OperandRaw(op, x);
+  absl::StatusOr<uint32_t> input = Operand(op, x);
   if (!input.ok()) return input.status();
   absl::StatusOr<uint32_t> weight = Operand(op, op.inputs(1));
   if (!weight.ok()) return weight.status();
   isa::DwConvArgs d{};
   d.input = *input;
-  d.relu_in = pending_relu_.contains(x) ? 1 : 0;
+  d.relu_in = 0;
   d.weight = *weight;
   d.bias = kNone;
   if (op.inputs_size() > 2) {

@@ -35,9 +35,9 @@ NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
 }
 
 // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
-// W tiles in L2), waiting for A and the residual. A GEMM of fewer tiles than half the SMs is split over K as well
-// (each split adds its part into out atomically, the first one the bias): out starts as the residual or zero, and
-// the ReLU is left to the readers (Materialize).
+// W tiles in L2), waiting for A and the residual. A GEMM of fewer tiles than half the SMs is split over K as well:
+// each split stores its part (the first one with the bias), and a SUM_SPLITS stage adds the residual (or nothing)
+// and the parts in part order, then the ReLU, so the output is the same every run.
 void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, uint32_t bias, uint32_t m, uint32_t n,
                           uint32_t k, std::optional<uint32_t> into, uint32_t siblings) {
   isa::GemmArgs g{};
@@ -54,69 +54,76 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
   const uint32_t tiles = isa::GemmTiles(m) * isa::GemmTiles(n), slabs = isa::GemmSlabs(k);
   const uint32_t splits = KSplits(tiles, slabs, siblings);
   const bool split = splits > 1;
-  // A residual whose ReLU is still pending: the split form's initial copy applies it; the fused epilogue reads
-  // the tensor as it is, so the ReLU is applied first.
-  const bool residual_relu = e.residual != kNone && pending_relu_.contains(e.residual_names[0]);
-  if (residual_relu && !split) Materialize(e.residual_names[0]);
-  std::vector<uint32_t> after = ReadyOf(e.residual_names);
-  for (uint32_t r : a.ready) {
-    if (std::find(after.begin(), after.end(), r) == after.end()) after.push_back(r);
-  }
-  if (split) {
-    const uint64_t elements = uint64_t{m} * n;
-    // Into an operand image's stage (the GEMM then waits for one barrier, not two), else a stage of its own.
-    const uint32_t init = a.conv || a.ready.empty() ? b_.Stage(absl::StrCat(e.ops, "/init")) : a.ready[0];
-    if (e.residual != kNone) {
-      EmitMap(residual_relu ? isa::kEwRelu : isa::kEwCopy, e.residual, g.out, elements, ReadyOf(e.residual_names),
-              absl::StrCat(e.ops, "/residual"), init);
-    } else {
-      EmitMap(isa::kEwZero, g.out, g.out, elements, {}, absl::StrCat(e.ops, "/zero"), init);
+  std::vector<uint32_t> after = a.ready;
+  if (!split) {
+    for (uint32_t r : ReadyOf(e.residual_names)) {
+      if (std::find(after.begin(), after.end(), r) == after.end()) after.push_back(r);
     }
-    after = a.ready;
-    if (std::find(after.begin(), after.end(), init) == after.end()) after.push_back(init);
-    g.epilogue = isa::kGemmAccumulateF32;
+  }
+  // Split, the tiles signal a stage of their own and the sums the output's.
+  const uint32_t stage = split || !into ? b_.Stage(split ? absl::StrCat(e.ops, "/parts") : e.ops) : *into;
+  SplitParts parts;
+  if (split) {
+    parts = AddSplitParts(b_, absl::StrCat(prefix_, "parts:", e.out), uint64_t{m} * n, splits);
+    g.epilogue = isa::kGemmPartialF32;
     g.residual = kNone;
   }
-  const uint32_t stage = into ? *into : b_.Stage(e.ops);
-  // A convolution's output other convolutions gather as bf16: stored so too, whole (split over K, it is summed in
-  // f32 and they gather that).
+  // A convolution's output other convolutions gather as bf16: stored so too, whole (split over K, NHWC_BF16 copies
+  // the sum, below).
   uint32_t bf16_out = kNone;
-  if (a.conv && e.bf16 && splits == 1) {
+  if (a.conv && e.bf16 && !split) {
     const std::vector<uint64_t> shape = ShapeOf(T(e.out));
     bf16_out = Scratch(absl::StrCat("bf16:", e.out), graph::BF16, std::vector<int64_t>(shape.begin(), shape.end()));
   }
   // A 64-channel convolution with a bf16 input whose 128 x 128 tiles would take more than one wave: tall tiles
   // (isa::kConvTall), half as many.
-  bool tall = a.conv && (a.conv->flags & isa::kConvBf16Input) && splits == 1 && n <= isa::kConvTallCols &&
+  bool tall = a.conv && (a.conv->flags & isa::kConvBf16Input) && !split && n <= isa::kConvTallCols &&
               isa::GemmTiles(m) > o_.num_sms();
   if (tall) {  // and its store epilogue goes through the slot (as a tall tile's must)
     isa::ConvGemmArgs probe = *a.conv;
     probe.n = n, probe.out_bf16 = bf16_out;
     tall = isa::ConvStagesOutput(probe);
   }
-  ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t) {
-    if (!a.conv) {
-      Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
-      return;
-    }
-    if (tall && tile.m_tile % 2 != 0) return;
-    isa::ConvGemmArgs c = *a.conv;
-    c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
-    c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
-    c.slabs = tile.slabs;
-    if (tall) c.m_tile /= 2, c.flags |= isa::kConvTall;
-    c.out_bf16 = kNone;
-    if (bf16_out != kNone) {
-      c.out_bf16 = bf16_out;
-      if (!e.f32) c.out = kNone;
-    }
-    Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
-  });
+  ForEachGemmTile(
+      g, splits,
+      [&](const isa::GemmArgs& tile, uint32_t) {
+        if (!a.conv) {
+          Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
+          return;
+        }
+        if (tall && tile.m_tile % 2 != 0) return;
+        isa::ConvGemmArgs c = *a.conv;
+        c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
+        c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
+        c.slabs = tile.slabs;
+        if (tall) c.m_tile /= 2, c.flags |= isa::kConvTall;
+        c.out_bf16 = kNone;
+        if (bf16_out != kNone) {
+          c.out_bf16 = bf16_out;
+          if (!e.f32) c.out = kNone;
+        }
+        Emit(Make(isa::Opcode::CONV_GEMM, c), stage, after, e.ops);
+      },
+      parts.parts);
   stage_[e.out] = stage;
   if (bf16_out != kNone) bf16_[e.out] = bf16_out;
-  // Split over K, the sum is complete only at the stage's end: its bf16 copy (ReLU'd) is NHWC_BF16's, a stage of
-  // its own. (The tile's last split rounding the sum itself put a read-back on every split's path: not kept.)
-  if (a.conv && e.bf16 && splits > 1 && ShapeOf(T(e.out)).size() == 4 && Bf16CopyPays(e.out)) {
+  if (!split) return;
+  const uint32_t sum = into ? *into : b_.Stage(e.ops);
+  std::vector<uint32_t> sum_after = {stage};
+  for (uint32_t r : ReadyOf(e.residual_names)) {
+    if (std::find(sum_after.begin(), sum_after.end(), r) == sum_after.end()) sum_after.push_back(r);
+  }
+  const uint64_t elements = uint64_t{m} * n;
+  for (const auto& [begin, end] : Chunks(elements, 4)) {
+    const isa::SumSplitsArgs s{parts.all, e.residual, g.out, static_cast<uint32_t>(elements), splits,
+                               static_cast<uint32_t>(begin), static_cast<uint32_t>(end - begin),
+                               e.relu ? isa::kSumReluOut : 0u};
+    Emit(Make(isa::Opcode::SUM_SPLITS, s), sum, sum_after, absl::StrCat(e.ops, "/sum"));
+  }
+  stage_[e.out] = sum;
+  // Its bf16 copy for the convolutions that gather it, when that pays: NHWC_BF16's, a stage of its own. (The tile's
+  // last split rounding the sum itself put a read-back on every split's path: not kept.)
+  if (a.conv && e.bf16 && ShapeOf(T(e.out)).size() == 4 && Bf16CopyPays(e.out)) {
     const std::vector<uint64_t> shape = ShapeOf(T(e.out));
     isa::NhwcBf16Args c{};
     c.input = g.out;
@@ -124,14 +131,10 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
     c.n = static_cast<uint32_t>(shape[0]), c.h = static_cast<uint32_t>(shape[1]), c.w = static_cast<uint32_t>(shape[2]);
     c.c = c.c_pad = static_cast<uint32_t>(shape[3]);
     c.stride_n = c.h * c.w * c.c, c.stride_h = c.w * c.c, c.stride_w = c.c, c.stride_c = 1;
-    c.relu = e.relu ? 1 : 0;
-    bf16_stage_[e.out] = EmitNhwcBf16(c, {stage}, absl::StrCat(e.ops, "/bf16"));
+    c.relu = 0;  // (the sum applied it)
+    bf16_stage_[e.out] = EmitNhwcBf16(c, {sum}, absl::StrCat(e.ops, "/bf16"));
     bf16_[e.out] = c.out;
   }
-  // Split over K, the sum is only complete at the stage's end: the ReLU is left to the readers (CONV_GEMM, IM2COL
-  // and the next split GEMM's residual copy apply it as they read), or applied in place by the first reader that
-  // cannot.
-  if (splits > 1 && e.relu) pending_relu_[e.out] = {g.out, uint64_t{m} * n, e.ops};
 }
 
 uint32_t NnLowering::KSplits(uint32_t tiles, uint32_t slabs, uint32_t siblings) const {
@@ -149,15 +152,6 @@ bool NnLowering::Bf16CopyPays(const std::string& name) const {
     if (slabs / KSplits(isa::GemmTiles(m) * isa::GemmTiles(n), slabs, 1) >= kMinSlabsForBf16Copy) return true;
   }
   return false;
-}
-
-// A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
-void NnLowering::Materialize(const std::string& name) {
-  auto it = pending_relu_.find(name);
-  if (it == pending_relu_.end()) return;
-  const PendingRelu p = it->second;
-  pending_relu_.erase(it);
-  stage_[name] = EmitMap(isa::kEwRelu, p.tensor, p.tensor, p.elements, ReadyOf({name}), absl::StrCat(p.ops, "/relu"));
 }
 
 // Rows of an operand image per IM2COL / PACK_ROWS instruction: about two instructions per SM, at least

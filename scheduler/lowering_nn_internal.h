@@ -154,14 +154,8 @@ class NnLowering {
   // A copy of `name` (input-backed) in a tensor of its own, by an ELEMENTWISE copy.
   uint32_t CopyOut(const std::string& name);
 
-  // An f32 operand read as it is (a pending ReLU applied first): an activation's arena tensor, or a weight's exact
-  // f32 copy.
-  absl::StatusOr<uint32_t> Operand(const OpDef& op, const std::string& name) {
-    Materialize(name);
-    return OperandRaw(op, name);
-  }
-  // The same without applying a pending ReLU (a reader that applies it itself).
-  absl::StatusOr<uint32_t> OperandRaw(const OpDef& op, const std::string& name);
+  // An f32 operand: an activation's arena tensor, or a weight's exact f32 copy.
+  absl::StatusOr<uint32_t> Operand(const OpDef& op, const std::string& name);
 
   // The stages to wait for before reading `names` (inputs and weights: none).
   std::vector<uint32_t> ReadyOf(const std::vector<std::string>& names) const {
@@ -242,8 +236,6 @@ class NnLowering {
   void EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, uint32_t bias, uint32_t m, uint32_t n, uint32_t k,
                 std::optional<uint32_t> into = std::nullopt, uint32_t siblings = 1);
 
-  // A pending ReLU of `name` applied in place, as its own stage (which then makes `name` ready).
-  void Materialize(const std::string& name);
   // The ways a GEMM of `tiles` output tiles and `slabs` K slabs is split over K (1: not split), `siblings` GEMMs of
   // its shape beside it.
   uint32_t KSplits(uint32_t tiles, uint32_t slabs, uint32_t siblings) const;
@@ -361,12 +353,6 @@ class NnLowering {
   absl::flat_hash_map<std::string, uint32_t> stage_;  // graph tensor -> the stage that writes it
   absl::flat_hash_set<std::string> consumed_;         // ops a GEMM's epilogue took over
   absl::flat_hash_set<std::string> input_backed_;     // inputs and views of them
-  struct PendingRelu {
-    uint32_t tensor;
-    uint64_t elements;
-    std::string ops;
-  };
-  absl::flat_hash_map<std::string, PendingRelu> pending_relu_;  // split GEMM outputs whose ReLU is not applied
   absl::flat_hash_map<std::string, uint32_t> bf16_;  // graph tensor -> its bf16 copy (a CONV_GEMM epilogue's)
   // Graph tensor -> the stage of its bf16 copy where that is not the tensor's own (NHWC_BF16 after a convolution
   // split over K): what its bf16 readers wait for.

@@ -190,9 +190,10 @@ class PassBuilder {
 };
 
 // Every output tile of a GEMM (m-tiles inside n-tiles: concurrent SMs share W tiles in L2), each split over K
-// into `splits` slab ranges (splits > 1 needs the accumulating epilogue): emit(args, m_tile) per instruction.
+// into `splits` slab ranges: emit(args, m_tile) per instruction. Split, split s stores its part into parts[s]
+// (kGemmPartialF32; SplitParts), which SUM_SPLITS then adds in part order.
 template <typename EmitFn>
-void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit) {
+void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit, const std::vector<uint32_t>& parts = {}) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
   for (uint32_t n = 0; n < isa::GemmColumnTiles(g.n, g.wide); ++n) {
     for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
@@ -202,11 +203,53 @@ void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit) {
         if (splits > 1) {
           const uint32_t begin = slabs * s / splits;
           g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
+          g.out = parts.at(s);
         }
         emit(g, m);
       }
     }
   }
+}
+
+// The parts of a product of `elements` f32 split `splits` ways over K: one tensor [splits, elements] (`name`, kept
+// for every product of that name, size and split) and a view of each part, which the split's tiles store.
+struct SplitParts {
+  uint32_t all;
+  std::vector<uint32_t> parts;
+};
+inline SplitParts AddSplitParts(PassBuilder& b, const std::string& name, uint64_t elements, uint32_t splits) {
+  const std::string all = absl::StrCat(name, ".", splits, "x", elements);
+  if (absl::StatusOr<uint32_t> found = b.Find(all); found.ok()) {
+    SplitParts p{*found, {}};
+    for (uint32_t s = 0; s < splits; ++s) p.parts.push_back(*b.Find(absl::StrCat(all, ".", s)));
+    return p;
+  }
+  SplitParts p{b.Scratch(all, graph::F32, {static_cast<int64_t>(splits), static_cast<int64_t>(elements)}), {}};
+  for (uint32_t s = 0; s < splits; ++s) {
+    p.parts.push_back(b.Scratch(absl::StrCat(all, ".", s), graph::F32, {static_cast<int64_t>(elements)}, all,
+                                s * elements * 4));
+  }
+  return p;
+}
+
+// SUM_SPLITS instructions adding `parts` over the elements [begin, end) of a product of `elements` (f32) into
+// `out` (from `base`, or kNoTensor), in chunks of `chunk` elements (a multiple of 4), each waiting on `after`.
+inline void EmitSumSplits(PassBuilder& b, const SplitParts& parts, uint32_t base, uint32_t out, uint64_t elements,
+                          uint64_t begin, uint64_t end, uint64_t chunk, uint32_t flags, uint32_t stage,
+                          std::optional<uint32_t> after, const std::string& name) {
+  for (uint64_t i = begin; i < end; i += chunk) {
+    const isa::SumSplitsArgs a{parts.all, base, out, static_cast<uint32_t>(elements),
+                               static_cast<uint32_t>(parts.parts.size()), static_cast<uint32_t>(i),
+                               static_cast<uint32_t>(std::min(chunk, end - i)), flags};
+    b.Emit(isa::Opcode::SUM_SPLITS, a, stage, after, name);
+  }
+}
+// Elements per SUM_SPLITS instruction: `total` elements over about `instructions` of them, at least
+// kMinSumElements (below that an instruction's fixed cost outweighs its bytes), a multiple of 4 (16-byte chunks).
+inline constexpr uint64_t kMinSumElements = 1024;
+inline uint64_t SumChunk(uint64_t total, uint64_t instructions) {
+  const uint64_t per = (total + std::max<uint64_t>(instructions, 1) - 1) / std::max<uint64_t>(instructions, 1);
+  return (std::max(per, kMinSumElements) + 3) / 4 * 4;
 }
 
 inline constexpr uint32_t kMaxPagesPerSm = 32;  // the megakernel's page mbarriers

@@ -234,22 +234,37 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   };
   // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2. A residual GEMM
   // (out += A·Wᵀ in place) with fewer tiles than SMs is split over K as well (a short prompt's O- and down-proj
-  // would otherwise run on a few SMs through all of K), each split adding its part atomically.
+  // would otherwise run on a few SMs through all of K): each split stores its part, and a SUM_SPLITS stage adds
+  // the parts to out in part order, row tile by row tile, so the sum is the same every run (float atomics into
+  // out were not: logits moved by up to 0.05 and greedy tokens changed from run to run). Returns the stage the
+  // next one waits for.
   auto gemm = [&](const std::string& name, isa::GemmArgs g, StageRef after, bool tiled_stage) {
     const StageRef stage = b.Stages(name, tiles_m, tiled_stage);
     g.wide = wide_gemm_tiles && g.epilogue != isa::kGemmRopeKvAppend ? 1 : 0;
     const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmColumnTiles(g.n, g.wide), slabs = isa::GemmSlabs(g.k);
-    uint32_t splits = 1;
-    // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
-    if (g.residual == g.out && 2 * tiles <= decode.num_sms()) {
-      splits = std::min({slabs, decode.num_sms() / tiles, kMaxKSplits});
-      g.epilogue = isa::kGemmAccumulateF32;
-      g.residual = isa::kNoTensor;
-    }
-    ForEachGemmTile(g, splits, [&](const isa::GemmArgs& tile, uint32_t m) {
+    auto emit = [&](const isa::GemmArgs& tile, uint32_t m) {
       b.Emit(isa::Opcode::GEMM, tile, stage.Of(m), after.Of(m), name);
-    });
-    return stage;
+    };
+    // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
+    if (g.residual != g.out || 2 * tiles > decode.num_sms() || slabs < 2) {
+      ForEachGemmTile(g, 1, emit);
+      return stage;
+    }
+    const uint32_t splits = std::min({slabs, decode.num_sms() / tiles, kMaxKSplits});
+    const uint64_t elements = uint64_t{g.m} * g.n;
+    const SplitParts parts = AddSplitParts(b, absl::StrCat("prefill.parts.", g.k), elements, splits);
+    const uint32_t out = g.out;
+    g.epilogue = isa::kGemmPartialF32;
+    g.residual = isa::kNoTensor;
+    ForEachGemmTile(g, splits, emit, parts.parts);
+    const StageRef sum = b.Stages(name + "/sum", tiles_m, tiled_stage);
+    const uint64_t chunk = SumChunk(elements, decode.num_sms());
+    for (uint32_t m = 0; m < tiles_m; ++m) {
+      const uint64_t begin = uint64_t{m} * isa::kGemmTileM * g.n;
+      const uint64_t end = std::min<uint64_t>(P, (m + 1) * isa::kGemmTileM) * g.n;
+      EmitSumSplits(b, parts, out, out, elements, begin, end, chunk, 0, sum.Of(m), stage.Of(m), name + "/sum");
+    }
+    return sum;
   };
   auto bias_of = [&](const std::vector<std::string>& sources) -> absl::StatusOr<uint32_t> {
     if (sources.empty() || sources[0].empty()) return isa::kNoTensor;
@@ -352,7 +367,16 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
 
   // The last row: final norm + LM head with argmax partials (as a decode step), then the reduce.
   const uint32_t vocab = plan->vocab, num_sms = decode.num_sms();
-  const uint32_t tile_rows = std::max<uint32_t>(16, (vocab + num_sms - 1) / num_sms + 1) / 2 * 2;
+  // An LM-head tile's slot holds the input row, then each row's partial sums, one float per slot of the row's
+  // (isa::MatvecActivationBytes: hidden 2048 has 2 slots of 1024 columns, hidden 1536 6 of 256). Tiles take at
+  // most as many rows as fit the activation ring the widest FLASH_ATTN needs anyway (Llama-3.2-3B's LM head on 8
+  // SMs, a tile an SM, would take a 200 KB slot beside it).
+  uint32_t ring = 0;
+  for (const Layer& l : plan->layers) ring = std::max(ring, isa::FlashActivationBytes(l.head_dim));
+  const uint32_t stride = isa::MatvecRowStride(hidden), row_bytes = 4 * (stride / isa::MatvecSlotElems(stride));
+  const uint32_t ring_rows = std::max<uint32_t>(2, (ring - std::min(ring, 4 * stride)) / row_bytes / 2 * 2);
+  const uint32_t tile_rows =
+      std::min(ring_rows, std::max<uint32_t>(16, (vocab + num_sms - 1) / num_sms + 1) / 2 * 2);
   const uint32_t tiles = (vocab + tile_rows - 1) / tile_rows;
   const uint32_t partials = b.Scratch("prefill.partials", graph::F32, {tiles, 2});
   const uint32_t head = b.Stage("logits");
@@ -388,12 +412,9 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   reduce.num_waits = 1;
   reduce.waits[0] = {head, 0};
   if (all_logits) {
-    // Tiles as wide as the activation ring holds (it is at least the widest FLASH_ATTN's); a barrier counts at
-    // most kMaxSignalsPerStep signals, so the rows are split over up to three stages the reduce waits on.
-    uint32_t ring = 0;
-    for (const Layer& l : plan->layers) ring = std::max(ring, isa::FlashActivationBytes(l.head_dim));
-    const uint32_t wide_rows =
-        std::min<uint32_t>(vocab, (ring - 4 * isa::MatvecRowStride(hidden)) / 8 / 2 * 2);
+    // Tiles as wide as the activation ring holds; a barrier counts at most kMaxSignalsPerStep signals, so the rows
+    // are split over up to three stages the reduce waits on.
+    const uint32_t wide_rows = std::min<uint32_t>(vocab, ring_rows);
     const uint32_t wide_tiles = (vocab + wide_rows - 1) / wide_rows;
     const uint32_t rows_per_stage = isa::kMaxSignalsPerStep / wide_tiles;
     if (P > 3 * rows_per_stage) {
@@ -427,6 +448,13 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   // starve the GEMM: gemm_bench 4096³ 435 TFLOP/s with 3, 537 with 4), else 16 KB.
   CompileOptions options = decode.options();
   FitPassSmem(p, page_bytes, options.mutable_smem());
+  // Checked even when the pass is not verified: a block that does not fit fails only at launch.
+  if (SmemTotalBytes(options.smem()) > kMaxSmemBytes) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prefill of ", P, " rows: the pass's shared memory (", options.smem().num_pages(), " pages of ",
+        options.smem().page_bytes(), " bytes + an activation ring of ", options.smem().activation_bytes(),
+        " bytes) exceeds an SM's ", kMaxSmemBytes));
+  }
   p.io = decode.io();
   p.max_seq = decode.max_seq();
   p.vocab_size = decode.vocab_size();

@@ -267,7 +267,7 @@ TEST(ScheduleFiles, RoundTripAndCorruptFiles) {
     EXPECT_EQ(back->SerializeAsString(), s.SerializeAsString());
   }
   const std::string path = testing::TempDir() + "/hostile.pbtxt";
-  ASSERT_TRUE(WriteFileAtomically(path, "format_version: 8 num_sms: 1 queues { instructions { opcode: \"EMBED\" "
+  ASSERT_TRUE(WriteFileAtomically(path, "format_version: 9 num_sms: 1 queues { instructions { opcode: \"EMBED\" "
                                         "waits { barrier: 99 count: 1 } } }")
                   .ok());
   absl::StatusOr<Schedule> bad = LoadSchedule(path);

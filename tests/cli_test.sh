@@ -116,7 +116,7 @@ done
 
 echo 'garbage' >"$WORK/bad.pb"
 expect_error "corrupt schedule" "$WORK/bad.pb" "" -- "$LOOM" inspect "$WORK/bad.pb"
-printf 'format_version: 8\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n' >"$WORK/op.pbtxt"
+printf 'format_version: 9\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n' >"$WORK/op.pbtxt"
 expect_error "unknown opcode" "unknown opcode 'WARP_DRIVE'" "" -- "$LOOM" inspect "$WORK/op.pbtxt"
 sed 's/io.tokens/io.tokens/' "$WORK/tiny.pbtxt" | awk '/arena_bytes/{print "arena_bytes: 64"; next} {print}' >"$WORK/overflow.pbtxt"
 expect_error "arena overflow" "overflows the ARENA region" "" -- "$LOOM" inspect "$WORK/overflow.pbtxt"

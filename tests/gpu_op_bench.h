@@ -83,6 +83,20 @@ class OpBench {
     g.epilogue = isa::kGemmStoreF32;
     return g;
   }
+  // The parts of a product of `elements` split `splits` ways over K, as the lowerings lay them out: one poisoned
+  // output [splits, elements] (every part is compared too) and a view of each part, which split s stores.
+  std::pair<uint32_t, std::vector<uint32_t>> SplitParts(uint32_t splits, uint64_t elements) {
+    const uint32_t all = Output(splits * elements);
+    std::vector<uint32_t> views;
+    for (uint32_t s = 0; s < splits; ++s) {
+      isa::TensorDesc d = table_[all];
+      d.offset += s * elements * 4;
+      d.bytes = elements * 4;
+      table_.push_back(d);
+      views.push_back(static_cast<uint32_t>(table_.size() - 1));
+    }
+    return {all, views};
+  }
   template <typename T>
   T* Data(uint32_t id) { return reinterpret_cast<T*>(Bytes(id)); }
   void SetState(uint32_t state, int32_t position, int32_t prompt_length) {
@@ -252,6 +266,16 @@ inline isa::Instruction Make(isa::Opcode op, const Args& args) {
   inst.signal = isa::kNoBarrier;
   inst.as<Args>() = args;
   return inst;
+}
+
+// SUM_SPLITS instructions adding a split product's parts (`parts`, [splits, elements]) to `base` (kNoTensor: none)
+// into `out`, `chunk` elements an instruction, appended to a one-SM queue after the splits (which they follow).
+inline void AppendSums(std::vector<isa::Instruction>& queue, uint32_t parts, uint32_t base, uint32_t out,
+                       uint32_t elements, uint32_t splits, uint32_t chunk, uint32_t flags = 0) {
+  for (uint32_t i = 0; i < elements; i += chunk) {
+    queue.push_back(Make(isa::Opcode::SUM_SPLITS,
+                         isa::SumSplitsArgs{parts, base, out, elements, splits, i, std::min(chunk, elements - i), flags}));
+  }
 }
 
 inline uint32_t Seed() { return std::random_device{}(); }

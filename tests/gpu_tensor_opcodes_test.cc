@@ -83,12 +83,17 @@ TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
         if (form == kInPlace) g.residual = g.out;
       }
       if (form == kRelu) g.epilogue = isa::kGemmStoreF32Relu;
-      if (form == kSplitK) g.epilogue = isa::kGemmAccumulateF32;
       if (form == kSiluImage) {
         g.epilogue = isa::kGemmSiluMulToImage;
         g.out = b.Output(isa::GemmImageBytes(c.m, c.n / 2) / 2, graph::BF16);
       }
       const uint32_t slabs = isa::GemmSlabs(c.k), splits = form == kSplitK ? std::min(3u, slabs) : 1;
+      const uint32_t sum_out = g.out;  // split: the parts' sum goes here, onto the residual it holds
+      std::pair<uint32_t, std::vector<uint32_t>> parts;
+      if (splits > 1) {
+        parts = b.SplitParts(splits, uint64_t{c.m} * c.n);
+        g.epilogue = isa::kGemmPartialF32;
+      }
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, wide); ++nt) {
@@ -96,11 +101,15 @@ TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
             g.m_tile = mt;
             g.n_tile = nt;
             const uint32_t begin = slabs * s / splits;
-            if (splits > 1) g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
+            if (splits > 1) {
+              g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
+              g.out = parts.second[s];
+            }
             queue.push_back(Make(isa::Opcode::GEMM, g));
           }
         }
       }
+      if (splits > 1) AppendSums(queue, parts.first, sum_out, sum_out, c.m * c.n, splits, 1000);
       b.RunAndCompare(queue,
                       absl::StrCat(wide ? "wide" : "128-column", " GEMM M ", c.m, " N ", c.n, " K ", c.k, " form ",
                                    form, " seed ", seed),
@@ -130,34 +139,50 @@ TEST(GpuOpcodes, WideTilesAreRefusedWhereTheyCannotRun) {
       << mixed;
 }
 
-// Split-K: each output tile as 3 instructions over uneven K slab ranges, each adding its part (and the bias, from
-// the first) into an output that already holds a residual, as a short prompt's O- and down-projections run.
-TEST(GpuOpcodes, GemmSplitKAccumulates) {
+// Split-K: each output tile as 3 instructions over uneven K slab ranges, each storing its part (the bias in the
+// first) into its view of one parts tensor, then SUM_SPLITS adding the parts onto the residual the output holds (in
+// place, as a short prompt's O- and down-projections run), from nothing, or from another base with its ReLU and the
+// sum's (a split convolution's epilogue), in chunks that are and are not multiples of 4.
+TEST(GpuOpcodes, GemmSplitKPartsSumInOrder) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
-  for (const Case& c : {Case{7, 100, 1000}, Case{129, 256, 8192}, Case{128, 130, 200}}) {
-    const uint32_t seed = Seed();
-    OpBench b(seed);
-    isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
-    b.FillRandom(g.out);  // the residual stream it adds to
-    g.bias = b.Weight(c.n);
-    b.FillRandom(g.bias);
-    g.epilogue = isa::kGemmAccumulateF32;
-    const uint32_t slabs = isa::GemmSlabs(c.k);
-    std::vector<isa::Instruction> queue;
-    for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
-      for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
-        for (uint32_t s = 0; s < 3; ++s) {
-          g.m_tile = mt;
-          g.n_tile = nt;
-          const uint32_t begin = slabs * s * s / 9, count = slabs * (s + 1) * (s + 1) / 9 - begin;  // uneven
-          if (count == 0) continue;
-          g.slabs = isa::GemmPackSlabs(begin, count);
-          queue.push_back(Make(isa::Opcode::GEMM, g));
+  for (const Case& c : {Case{7, 100, 1000}, Case{129, 256, 8192}, Case{128, 130, 200}, Case{3, 33, 640}}) {
+    for (uint32_t form = 0; form < 3; ++form) {  // 0: onto out in place; 1: from nothing; 2: from a base, ReLUs
+      const uint32_t seed = Seed();
+      OpBench b(seed);
+      isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
+      const uint32_t out = g.out, elements = c.m * c.n;
+      uint32_t base = isa::kNoTensor;
+      if (form == 0) base = out, b.FillRandom(out);  // the residual stream it adds to
+      if (form == 2) base = b.Arena(elements), b.FillRandom(base);
+      g.bias = b.Weight(c.n);
+      b.FillRandom(g.bias);
+      g.epilogue = isa::kGemmPartialF32;
+      const uint32_t slabs = isa::GemmSlabs(c.k);
+      std::vector<uint32_t> begins, counts;
+      for (uint32_t s = 0; s < 3; ++s) {
+        const uint32_t begin = slabs * s * s / 9, count = slabs * (s + 1) * (s + 1) / 9 - begin;  // uneven
+        if (count > 0) begins.push_back(begin), counts.push_back(count);
+      }
+      const uint32_t splits = static_cast<uint32_t>(begins.size());
+      const auto parts = b.SplitParts(splits, elements);
+      std::vector<isa::Instruction> queue;
+      for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
+          for (uint32_t s = 0; s < splits; ++s) {
+            g.m_tile = mt;
+            g.n_tile = nt;
+            g.slabs = isa::GemmPackSlabs(begins[s], counts[s]);
+            g.out = parts.second[s];
+            queue.push_back(Make(isa::Opcode::GEMM, g));
+          }
         }
       }
+      const uint32_t flags = form == 2 ? isa::kSumReluBase | isa::kSumReluOut : 0;
+      AppendSums(queue, parts.first, base, out, elements, splits, form == 1 ? 258 : 1024, flags);
+      b.RunAndCompare(queue, absl::StrCat("GEMM split-K M ", c.m, " N ", c.n, " K ", c.k, " form ", form, " seed ",
+                                          seed));
     }
-    b.RunAndCompare(queue, absl::StrCat("GEMM split-K M ", c.m, " N ", c.n, " K ", c.k, " seed ", seed));
   }
 }
 
@@ -213,12 +238,15 @@ TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
           b.FillRandom(g.residual);
           g.epilogue = isa::kGemmStoreF32Relu;
         } else if (form % 3 == 2) {
-          b.FillRandom(g.out);  // the residual stream the splits add to
+          b.FillRandom(g.out);  // the residual stream the split's sum adds to
           g.bias = b.Weight(c.oc);
           b.FillRandom(g.bias);
-          g.epilogue = isa::kGemmAccumulateF32;
+          g.epilogue = isa::kGemmPartialF32;
         }
         const uint32_t slabs = isa::GemmSlabs(k), splits = form % 3 == 2 ? std::min(3u, slabs) : 1;
+        const uint32_t sum_out = g.out;
+        std::pair<uint32_t, std::vector<uint32_t>> parts;
+        if (splits > 1) parts = b.SplitParts(splits, uint64_t{m} * c.oc);
         std::vector<isa::Instruction> queue;
         for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
           for (uint32_t nt = 0; nt < isa::GemmTiles(c.oc); ++nt) {
@@ -228,10 +256,12 @@ TEST(GpuOpcodes, ConvGemmTilesAtSeveralShapes) {
                 const uint32_t begin = slabs * sp / splits, count = slabs * (sp + 1) / splits - begin;
                 g.slabs = count << 16 | begin;
               }
+              if (splits > 1) g.out = parts.second[sp];
               queue.push_back(Make(isa::Opcode::CONV_GEMM, g));
             }
           }
         }
+        if (splits > 1) AppendSums(queue, parts.first, sum_out, sum_out, m * c.oc, splits, 4096, isa::kSumReluOut);
         b.RunAndCompare(queue,
                         absl::StrCat("CONV_GEMM case ", ci, " form ", form, " (M ", m, " N ", c.oc, " K ", k, ", ",
                                      page_bytes / 1024, " KB pages) seed ", seed),

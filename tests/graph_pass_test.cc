@@ -184,11 +184,12 @@ std::string PaddedAfterSplit() {
 }
 
 struct PassShape {
-  int gemms = 0, accumulating = 0, fused = 0;  // GEMM / CONV_GEMM instructions; split over K; taking over ADD / RELU
+  int gemms = 0, split = 0, fused = 0;  // GEMM / CONV_GEMM instructions; parts of a split over K; taking over ADD / RELU
+  int sums = 0, sum_relu = 0;            // SUM_SPLITS instructions; those applying the ReLU
   int conv_gemms = 0, im2cols = 0;
-  int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a split GEMM's pending ReLU
+  int relu_on_read = 0;  // CONV_GEMM or IM2COL instructions applying a ReLU to what they read
   int bf16_inputs = 0, bf16_outputs = 0;  // CONV_GEMM gathering a bf16 input; storing a bf16 copy of its output
-  int padded = 0, padded_relu = 0;        // NHWC_BF16 instructions; those applying a pending ReLU
+  int padded = 0, padded_relu = 0;        // NHWC_BF16 instructions; those applying a ReLU
   std::set<std::string> elementwise_ops;  // the ops ELEMENTWISE instructions carry out
 };
 PassShape Inspect(const scheduler::Schedule& s) {
@@ -198,6 +199,8 @@ PassShape Inspect(const scheduler::Schedule& s) {
       if (inst.opcode() == "ELEMENTWISE") p.elementwise_ops.insert(inst.op());
       p.padded += inst.opcode() == "NHWC_BF16";
       p.padded_relu += inst.opcode() == "NHWC_BF16" && inst.args(11) == 1;  // NhwcBf16Args.relu
+      p.sums += inst.opcode() == "SUM_SPLITS";
+      p.sum_relu += inst.opcode() == "SUM_SPLITS" && (inst.args(7) & isa::kSumReluOut);  // SumSplitsArgs.flags
       const bool conv = inst.opcode() == "CONV_GEMM";
       p.im2cols += inst.opcode() == "IM2COL";
       p.relu_on_read += (inst.opcode() == "IM2COL" && inst.args(20) == 1) ||  // ImToColArgs.relu
@@ -207,7 +210,7 @@ PassShape Inspect(const scheduler::Schedule& s) {
       if (inst.opcode() != "GEMM" && !conv) continue;
       ++p.gemms;
       p.conv_gemms += conv;
-      p.accumulating += inst.args(conv ? 5 : 10) == isa::kGemmAccumulateF32;  // the epilogue
+      p.split += inst.args(conv ? 5 : 10) == isa::kGemmPartialF32;  // the epilogue
       p.fused += inst.op().find(',') != std::string::npos;
     }
   }
@@ -269,13 +272,15 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
   }
 }
 
-TEST(GraphPass, FewTilesSplitOverKWithTheResidualCopiedInAndTheReluLeftToReaders) {
+TEST(GraphPass, FewTilesSplitOverKAndSumTheirPartsWithTheResidualAndTheRelu) {
   for (bool im2col : {false, true}) {
     SCOPED_TRACE(im2col ? "IM2COL + GEMM" : "CONV_GEMM");
     PassShape shape;
     RunAgainstOracle(1, 132, im2col, &shape);
-    EXPECT_GT(shape.accumulating, 2) << "the 64-row convolutions should be split over K on 132 SMs";
-    EXPECT_GT(shape.relu_on_read, 0) << "conv2 should apply conv1's ReLU as it reads";
+    EXPECT_GT(shape.split, 2) << "the 64-row convolutions should be split over K on 132 SMs";
+    EXPECT_GT(shape.sums, 0);
+    EXPECT_GT(shape.sum_relu, 0) << "conv1's sum should apply its ReLU";
+    EXPECT_EQ(shape.relu_on_read, 0) << "a sum leaves no ReLU to its readers";
     // conv2 multiplies 2 K slabs an instruction: a bf16 copy of conv1's sum would not pay.
     EXPECT_EQ(shape.bf16_inputs, 0);
     EXPECT_EQ(shape.padded, 0);
@@ -289,16 +294,16 @@ TEST(GraphPass, ASplitSumIsCopiedToBf16ForAReaderOfManySlabs) {
     SCOPED_TRACE(bf16 ? "bf16 activations" : "f32 activations");
     PassShape shape;
     RunAgainstOracle(1, 4, false, &shape, bf16, WideThenNarrow());
-    EXPECT_GT(shape.accumulating, 0);
+    EXPECT_GT(shape.split, 0);
+    EXPECT_GT(shape.sum_relu, 0);
+    EXPECT_EQ(shape.relu_on_read, 0);
     if (bf16) {
-      // c1's sum (split over K) copied with its ReLU by NHWC_BF16; c2 (36 slabs, 4 ways) gathers the copy.
-      EXPECT_GT(shape.padded_relu, 0);
-      EXPECT_EQ(shape.padded, shape.padded_relu);
-      EXPECT_EQ(shape.relu_on_read, 0);
+      // c1's sum (split over K, its ReLU applied by the sum) copied by NHWC_BF16; c2 (36 slabs, 4 ways) gathers it.
+      EXPECT_GT(shape.padded, 0);
+      EXPECT_EQ(shape.padded_relu, 0);
       EXPECT_GT(shape.bf16_inputs, 0);
     } else {
       EXPECT_EQ(shape.padded, 0);
-      EXPECT_GT(shape.relu_on_read, 0);
     }
   }
 }
@@ -308,7 +313,8 @@ TEST(GraphPass, ManyTilesTakeTheBiasResidualAndReluIntoTheEpilogue) {
     SCOPED_TRACE(im2col ? "IM2COL + GEMM" : "CONV_GEMM");
     PassShape shape;
     RunAgainstOracle(8, 4, im2col, &shape);
-    EXPECT_EQ(shape.accumulating, 0);
+    EXPECT_EQ(shape.split, 0);
+    EXPECT_EQ(shape.sums, 0);
     EXPECT_GT(shape.fused, 0) << "conv2's GEMM should take over the residual ADD and the RELU";
     // conv1's output is read by conv2 alone: stored as bf16 only, and gathered so.
     EXPECT_EQ(shape.bf16_inputs, im2col ? 0 : shape.conv_gemms / 2);
@@ -323,7 +329,8 @@ TEST(GraphPass, AConvolutionGathersItsProducersBf16CopySplitOverKOrWhole) {
     RunAgainstOracle(2, num_sms, false, &shape, true, FedConvolution(2));
     EXPECT_EQ(shape.bf16_outputs, 3) << "the 1x1 convolution's 3 row tiles store bf16 alone";
     EXPECT_EQ(shape.bf16_inputs, shape.conv_gemms - 3);
-    EXPECT_EQ(shape.accumulating > 0, num_sms == 132u);
+    EXPECT_EQ(shape.split > 0, num_sms == 132u);
+    EXPECT_EQ(shape.sums > 0, num_sms == 132u);
   }
 }
 
@@ -360,12 +367,13 @@ TEST(GraphPass, AThreeChannelImageIsPaddedToEightBf16Channels) {
   EXPECT_EQ(off.elementwise_ops.count("c/nhwc_in"), 1u) << "the input's transpose, carried out";
 }
 
-TEST(GraphPass, APaddedCopyAppliesASplitConvolutionsPendingRelu) {
+TEST(GraphPass, APaddedCopyReadsASplitConvolutionsSumWithItsRelu) {
   PassShape shape;
   RunAgainstOracle(1, 132, false, &shape, true, PaddedAfterSplit());
-  EXPECT_GT(shape.accumulating, 0) << "the 64 -> 12 convolution should be split over K on 132 SMs";
-  EXPECT_GT(shape.padded_relu, 0);
-  EXPECT_EQ(shape.padded, shape.padded_relu);
+  EXPECT_GT(shape.split, 0) << "the 64 -> 12 convolution should be split over K on 132 SMs";
+  EXPECT_GT(shape.sum_relu, 0) << "its sum applies the ReLU";
+  EXPECT_GT(shape.padded, 0);
+  EXPECT_EQ(shape.padded_relu, 0);
 }
 
 // x [2, 16, 32] through a pre-norm transformer encoder block as torch exports one: LayerNormalization, Q / K / V

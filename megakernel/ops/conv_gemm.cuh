@@ -288,7 +288,7 @@ __device__ __forceinline__ void StageBf16Rows(const Acc& acc, uint32_t t, uint32
 }
 // The slot's f32 rows [0, tile_rows) of kCols columns (kCols + 4 floats apart) to `out` (its first row; rows n
 // floats apart), their first `cols` columns, 16 bytes a lane (a warp a 128-column row): stores, or with add_into
-// float4 atomic adds.
+// float4 atomic adds (out += the tile in place: one add per element).
 template <uint32_t kCols>
 __device__ __forceinline__ void StoreSlotRowsF32(uint32_t base, float* out, uint32_t n, uint32_t cols,
                                                  uint32_t tile_rows, bool add_into, uint32_t tid) {
@@ -322,7 +322,7 @@ static_assert(isa::kConvOutRowBytes == isa::kGemmTileN * 4 + 16 &&
 
 // The store epilogue through the activation slot (isa::ConvStagesOutput): bias (from the slot), residual, ReLU in
 // registers as GemmStoreF32Tile's; then the tile's rows into the slot, and from there a warp a row, 16 bytes a lane,
-// to `out` (float4 atomic adds where the tile adds into it: split K, or out += the tile); then the same in bf16 to
+// to `out` (float4 atomic adds where the tile adds into it in place: out += the tile); then the same in bf16 to
 // `out_bf16`. Against GemmStoreF32Tile's stores straight from the registers (8 bytes of 8 rows a warp instruction)
 // and its bias loaded after the K loop (a round trip behind the loader's pages), ResNet-18 at batch 8 took 0.585
 // against 0.623 ms (performance.md). Bulk copies a row (cp.async.bulk from the slot) measured 0.595.
@@ -332,10 +332,9 @@ __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, 
   const uint32_t t = tid % 128, rows = isa::ConvGemmRows(g), base = tile::SharedAddress(slot);
   const uint32_t grow0 = g.m_tile * isa::kGemmTileM, row0 = grow0 + warpgroup * 64;
   const bool has_out = g.out != isa::kNoTensor;
-  const bool add_into = g.epilogue == isa::kGemmAccumulateF32 || (g.epilogue == isa::kGemmStoreF32 && has_out &&
-                                                                    g.residual == g.out);
+  const bool add_into = g.epilogue == isa::kGemmStoreF32 && has_out && g.residual == g.out;  // out += the tile
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the bias copies (threads 0-15's) are in
-  if (g.bias != isa::kNoTensor && (g.epilogue != isa::kGemmAccumulateF32 || isa::GemmSplitBegin(g) == 0)) {
+  if (g.bias != isa::kNoTensor && (g.epilogue != isa::kGemmPartialF32 || isa::GemmSplitBegin(g) == 0)) {
 #pragma unroll
     for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
       const float2 pair = StagedBiasPair(base + isa::kConvBiasOffset, GemmAcc::Col(t, i));

@@ -86,9 +86,9 @@ __device__ __forceinline__ void GemmAddBias(Acc& acc, const __nv_bfloat16* bias,
   }
 }
 
-// The f32 store epilogues of a tile (kGemmStoreF32, kGemmStoreF32Relu, kGemmAccumulateF32), GEMM's and CONV_GEMM's
-// (`g`: their args, read where they lie; m: the output's rows): bias (when accumulating, from the split holding slab
-// 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds.
+// The f32 store epilogues of a tile (kGemmStoreF32, kGemmStoreF32Relu, kGemmPartialF32), GEMM's and CONV_GEMM's
+// (`g`: their args, read where they lie; m: the output's rows): bias (a split product's: from the split holding slab
+// 0), residual, ReLU and the guarded stores of the tile's rows and columns, or atomic adds into out in place.
 // CONV_GEMM's out may be kNoTensor (its out_bf16 alone), and out_bf16 takes the finished values rounded to bf16.
 // staged (CONV_GEMM): the shared address of this thread's residual pair 0 (pair p kConsumerThreads * 8 bytes on;
 // isa::ConvStagesResidual), or 0: the residual read from global memory.
@@ -100,14 +100,13 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
   float* out = !kConv || g.out != isa::kNoTensor ? m.ptr<float>(g.out) : nullptr;
   // One 8-byte access per register pair when n is even (the pair's offset is then even too).
   const bool pairs = g.n % 2 == 0;
-  // Adding into out: split-K's parts, or a residual that is out itself (out += A·Wᵀ + bias, the prefill's O- and
-  // down-projections). One add per element either way, so the in-place sum is the one a load, an add and a store
-  // would give (bit for bit, but that an atomic f32 add flushes subnormals), without waiting a round trip for the
-  // loads: written as loads, the compiler ran them one at a time (gemm_bench --residual at 2048³: 0.062 ms against
-  // 0.040 without).
+  // Adding into out: a residual that is out itself (out += A·Wᵀ + bias, the prefill's O- and down-projections
+  // whole). One add per element, so the in-place sum is the one a load, an add and a store would give (bit for bit,
+  // but that an atomic f32 add flushes subnormals), without waiting a round trip for the loads: written as loads,
+  // the compiler ran them one at a time (gemm_bench --residual at 2048³: 0.062 ms against 0.040 without).
   const bool in_place = g.epilogue == isa::kGemmStoreF32 && g.residual == g.out && (!kConv || out != nullptr);
-  if (g.epilogue == isa::kGemmAccumulateF32 || in_place) {
-    if (in_place || isa::GemmSplitBegin(g) == 0) GemmAddBias(acc, bias, g.n, t, col0);  // the first K split adds it
+  if (in_place) {
+    GemmAddBias(acc, bias, g.n, t, col0);
     ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t at, bool second) {
       if (pairs) {
         atomicAdd(reinterpret_cast<float2*>(out + at), make_float2(acc.d[i], acc.d[i + 1]));
@@ -118,7 +117,8 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
     });
     return;
   }
-  GemmAddBias(acc, bias, g.n, t, col0);
+  // A part of a split product (kGemmPartialF32) is stored as it is, the bias in the split holding slab 0 only.
+  if (g.epilogue != isa::kGemmPartialF32 || isa::GemmSplitBegin(g) == 0) GemmAddBias(acc, bias, g.n, t, col0);
   if constexpr (kConv) {
     if (staged != 0) {  // (n even: pairs)
       ForEachGemmPair<Acc>(rows, g.n, t, row0, col0, [&](uint32_t i, uint64_t, bool) {

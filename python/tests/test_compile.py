@@ -109,7 +109,7 @@ def test_hostile_schedule_files_are_refused(tmp_path):
     with pytest.raises(loom.Error):
         loom.Schedule.load(garbage)
     bad_op = tmp_path / "op.pbtxt"
-    bad_op.write_text('format_version: 8\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n')
+    bad_op.write_text('format_version: 9\nnum_sms: 1\nqueues { instructions { opcode: "WARP_DRIVE" } }\n')
     with pytest.raises(loom.Error, match="WARP_DRIVE"):
         loom.Schedule.load(bad_op)
     with pytest.raises(loom.NotFoundError):
