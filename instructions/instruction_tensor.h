@@ -134,6 +134,10 @@ LOOM_HD float SumSplitsBase(const SumSplitsArgs& a, float base) {
 // tile's end, written as zeros), each row optionally RMS-normalised first
 // (x * rsqrt(mean(x²) + eps) * norm_weight), so a norm and the layout change a
 // prefill GEMM needs are one instruction; a pass spreads a matrix over many.
+// With `splits` (2 or more), the rows first take the parts of a product split
+// over K that adds into them (kGemmPartialF32's, [splits, m, k]): input[r] =
+// input[r] + parts[0][r] + ... in part order, as SUM_SPLITS adds them, written
+// back to input; the residual stream's sum and the next norm in one pass.
 struct PackRowsArgs {
   uint32_t input;        // f32 [m, k]
   uint32_t out;          // bf16 image of GemmImageBytes(m, k)
@@ -143,8 +147,10 @@ struct PackRowsArgs {
   uint32_t rows;
   uint32_t norm_weight;  // bf16 [k] or kNoTensor
   float norm_eps;
+  uint32_t parts;   // f32 [splits, m, k] when splits >= 2
+  uint32_t splits;  // 0: no parts to add
   static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
-                                            "norm_eps"};
+                                            "norm_eps", "parts", "splits"};
 };
 
 // Causal flash attention of a prefill pass on the tensor cores: query rows

@@ -112,6 +112,13 @@ void Validate(const PackRowsArgs& a, Checker& c) {
                          " row tiles"));
   c.Tensor("input", a.input, F32, U(a.m) * a.k);
   c.Tensor("out", a.out, BF16, GemmImageBytes(a.m, a.k) / 2);
+  c.Require(a.splits == 0 || (a.splits >= 2 && a.splits <= kMaxSumSplits),
+            absl::StrCat("splits ", a.splits, ": 0, or a split product's 2 to ", kMaxSumSplits, " parts"));
+  if (a.splits != 0) {
+    c.Require(a.parts != a.input && a.parts != a.out, "the parts are a tensor of their own");
+    c.Require(U(a.splits) * a.m * a.k < (uint64_t{1} << 32), "parts of 2^32 elements or more (the device's offsets)");
+    c.Tensor("parts", a.parts, F32, U(a.splits) * a.m * a.k);
+  }
   if (a.norm_weight != kNoTensor) {
     c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
     c.Require(a.norm_eps > 0, "norm_eps must be positive");
@@ -120,7 +127,8 @@ void Validate(const PackRowsArgs& a, Checker& c) {
 
 Footprint Cost(const PackRowsArgs& a, uint32_t) {
   const uint64_t elements = uint64_t{a.rows} * GemmSlabs(a.k) * kGemmSlabK;
-  return {0, 6 * elements, 0, 3 * elements};
+  return {0, 6 * elements + (a.splits != 0 ? 4 * (a.splits + 2) * U(a.rows) * a.k : 0), 0,
+          (3 + a.splits) * elements};
 }
 
 Footprint Cost(const GemmArgs& a, uint32_t) {
@@ -192,6 +200,7 @@ void Validate(const SumSplitsArgs& a, Checker& c) {
   c.Require(a.flags <= (kSumReluBase | kSumReluOut), absl::StrCat("unknown flags ", a.flags));
   c.Require(a.base != kNoTensor || !(a.flags & kSumReluBase), "kSumReluBase without a base");
   c.Require(a.parts != a.out && a.parts != a.base, "the parts are a tensor of their own");
+  c.Require(U(a.splits) * a.elements < (uint64_t{1} << 32), "parts of 2^32 elements or more (the device's offsets)");
   c.Tensor("parts", a.parts, F32, U(a.splits) * a.elements);
   c.Tensor("out", a.out, F32, a.elements);
   if (a.base != kNoTensor) c.Tensor("base", a.base, F32, a.elements);
@@ -214,6 +223,15 @@ void Reference(const SumSplitsArgs& a, const MachineView& m) {
 }
 
 void Reference(const PackRowsArgs& a, const MachineView& m) {
+  if (a.splits != 0) {  // the parts added in part order first, into the input
+    float* x = m.ptr<float>(a.input);
+    const float* parts = m.ptr<float>(a.parts);
+    for (uint64_t i = U(a.row_begin) * a.k; i < std::min<uint64_t>(a.m, U(a.row_begin) + a.rows) * a.k; ++i) {
+      float sum = x[i];
+      for (uint32_t s = 0; s < a.splits; ++s) sum += parts[s * U(a.m) * a.k + i];
+      x[i] = sum;
+    }
+  }
   const float* in = m.ptr<float>(a.input);
   uint16_t* image = m.ptr<uint16_t>(a.out);
   const uint32_t width = GemmSlabs(a.k) * kGemmSlabK;

@@ -224,20 +224,30 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
                      std::min(kEmbedRowsPerInstruction, P - r)};
     b.Emit(isa::Opcode::EMBED, e, prev.Of(r / isa::kGemmTileM), std::nullopt, "embed");
   }
+  // x's parts of a GEMM split over K not added yet: the next PACK_ROWS adds them as it reads x (below).
+  std::optional<SplitParts> pending;
   auto pack = [&](const std::string& name, uint32_t norm, float eps, StageRef after) {
     const StageRef stage = b.Stages(name, tiles_m, tiled);
-    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += pack_rows) {
-      isa::PackRowsArgs a{x, image_h, P, hidden, r, pack_rows, norm, eps};
+    // Adding parts, an instruction reads (splits + 1) times its rows: fewer rows each, about one instruction an SM.
+    uint32_t rows = pack_rows;
+    if (pending) {
+      const uint32_t fair = std::max<uint32_t>(1, tiles_m * isa::kGemmTileM / decode.num_sms());
+      while (rows > 1 && rows > fair) rows /= 2;
+    }
+    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += rows) {
+      isa::PackRowsArgs a{x, image_h, P, hidden, r, rows, norm, eps};
+      if (pending) a.parts = pending->all, a.splits = static_cast<uint32_t>(pending->parts.size());
       b.Emit(isa::Opcode::PACK_ROWS, a, stage.Of(r / isa::kGemmTileM), after.Of(r / isa::kGemmTileM), name);
     }
+    pending.reset();
     return stage;
   };
   // Every output tile of one GEMM, m-tiles inside n-tiles: concurrent SMs share W tiles in L2. A residual GEMM
-  // (out += A·Wᵀ in place) with fewer tiles than SMs is split over K as well (a short prompt's O- and down-proj
-  // would otherwise run on a few SMs through all of K): each split stores its part, and a SUM_SPLITS stage adds
-  // the parts to out in part order, row tile by row tile, so the sum is the same every run (float atomics into
-  // out were not: logits moved by up to 0.05 and greedy tokens changed from run to run). Returns the stage the
-  // next one waits for.
+  // (x += A·Wᵀ in place) with fewer tiles than SMs is split over K as well (a short prompt's O- and down-proj
+  // would otherwise run on a few SMs through all of K): each split stores its part, and the next PACK_ROWS adds
+  // the parts to x in part order as it reads x for the next norm (after the last layer, a SUM_SPLITS stage), so the
+  // sum is the same every run (float atomics into x were not: logits moved by up to 0.05 and greedy tokens changed
+  // from run to run), and costs no stage of its own. Returns the stage the next one waits for.
   auto gemm = [&](const std::string& name, isa::GemmArgs g, StageRef after, bool tiled_stage) {
     const StageRef stage = b.Stages(name, tiles_m, tiled_stage);
     g.wide = wide_gemm_tiles && g.epilogue != isa::kGemmRopeKvAppend ? 1 : 0;
@@ -246,25 +256,16 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       b.Emit(isa::Opcode::GEMM, tile, stage.Of(m), after.Of(m), name);
     };
     // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
-    if (g.residual != g.out || 2 * tiles > decode.num_sms() || slabs < 2) {
+    if (g.residual != x || g.out != x || 2 * tiles > decode.num_sms() || slabs < 2) {
       ForEachGemmTile(g, 1, emit);
       return stage;
     }
     const uint32_t splits = std::min({slabs, decode.num_sms() / tiles, kMaxKSplits});
-    const uint64_t elements = uint64_t{g.m} * g.n;
-    const SplitParts parts = AddSplitParts(b, absl::StrCat("prefill.parts.", g.k), elements, splits);
-    const uint32_t out = g.out;
+    pending = AddSplitParts(b, absl::StrCat("prefill.parts.", g.k), uint64_t{g.m} * g.n, splits);
     g.epilogue = isa::kGemmPartialF32;
     g.residual = isa::kNoTensor;
-    ForEachGemmTile(g, splits, emit, parts.parts);
-    const StageRef sum = b.Stages(name + "/sum", tiles_m, tiled_stage);
-    const uint64_t chunk = SumChunk(elements, decode.num_sms());
-    for (uint32_t m = 0; m < tiles_m; ++m) {
-      const uint64_t begin = uint64_t{m} * isa::kGemmTileM * g.n;
-      const uint64_t end = std::min<uint64_t>(P, (m + 1) * isa::kGemmTileM) * g.n;
-      EmitSumSplits(b, parts, out, out, elements, begin, end, chunk, 0, sum.Of(m), stage.Of(m), name + "/sum");
-    }
-    return sum;
+    ForEachGemmTile(g, splits, emit, pending->parts);
+    return stage;
   };
   auto bias_of = [&](const std::vector<std::string>& sources) -> absl::StatusOr<uint32_t> {
     if (sources.empty() || sources[0].empty()) return isa::kNoTensor;
@@ -363,6 +364,14 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     // The last layer's down-projection signals one barrier: the LM head (one row) waits on it, and through it the
     // step's end depends on every instruction.
     prev = gemm(n + "down", down, stage, tiled && li + 1 < plan->layers.size());
+  }
+  if (pending) {  // the last down-projection's parts, added to x for the LM head
+    const StageRef sum = b.Stages("down/sum", tiles_m, false);
+    const uint64_t elements = uint64_t{P} * hidden;
+    EmitSumSplits(b, *pending, x, x, elements, 0, elements, SumChunk(elements, decode.num_sms()), 0, sum.Of(0),
+                  prev.Of(0), "down/sum");
+    prev = sum;
+    pending.reset();
   }
 
   // The last row: final norm + LM head with argmax partials (as a decode step), then the reduce.

@@ -364,17 +364,26 @@ TEST(GpuOpcodes, NhwcBf16PadsChannelsThroughAnyStrides) {
 }
 
 // PACK_ROWS (f32 rows, optionally RMS-normalised, to the GEMM's bf16 operand image) then GEMM on it, the GEMM
-// waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K.
+// waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K. With parts
+// (a split product's, 3 or 5 of them, added into the rows first: the input is an output too), k a multiple of 4 or
+// not.
 TEST(GpuOpcodes, PackRowsThenGemm) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
-  for (const Case& c : {Case{1, 128, 64}, Case{7, 100, 100}, Case{129, 256, 576}, Case{300, 128, 2048}}) {
-    for (bool norm : {false, true}) {
+  for (const Case& c : {Case{1, 128, 64}, Case{7, 100, 100}, Case{129, 256, 576}, Case{300, 128, 2048},
+                        Case{33, 128, 99}}) {
+    for (uint32_t form = 0; form < 4; ++form) {  // norm or not x parts or not
+      const bool norm = form % 2 == 1, parts = form >= 2;
       const uint32_t seed = Seed();
       OpBench b(seed);
       isa::PackRowsArgs p{};
-      p.input = b.Arena(uint64_t{c.m} * c.k);
+      p.input = parts ? b.Output(uint64_t{c.m} * c.k) : b.Arena(uint64_t{c.m} * c.k);
       b.FillRandom(p.input, -2.0f, 2.0f);
+      if (parts) {
+        p.splits = c.m % 2 == 0 ? 3 : 5;
+        p.parts = b.Arena(uint64_t{p.splits} * c.m * c.k);
+        b.FillRandom(p.parts);
+      }
       p.out = b.Arena(isa::GemmImageBytes(c.m, c.k) / 2, graph::BF16);
       b.FillRandom(p.out);  // stale bytes: the packing must write every element, padding included
       p.m = c.m;
@@ -413,7 +422,7 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
           queue.push_back(inst);
         }
       }
-      b.RunAndCompare(queue, absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", " + GEMM, M ", c.m, " N ", c.n,
+      b.RunAndCompare(queue, absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", parts ? " (parts)" : "", " + GEMM, M ", c.m, " N ", c.n,
                                           " K ", c.k, " seed ", seed),
                       kBf16ChainTolerance);
     }
