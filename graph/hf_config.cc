@@ -5,7 +5,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/config_limits.h"
 #include "graph/families/families.h"
+#include "graph/json_file.h"
 
 namespace loom::graph {
 namespace {
@@ -158,6 +160,22 @@ absl::Status ReadRope(HfConfigReader& r, int max_position, RopeAttrs* rope) {
     if (has_scaling) {
       // Both layouts at once: transformers 5 lets rope_scaling win; Loom insists they agree.
       nlohmann::json a = r.Get("rope_scaling"), b = nested.empty() ? params : params[nested[0]];
+      // rope_theta may sit at the top level and in either section: every one given must be the same number
+      // (the section comparison below leaves it out, as rope_scaling need not carry it).
+      if (b.contains("rope_theta") && !b["rope_theta"].is_null()) {
+        HfConfigReader outer = r.Object("rope_parameters");
+        HfConfigReader where = nested.empty() ? outer : outer.Object(nested[0]);
+        float theta = 0;
+        if (absl::Status st = where.OptionalFloat("rope_theta", &theta); !st.ok()) return st;
+        if (rope->theta() > 0 && theta != rope->theta()) {
+          return where.Error("rope_theta", absl::StrCat("disagrees with the top-level rope_theta ", rope->theta()));
+        }
+        if (a.contains("rope_theta") && a["rope_theta"].is_number() && theta != a["rope_theta"].get<float>()) {
+          return where.Error("rope_theta", absl::StrCat("disagrees with rope_scaling.rope_theta ",
+                                                        a["rope_theta"].get<float>()));
+        }
+        if (!(rope->theta() > 0)) rope->set_theta(theta);  // rope_scaling's own rope_theta is checked against it
+      }
       for (nlohmann::json* j : {&a, &b}) {
         if (j->contains("type") && !j->contains("rope_type")) (*j)["rope_type"] = (*j)["type"];
         j->erase("type");
@@ -294,6 +312,22 @@ absl::Status ReadCommonConfig(HfConfigReader& r, const FamilyDefaults& defaults,
   if (c->head_dim % 2 != 0) return r.Error("head_dim", "must be even for RoPE");
   c->max_position_embeddings = defaults.max_position_embeddings;
   if (absl::Status s = r.OptionalInt("max_position_embeddings", &c->max_position_embeddings); !s.ok()) return s;
+  struct Bound {
+    const char* field;
+    int value, limit;
+  };
+  for (const Bound& b : {Bound{"num_hidden_layers", c->num_layers, kMaxLayers},
+                         Bound{"hidden_size", c->hidden_size, kMaxWidth},
+                         Bound{"intermediate_size", c->intermediate_size, kMaxIntermediate},
+                         Bound{"vocab_size", c->vocab_size, kMaxVocab}, Bound{"num_attention_heads", c->num_heads, kMaxHeads},
+                         Bound{"num_key_value_heads", c->num_kv_heads, kMaxHeads},
+                         Bound{"head_dim", c->head_dim, kMaxHeadDim},
+                         Bound{"max_position_embeddings", c->max_position_embeddings, kMaxPositions}}) {
+    if (b.value <= b.limit) continue;
+    const std::string why = absl::StrCat("implausible: more than ", b.limit, ", beyond any published model");
+    // A value not in the file (head_dim from hidden_size / heads) names itself.
+    return r.Has(b.field) ? r.Error(b.field, why) : r.Error(absl::StrCat(b.field, " ", b.value, ": ", why));
+  }
   c->rms_norm_eps = defaults.rms_norm_eps;
   if (absl::Status s = r.OptionalFloat("rms_norm_eps", &c->rms_norm_eps); !s.ok()) return s;
   if (!(c->rms_norm_eps > 0)) return r.Error("rms_norm_eps", "must be > 0");
@@ -329,8 +363,9 @@ absl::Status ReadWindowForAllLayers(HfConfigReader& r, DecoderConfig* c) {
 
 absl::StatusOr<DecoderConfig> ParseHfConfig(const std::string& json_text, const std::string& path,
                                             std::vector<std::string>* unused) {
-  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonObject(json_text, path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   HfConfigReader r(j, path);
   std::string model_type;
   if (!r.Has("model_type")) return absl::InvalidArgumentError(absl::StrCat(path, ": missing field 'model_type'"));

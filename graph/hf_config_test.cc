@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "graph/proto_file.h"
 #include "gtest/gtest.h"
 
@@ -69,6 +70,20 @@ TEST(HfConfig, BothLayoutsGiveTheSameModel) {
   theta["rope_theta"] = 10000.0;
   EXPECT_EQ(Error(theta), "m/config.json: field 'rope_parameters.rope_theta' = 500000.0: disagrees with the top-level "
                           "rope_theta 10000");
+  // With rope_scaling present too, rope_parameters' rope_theta is still compared (docs/models.md: they agree).
+  json three = Llama4x();
+  three["rope_parameters"] = Llama5x()["rope_parameters"];
+  three["rope_parameters"]["rope_theta"] = 10000.0;
+  EXPECT_EQ(Error(three), "m/config.json: field 'rope_parameters.rope_theta' = 10000.0: disagrees with the top-level "
+                          "rope_theta 500000");
+  three.erase("rope_theta");
+  three["rope_scaling"]["rope_theta"] = 500000.0;
+  EXPECT_EQ(Error(three), "m/config.json: field 'rope_parameters.rope_theta' = 10000.0: disagrees with "
+                          "rope_scaling.rope_theta 500000");
+  three["rope_scaling"].erase("rope_theta");  // the only theta given is rope_parameters': it is the model's
+  absl::StatusOr<DecoderConfig> only = Parse(three);
+  ASSERT_TRUE(only.ok()) << only.status();
+  EXPECT_EQ(only->rope.theta(), 10000.0f);
 }
 
 TEST(HfConfig, RopeTypes) {
@@ -164,7 +179,52 @@ TEST(HfConfig, MathChangingFieldsAreHonouredOrRefused) {
   j = Llama4x();
   j["rms_norm_eps"] = -1;
   EXPECT_NE(Error(j).find("'rms_norm_eps' = -1: must be > 0"), std::string::npos);
-  EXPECT_EQ(ParseHfConfig("{not json", "m/config.json").status().message(), "m/config.json: not a JSON object");
+  // Text that is not JSON: where it stops being JSON and what the parser expected there, on one line.
+  auto error_of = [](const std::string& text) {
+    return std::string(ParseHfConfig(text, "m/config.json").status().message());
+  };
+  EXPECT_EQ(error_of("{\"model_type\": \"llama\",\n \"rope_theta\": NaN}"),
+            "m/config.json: not valid JSON: parse error at line 2, column 16: syntax error while parsing value - "
+            "invalid literal; last read: '\"rope_theta\": N' (byte 40)");
+  const std::string cut = error_of(Llama4x().dump().substr(0, 100));
+  EXPECT_EQ(cut.rfind("m/config.json: not valid JSON: parse error at line 1, column 101: ", 0), 0u) << cut;
+  EXPECT_NE(cut.find("(byte 101)"), std::string::npos) << cut;
+  EXPECT_EQ(error_of(" \n").rfind("m/config.json: not valid JSON (the file is empty): parse error at line 2", 0), 0u)
+      << error_of(" \n");
+  EXPECT_EQ(error_of("{not json").rfind("m/config.json: not valid JSON: parse error at line 1, column 3: ", 0), 0u)
+      << error_of("{not json");
+  EXPECT_EQ(error_of("[1, 2]"), "m/config.json: not a JSON object but array");
+}
+
+// A shape field past any real model's (config_limits.h) is refused by name while parsing: the graph and weight
+// tables a billion layers imply are never built.
+TEST(HfConfig, ImplausibleSizesAreRefusedByField) {
+  for (double layers : {1e5, 1e6, 1e9}) {
+    json j = Llama4x();
+    j["num_hidden_layers"] = layers;
+    EXPECT_EQ(Error(j), absl::StrCat("m/config.json: field 'num_hidden_layers' = ", j["num_hidden_layers"].dump(),
+                                     ": implausible: more than 1024, beyond any published model"));
+  }
+  for (auto [field, value] : {std::pair{"hidden_size", 1 << 20}, {"intermediate_size", 1 << 24},
+                              {"vocab_size", 1 << 28}, {"max_position_embeddings", 1 << 30}, {"head_dim", 4096}}) {
+    json j = Llama4x();
+    j[field] = value;
+    EXPECT_NE(Error(j).find(absl::StrCat("field '", field, "' = ", value, ": implausible: more than ")),
+              std::string::npos)
+        << Error(j);
+  }
+  json heads = Llama4x();  // head_dim derived from the others: named all the same
+  heads.erase("head_dim");
+  heads["hidden_size"] = 65536;
+  heads["num_attention_heads"] = 32;
+  EXPECT_EQ(Error(heads), "m/config.json: head_dim 2048: implausible: more than 1024, beyond any published model");
+  json big = Llama4x();  // Llama 3.1 405B's shape is plausible
+  big["num_hidden_layers"] = 126;
+  big["hidden_size"] = 16384;
+  big["intermediate_size"] = 53248;
+  big["num_attention_heads"] = 128;
+  big["head_dim"] = 128;
+  EXPECT_TRUE(Parse(big).ok()) << Error(big);
 }
 
 TEST(HfConfig, DefaultsAreTheFamilyClassDefaults) {

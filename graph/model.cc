@@ -6,9 +6,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "graph/families/gated_conv.h"
 #include "graph/hf_config.h"
+#include "graph/host_memory.h"
+#include "graph/json_file.h"
 #include "graph/onnx_import.h"
 #include "graph/progress.h"
 #include "graph/proto_file.h"
@@ -19,9 +22,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Every weight the config implies must be in the files with exactly its shape.
-absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, bool load, WeightStore* weights,
-                           std::vector<std::string>* notes) {
+// A folder's safetensors files with every weight the config implies found in them, its shape and dtype checked.
+struct HfWeightPlan {
+  struct Source {
+    std::string name;
+    const SafetensorsFile* file;
+  };
+  std::string dir;
+  absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;  // owns the files of `sources`
+  std::vector<Source> sources;
+  uint64_t file_bytes = 0;  // of the sources, as stored
+};
+
+// Checks every weight the config implies against the files' headers, reading no weight: a folder that does not
+// hold the model (a wrong folder, a config naming more layers than the files have) fails in a second, before the
+// graph is built or any weight is read.
+absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const DecoderConfig& config,
+                                           std::vector<std::string>* notes) {
+  HfWeightPlan plan;
+  plan.dir = dir;
   std::vector<std::string> files;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single_path = fs::path(dir) / "model.safetensors";
@@ -29,9 +48,10 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
   if (fs::exists(index_path)) {
     absl::StatusOr<std::string> text = ReadFileToString(index_path.string());
     if (!text.ok()) return text.status();
-    nlohmann::json index = nlohmann::json::parse(*text, nullptr, false);
-    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-        !index["weight_map"].is_object()) {
+    absl::StatusOr<nlohmann::json> parsed = ParseJsonObject(*text, index_path.string());
+    if (!parsed.ok()) return parsed.status();
+    nlohmann::json& index = *parsed;
+    if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": no 'weight_map' object"));
     }
     std::set<std::string> shards;
@@ -49,19 +69,14 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
     return absl::NotFoundError(absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
   }
 
-  absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;
+  auto& opened = plan.opened;
   for (const std::string& f : files) {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(f);
     if (!file.ok()) return file.status();
     opened[f] = std::move(*file);
   }
-  // Checks every weight first (a wrong folder fails in a second, not after minutes of reading).
-  struct Source {
-    std::string name;
-    const SafetensorsFile* file;
-  };
-  std::vector<Source> sources;
-  uint64_t total_bytes = 0;
+  std::vector<HfWeightPlan::Source>& sources = plan.sources;
+  uint64_t& total_bytes = plan.file_bytes;
   std::set<std::string> converted;  // dtypes rounded to bf16
   for (const auto& [name, shape] : DecoderWeightShapes(config)) {
     std::shared_ptr<SafetensorsFile> file;
@@ -99,7 +114,7 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
   }
   // Tensors the config does not use (transformers skips them too, with a warning): say so, never silently.
   std::set<std::string> used;
-  for (const Source& source : sources) used.insert(source.name);
+  for (const HfWeightPlan::Source& source : sources) used.insert(source.name);
   std::vector<std::string> unused;
   for (const auto& [path, file] : opened) {
     for (const auto& [name, entry] : file->header().tensors) {
@@ -114,9 +129,13 @@ absl::Status LoadHfWeights(const std::string& dir, const DecoderConfig& config, 
     notes->push_back(absl::StrCat(dir, ": tensors config.json does not use, ignored: ", absl::StrJoin(unused, ", "),
                                   more > 0 ? absl::StrCat(" (and ", more, " more)") : ""));
   }
-  if (!load) return absl::OkStatus();
-  Progress progress(absl::StrCat("reading weights from ", dir), total_bytes);
-  for (const Source& source : sources) {
+  return plan;
+}
+
+// Reads the weights of a plan, rounded to bf16.
+absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
+  Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
+  for (const HfWeightPlan::Source& source : plan.sources) {
     absl::StatusOr<HostTensor> t = source.file->ReadBf16(source.name);
     if (!t.ok()) return t.status();
     const SafetensorsEntry& e = source.file->header().tensors.at(source.name);
@@ -159,6 +178,20 @@ absl::Status LoadGraphWeights(const std::string& dir, const Graph& graph, bool l
     notes->push_back(absl::StrCat(path, ": tensors the graph does not use, ignored: ", absl::StrJoin(unused, ", ")));
   }
   return absl::OkStatus();
+}
+
+// What loading a decoder takes of host memory (its weights as bf16) and, with `packed_copies`, running it: that
+// many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (f32 at most).
+absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies) {
+  const double weights = 2 * c.Parameters();
+  const double packed = packed_copies * weights;
+  const double kv = packed_copies > 0 ? 2.0 * 4 * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
+  std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of bf16 weights", c.Parameters() / 1e9, weights / 1e9);
+  if (packed_copies > 0) {
+    absl::StrAppendFormat(&detail, ", %.1f GB packed, %.1f GB of KV cache at %d positions", packed / 1e9, kv / 1e9,
+                          max_seq);
+  }
+  return CheckHostMemory(static_cast<uint64_t>(weights + packed + kv), spec, detail);
 }
 
 }  // namespace
@@ -207,6 +240,11 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     absl::StatusOr<Graph> graph = BuildGatedConvGraph(*gated, options.max_seq > 0 ? options.max_seq : 4096);
     if (!graph.ok()) return graph.status();
     model.graph = *std::move(graph);
+    if (options.load_weights) {  // bf16 weights: refused before any is made or read when the host cannot hold them
+      double bytes = 0;
+      for (const TensorDef* t : model.graph.TensorsOfKind(WEIGHT)) bytes += 2.0 * NumElements(*t);
+      if (absl::Status s = CheckHostMemory(static_cast<uint64_t>(bytes), spec, "its bf16 weights"); !s.ok()) return s;
+    }
     model.gated_conv = gated;
     model.config.family = "gated-conv";
     model.config.hidden_size = gated->hidden;
@@ -238,13 +276,24 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   if (absl::Status s = model.config.CheckWindows(max_seq); !s.ok()) {
     return random ? s : absl::UnimplementedError(absl::StrCat(config_path, ": ", s.message()));
   }
+  // The config alone decides what follows: the files must hold its weights, the host must hold them (and what
+  // running them takes), all checked before the graph is built or a weight is read.
+  std::optional<HfWeightPlan> plan;
+  if (!random) {
+    absl::StatusOr<HfWeightPlan> p = PlanHfWeights(spec, model.config, &model.notes);
+    if (!p.ok()) return p.status();
+    plan = *std::move(p);
+  }
+  if (options.load_weights) {
+    if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies); !s.ok()) return s;
+  }
   absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
+  if (!options.load_weights) return model;
   if (random) {
-    if (options.load_weights) model.weights = RandomDecoderWeights(model.config, options.seed);
-  } else if (absl::Status s = LoadHfWeights(spec, model.config, options.load_weights, &model.weights, &model.notes);
-             !s.ok()) {
+    model.weights = RandomDecoderWeights(model.config, options.seed);
+  } else if (absl::Status s = ReadHfWeights(*plan, &model.weights); !s.ok()) {
     return s;
   }
   return model;

@@ -20,6 +20,10 @@ struct ModelOptions {
   int max_seq = 0;           // KV-cache capacity; 0: min(max_position_embeddings, 4096)
   bool load_weights = true;  // false: config and graph only (compiling needs no weights)
   uint64_t seed = 0x10057u;  // for random: models
+  // Packed images of the weights the caller will build to run the model (1: a decode schedule, 2: with its
+  // prefill pass's), counted with the KV cache in the host-memory check made before any weight is loaded; 0
+  // checks the weights alone (PackWeights checks its own region before allocating it).
+  int packed_copies = 0;
 };
 
 struct Model {
@@ -33,6 +37,9 @@ struct Model {
   std::optional<GatedConvConfig> gated_conv;  // family "gated-conv" (config then holds its sizes for messages)
 };
 
+// Refuses, before building a graph or reading a weight, a config with an implausible field (config_limits.h), a
+// folder whose files lack a weight the config names, and weights (plus options.packed_copies) the host's free
+// memory cannot hold (ResourceExhausted: "needs X GB of host memory, has Y GB free").
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});
 
 // Writes config.json and model.safetensors into `dir` (created if missing), a

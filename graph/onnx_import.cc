@@ -355,7 +355,11 @@ std::vector<std::string> OnnxSupportedOps() {
 
 absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {
   onnx::ModelProto m;
+  if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty file, not an ONNX model"));
   if (!m.ParseFromString(bytes)) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file"));
+  // Bytes that happen to parse as a protobuf (a file of zeros, another message) are not a model: a model has a
+  // graph.
+  if (!m.has_graph()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file (no graph)"));
   return Importer(name, cancel_transposes).Run(m);
 }
 

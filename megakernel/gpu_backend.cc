@@ -20,7 +20,19 @@ bool GpuAvailable(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? absl::StrCat("no CUDA device (", cudaGetErrorString(e), ")") : "no CUDA device";
+    // Without a driver the runtime reports cudaErrorInsufficientDriver ("driver version is insufficient"), which
+    // blames a driver that is not there: the driver's own version (0: none loaded) tells the cases apart.
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (driver == 0) {
+      *why = "no CUDA device: this machine has no NVIDIA driver loaded (no GPU?)";
+    } else if (e == cudaErrorInsufficientDriver) {
+      *why = absl::StrCat("the NVIDIA driver supports CUDA up to ", driver / 1000, ".", driver % 1000 / 10,
+                          "; this build of Loom needs CUDA ", runtime / 1000, ".", runtime % 1000 / 10);
+    } else {
+      *why = e != cudaSuccess ? absl::StrCat("no CUDA device (", cudaGetErrorString(e), ")") : "no CUDA device";
+    }
     return false;
   }
   cudaDeviceProp prop;

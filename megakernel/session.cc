@@ -1,6 +1,7 @@
 #include "megakernel/session.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "megakernel/gpu_backend.h"
@@ -17,6 +18,16 @@ double MsSince(std::chrono::steady_clock::time_point start) {
 }
 
 }  // namespace
+
+absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t position) {
+  int64_t nan = 0, inf = 0;
+  for (float v : logits) nan += std::isnan(v), inf += std::isinf(v);
+  if (nan + inf == 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "the logits that chose the token at position ", position, " are not finite (", nan, " NaN, ", inf,
+      " infinite of ", logits.size(),
+      "): the model overflowed or its weights are broken; the generated tokens are meaningless"));
+}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& graph, const scheduler::Schedule& schedule,
                                                          const graph::WeightStore& weights, Backend backend) {
@@ -66,6 +77,7 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
                                               " tokens leaves no room in the KV cache of ", schedule_.max_seq(),
                                               " (compile with a larger max_seq)"));
   }
+  started_ = false;
   if (absl::Status s = vm_ ? vm_->Reset(prompt) : gpu_->Reset(prompt); !s.ok()) return s;
   used_prefill_ = false;
   prefill_note_.clear();
@@ -93,7 +105,8 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
       if (!ms.ok()) return ms.status();
       prompt_ms_ = *ms;
     }
-    return absl::OkStatus();
+    started_ = true;
+    return CheckLastLogits();
   }
   // One decode step per prompt token: step p reads token p and writes token p + 1 (forced inside the prompt).
   const int steps = static_cast<int>(prompt.size());
@@ -105,7 +118,24 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
     if (!ms.ok()) return ms.status();
     prompt_ms_ = *ms;
   }
-  return absl::OkStatus();
+  started_ = true;
+  return CheckLastLogits();
+}
+
+absl::Status Session::CheckStarted(const char* call) const {
+  if (started_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(call, " before start(): no prompt has been consumed (start a generation first)"));
+}
+
+// One copy of the vocabulary's logits per Start / Step (per launch on the GPU, not per token): the kernel time
+// the session reports does not include it.
+absl::Status Session::CheckLastLogits() const {
+  absl::StatusOr<std::vector<float>> l = logits();
+  if (!l.ok()) return l.status();
+  absl::StatusOr<int32_t> pos = position();
+  if (!pos.ok()) return pos.status();
+  return CheckLogitsFinite(*l, *pos);
 }
 
 absl::Status Session::CheckRoom(int n) const {
@@ -119,6 +149,7 @@ absl::Status Session::CheckRoom(int n) const {
 }
 
 absl::Status Session::Step(int n) {
+  if (absl::Status s = CheckStarted("step()"); !s.ok()) return s;
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 0, not ", n));
   if (absl::Status s = CheckRoom(n); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();
@@ -126,12 +157,12 @@ absl::Status Session::Step(int n) {
   if (vm_) {
     if (absl::Status s = vm_->Run(n); !s.ok()) return s;
     step_ms_ = MsSince(start);
-    return absl::OkStatus();
+    return CheckLastLogits();
   }
   absl::StatusOr<float> ms = gpu_->Run(n);
   if (!ms.ok()) return ms.status();
   step_ms_ = *ms;
-  return absl::OkStatus();
+  return CheckLastLogits();
 }
 
 absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_path) {
@@ -139,6 +170,7 @@ absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_p
     return absl::FailedPreconditionError(
         "traces are timings of the GPU kernel; this session runs on the CPU reference VM (backend \"gpu\" traces)");
   }
+  if (absl::Status s = CheckStarted("trace_steps()"); !s.ok()) return s;
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, not ", n));
   if (absl::Status s = CheckRoom(n); !s.ok()) return s;
   absl::StatusOr<float> ms = gpu_->Run(n, /*trace=*/true);
@@ -164,12 +196,14 @@ absl::StatusOr<std::vector<int32_t>> Session::tokens() const {
 }
 
 absl::StatusOr<std::vector<float>> Session::logits() const {
+  if (absl::Status s = CheckStarted("logits()"); !s.ok()) return s;
   if (vm_) return vm_->logits();
   return gpu_->logits();
 }
 
 absl::StatusOr<const float*> Session::device_logits() const {
   if (!gpu_) return absl::FailedPreconditionError("device logits: this session runs on the CPU reference VM");
+  if (absl::Status s = CheckStarted("logits()"); !s.ok()) return s;
   return reinterpret_cast<const float*>(gpu_->machine().arena_device() +
                                         schedule_.tensors(schedule_.io().logits()).offset());
 }

@@ -34,7 +34,9 @@ class Session {
   // weights (else, or if the pass cannot be lowered, one decode step per prompt token; prefill_note() says why).
   // Afterwards tokens() ends with the first new token.
   absl::Status Start(const std::vector<int32_t>& prompt, bool prefill = true);
-  // Generates `n` more tokens: n decode steps (one kernel launch on the GPU).
+  // Generates `n` more tokens: n decode steps (one kernel launch on the GPU). Refused before a Start.
+  // Start and Step fail (DataLoss) when the last step's logits are not finite: greedy tokens from NaN logits are
+  // meaningless (argmax picks token 0), so they are not handed out as if they were (CheckLogitsFinite).
   absl::Status Step(int n);
   // Like Step, recording every instruction's timing: writes a Chrome trace JSON to `json_path` and returns the
   // summary (time per opcode, idle gaps, bandwidth). GPU only.
@@ -45,7 +47,8 @@ class Session {
   absl::StatusOr<int32_t> position() const;
   // The prompt followed by every token generated since Start.
   absl::StatusOr<std::vector<int32_t>> tokens() const;
-  // Logits of the last step (the prefill pass's last row after Start with a pass), copied to the host.
+  // Logits of the last step (the prefill pass's last row after Start with a pass), copied to the host. Refused
+  // before a Start (nothing has run: there are none).
   absl::StatusOr<std::vector<float>> logits() const;
   // The same logits in device memory (GPU only): valid until the next Start, Step or TraceSteps.
   absl::StatusOr<const float*> device_logits() const;
@@ -64,6 +67,9 @@ class Session {
   absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows);
   // OK when `n` more steps fit the KV cache.
   absl::Status CheckRoom(int n) const;
+  absl::Status CheckStarted(const char* call) const;
+  // CheckLogitsFinite on the last step's logits.
+  absl::Status CheckLastLogits() const;
 
   Backend backend_ = Backend::kCpu;
   graph::Graph graph_;
@@ -72,9 +78,15 @@ class Session {
   std::unique_ptr<GpuDecoder> gpu_;
   // Prefill passes lowered so far, by prompt length (a pass depends on the length only).
   std::vector<std::pair<uint32_t, scheduler::Schedule>> passes_;
+  bool started_ = false;  // a Start succeeded: the state holds a prompt and logits
   bool used_prefill_ = false;
   std::string prefill_note_;
   double prompt_ms_ = 0, step_ms_ = 0;
 };
+
+// OK when every logit is finite; else DataLoss naming the position of the token they chose (argmax) and how many
+// are NaN or infinite (the model
+// overflowed, or its weights are broken): what `loom run` and Session say instead of printing argmax-of-NaN tokens.
+absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t position);
 
 }  // namespace loom::megakernel

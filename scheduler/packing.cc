@@ -1,16 +1,38 @@
 #include "scheduler/packing.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "graph/host_memory.h"
 #include "graph/progress.h"
 #include "instructions/instruction.h"
 #include "instructions/swizzle.h"
 
 namespace loom::scheduler {
+namespace {
+
+// A bf16 NaN or infinity: every exponent bit set.
+constexpr uint16_t kBf16Exponent = 0x7F80;
+
+// Whether any of `n` bf16 values is NaN or infinite: a branch-free maximum the compiler vectorizes, so checking
+// a row just before copying it (it is in cache) costs little beside the copy.
+bool AnyNonFinite(const uint16_t* v, uint64_t n) {
+  uint16_t most = 0;
+  for (uint64_t i = 0; i < n; ++i) most = std::max<uint16_t>(most, v[i] & kBf16Exponent);
+  return most == kBf16Exponent;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph::WeightStore& weights) {
+  if (absl::Status st = graph::CheckHostMemory(s.weight_bytes(), absl::StrCat("packing the weights of ", s.model()),
+                                               "the WEIGHTS region");
+      !st.ok()) {
+    return st;
+  }
   std::vector<uint8_t> region(s.weight_bytes(), 0);
   absl::flat_hash_map<std::string, const Tensor*> by_name;
   for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
@@ -38,6 +60,7 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     const uint64_t src_width = grouped ? cols / padded * run : cols;
     auto column = [&](uint64_t c) { return grouped ? c / run * padded + c % run : c; };
     std::vector<const graph::HostTensor*> src;
+    std::vector<const std::string*> src_names;
     uint64_t rows = 0;
     for (const std::string& name : p.sources()) {
       auto w = weights.find(name);
@@ -56,6 +79,7 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
                                                        transposed ? " rows (transposed)" : " columns"));
       }
       src.push_back(&w->second);
+      src_names.push_back(&name);
       rows += static_cast<uint64_t>(w->second.size()) / src_width;
     }
     const bool ranged = p.source_rows() > 0;
@@ -83,15 +107,24 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     // ordered first, then swizzled.
     std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
     uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
+    // Every weight is checked for NaN and infinities on its way into the region (a broken checkpoint is refused
+    // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one.
+    const graph::HostTensor* non_finite = nullptr;
+    auto refuse = [&](const graph::HostTensor* t) {
+      if (non_finite == nullptr) non_finite = t;
+    };
     // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
       uint8_t* to = out + packed_row * stride * elem;
       if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
-        std::memcpy(to, t->bf16.data() + row * cols, cols * 2);
+        const uint16_t* from = t->bf16.data() + row * cols;
+        if (AnyNonFinite(from, cols)) refuse(t);
+        std::memcpy(to, from, cols * 2);
         return;
       }
       for (uint64_t c = 0; c < src_width; ++c) {
         const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * src_width + c));
+        if (!std::isfinite(v)) refuse(t);
         if (f32) {
           std::memcpy(to + c * 4, &v, 4);
         } else {
@@ -143,6 +176,19 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       }
       default:
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
+    }
+    if (non_finite != nullptr) {
+      const std::string& name = *src_names[std::find(src.begin(), src.end(), non_finite) - src.begin()];
+      int64_t first = 0;  // the weight's first non-finite element, as an index into its shape
+      while (first < non_finite->size() && std::isfinite(non_finite->Get(first))) ++first;
+      std::string index;
+      for (int64_t d = static_cast<int64_t>(non_finite->shape.size()) - 1, rest = first; d >= 0; --d) {
+        index = absl::StrCat(rest % non_finite->shape[d], index.empty() ? "" : ",", index);
+        rest /= non_finite->shape[d];
+      }
+      return absl::InvalidArgumentError(absl::StrCat("weight '", name, "' holds ", non_finite->Get(first), " at [",
+                                                     index, "]: Loom refuses weights that are not finite (a broken "
+                                                     "checkpoint?)"));
     }
     if (image) {
       const std::vector<uint16_t> swizzled =

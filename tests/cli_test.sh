@@ -103,6 +103,55 @@ hostile "biases the weights lack" "weight 'model.layers.0.self_attn.q_proj.bias'
 hostile "qwen3 without q/k norms" "weight 'model.layers.0.self_attn.q_norm.weight' is missing" 'c["model_type"]="qwen3"'
 hostile "qwen2 layer type" "layer 1 has type \"linear_attention\"" \
   'c["model_type"]="qwen2"; c["layer_types"]=["full_attention","linear_attention"]'
+hostile "rope_theta in both layouts" "field 'rope_parameters.rope_theta' = 1000.0: disagrees with the top-level" \
+  'c["rope_scaling"]={"rope_type":"linear","factor":2.0}; c["rope_parameters"]={"rope_type":"linear","factor":2.0,"rope_theta":1000.0}'
+# config.json that is not JSON: where and what, on one line.
+rm -rf "$WORK/nan" && cp -r "$WORK/tiny_hf" "$WORK/nan" && sed -i 's/"rms_norm_eps": [^,]*/"rms_norm_eps": NaN/' "$WORK/nan/config.json"
+expect_error "NaN in config.json" "nan/config.json: not valid JSON: parse error at line" "" -- \
+  "$LOOM" run --model="$WORK/nan" --tokens=2
+truncate -s 100 "$WORK/nan/config.json"
+expect_error "truncated config.json" "unexpected end of input" "" -- "$LOOM" run --model="$WORK/nan" --tokens=2
+# Implausible sizes (each was minutes, gigabytes or std::bad_alloc): one line naming the field, in seconds and within
+# 2 GB of address space (ulimit -v), weights loaded or not.
+bounded() { (ulimit -v 2000000 && timeout 20 "$@"); }
+for layers in 1e5 1e6 1e9; do
+  rm -rf "$WORK/layers" && cp -r "$WORK/tiny_hf" "$WORK/layers" &&
+    sed -i "s/\"num_hidden_layers\": [0-9]*/\"num_hidden_layers\": $layers/" "$WORK/layers/config.json"
+  expect_error "num_hidden_layers $layers" "layers/config.json: field 'num_hidden_layers' = " "" -- \
+    bounded "$LOOM" run --model="$WORK/layers" --tokens=2
+  expect_error "random: with num_hidden_layers $layers" "implausible: more than 1024" "" -- \
+    bounded "$LOOM" run --model="random:$WORK/layers/config.json" --tokens=2
+done
+# A plausible count the files do not hold: the missing weight is named before any graph is built.
+sed -i "s/\"num_hidden_layers\": [0-9.e]*/\"num_hidden_layers\": 1000/" "$WORK/layers/config.json"
+expect_error "more layers than the weights" "weight 'model.layers.2.input_layernorm.weight' is missing" "" -- \
+  bounded "$LOOM" run --model="$WORK/layers" --tokens=2
+# A 246B-parameter architecture with random weights: refused by host memory, needs and has, before any is made.
+cat >"$WORK/246b.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 80, "num_attention_heads": 128,
+ "num_key_value_heads": 16, "intermediate_size": 49152, "vocab_size": 128256, "max_position_embeddings": 8192}
+JSON
+expect_error "random:<246B config>" "GB of host memory (245.80B parameters: 491.6 GB of bf16 weights" "" -- \
+  bounded "$LOOM" run --model="random:$WORK/246b.json" --tokens=2
+# Weights that are not finite: refused while packing, naming the weight; weights that overflow at run time: the
+# non-finite logits are said (exit 1), not printed as argmax tokens. poke FOLDER TENSOR BF16-BITS (every element).
+poke() {
+  python3 - "$1/model.safetensors" "$2" "$3" <<'PY'
+import json, struct, sys
+path, name, bits = sys.argv[1], sys.argv[2], int(sys.argv[3], 16)
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+begin, end = json.loads(data[8:8 + n])[name]["data_offsets"]
+data[8 + n + begin:8 + n + end] = struct.pack("<H", bits) * ((end - begin) // 2)
+open(path, "wb").write(data)
+PY
+}
+rm -rf "$WORK/nanw" && cp -r "$WORK/tiny_hf" "$WORK/nanw" && poke "$WORK/nanw" model.layers.1.mlp.up_proj.weight 7FC0
+expect_error "NaN weights" "weight 'model.layers.1.mlp.up_proj.weight' holds nan at [0,0]: Loom refuses weights that are not finite" "" -- \
+  "$LOOM" run --model="$WORK/nanw" --tokens=4
+rm -rf "$WORK/big" && cp -r "$WORK/tiny_hf" "$WORK/big" && poke "$WORK/big" model.norm.weight 7F7F
+expect_error "overflowing logits" "are not finite" "$WORK/big.logits" -- \
+  "$LOOM" run --model="$WORK/big" --tokens=4 --logits_out="$WORK/big.logits"
 # The window covers the whole (smaller) cache: full attention is exact, so it compiles.
 rm -rf "$WORK/win" && cp -r "$WORK/tiny_hf" "$WORK/win" && sed -i 's/"rope_scaling"/"sliding_window": 64, "rope_scaling"/' "$WORK/win/config.json"
 "$LOOM" compile --model="$WORK/win" --max_seq=64 --out="$WORK/win.pb" >/dev/null 2>&1 && pass "window >= cache compiles" ||
@@ -129,7 +178,22 @@ expect_error "unwritable output" "cannot write" "" -- \
   "$LOOM" compile --model=random:tiny --out="$WORK/no/such/dir/s.pb"
 expect_error "bad prompt" "--prompt: 'x' is not a token id" "" -- "$LOOM" run --model=random:tiny --prompt=1,x
 expect_error "empty prompt token" "--prompt: token 2 is empty" "" -- "$LOOM" run --model=random:tiny --prompt=1,,2
+expect_error "trailing comma in prompt" "--prompt: token 3 is empty (a trailing comma?)" "" -- \
+  "$LOOM" run --model=random:tiny --prompt=1,2,
 expect_error "prompt outside vocab" "outside the vocabulary" "" -- "$LOOM" run --model=random:tiny --prompt=5000
+# Flags where they have no effect are refused, not ignored (a trace never written, a repeat that timed nothing).
+expect_error "--trace on the CPU" "--trace has no effect here: traces time the GPU kernel" "$WORK/t.json" -- \
+  "$LOOM" run --model=random:tiny --trace="$WORK/t.json"
+expect_error "--repeat on a decoder run" "--repeat has no effect here" "" -- "$LOOM" run --model=random:tiny --repeat=3
+expect_error "--steps_per_launch on the CPU" "--steps_per_launch has no effect here" "" -- \
+  "$LOOM" run --model=random:tiny --steps_per_launch=2
+expect_error "another command's flag" "--tokens is not a flag of loom export" "$WORK/ex" -- \
+  "$LOOM" export --model=random:tiny --out="$WORK/ex" --tokens=3
+# No GPU: said as such (not a driver version), before the model is loaded.
+if [ ! -e /dev/nvidiactl ]; then
+  expect_error "--backend=gpu without a GPU" "--backend=gpu: no CUDA device" "" -- \
+    "$LOOM" run --model=random:tiny --backend=gpu
+fi
 expect_error "too many tokens" "exceed the KV cache" "" -- "$LOOM" run --model=random:tiny --max_seq=16 --tokens=40
 expect_error "unknown command" "unknown command 'fly'" "" -- "$LOOM" fly
 
@@ -157,6 +221,9 @@ cp -r "$WORK/gc" "$WORK/gc_k3" && sed -i 's/"conv_kernel": 4/"conv_kernel": 3/' 
 expect_error "gated-conv weights vs config" "weight 'layers.0.conv.weight' has shape [64,4], the graph needs [64,3]" "" -- \
   "$LOOM" run --model="$WORK/gc_k3" --tokens=2
 
+: >"$WORK/empty.onnx"
+expect_error "empty onnx" "empty.onnx: empty file, not an ONNX model" "" -- "$LOOM" run --model="$WORK/empty.onnx"
+
 ONNX=/usr/share/libonnx-testdata/data
 if [ -d "$ONNX" ]; then
   "$LOOM" compile --model="$ONNX/pytorch-converted/test_Conv2d/model.onnx" --out="$WORK/onnx.pb" >/dev/null &&
@@ -177,6 +244,11 @@ if [ -d "$ONNX" ]; then
     "$LOOM" run --model="$R" --input="$WORK/npy1/$out" --out="$WORK/npy2" >/dev/null 2>&1 &&
     cmp -s "$WORK/npy1/$out" "$WORK/npy2/$out" && pass "onnx run --input/--out .npy round trip" ||
     fail "onnx run --input/--out .npy round trip"
+  # --out names a folder: created as export creates its own.
+  "$LOOM" run --model="$R" --out="$WORK/npy3/deeper" >/dev/null 2>&1 && [ -n "$(ls "$WORK/npy3/deeper")" ] &&
+    pass "onnx run --out creates the folder" || fail "onnx run --out creates the folder"
+  expect_error "--tokens on a general graph" "--tokens has no effect here: a general graph (ONNX)" "" -- \
+    "$LOOM" run --model="$R" --tokens=5
   expect_error "onnx missing input file" "no-such.npy: cannot open" "" -- \
     "$LOOM" run --model="$R" --input="$WORK/no-such.npy"
   expect_error "onnx input of another shape" "must be f32 [" "" -- \

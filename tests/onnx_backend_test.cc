@@ -273,6 +273,10 @@ TEST(OnnxBackend, BadFilesAreRefused) {
   absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes("\x08\x07garbage\xff\xff\xff", "x.onnx");
   EXPECT_FALSE(m.ok());
   EXPECT_FALSE(graph::ImportOnnx("/no/such/model.onnx").ok());
+  // Empty, or protobuf bytes without a graph: not a model (not "opset 0").
+  EXPECT_EQ(graph::ImportOnnxBytes("", "e.onnx").status().message(), "e.onnx: empty file, not an ONNX model");
+  EXPECT_EQ(graph::ImportOnnxBytes("\x08\x07", "v.onnx").status().message(),  // ir_version 7 and nothing else
+            "v.onnx: not an ONNX model file (no graph)");
   onnx::ModelProto proto;
   proto.add_opset_import()->set_version(13);
   onnx::NodeProto* n = proto.mutable_graph()->add_node();

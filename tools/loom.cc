@@ -9,13 +9,16 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +30,7 @@
 #include "megakernel/gpu_backend.h"
 #include "megakernel/gpu_machine.h"
 #include "megakernel/reference_vm.h"
+#include "megakernel/session.h"
 #include "scheduler/compiler.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
@@ -135,6 +139,9 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   mo.load_weights = weights;
   mo.max_seq = static_cast<int>(options.max_seq());
   mo.seed = absl::GetFlag(FLAGS_seed);
+  // Loaded to run: the host must also hold the packed weights (the prefill pass's images too, unless prefill is
+  // off) and the KV cache.
+  mo.packed_copies = weights ? (!options.has_prefill() || options.prefill() ? 2 : 1) : 0;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return model;
@@ -227,9 +234,12 @@ absl::StatusOr<std::vector<int32_t>> ParsePrompt() {
   const std::vector<absl::string_view> ids = absl::StrSplit(flag, ',');
   for (size_t i = 0; i < ids.size(); ++i) {
     const absl::string_view t = ids[i];
-    if (t.empty() && i + 1 == ids.size()) break;  // a trailing comma
+    // Every element is a token id: "1,2," is a mistake (a token left out?), not the prompt 1, 2.
     if (t.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt: token ", i + 1, " is empty (two commas in a row?)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prompt: token ", i + 1, " is empty (",
+          i + 1 == ids.size() && i > 0 ? "a trailing comma" : i == 0 && ids.size() > 1 ? "a leading comma"
+                                                                                         : "two commas in a row", "?)"));
     }
     int32_t id;
     if (!absl::SimpleAtoi(t, &id)) {
@@ -247,7 +257,59 @@ std::string Join(const std::vector<int32_t>& v, size_t from) {
   return out;
 }
 
+// The flags named on the command line (main fills it from argv: "--name", "--name=value", "--noname"), whatever
+// their values: a flag given with its default value is given all the same.
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string> given;
+  return given;
+}
+bool Given(const std::string& name) { return GivenFlags().contains(name) || GivenFlags().contains("no" + name); }
+
+// The model is a general graph (ONNX): one pass over its inputs, no tokens. LoadModel's rule, on the spec alone.
+bool IsGeneralGraph(const std::string& spec) {
+  return absl::EndsWith(spec, ".onnx") && !std::filesystem::is_directory(spec);
+}
+
+// Flags of `loom run` that only some runs read, refused where given to a run that would ignore them: a flag
+// silently ignored reads as if it had had its effect (a trace that is never written, a --repeat that timed
+// nothing, --tokens on a graph that generates none).
+absl::Status CheckRunFlagsApply(bool general_graph, const std::string& backend) {
+  struct Rule {
+    const char* flag;
+    bool applies;
+    const char* why;
+  };
+  const bool logits_out = !absl::GetFlag(FLAGS_logits_out).empty();
+  const Rule rules[] = {
+      {"trace", backend == "gpu", "traces time the GPU kernel: add --backend=gpu"},
+      {"trace", general_graph || !logits_out, "a decoder run with --logits_out is not traced"},
+      {"steps_per_launch", backend == "gpu" && !general_graph, "launches are of the GPU decoder: add --backend=gpu"},
+      {"repeat", general_graph, "repeats a general graph's pass (ONNX); a decoder run times every decode step"},
+      {"input", general_graph, "inputs are a general graph's (ONNX); a decoder reads --prompt"},
+      {"out", general_graph, "a general graph's outputs go there; a decoder's logits go to --logits_out"},
+      {"tokens", !general_graph, "a general graph (ONNX) runs one pass and generates no tokens"},
+      {"prompt", !general_graph, "a general graph (ONNX) reads --input, not a prompt"},
+      {"prefill", !general_graph, "a general graph (ONNX) has no prompt to prefill"},
+      {"logits_out", !general_graph, "a general graph (ONNX) writes its outputs to --out"},
+  };
+  for (const Rule& r : rules) {
+    if (!r.applies && Given(r.flag)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", r.flag, " has no effect here: ", r.why));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int RunCommand() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cpu" && backend != "gpu") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--backend: unknown backend '", backend, "'")));
+  }
+  if (absl::Status s = CheckRunFlagsApply(IsGeneralGraph(absl::GetFlag(FLAGS_model)), backend); !s.ok()) return Fail(s);
+  // No GPU: said at once, before the model is loaded.
+  if (std::string why; backend == "gpu" && !megakernel::GpuAvailable(&why)) {
+    return Fail(absl::UnavailableError(absl::StrCat("--backend=gpu: ", why)));
+  }
   absl::StatusOr<scheduler::CompileOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   if (!absl::GetFlag(FLAGS_prefill)) options->set_prefill(false);  // nor pack the prefill pass's weights
@@ -255,10 +317,6 @@ int RunCommand() {
   if (!prompt.ok()) return Fail(prompt.status());
   const int new_tokens = absl::GetFlag(FLAGS_tokens);
   if (new_tokens < 1) return Fail(absl::InvalidArgumentError("--tokens must be >= 1"));
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "cpu" && backend != "gpu") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--backend: unknown backend '", backend, "'")));
-  }
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
   absl::StatusOr<graph::Model> model = ModelFromFlags(true, *options);
   if (!model.ok()) return Fail(model.status());
@@ -310,6 +368,7 @@ int RunCommand() {
   const int decode_steps = pass ? new_tokens - 1 : steps;
 
   std::vector<int32_t> tokens;
+  std::vector<float> last_logits;  // of the last step: non-finite ones make the tokens meaningless
   double ms_per_token = 0, prefill_ms = 0;
   std::string all_logits;  // steps x vocab float32
   auto keep_logits = [&](const std::vector<float>& l) {
@@ -353,6 +412,9 @@ int RunCommand() {
     absl::StatusOr<std::vector<int32_t>> t = (*d)->tokens();
     if (!t.ok()) return Fail(t.status());
     tokens = *t;
+    absl::StatusOr<std::vector<float>> last = (*d)->logits();
+    if (!last.ok()) return Fail(last.status());
+    last_logits = *std::move(last);
     ms_per_token = decode_steps > 0 ? total / decode_steps : 0;
   } else if (backend == "cpu") {
     absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm =
@@ -388,6 +450,7 @@ int RunCommand() {
                                                .count() /
                                            decode_steps;
     tokens = (*vm)->tokens();
+    last_logits = (*vm)->logits();
   } else {
     megakernel::GpuRunOptions gpu;
     gpu.trace_path = absl::GetFlag(FLAGS_trace);
@@ -396,9 +459,15 @@ int RunCommand() {
     absl::StatusOr<megakernel::GpuRunResult> r = megakernel::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
     if (!r.ok()) return Fail(r.status());
     tokens = r->tokens;
+    last_logits = r->logits;
     ms_per_token = r->ms_per_token;
     prefill_ms = r->prefill_ms;
     if (!r->summary.empty()) std::printf("%s", r->summary.c_str());
+  }
+  // NaN logits would print argmax-of-NaN tokens (0 0 0 ...) with exit 0: said instead. They stay NaN once they
+  // appear (the KV cache holds them), so the last step's show any step's.
+  if (absl::Status s = megakernel::CheckLogitsFinite(last_logits, static_cast<int64_t>(tokens.size()) - 1); !s.ok()) {
+    return Fail(s);
   }
   if (!logits_out.empty()) {
     if (absl::Status s = WriteFileAtomically(logits_out, all_logits); !s.ok()) return Fail(s);
@@ -456,6 +525,11 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h" || a == "--helpfull") help = true;
     else args.push_back(argv[i]);
   }
+  for (size_t i = 1; i < args.size() && std::string(args[i]) != "--"; ++i) {
+    const std::string a = args[i];
+    const size_t begin = a.find_first_not_of('-');
+    if (a[0] == '-' && begin != std::string::npos) loom::GivenFlags().insert(a.substr(begin, a.find('=') - begin));
+  }
   if (help) {
     loom::PrintHelp(command);
     return 0;
@@ -471,6 +545,18 @@ int main(int argc, char** argv) {
     if (command->name != std::string("inspect")) {
       std::fprintf(stderr, "loom: unexpected argument '%s'\n", p);
       return 1;
+    }
+  }
+  // A flag of another command does nothing here: refused, not silently ignored.
+  for (const loom::Command& c : Commands()) {
+    for (const char* flag : c.flags) {
+      if (loom::Given(flag) && std::find_if(command->flags.begin(), command->flags.end(), [&](const char* f) {
+                                 return std::string(f) == flag;
+                               }) == command->flags.end()) {
+        std::fprintf(stderr, "loom: --%s is not a flag of loom %s (loom %s --help lists them)\n", flag, command->name,
+                     command->name);
+        return 1;
+      }
     }
   }
   const std::string name = command->name;

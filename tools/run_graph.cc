@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -62,6 +63,11 @@ absl::StatusOr<megakernel::TensorMap> Inputs(const graph::Graph& graph, const Gr
 }  // namespace
 
 int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const GraphRunFlags& flags) {
+  if (!flags.out.empty()) {  // created as `loom export` creates its folder, before any work
+    std::error_code ec;
+    std::filesystem::create_directories(flags.out, ec);
+    if (ec) return Fail(absl::PermissionDeniedError(absl::StrCat(flags.out, ": cannot create: ", ec.message())));
+  }
   absl::StatusOr<megakernel::TensorMap> inputs = Inputs(model.graph, flags);
   if (!inputs.ok()) return Fail(inputs.status());
   int instructions = 0;

@@ -1,11 +1,15 @@
 #include "graph/families/gated_conv.h"
 
 #include <cmath>
+#include <cstdint>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "graph/config_limits.h"
 #include "graph/decoder.h"
 #include "graph/graph_builder.h"
+#include "graph/json_file.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::graph {
@@ -48,23 +52,34 @@ std::string GatedConvConfigJson(const GatedConvConfig& c) {
 }
 
 absl::StatusOr<std::optional<GatedConvConfig>> ParseGatedConvConfig(const std::string& text, const std::string& path) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonObject(text, path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.contains("model_type") || j["model_type"] != kGatedConvModelType) return std::nullopt;
   GatedConvConfig c;
-  auto get_int = [&](const char* key, int* out) -> absl::Status {
+  // Each shape field is an integer up to its limit (config_limits.h): an implausible one is refused by name
+  // before a graph of that size is built.
+  auto get_int = [&](const char* key, int* out, int limit) -> absl::Status {
     if (!j.contains(key) || !j[key].is_number_integer()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": '", key, "' must be an integer"));
     }
-    *out = j[key].get<int>();
+    const int64_t v = j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t{INT64_MAX}
+                          ? INT64_MAX
+                          : j[key].get<int64_t>();
+    if (v > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", key, "' = ", v, ": implausible: more than ", limit, ", beyond any published model"));
+    }
+    *out = static_cast<int>(v);
     return absl::OkStatus();
   };
-  for (auto [key, out] : std::vector<std::pair<const char*, int*>>{{"hidden_size", &c.hidden},
-                                                                   {"num_hidden_layers", &c.layers},
-                                                                   {"intermediate_size", &c.intermediate},
-                                                                   {"conv_kernel", &c.kernel},
-                                                                   {"vocab_size", &c.vocab}}) {
-    if (absl::Status s = get_int(key, out); !s.ok()) return s;
+  for (auto [key, out, limit] : std::vector<std::tuple<const char*, int*, int>>{
+           {"hidden_size", &c.hidden, kMaxWidth},
+           {"num_hidden_layers", &c.layers, kMaxLayers},
+           {"intermediate_size", &c.intermediate, kMaxIntermediate},
+           {"conv_kernel", &c.kernel, kMaxConvKernel},
+           {"vocab_size", &c.vocab, kMaxVocab}}) {
+    if (absl::Status s = get_int(key, out, limit); !s.ok()) return s;
   }
   if (!j.contains("rms_norm_eps") || !j["rms_norm_eps"].is_number()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": 'rms_norm_eps' must be a number"));

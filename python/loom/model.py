@@ -6,7 +6,7 @@ import os
 from typing import Any, Mapping
 
 from . import _loom
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check_int
 from ._wrap import NativeWrapper
 from .progress import progress_bars
 from .text import TextCodec
@@ -91,6 +91,7 @@ def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057,
     model when ``progress``.
     """
     spec = os.fspath(spec)
+    max_seq, seed = check_int(max_seq, "max_seq"), check_int(seed, "seed", high=2**64 - 1)
     with progress_bars(progress):
         native = _loom.load_model(spec, max_seq, weights, seed)
     text = None if spec.startswith("random:") else TextCodec.from_folder(spec)

@@ -6,7 +6,7 @@ import os
 from typing import Any, Iterable
 
 from . import _loom
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check_int
 from ._wrap import NativeWrapper
 from .model import Model
 
@@ -62,11 +62,12 @@ def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the packa
     unfuse = options.get("unfuse") or []
     if isinstance(unfuse, str):
         unfuse = [u for u in unfuse.split(",") if u]
-    max_seq = int(options.get("max_seq") or 0)
+    max_seq = check_int(options.get("max_seq") or 0, "max_seq")
+    num_sms = check_int(options.get("num_sms") or 0, "num_sms")
     if max_seq and model.max_seq and max_seq != model.max_seq:
         raise InvalidArgumentError(
             f"max_seq: the model was loaded with a KV cache of {model.max_seq}; load it with max_seq={max_seq}")
-    native = _loom.compile(model._native, os.fspath(options.get("options") or ""), int(options.get("num_sms") or 0),
+    native = _loom.compile(model._native, os.fspath(options.get("options") or ""), num_sms,
                            str(options.get("policy") or ""), str(options.get("granularity") or ""),
                            [str(u) for u in _as_list(unfuse)], max_seq or model.max_seq, options.get("prefill"))
     return Schedule(native, model)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from . import _loom
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check_int
 from .model import Model
 from .progress import progress_bars
 from .schedule import Schedule, compile as _compile
@@ -113,11 +113,17 @@ class Session:
         elif isinstance(prompt, Sequence) and prompt and isinstance(prompt[0], Mapping):
             messages = list(prompt)
         else:
-            try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
+            if not isinstance(prompt, Iterable):
                 raise InvalidArgumentError(
-                    "prompt: token ids (a list of ints), text, or chat messages ({'role', 'content'} dicts)") from None
+                    "prompt: token ids (a list of ints), text, or chat messages ({'role', 'content'} dicts)")
+            # Token ids are integers: a float (even 3.0) is refused, not truncated; the vocabulary is checked by
+            # the runtime.
+            try:
+                ids = [check_int(t, f"token {i}") for i, t in enumerate(prompt)]
+            except InvalidArgumentError as e:
+                raise InvalidArgumentError(
+                    f"prompt: token ids (a list of ints), text, or chat messages ({{'role', 'content'}} dicts): {e}"
+                ) from None
             if not ids:
                 raise InvalidArgumentError("the prompt needs at least one token")
             return ids
@@ -146,6 +152,7 @@ class Session:
         ``max_new_tokens`` greedily, all decode steps in one kernel launch on the GPU. Generation ends at the
         first stop token (``stop``; default: the model's end-of-sequence tokens, none for random models); the
         steps after it are computed and dropped."""
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", low=-2**63)
         if max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
@@ -172,6 +179,7 @@ class Session:
     def stream(self, prompt: Any, max_new_tokens: int = 32, *, chat: bool = False,
                stop: Sequence[int] | None = None, prefill: bool = True) -> Iterator[Token]:
         """As ``generate``, yielding each token as it is made (one kernel launch per token on the GPU)."""
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", low=-2**63)
         if max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         ids = self.encode(prompt, chat=chat)
@@ -204,6 +212,7 @@ class Session:
 
     def step(self, n: int = 1) -> list[int]:
         """Generates ``n`` more tokens; returns them."""
+        n = check_int(n, "n")
         with self._lock:
             before = self._native.position
             self._native.step(n)
@@ -226,7 +235,7 @@ class Session:
               png_path: str | os.PathLike[str] | None = None) -> str:
         """GPU: runs ``steps`` decode steps timing every instruction; writes the Chrome/Perfetto trace JSON (one
         track per SM) and, with ``png_path``, a timeline picture; returns the summary (time per opcode, gaps)."""
-        summary = self._native.trace_steps(steps, os.fspath(json_path))
+        summary = self._native.trace_steps(check_int(steps, "steps"), os.fspath(json_path))
         if png_path is not None:
             from .trace import render_png
 

@@ -89,6 +89,34 @@ def test_prompt_errors(tiny_schedule):
         loom.Session(tiny_schedule, backend="tpu")
 
 
+def test_token_ids_and_counts_are_integers_in_range(tiny, tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    for bad, why in (([1.0], "token 0 must be an integer, not float"), ([1, 2.7], "token 1 must be an integer"),
+                     ([True], "not a bool"), ([2**40], r"token 0 = 1099511627776 is out of range")):
+        with pytest.raises(loom.InvalidArgumentError, match=why):
+            session.generate(bad)
+    assert session.generate([np.int64(3)], max_new_tokens=2).prompt_ids == [3]  # numpy integers are integers
+    session.start([1])
+    for call in (lambda: session.step(2**40), lambda: session.step(1.0),
+                 lambda: session.generate([1], max_new_tokens=2**40), lambda: session.trace(2**33)):
+        with pytest.raises(loom.InvalidArgumentError):  # not nanobind's TypeError
+            call()
+    with pytest.raises(loom.InvalidArgumentError, match="max_seq = 1099511627776 is out of range"):
+        loom.load("random:tiny", max_seq=2**40)
+    with pytest.raises(loom.InvalidArgumentError, match="num_sms"):
+        loom.compile(tiny, num_sms=2**40)
+
+
+def test_nothing_runs_before_start(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    with pytest.raises(loom.InvalidArgumentError, match=r"step\(\) before start\(\)"):
+        session.step(1)
+    with pytest.raises(loom.InvalidArgumentError, match=r"logits\(\) before start\(\)"):
+        session.logits()
+    session.start([1, 2])
+    assert np.isfinite(session.logits()).all()
+
+
 def test_closed_sessions_refuse_every_call(tiny_schedule):
     with loom.Session(tiny_schedule, backend="cpu") as session:
         session.generate([1], max_new_tokens=2)

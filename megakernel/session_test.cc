@@ -1,0 +1,93 @@
+// Session on the CPU VM: calls out of order are refused, non-finite weights are refused naming the weight, and
+// logits that overflow at run time fail the step instead of handing out argmax-of-NaN tokens.
+#include "megakernel/session.h"
+
+#include <cmath>
+#include <limits>
+
+#include "graph/model.h"
+#include "gtest/gtest.h"
+#include "scheduler/compiler.h"
+
+namespace loom::megakernel {
+namespace {
+
+struct Tiny {
+  graph::Model model;
+  scheduler::Schedule schedule;
+};
+
+Tiny LoadTiny() {
+  graph::ModelOptions mo;
+  mo.max_seq = 32;
+  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
+  EXPECT_TRUE(m.ok()) << m.status();
+  scheduler::CompileOptions options;
+  options.set_num_sms(4);
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, "random:tiny", options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return {*std::move(m), *std::move(s)};
+}
+
+void Fill(graph::HostTensor& t, float v) {
+  for (int64_t i = 0; i < t.size(); ++i) t.bf16[i] = graph::FloatToBf16(v);
+}
+
+TEST(Session, NothingRunsBeforeStart) {
+  Tiny tiny = LoadTiny();
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights,
+                                                                Backend::kCpu);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const absl::Status step = (*s)->Step(1);
+  EXPECT_EQ(step.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(step.message(), "step() before start(): no prompt has been consumed (start a generation first)");
+  EXPECT_EQ((*s)->logits().status().message(),
+            "logits() before start(): no prompt has been consumed (start a generation first)");
+  ASSERT_TRUE((*s)->Start({1, 2, 3}).ok());
+  ASSERT_TRUE((*s)->Step(2).ok());
+  absl::StatusOr<std::vector<float>> logits = (*s)->logits();
+  ASSERT_TRUE(logits.ok());
+  EXPECT_TRUE(CheckLogitsFinite(*logits, 5).ok());
+}
+
+TEST(Session, NonFiniteWeightsAreRefusedNamingTheWeight) {
+  Tiny tiny = LoadTiny();
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    graph::WeightStore weights = tiny.model.weights;
+    graph::HostTensor& w = weights.at("model.layers.1.self_attn.v_proj.weight");  // [128, 256]
+    w.bf16[3 * 256 + 7] = graph::FloatToBf16(bad);
+    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(tiny.model.graph, tiny.schedule, weights,
+                                                                  Backend::kCpu);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().message(),
+              std::string("weight 'model.layers.1.self_attn.v_proj.weight' holds ") + (std::isnan(bad) ? "nan" : "-inf") +
+                  " at [3,7]: Loom refuses weights that are not finite (a broken checkpoint?)");
+  }
+}
+
+// Finite weights whose product overflows float32 (a final norm scale of bf16's largest value): the logits become
+// infinite or NaN, and the step says so.
+TEST(Session, OverflowingLogitsFailTheStep) {
+  Tiny tiny = LoadTiny();
+  Fill(tiny.model.weights.at("model.norm.weight"), 3.3e38f);
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights,
+                                                                Backend::kCpu);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const absl::Status start = (*s)->Start({1, 2, 3});
+  EXPECT_EQ(start.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(start.message().find("the logits that chose the token at position 3 are not finite ("), std::string::npos)
+      << start;
+  EXPECT_EQ((*s)->Step(1).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE((*s)->logits().ok());  // still there to look at
+}
+
+TEST(Session, CheckLogitsFiniteCountsWhatIsNot) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(CheckLogitsFinite({1, -2, 3}, 0).ok());
+  EXPECT_EQ(CheckLogitsFinite({nan, 1, inf, -inf, nan}, 7).message(),
+            "the logits that chose the token at position 7 are not finite (2 NaN, 2 infinite of 5): the model "
+            "overflowed or its weights are broken; the generated tokens are meaningless");
+}
+
+}  // namespace
+}  // namespace loom::megakernel
