@@ -490,6 +490,10 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
     bytes = ConvGemmActivationBytes(inst.as<ConvGemmArgs>());
   } else if (inst.op() == Opcode::POOL) {
     bytes = PoolActivationBytes(inst.as<PoolArgs>());
+  } else if (inst.op() == Opcode::SUM_SPLITS) {
+    bytes = SumSplitsActivationBytes(inst.as<SumSplitsArgs>());
+  } else if (inst.op() == Opcode::PACK_ROWS) {
+    bytes = PackRowsActivationBytes(inst.as<PackRowsArgs>());
   }
   bytes = (bytes + 15) / 16 * 16;
   return bytes > 0xffffffffull ? 0xffffffffu : static_cast<uint32_t>(bytes);

@@ -123,9 +123,25 @@ struct SumSplitsArgs {
   uint32_t flags;  // SumSplitsFlags
   static constexpr const char* kFields[] = {"parts", "base", "out", "elements", "splits", "begin", "count", "flags"};
 };
-// The sum of one element in the order every backend uses.
+// The base as the sum starts from it.
 LOOM_HD float SumSplitsBase(const SumSplitsArgs& a, float base) {
   return (a.flags & kSumReluBase) && base < 0.0f ? 0.0f : base;
+}
+// The device stages the rows it adds (the base, then each part) through the instruction's activation slot in rounds
+// of kSumStageBytes: a round's copies (cp.async) all in flight, so an SM's L2 bandwidth bounds the sum, not its
+// latency (loads into registers kept 4-16 KB in flight and spilled the tensor-core variants). 16-byte chunks.
+inline constexpr uint32_t kSumStageBytes = 32768;
+LOOM_HD uint32_t SumRoundChunks(uint32_t rows) { return kSumStageBytes / 16 / rows; }
+// The slot of a staged sum of `rows` rows (base and parts) over `elements` f32 (0: not staged, elements not whole
+// chunks).
+LOOM_HD uint32_t SumStageBytes(uint32_t rows, uint64_t elements) {
+  if (elements % 4 != 0) return 0;
+  const uint64_t chunks = elements / 4, round = SumRoundChunks(rows);
+  return static_cast<uint32_t>((chunks < round ? chunks : round) * rows * 16);
+}
+LOOM_HD uint32_t SumSplitsActivationBytes(const SumSplitsArgs& a) {
+  if (a.elements % 4 != 0 || a.begin % 4 != 0) return 0;
+  return SumStageBytes(a.splits + (a.base != kNoTensor ? 1 : 0), a.count);
 }
 
 // Rows of an f32 matrix [m, k] as the bf16 operand image a GEMM reads as A
@@ -152,6 +168,12 @@ struct PackRowsArgs {
   static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
                                             "norm_eps", "parts", "splits"};
 };
+// The slot of its parts' sum (the input's rows, then each part's), staged as SUM_SPLITS's.
+LOOM_HD uint32_t PackRowsActivationBytes(const PackRowsArgs& a) {
+  if (a.splits == 0 || a.k % 4 != 0 || a.row_begin >= a.m) return 0;
+  const uint32_t end = a.row_begin + a.rows < a.m ? a.row_begin + a.rows : a.m;
+  return SumStageBytes(a.splits + 1, uint64_t{end - a.row_begin} * a.k);
+}
 
 // Causal flash attention of a prefill pass on the tensor cores: query rows
 // [row_tile * 128, +128) of one query head (row r is the token at position

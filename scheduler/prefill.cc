@@ -228,16 +228,22 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   std::optional<SplitParts> pending;
   auto pack = [&](const std::string& name, uint32_t norm, float eps, StageRef after) {
     const StageRef stage = b.Stages(name, tiles_m, tiled);
-    // Adding parts, an instruction reads (splits + 1) times its rows: fewer rows each, about one instruction an SM.
-    uint32_t rows = pack_rows;
+    // Adding parts, a prompt row reads (splits + 1) rows: fewer rows an instruction (PrefillOptions.fold_rows).
+    uint32_t fold = pack_rows;
     if (pending) {
-      const uint32_t fair = std::max<uint32_t>(1, tiles_m * isa::kGemmTileM / decode.num_sms());
-      while (rows > 1 && rows > fair) rows /= 2;
+      const uint64_t row_bytes = uint64_t{hidden} * 4 * (pending->parts.size() + 1);
+      fold = prefill_options.fold_rows != 0
+                 ? prefill_options.fold_rows
+                 : static_cast<uint32_t>(std::clamp<uint64_t>(kFoldBytesPerInstruction / row_bytes, 1, pack_rows));
     }
-    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM; r += rows) {
+    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM;) {
+      // Prompt rows by `fold`, the padding after them by the usual count, neither across a row tile.
+      const uint32_t tile_end = (r / isa::kGemmTileM + 1) * isa::kGemmTileM;
+      const uint32_t rows = std::min(tile_end - r, pending && r < P ? std::min(fold, P - r) : pack_rows);
       isa::PackRowsArgs a{x, image_h, P, hidden, r, rows, norm, eps};
-      if (pending) a.parts = pending->all, a.splits = static_cast<uint32_t>(pending->parts.size());
+      if (pending && r < P) a.parts = pending->all, a.splits = static_cast<uint32_t>(pending->parts.size());
       b.Emit(isa::Opcode::PACK_ROWS, a, stage.Of(r / isa::kGemmTileM), after.Of(r / isa::kGemmTileM), name);
+      r += rows;
     }
     pending.reset();
     return stage;

@@ -65,7 +65,12 @@ struct PrefillOptions {
   // 128-column neighbours then use 32 KB of each 48 KB page); the rule picked the faster page size at 12 of 12
   // points of three shapes (Llama-3.2-1B, TinyLlama, Qwen2.5-0.5B at P = 768 ... 2048).
   uint32_t page_bytes = 0;
+  // Prompt rows per PACK_ROWS instruction that adds a split projection's parts into x as it packs (each such row
+  // reads splits + 1 rows of x's width): 0 auto (as many as read at most kFoldBytesPerInstruction, at least one;
+  // padding rows past the prompt take the usual pack's count).
+  uint32_t fold_rows = 0;
 };
+inline constexpr uint64_t kFoldBytesPerInstruction = 128 * 1024;
 inline constexpr uint32_t kMinWideTileWaves = 3;
 inline constexpr uint32_t kMinWideTilePages = 3;
 inline constexpr uint32_t kMaxRowTilesForTileBarriers = 8;

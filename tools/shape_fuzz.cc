@@ -38,9 +38,10 @@ ABSL_FLAG(bool, compile_only, false, "compile each case and lower its pass, no G
 namespace loom {
 namespace {
 
-// Logits of the GPU against the VM over the same schedule: bf16 operand images in a prefill pass, sums in other
-// orders (the tests' kPrefillTolerance).
-constexpr double kTolerance = 5e-3;
+// Logits of the GPU against the VM over the same schedule (relative L2): the pass rounds its GEMM operands to bf16,
+// and a value within f32 noise of a rounding boundary (the two sides sum in other orders) rounds either way, which
+// the layers after it carry on: measured up to 8e-3 (hidden 4096, every row's logits). A wrong result is O(1).
+constexpr double kTolerance = 2e-2;
 
 struct Case {
   std::string family;
@@ -74,8 +75,13 @@ Case Generate(uint64_t seed, int index) {
   c.heads = c.kv_heads * Pick<uint32_t>(rng, {1, 2, 2, 3, 4, 4, 7, 8, 9});
   c.hidden = Pick<uint32_t>(rng, {c.heads * c.head_dim, c.heads * c.head_dim, 64u * Pick<uint32_t>(rng, {3, 8, 9, 12, 16, 24}),
                                   Pick<uint32_t>(rng, {192, 576, 896, 960, 100, 1000, 1536})});
+  c.hidden = std::min(c.hidden, 2048u);
+  // The CPU VM runs every case too: widths of small models (a case takes about a second, not twenty).
+  while (c.heads * c.head_dim > 2048 && c.heads > c.kv_heads) c.heads -= c.kv_heads;
+  if (c.heads * c.head_dim > 2048) c.kv_heads = c.heads = 2048 / c.head_dim;
   c.intermediate = Pick<uint32_t>(rng, {c.hidden * 2, c.hidden * 3, c.hidden * 4, c.hidden * 8 / 3 / 64 * 64 + 64,
                                         Pick<uint32_t>(rng, {1000, 1408, 2816, 4096, 100})});
+  c.intermediate = std::min(c.intermediate, 6144u);
   c.vocab = Pick<uint32_t>(rng, {256, 1000, 4096, 32000, 50257, 151936 / 4});
   c.layers = Pick<uint32_t>(rng, {1, 2, 3});
   c.bias = c.family == "qwen2" || Pick<int>(rng, {0, 0, 1}) == 1;

@@ -82,46 +82,23 @@ __device__ __forceinline__ void PackNormRowsInRegisters(const isa::PackRowsArgs&
   }
 }
 
-// The parts of a split product added into the instruction's rows of the input, in part order (isa::PackRowsArgs):
-// each warp its own rows, the rows the packing below reads (after __syncwarp). A lane takes kSumChunks 16-byte
-// chunks of a row at once and adds part after part to them (SUM_SPLITS's loop; 32-bit offsets, validated).
+// The parts of a split product added into the instruction's rows of the input, in part order (isa::PackRowsArgs),
+// staged as SUM_SPLITS's (SumStaged, which ends in a consumers' barrier: the packing below reads every row).
 __device__ __forceinline__ void FoldParts(const isa::PackRowsArgs& a, const isa::MachineView& m, ConsumerContext& ctx) {
   float* x = m.ptr<float>(a.input);
   const float* parts = m.ptr<float>(a.parts);
-  const uint32_t stride = a.m * a.k, end = min(a.row_begin + a.rows, a.m);
-  if (a.k % 4 == 0) {
-    const uint32_t chunks = a.k / 4, stride4 = stride / 4;
-    const float4* parts4 = reinterpret_cast<const float4*>(parts);
-    float4* x4 = reinterpret_cast<float4*>(x);
-    for (uint32_t r = a.row_begin + ctx.warp; r < end; r += kConsumerWarps) {
-      for (uint32_t c0 = ctx.lane; c0 < chunks; c0 += 32 * kSumChunks) {
-        float4 sum[kSumChunks];
-#pragma unroll
-        for (uint32_t j = 0; j < kSumChunks; ++j) {
-          if (c0 + 32 * j < chunks) sum[j] = x4[r * chunks + c0 + 32 * j];
-        }
-        for (uint32_t s = 0; s < a.splits; ++s) {  // in part order
-#pragma unroll
-          for (uint32_t j = 0; j < kSumChunks; ++j) {
-            if (c0 + 32 * j < chunks) AddTo(sum[j], __ldcg(parts4 + s * stride4 + r * chunks + c0 + 32 * j));
-          }
-        }
-#pragma unroll
-        for (uint32_t j = 0; j < kSumChunks; ++j) {
-          if (c0 + 32 * j < chunks) x4[r * chunks + c0 + 32 * j] = sum[j];
-        }
-      }
-    }
-  } else {
-    for (uint32_t r = a.row_begin + ctx.warp; r < end; r += kConsumerWarps) {
-      for (uint32_t c = ctx.lane; c < a.k; c += 32) {
-        float sum = x[r * a.k + c];
-        for (uint32_t s = 0; s < a.splits; ++s) sum += __ldcg(parts + s * stride + r * a.k + c);
-        x[r * a.k + c] = sum;
-      }
-    }
+  const uint32_t end = min(a.row_begin + a.rows, a.m);
+  if (isa::PackRowsActivationBytes(a) != 0) {
+    SumStaged(reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(parts), a.m * a.k / 4, a.splits,
+              reinterpret_cast<float4*>(x), a.row_begin * a.k / 4, end * a.k / 4, false, false, ctx);
+    return;
   }
-  __syncwarp();
+  for (uint32_t i = a.row_begin * a.k + ctx.tid; i < end * a.k; i += kConsumerThreads) {  // (k not whole chunks)
+    float sum = x[i];
+    for (uint32_t s = 0; s < a.splits; ++s) sum += __ldcg(parts + s * a.m * a.k + i);
+    x[i] = sum;
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 }
 
 __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, ConsumerContext& ctx) {
