@@ -127,17 +127,19 @@ struct SumSplitsArgs {
 LOOM_HD float SumSplitsBase(const SumSplitsArgs& a, float base) {
   return (a.flags & kSumReluBase) && base < 0.0f ? 0.0f : base;
 }
-// The device stages the rows it adds (the base, then each part) through the instruction's activation slot in rounds
-// of kSumStageBytes: a round's copies (cp.async) all in flight, so an SM's L2 bandwidth bounds the sum, not its
-// latency (loads into registers kept 4-16 KB in flight and spilled the tensor-core variants). 16-byte chunks.
-inline constexpr uint32_t kSumStageBytes = 32768;
-LOOM_HD uint32_t SumRoundChunks(uint32_t rows) { return kSumStageBytes / 16 / rows; }
+// The device stages the rows it adds (the base, then each part) through the instruction's activation slot in rounds,
+// two buffers of kSumStageBytes / 2: a round's copies (cp.async) all in flight, the next round's issued before this
+// one is added, so an SM's L2 bandwidth bounds the sum, not its latency (loads into registers kept 4-16 KB in
+// flight and spilled the tensor-core variants). 48 KB: FLASH_ATTN's slot at head_dim 64 is 49 KB, so a prefill
+// pass's ring does not grow. 16-byte chunks.
+inline constexpr uint32_t kSumStageBytes = 49152;
+LOOM_HD uint32_t SumRoundChunks(uint32_t rows) { return kSumStageBytes / 2 / 16 / rows; }
 // The slot of a staged sum of `rows` rows (base and parts) over `elements` f32 (0: not staged, elements not whole
-// chunks).
+// chunks): one round's buffer, or two.
 LOOM_HD uint32_t SumStageBytes(uint32_t rows, uint64_t elements) {
   if (elements % 4 != 0) return 0;
   const uint64_t chunks = elements / 4, round = SumRoundChunks(rows);
-  return static_cast<uint32_t>((chunks < round ? chunks : round) * rows * 16);
+  return static_cast<uint32_t>((chunks <= round ? chunks : 2 * round) * rows * 16);
 }
 LOOM_HD uint32_t SumSplitsActivationBytes(const SumSplitsArgs& a) {
   if (a.elements % 4 != 0 || a.begin % 4 != 0) return 0;

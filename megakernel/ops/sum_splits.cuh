@@ -1,8 +1,9 @@
 // SUM_SPLITS on the device: the parts of a GEMM split over K added in part order (isa::SumSplitsArgs), so the
 // sum is bitwise the same every run whichever split finished first. The rows it adds (the base, then each part)
-// are staged through the activation slot in rounds (isa::kSumStageBytes): each consumer thread copies its share of
-// a round's 16-byte chunks with cp.async, all of them in flight together (the SM's L2 bandwidth bounds the sum,
-// not its latency), then adds its chunks' rows in order. PACK_ROWS adds its parts the same way (SumStaged).
+// are staged through the activation slot in rounds (isa::kSumStageBytes, two buffers): each consumer thread copies
+// its share of a round's 16-byte chunks with cp.async, all of them in flight together and the next round's issued
+// before this one is added (the SM's L2 bandwidth bounds the sum, not its latency), then adds its chunks' rows in
+// order. PACK_ROWS adds its parts the same way (SumStaged).
 #pragma once
 
 #include "megakernel/ops/consumer_context.cuh"
@@ -23,27 +24,37 @@ __device__ __forceinline__ void SumStaged(const float4* base, const float4* part
                                           float4* out, uint32_t begin, uint32_t end, bool relu_base, bool relu_out,
                                           ConsumerContext& ctx) {
   const uint32_t rows = splits + (base != nullptr ? 1 : 0), round = isa::SumRoundChunks(rows);
-  const uint32_t slot = tile::SharedAddress(ctx.act);
-  for (uint32_t c0 = begin; c0 < end; c0 += round) {
-    const uint32_t n = min(round, end - c0);
-    for (uint32_t j = ctx.tid; j < n * rows; j += kConsumerThreads) {  // row r of the slot: the base, then the parts
+  const uint32_t slot = tile::SharedAddress(ctx.act), buffer_bytes = round * rows * 16;
+  // Round k's copies into buffer k % 2: row r of a buffer is the base (when there is one), then the parts in order.
+  auto issue = [&](uint32_t c0) {
+    const uint32_t n = min(round, end - c0), buffer = slot + ((c0 - begin) / round % 2) * buffer_bytes;
+    for (uint32_t j = ctx.tid; j < n * rows; j += kConsumerThreads) {
       const uint32_t r = j / n, c = c0 + j % n;
       const float4* src = base == nullptr ? parts + r * stride + c : r == 0 ? base + c : parts + (r - 1) * stride + c;
-      CpAsync16Shared(slot + j * 16, src, 16);
+      CpAsync16Shared(buffer + j * 16, src, 16);
     }
     CpAsyncCommit();
-    CpAsyncWait<0>();
+  };
+  if (begin < end) issue(begin);
+  for (uint32_t c0 = begin; c0 < end; c0 += round) {
+    const uint32_t n = min(round, end - c0), buffer = slot + ((c0 - begin) / round % 2) * buffer_bytes;
+    if (c0 + round < end) {  // the next round in flight while this one is added
+      issue(c0 + round);
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
     for (uint32_t c = ctx.tid; c < n; c += kConsumerThreads) {
-      float4 sum = tile::LoadShared128(slot + c * 16);
+      float4 sum = tile::LoadShared128(buffer + c * 16);
       if (relu_base && base != nullptr) sum = SumRelu(sum);
       for (uint32_t r = 1; r < rows; ++r) {  // in part order
-        const float4 v = tile::LoadShared128(slot + (r * n + c) * 16);
+        const float4 v = tile::LoadShared128(buffer + (r * n + c) * 16);
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
       }
       out[c0 + c] = relu_out ? SumRelu(sum) : sum;
     }
-    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the slot's round is read: free for the next
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // this buffer is read: free for the round after next
   }
 }
 
