@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -199,11 +202,13 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   LOOM_CUDA(cudaMemset(m->counters_, 0, std::max<uint32_t>(program.num_barriers, 1) * 4), "barrier counters");
   LOOM_CUDA(cudaHostAlloc(&m->error_, sizeof(DeviceError), cudaHostAllocMapped), "error record");
   *m->error_ = DeviceError{};
+  LOOM_CUDA(cudaStreamCreateWithFlags(&m->watch_stream_, cudaStreamNonBlocking), "the watchdog's stream");
   if (absl::Status s = m->ZeroArena(); !s.ok()) return s;
   return m;
 }
 
 GpuMachine::~GpuMachine() {
+  if (GpuHung()) return;  // a free would wait for the stuck kernel
   cudaFree(weights_);
   cudaFree(arena_);
   cudaFree(tensors_);
@@ -212,6 +217,8 @@ GpuMachine::~GpuMachine() {
   cudaFree(counters_);
   cudaFree(trace_device_);
   cudaFreeHost(error_);
+  cudaFreeHost(watch_counters_);
+  if (watch_stream_ != nullptr) cudaStreamDestroy(watch_stream_);
 }
 
 absl::Status GpuMachine::WriteArena(uint64_t offset, const void* data, uint64_t bytes) {
@@ -295,15 +302,92 @@ absl::StatusOr<float> GpuMachine::Run(uint32_t steps, bool trace) {
     }
   }
   tags_current_ = false;
-  absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "debug bound reached");
+  absl::StatusOr<float> ms = LaunchTimed(params, smem_bytes_, trace ? total * steps : 0, "decode steps", program_.num_barriers,
+                                           program_.queues);
   if (!ms.ok()) return ms;
   tags_current_ = true;
   next_step_ += steps;
   return ms;
 }
 
+namespace {
+std::atomic<bool> gpu_hung{false};
+}  // namespace
+
+bool GpuHung() { return gpu_hung.load(); }
+
+// The watchdog: spins on the launch's event as cudaEventSynchronize would (short launches see no added latency),
+// then sleeps between queries; every kWatchPoll it copies the barrier counters (a stream of its own, pinned memory)
+// and, when none moved for watchdog_seconds_, names for each SM the first instruction (in queue and step order)
+// whose wait the counters do not meet: where that SM waits, unless it is stuck inside an instruction.
+absl::Status GpuMachine::WatchLaunch(cudaEvent_t stop, const uint32_t* counters, uint32_t num_barriers,
+                                     const std::vector<std::vector<isa::Instruction>>& queues, uint32_t first_step,
+                                     uint32_t steps) {
+  if (watchdog_seconds_ <= 0 || num_barriers == 0) {
+    if (cudaError_t e = cudaEventSynchronize(stop); e != cudaSuccess) return CudaError(e, "running the megakernel");
+    return absl::OkStatus();
+  }
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::milliseconds(20), kWatchPoll = std::chrono::milliseconds(100);
+  const auto watchdog = std::chrono::duration<double>(watchdog_seconds_);
+  if (watch_capacity_ < num_barriers) {
+    cudaFreeHost(watch_counters_);
+    watch_counters_ = nullptr;
+    watch_capacity_ = 0;
+    LOOM_CUDA(cudaHostAlloc(&watch_counters_, num_barriers * 4ull, cudaHostAllocDefault), "the watchdog's counters");
+    watch_capacity_ = num_barriers;
+  }
+  std::vector<uint32_t> seen;
+  const auto begin = Clock::now();
+  auto last_move = begin, next_poll = begin + kWatchPoll;
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(stop);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return CudaError(q, "running the megakernel");
+    const auto now = Clock::now();
+    if (now >= next_poll) {
+      next_poll = now + kWatchPoll;
+      LOOM_CUDA(cudaMemcpyAsync(watch_counters_, counters, num_barriers * 4ull, cudaMemcpyDeviceToHost, watch_stream_),
+                "the watchdog's copy");
+      LOOM_CUDA(cudaStreamSynchronize(watch_stream_), "the watchdog's copy");
+      std::vector<uint32_t> current(watch_counters_, watch_counters_ + num_barriers);
+      if (current != seen) {
+        seen = std::move(current);
+        last_move = now;
+      } else if (now - last_move > watchdog) {
+        gpu_hung = true;
+        std::string where;
+        int named = 0;
+        for (uint32_t sm = 0; sm < queues.size() && named < 3; ++sm) {
+          bool found = false;
+          for (uint32_t step = first_step; step < first_step + steps && !found; ++step) {
+            for (uint32_t i = 0; i < queues[sm].size() && !found; ++i) {
+              const isa::Instruction& inst = queues[sm][i];
+              for (int k = 0; k < inst.num_waits && !found; ++k) {
+                const isa::Wait& w = inst.waits[k];
+                if (w.barrier() >= num_barriers || isa::Reached(seen[w.barrier()], w.target(step))) continue;
+                absl::StrAppend(&where, named == 0 ? "" : "; ", "SM ", sm, " queue index ", i, " opcode ",
+                                isa::OpcodeName(inst.op()), " barrier ", w.barrier(), " value ", seen[w.barrier()],
+                                " target ", w.target(step), steps > 1 ? absl::StrCat(" (step ", step, ")") : "");
+                found = true;
+              }
+            }
+          }
+          named += found;
+        }
+        return absl::InternalError(absl::StrCat(
+            "megakernel stuck: no barrier moved for ", watchdog_seconds_, " s; ",
+            where.empty() ? "every wait of every instruction is met (stuck inside an instruction)" : where,
+            ". The kernel runs on until this process ends; its GPU runs nothing more"));
+      }
+    }
+    if (now - begin > kSpin) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events,
-                                             const char* what) {
+                                             const char* what, uint32_t num_barriers,
+                                             const std::vector<std::vector<isa::Instruction>>& queues) {
   // The trace, then each block's %smid (a few events' room).
   const uint64_t smid_events = (num_sms() * sizeof(uint32_t) + sizeof(TraceEvent) - 1) / sizeof(TraceEvent);
   if (trace_events > 0 && trace_capacity_ < trace_events + smid_events) {
@@ -320,17 +404,23 @@ absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t sme
   cudaEvent_t start, stop;
   LOOM_CUDA(cudaEventCreate(&start), "event");
   LOOM_CUDA(cudaEventCreate(&stop), "event");
+  if (GpuHung()) return absl::FailedPreconditionError("a launch of this process is stuck on the GPU (see its error)");
   cudaEventRecord(start);
   cudaError_t launch = LaunchMegakernel(params, num_sms(), smem, nullptr);
   cudaEventRecord(stop);
-  cudaError_t sync = cudaEventSynchronize(stop);
+  absl::Status watched =
+      launch == cudaSuccess ? WatchLaunch(stop, params.counters, num_barriers, queues, params.first_step,
+                                          params.num_steps)
+                            : absl::OkStatus();
   float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  if (!GpuHung()) {
+    cudaEventElapsedTime(&ms, start, stop);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
   if (absl::Status s = CheckError(what); !s.ok()) return s;
   if (launch != cudaSuccess) return CudaError(launch, "launching the megakernel");
-  if (sync != cudaSuccess) return CudaError(sync, "running the megakernel");
+  if (!watched.ok()) return absl::Status(watched.code(), absl::StrCat(watched.message(), " (", what, ")"));
   if (trace_events > 0) {
     trace_.resize(trace_events);
     LOOM_CUDA(cudaMemcpy(trace_.data(), trace_device_, trace_.size() * sizeof(TraceEvent), cudaMemcpyDeviceToHost),
@@ -360,6 +450,7 @@ absl::Status GpuMachine::ReserveArena(uint64_t bytes) {
 }
 
 GpuMachine::OnceProgram::~OnceProgram() {
+  if (GpuHung()) return;  // a free would wait for the stuck kernel
   for (void* b : buffers) cudaFree(b);
 }
 
@@ -398,6 +489,7 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
     all.insert(all.end(), q.begin(), q.end());
   }
   up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
+  up->queues = other.queues;
   void** buf = up->buffers;
   LOOM_CUDA(cudaMalloc(&buf[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
   LOOM_CUDA(cudaMemcpy(buf[0], all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice), "queues");
@@ -437,7 +529,7 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   params.activation_slots = up.activation_slots;
   params.matvec_pages_in_flight = up.matvec_pages_in_flight;
   params.kernel_variant = up.variant;
-  absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass");
+  absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass", up.num_barriers, up.queues);
   if (ms.ok() && trace) queue_begin_other_ = up.queue_begin;
   return ms;
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "absl/status/statusor.h"
 #include "instructions/instruction.h"
 #include "megakernel/kernel_params.h"
@@ -30,6 +32,11 @@ struct GpuProgram {
 // activations) fit the free memory of device 0; the error says how much is
 // needed and how much is free.
 absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes);
+
+// Seconds without a barrier counter moving after which a launch is stopped: no instruction runs that long (the
+// longest measured, an LM-head tile or a 2048-row GEMM tile, take microseconds to a millisecond), so only a wait
+// that can never be met does.
+inline constexpr double kWatchdogSeconds = 2.0;
 
 class GpuMachine {
  public:
@@ -62,6 +69,7 @@ class GpuMachine {
     uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
              activation_slots = 1, matvec_pages_in_flight = 0;
     isa::KernelVariant variant = isa::kDecodeKernel;
+    std::vector<std::vector<isa::Instruction>> queues;  // (the watchdog's diagnosis)
   };
   absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;
   absl::StatusOr<float> RunOnce(const OnceProgram& program, bool trace = false);
@@ -83,6 +91,12 @@ class GpuMachine {
   // The arena on the device (it moves when ReserveArena grows it).
   const uint8_t* arena_device() const { return arena_; }
   uint64_t weights_bytes() const { return weights_size_; }
+  // The watchdog: a launch whose barrier counters do not move for `seconds` fails, naming for each SM the first
+  // instruction whose wait the counters do not meet (SM, queue index, opcode, barrier, value, target). The kernel
+  // cannot be stopped from the host: it runs on until the process ends, and this process's GPU cannot run
+  // anything more (every later call fails, and nothing waits for it: GpuHung()). 0: off (wait however long).
+  // Default kWatchdogSeconds. It reads the counters beside the launch: the kernel's code is unchanged.
+  void SetWatchdog(double seconds) { watchdog_seconds_ = seconds; }
 
  private:
   GpuMachine() = default;
@@ -90,7 +104,13 @@ class GpuMachine {
   absl::Status CheckError(const char* what) const;
   // Launches with `params` (error record and trace filled in here), times it with CUDA events, checks the error
   // record; with trace_events > 0, reads that many trace events into trace_.
-  absl::StatusOr<float> LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events, const char* what);
+  absl::StatusOr<float> LaunchTimed(KernelParams& params, uint32_t smem, uint64_t trace_events, const char* what,
+                                    uint32_t num_barriers, const std::vector<std::vector<isa::Instruction>>& queues);
+  // Waits for `stop` (the launch's end) under the watchdog: OK, or why the launch is stuck (`counters` of
+  // `num_barriers`, for the steps [first_step, +steps) of `queues`).
+  absl::Status WatchLaunch(cudaEvent_t stop, const uint32_t* counters, uint32_t num_barriers,
+                           const std::vector<std::vector<isa::Instruction>>& queues, uint32_t first_step,
+                           uint32_t steps);
 
   GpuProgram program_;
   // Arena byte ranges of the step-tagged tensors (instructions/instruction.h "Step tags"), merged: Run gives them the
@@ -115,9 +135,17 @@ class GpuMachine {
   TraceEvent* trace_device_ = nullptr;
   uint64_t trace_capacity_ = 0;
   DeviceError* error_ = nullptr;  // mapped host memory
+  double watchdog_seconds_ = kWatchdogSeconds;
+  cudaStream_t watch_stream_ = nullptr;  // the watchdog's copies of the counters, beside the launch
+  uint32_t* watch_counters_ = nullptr;   // pinned host memory, watch_capacity_ counters
+  uint32_t watch_capacity_ = 0;
   std::vector<TraceEvent> trace_;
   std::vector<uint32_t> smids_;
 };
+
+// Whether a launch of this process was left running by the watchdog: the GPU then runs nothing more, and nothing
+// waits for it (device memory is not freed: a free would wait for the kernel).
+bool GpuHung();
 
 // Why a program cannot run on the megakernel as built (k not a multiple of 256, ...), or OK.
 absl::Status CheckProgramForDevice(const GpuProgram& program);

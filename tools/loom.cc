@@ -105,6 +105,12 @@ const std::vector<Command>& Commands() {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "loom: %s\n", std::string(status.message()).c_str());
+  // A launch the watchdog found stuck still runs: ending the process ends it. Nothing may wait for it on the way
+  // out (the CUDA runtime's exit handlers would), so the process ends here.
+  if (megakernel::GpuHung()) {
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   return 1;
 }
 
