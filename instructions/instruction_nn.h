@@ -117,7 +117,7 @@ LOOM_HD bool ConvStagesResidual(const ConvGemmArgs& a) {
 // The store epilogue through the activation slot (ConvStagesOutput: row lengths of whole 16-byte chunks, n % 4 ==
 // 0, and n % 8 == 0 with a bf16 output): the tile's finished rows are written to the slot, f32 rows
 // kConvOutRowBytes apart (then bf16 rows kConvOutBf16RowBytes apart, in the same place once the f32 ones are read),
-// and copied from there to global memory a warp a row (adding into out: float4 atomic adds). The bias (bf16, the
+// and copied from there to global memory a warp a row (adding into out in place: float4 atomic adds, one per element). The bias (bf16, the
 // tile's 128 columns) is copied into the slot at kConvBiasOffset before the K loop, past everything the K loop and
 // the staged residual use.
 inline constexpr uint32_t kConvOutRowBytes = kGemmTileN * 4 + 16;

@@ -222,8 +222,8 @@ class NnLowering {
 
   // C = A·Wᵀ (+ bias) into the epilogue's output: every output tile, m-tiles inside n-tiles (concurrent SMs share
   // W tiles in L2), waiting for A's stage and the residual's. A GEMM of fewer tiles than half the SMs is split
-  // over K as well (each split adds its part into out atomically, the first one the bias): out starts as the
-  // residual or zero, and a ReLU follows as its own stage.
+  // over K as well: each split stores its part (the first one with the bias), and a SUM_SPLITS stage adds the
+  // residual (or nothing) and the parts in part order, then the ReLU.
   // `siblings` GEMMs of this shape run side by side (a batched MATMUL's, all signalling `into`): the split over K
   // counts all their tiles.
   // What it multiplies: an operand image (ready once `ready`, its packing stage, is), or a convolution's patches,

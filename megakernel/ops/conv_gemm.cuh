@@ -9,7 +9,7 @@
 // - bf16 input (written by the producing CONV_GEMM's epilogue): the copies go straight into the A half of the slab's
 //   page, swizzled, once its W has landed (the page is then the consumers' until they release it): no stage, no
 //   conversion.
-// Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; atomic adds split over K), into out and / or out_bf16.
+// Epilogue: GEMM's f32 store epilogues (bias, residual, ReLU; a split's part), into out and / or out_bf16.
 #pragma once
 
 #include <cuda_bf16.h>
