@@ -1,7 +1,7 @@
 // A release build of the megakernel must not hang its host on a wait that can never be met: the watchdog sees the
 // barrier counters stop moving and fails the launch, naming the SM, queue index, opcode and wait. Not a gtest: the
 // stuck kernel runs until the process ends, and nothing may wait for it on the way out (std::_Exit). The program
-// bypasses the ScheduleVerifier on purpose (it would reject it). Exit 0: passed (or no GPU, said why); 1: failed.
+// is tests/stuck_program.h's. Exit 0: passed (or no GPU, said why); 1: failed.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +9,7 @@
 
 #include "megakernel/gpu_backend.h"
 #include "megakernel/gpu_machine.h"
+#include "tests/stuck_program.h"
 
 namespace loom::megakernel {
 namespace {
@@ -19,17 +20,7 @@ int Check() {
     std::printf("gpu_watchdog_test: skipped: %s\n", why.c_str());
     return 0;
   }
-  GpuProgram p;
-  p.tensors = {{0, 1024, isa::kArenaRegion, 2 /* F32 */}};
-  p.arena_bytes = 1024;
-  p.num_barriers = 2;
-  isa::Instruction inst{};
-  inst.opcode = static_cast<uint8_t>(isa::Opcode::ADD);
-  inst.as<isa::AddArgs>() = {0, 0, 0, 0, 16};
-  inst.signal = 1;
-  inst.num_waits = 1;
-  inst.waits[0] = {0, 1u | (1u << 16)};  // barrier 0: one signal per step, which nothing sends
-  p.queues = {{}, {inst}};               // on SM 1, after an empty SM 0
+  const GpuProgram p = StuckProgram();
   absl::StatusOr<std::unique_ptr<GpuMachine>> m = GpuMachine::Create(p, std::vector<uint8_t>(16));
   if (!m.ok()) {
     std::printf("gpu_watchdog_test: FAILED: %s\n", std::string(m.status().message()).c_str());
@@ -40,7 +31,7 @@ int Check() {
   absl::StatusOr<float> ms = (*m)->Run(1, false);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string message = ms.ok() ? "" : std::string(ms.status().message());
-  const bool named = message.find("SM 1 queue index 0 opcode ADD barrier 0 value 0 target 1") != std::string::npos;
+  const bool named = message.find(kStuckWhere) != std::string::npos;
   const bool ok = !ms.ok() && named && GpuHung() && seconds < 5.0;
   std::printf("gpu_watchdog_test: %s after %.2f s: %s\n", ok ? "passed" : "FAILED", seconds,
               ms.ok() ? "the launch returned" : message.c_str());

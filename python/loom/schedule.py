@@ -62,8 +62,9 @@ def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the packa
     unfuse = options.get("unfuse") or []
     if isinstance(unfuse, str):
         unfuse = [u for u in unfuse.split(",") if u]
-    max_seq = check_int(options.get("max_seq") or 0, "max_seq")
-    num_sms = check_int(options.get("num_sms") or 0, "num_sms")
+    # Any int64 reaches the option parser the CLI shares, whose messages name the valid range.
+    max_seq = check_int(options.get("max_seq") or 0, "max_seq", low=-2**63, high=2**63 - 1)
+    num_sms = check_int(options.get("num_sms") or 0, "num_sms", low=-2**63, high=2**63 - 1)
     if max_seq and model.max_seq and max_seq != model.max_seq:
         raise InvalidArgumentError(
             f"max_seq: the model was loaded with a KV cache of {model.max_seq}; load it with max_seq={max_seq}")
