@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -286,6 +287,44 @@ TEST(GraphPass, FewTilesSplitOverKAndSumTheirPartsWithTheResidualAndTheRelu) {
     EXPECT_EQ(shape.padded, 0);
     EXPECT_EQ(shape.conv_gemms > 0, !im2col);
     EXPECT_EQ(shape.im2cols > 0, im2col);
+  }
+}
+
+// Same input, same output: the residual block split over K on 132 SMs (parts summed by SUM_SPLITS in part order),
+// run three times in fresh runners, gives bitwise the same output on the VM (its SMs are threads finishing in any
+// order) and on the GPU where there is one.
+TEST(GraphPass, ASplitPassIsBitwiseTheSameEveryRun) {
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(ResidualBlock(1), "block.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  scheduler::CompileOptions options;
+  options.set_num_sms(132);
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "block.onnx", options);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  ASSERT_GT(Inspect(*pass).sums, 0) << "the block should be split over K on 132 SMs";
+  const auto& dims = m->graph.tensor(m->inputs[0]).shape();
+  graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, std::vector<int64_t>(dims.begin(), dims.end()));
+  x.f32 = Wave(x.f32.size(), 1.0f, 0.0f);
+  std::string why_no_gpu;
+  for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
+    if (backend == megakernel::GraphRunner::Backend::kGpu && !megakernel::GpuAvailable(&why_no_gpu)) {
+      std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
+      continue;
+    }
+    std::vector<float> first;
+    for (int run = 0; run < 3; ++run) {
+      absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> r =
+          megakernel::GraphRunner::Create(*pass, m->weights, backend);
+      ASSERT_TRUE(r.ok()) << r.status();
+      absl::StatusOr<megakernel::TensorMap> got = (*r)->Run({{m->inputs[0], x}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      const std::vector<float>& y = got->at(m->outputs[0]).f32;
+      if (run == 0) {
+        first = y;
+      } else {
+        EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0)
+            << (backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", run " << run + 1;
+      }
+    }
   }
 }
 
