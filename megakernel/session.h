@@ -36,7 +36,9 @@ class Session {
   absl::Status Start(const std::vector<int32_t>& prompt, bool prefill = true);
   // Generates `n` more tokens: n decode steps (one kernel launch on the GPU). Refused before a Start.
   // Start and Step fail (DataLoss) when the last step's logits are not finite: greedy tokens from NaN logits are
-  // meaningless (argmax picks token 0), so they are not handed out as if they were (CheckLogitsFinite).
+  // meaningless (argmax picks token 0), so they are not handed out as if they were (CheckLogitsFinite). On the GPU
+  // a Step checks the chosen token's logit (logits gone non-finite as a whole: a NaN weight, an overflow), not
+  // every one of them: a streaming caller steps once a token.
   absl::Status Step(int n);
   // Like Step, recording every instruction's timing: writes a Chrome trace JSON to `json_path` and returns the
   // summary (time per opcode, idle gaps, bandwidth). GPU only.
