@@ -382,14 +382,16 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
 
   // The last row: final norm + LM head with argmax partials (as a decode step), then the reduce.
   const uint32_t vocab = plan->vocab, num_sms = decode.num_sms();
-  // An LM-head tile's slot holds the input row, then each row's partial sums, one float per slot of the row's
-  // (isa::MatvecActivationBytes: hidden 2048 has 2 slots of 1024 columns, hidden 1536 6 of 256). Tiles take at
-  // most as many rows as fit the activation ring the widest FLASH_ATTN needs anyway (Llama-3.2-3B's LM head on 8
-  // SMs, a tile an SM, would take a 200 KB slot beside it).
+  // An LM-head tile's slot (isa::MatvecActivationBytes: the input row, then a float per row and slot of the row:
+  // hidden 2048 has 2 slots of 1024 columns, hidden 1536 6 of 256). Tiles take at most as many rows as fit the
+  // activation ring the widest FLASH_ATTN needs anyway (Llama-3.2-3B's LM head on 8 SMs, a tile an SM, would take a
+  // 200 KB slot beside it).
   uint32_t ring = 0;
   for (const Layer& l : plan->layers) ring = std::max(ring, isa::FlashActivationBytes(l.head_dim));
-  const uint32_t stride = isa::MatvecRowStride(hidden), row_bytes = 4 * (stride / isa::MatvecSlotElems(stride));
-  const uint32_t ring_rows = std::max<uint32_t>(2, (ring - std::min(ring, 4 * stride)) / row_bytes / 2 * 2);
+  const uint64_t row_fixed = isa::MatvecActivationBytes(0, hidden);
+  const uint64_t row_bytes = isa::MatvecActivationBytes(1, hidden) - row_fixed;
+  const uint32_t ring_rows =
+      static_cast<uint32_t>(std::max<uint64_t>(2, (ring - std::min<uint64_t>(ring, row_fixed)) / row_bytes / 2 * 2));
   const uint32_t tile_rows =
       std::min(ring_rows, std::max<uint32_t>(16, (vocab + num_sms - 1) / num_sms + 1) / 2 * 2);
   const uint32_t tiles = (vocab + tile_rows - 1) / tile_rows;
