@@ -140,7 +140,8 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
 uint32_t NnLowering::KSplits(uint32_t tiles, uint32_t slabs, uint32_t siblings) const {
   if (2 * tiles * siblings > o_.num_sms() || slabs < 2 * kMinSlabsPerSplit) return 1;
   // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
-  return std::min({o_.num_sms() / (tiles * siblings), slabs / kMinSlabsPerSplit, kMaxKSplits});
+  const uint32_t bound = o_.max_k_splits() != 0 ? o_.max_k_splits() : kMaxKSplits;
+  return std::max(1u, std::min({o_.num_sms() / (tiles * siblings), slabs / kMinSlabsPerSplit, bound}));
 }
 
 bool NnLowering::Bf16CopyPays(const std::string& name) const {

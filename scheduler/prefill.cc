@@ -266,7 +266,12 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
       ForEachGemmTile(g, 1, emit);
       return stage;
     }
-    const uint32_t splits = std::min({slabs, decode.num_sms() / tiles, kMaxKSplits});
+    const uint32_t splits = std::min({slabs, decode.num_sms() / tiles,
+                                      prefill_options.max_splits != 0 ? prefill_options.max_splits : kMaxKSplits});
+    if (splits < 2) {
+      ForEachGemmTile(g, 1, emit);
+      return stage;
+    }
     pending = AddSplitParts(b, absl::StrCat("prefill.parts.", g.k), uint64_t{g.m} * g.n, splits);
     g.epilogue = isa::kGemmPartialF32;
     g.residual = isa::kNoTensor;

@@ -69,6 +69,9 @@ struct PrefillOptions {
   // reads splits + 1 rows of x's width): 0 auto (as many as read at most kFoldBytesPerInstruction, at least one;
   // padding rows past the prompt take the usual pack's count).
   uint32_t fold_rows = 0;
+  // The most ways a residual projection with few tiles is split over K (0: kMaxKSplits): fewer splits trade the K
+  // loop's spread for fewer parts to add.
+  uint32_t max_splits = 0;
 };
 inline constexpr uint64_t kFoldBytesPerInstruction = 128 * 1024;
 inline constexpr uint32_t kMinWideTileWaves = 3;

@@ -2,6 +2,7 @@
 // tokens in every run, on the CPU VM (its SMs are threads finishing in any order) and on the GPU (its SMs finish in
 // any order), including prompt lengths whose O- and down-projections are split over K, and whether the decode
 // steps run in one launch or a launch each. The GPU cases skip without a GPU, saying why.
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -57,16 +58,21 @@ Run RunOnce(const graph::Model& model, const scheduler::Schedule& s, megakernel:
   return r;
 }
 
-// The SUM_SPLITS instructions of the pass for `rows` prompt rows: a split-K GEMM's (parts added in a fixed order).
-int SplitSums(const graph::Model& model, const scheduler::Schedule& s, uint32_t rows) {
-  absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model.graph, s, rows);
+// The most parts any instruction of the pass for `rows` prompt rows adds (PACK_ROWS folding them into x, SUM_SPLITS
+// after the last layer): 0 when nothing is split over K.
+uint32_t MostParts(const graph::Model& model, const scheduler::Schedule& s, uint32_t rows,
+                   const scheduler::PrefillOptions& options = {}) {
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model.graph, s, rows, options);
   EXPECT_TRUE(pass.ok()) << pass.status();
-  int sums = 0;
-  if (!pass.ok()) return sums;
+  uint32_t most = 0;
+  if (!pass.ok()) return most;
   for (const scheduler::SmQueue& q : pass->queues()) {
-    for (const scheduler::Instruction& inst : q.instructions()) sums += inst.opcode() == "SUM_SPLITS";
+    for (const scheduler::Instruction& inst : q.instructions()) {
+      if (inst.opcode() == "SUM_SPLITS") most = std::max<uint32_t>(most, inst.args(4));  // SumSplitsArgs.splits
+      if (inst.opcode() == "PACK_ROWS") most = std::max<uint32_t>(most, inst.args(9));   // PackRowsArgs.splits
+    }
   }
-  return sums;
+  return most;
 }
 
 // Three runs of each prompt length (the third with a launch per decode step) are bitwise equal.
@@ -78,8 +84,13 @@ void ExpectDeterministic(const std::string& spec, megakernel::Backend backend, c
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, spec, scheduler::CompileOptions());
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_GT(SplitSums(*model, *s, split_length), 0) << spec << ": a prompt of " << split_length
-                                                    << " rows should split its projections over K";
+  EXPECT_GT(MostParts(*model, *s, split_length), 2u) << spec << ": a prompt of " << split_length
+                                                     << " rows should split its projections over K";
+  scheduler::PrefillOptions bounded;
+  bounded.max_splits = 2;
+  EXPECT_EQ(MostParts(*model, *s, split_length, bounded), 2u) << spec << ": max_splits 2";
+  bounded.max_splits = 1;
+  EXPECT_EQ(MostParts(*model, *s, split_length, bounded), 0u) << spec << ": max_splits 1, nothing split";
   for (uint32_t length : lengths) {
     std::vector<int32_t> prompt;
     for (uint32_t i = 0; i < length; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));

@@ -328,6 +328,28 @@ TEST(GraphPass, ASplitPassIsBitwiseTheSameEveryRun) {
   }
 }
 
+// CompileOptions.max_k_splits bounds the ways a convolution with few tiles is split over K; 1 splits none.
+TEST(GraphPass, MaxKSplitsBoundsTheSplitOverK) {
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(ResidualBlock(1), "block.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (uint32_t bound : {0u, 2u, 1u}) {
+    scheduler::CompileOptions options;
+    options.set_num_sms(132);
+    options.set_max_k_splits(bound);
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "block.onnx", options);
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    uint32_t most = 0;
+    for (const scheduler::SmQueue& q : pass->queues()) {
+      for (const scheduler::Instruction& inst : q.instructions()) {
+        if (inst.opcode() == "SUM_SPLITS") most = std::max<uint32_t>(most, inst.args(4));  // SumSplitsArgs.splits
+      }
+    }
+    if (bound == 0) EXPECT_GT(most, 2u) << "unbounded, the 64-row convolutions split more than 2 ways";
+    else if (bound == 1) EXPECT_EQ(most, 0u) << "max_k_splits 1: nothing split";
+    else EXPECT_EQ(most, bound);
+  }
+}
+
 TEST(GraphPass, ASplitSumIsCopiedToBf16ForAReaderOfManySlabs) {
   for (bool bf16 : {true, false}) {
     SCOPED_TRACE(bf16 ? "bf16 activations" : "f32 activations");

@@ -36,6 +36,7 @@ ABSL_FLAG(std::string, row_tile_barriers, "auto",
           "on: one barrier per 128-row tile and stage; off: one per stage; auto: on for up to 8 row tiles");
 ABSL_FLAG(int32_t, fold_rows, 0,
           "prompt rows per PACK_ROWS that adds a split projection's parts (PrefillOptions.fold_rows; 0: auto)");
+ABSL_FLAG(int32_t, max_splits, 0, "most ways a residual projection is split over K (PrefillOptions.max_splits; 0: auto)");
 ABSL_FLAG(int32_t, page_kb, 0,
           "ring page size of the pass in KB: 48 (128 x 256 GEMM tiles), 32, 16, or 0 (auto: 48 from 1024 rows where 3 "
           "pages fit, else 32 where 4 fit, else 16)");
@@ -54,6 +55,7 @@ scheduler::PrefillOptions NoVerify() {
   o.row_tile_barriers = t == "on" ? R::kOn : t == "off" ? R::kOff : R::kAuto;
   o.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   o.fold_rows = static_cast<uint32_t>(absl::GetFlag(FLAGS_fold_rows));
+  o.max_splits = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_splits));
   return o;
 }
 
