@@ -399,18 +399,31 @@ enum KernelVariant : uint32_t {
   // variant's spills doubled. Not with the general-graph opcodes (GpuMachine refuses the mix).
   kWideKernel = 3,
 };
-LOOM_HD KernelVariant KernelVariantOf(Opcode op) {
+// The least variant that compiles `op`'s consumer code: the decode opcodes run in every variant, the tensor-core ones
+// (and PACK_ROWS, a GEMM's operand) from kTensorKernel up, the general-graph ones in kGraphKernel alone. The device
+// switch gates each case on VariantCompiles, so this is the one place that says which variant compiles what.
+LOOM_HD constexpr KernelVariant KernelVariantOf(Opcode op) {
   if (op == Opcode::CONV_GEMM || op == Opcode::IM2COL || op == Opcode::POOL || op == Opcode::ELEMENTWISE ||
       op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV || op == Opcode::NHWC_BF16) {
     return kGraphKernel;
   }
-  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::SUM_SPLITS ? kTensorKernel : kDecodeKernel;
+  return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::SUM_SPLITS || op == Opcode::PACK_ROWS
+             ? kTensorKernel
+             : kDecodeKernel;
+}
+// Whether kernel variant `v` compiles `op`'s consumer code (an opcode of the table only).
+LOOM_HD constexpr bool VariantCompiles(KernelVariant v, Opcode op) {
+  switch (KernelVariantOf(op)) {
+    case kDecodeKernel: return true;
+    case kTensorKernel: return v == kTensorKernel || v == kGraphKernel || v == kWideKernel;
+    default: return v == KernelVariantOf(op);
+  }
 }
 // An instruction's variant: its opcode's, but a wide GEMM tile's is kWideKernel, and forms the default decode
 // lowering never emits run in kTensorKernel, so the decode variant does not compile them: an ATTN_PARTIAL with the
 // fused reduce (`out`: the `fused_attention_reduce` option), an ATTN_REDUCE of more than kAttnThreads elements (the
-// lowering's are kAttnThreads: AttnReduceHeads), PACK_ROWS (a GEMM's operand). Code the decode steps never run cost
-// them 0.5-0.8% twice (docs/performance.md, "the decode variant's code size").
+// lowering's are kAttnThreads: AttnReduceHeads). Code the decode steps never run cost them 0.5-0.8% twice
+// (docs/performance.md, "the decode variant's code size").
 LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
   if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().wide) return kWideKernel;
   if (inst.op() == Opcode::ATTN_PARTIAL && inst.as<AttnPartialArgs>().out != kNoTensor) return kTensorKernel;
@@ -418,8 +431,14 @@ LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
     const AttnReduceArgs& a = inst.as<AttnReduceArgs>();
     if (a.head_count * a.head_dim > kAttnThreads) return kTensorKernel;
   }
-  if (inst.op() == Opcode::PACK_ROWS) return kTensorKernel;
   return KernelVariantOf(inst.op());
+}
+// Whether a program running in variant `v` runs `inst` as written: its opcode compiled there, and its form (above)
+// too (the forms kTensorKernel compiles, every variant from it up does).
+LOOM_HD bool VariantRuns(KernelVariant v, const Instruction& inst) {
+  if (!VariantCompiles(v, inst.op())) return false;
+  const KernelVariant needs = KernelVariantOf(inst);
+  return needs == kDecodeKernel || needs == v || (needs == kTensorKernel && VariantCompiles(v, Opcode::GEMM));
 }
 // The decode variant's page size: its matvec compiles only that page's forms, so a program with other pages runs in
 // the tensor variant.

@@ -266,6 +266,34 @@ TEST(IsaReference, ArgmaxReduceForcesPromptThenGeneratesAndStopsAtCapacity) {
   EXPECT_EQ(st[kStateOverflow], 1);
 }
 
+// Every opcode of the table runs in the variant KernelVariantOf names for it (the device switch gates each case on
+// VariantCompiles), and in no variant that lacks its code.
+TEST(KernelVariants, EveryOpcodeIsCompiledWhereItsInstructionsRun) {
+  for (int i = 0; i < kNumOpcodes; ++i) {
+    const Opcode op = static_cast<Opcode>(i);
+    EXPECT_TRUE(VariantCompiles(KernelVariantOf(op), op)) << OpcodeName(op);
+  }
+  EXPECT_FALSE(VariantCompiles(kDecodeKernel, Opcode::GEMM));
+  EXPECT_FALSE(VariantCompiles(kDecodeKernel, Opcode::PACK_ROWS));
+  EXPECT_TRUE(VariantCompiles(kWideKernel, Opcode::FLASH_ATTN));
+  EXPECT_TRUE(VariantCompiles(kGraphKernel, Opcode::GEMM));
+  EXPECT_FALSE(VariantCompiles(kWideKernel, Opcode::CONV_GEMM));
+  EXPECT_FALSE(VariantCompiles(kTensorKernel, Opcode::ELEMENTWISE));
+  EXPECT_TRUE(VariantCompiles(kDecodeKernel, Opcode::CONV1D));
+
+  Instruction wide{};
+  wide.opcode = static_cast<uint8_t>(Opcode::GEMM);
+  wide.as<GemmArgs>().wide = 1;
+  EXPECT_TRUE(VariantRuns(kWideKernel, wide));
+  EXPECT_FALSE(VariantRuns(kTensorKernel, wide)) << "a wide tile in the 128-column variant";
+  Instruction fused{};
+  fused.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
+  fused.as<AttnPartialArgs>().out = 5;
+  EXPECT_FALSE(VariantRuns(kDecodeKernel, fused)) << "the fused reduce is not in the decode variant";
+  EXPECT_TRUE(VariantRuns(kTensorKernel, fused));
+  EXPECT_TRUE(VariantRuns(kGraphKernel, fused));
+}
+
 }  // namespace
 }  // namespace loom::isa
 

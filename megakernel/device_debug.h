@@ -24,6 +24,9 @@ enum DeviceErrorKind : uint32_t {
   kStuckSignalWait = 5,       // barrier = consumer -> storer signal slot
   kStuckTaggedRead = 6,       // barrier = tensor id; value = the bits read; target = the step's parity
   kStuckSplitRows = 7,        // the decode loader: barrier = attention splits walked; value = those whose rows landed
+  // In every build: an instruction whose opcode the running kernel variant does not compile (isa::VariantCompiles),
+  // or no opcode of the table; value = the variant. Recorded, not trapped: the launch ends and the host fails it.
+  kOpcodeNotCompiled = 8,
 };
 
 struct DeviceError {
@@ -51,6 +54,18 @@ __device__ __forceinline__ void ReportStuck(DeviceError* error, uint32_t sm, uin
     __threadfence_system();
   }
   __trap();
+}
+
+// The first instruction of a launch whose opcode this variant does not compile (kOpcodeNotCompiled).
+__device__ __forceinline__ void ReportNotCompiled(DeviceError* error, uint32_t sm, uint32_t index, uint32_t opcode,
+                                                  uint32_t variant) {
+  if (error != nullptr && atomicCAS(&error->kind, kNoError, kOpcodeNotCompiled) == kNoError) {
+    error->sm = sm;
+    error->queue_index = index;
+    error->opcode = opcode;
+    error->value = variant;
+    __threadfence_system();
+  }
 }
 
 // Where a shared-memory (mbarrier) wait is, for the record a stuck debug build leaves.

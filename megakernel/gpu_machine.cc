@@ -140,6 +140,32 @@ std::vector<std::pair<uint64_t, uint64_t>> TaggedRanges(const GpuProgram& p) {
   return merged;
 }
 
+const char* VariantName(isa::KernelVariant v) {
+  constexpr const char* kNames[] = {"decode", "tensor-core", "general-graph", "wide-tile"};
+  return v < std::size(kNames) ? kNames[v] : "unknown";
+}
+
+// The kernel variant a program runs in (the largest its pages and instructions need), every instruction checked to
+// run in it as written (isa::VariantRuns), or the variant a test forces.
+absl::StatusOr<isa::KernelVariant> ProgramVariant(const GpuProgram& p) {
+  if (p.kernel_variant) return *p.kernel_variant;
+  isa::KernelVariant v = isa::KernelVariantOfPages(p.page_bytes);
+  for (const auto& q : p.queues) {
+    for (const isa::Instruction& inst : q) v = std::max(v, isa::KernelVariantOf(inst));
+  }
+  for (size_t sm = 0; sm < p.queues.size(); ++sm) {
+    for (size_t i = 0; i < p.queues[sm].size(); ++i) {
+      const isa::Instruction& inst = p.queues[sm][i];
+      if (!isa::VariantRuns(v, inst)) {
+        return absl::InvalidArgumentError(absl::StrCat("SM ", sm, " instruction ", i, " (", isa::OpcodeName(inst.op()),
+                                                       "): not compiled into the ", VariantName(v),
+                                                       " kernel variant the program runs in"));
+      }
+    }
+  }
+  return v;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram& program,
@@ -172,9 +198,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
         prop.sharedMemPerBlockOptin, " a block may use"));
   }
   std::vector<isa::Instruction> all;
-  m->variant_ = isa::KernelVariantOfPages(program.page_bytes);
+  absl::StatusOr<isa::KernelVariant> variant = ProgramVariant(program);
+  if (!variant.ok()) return variant.status();
+  m->variant_ = *variant;
   for (const auto& q : program.queues) {
-    for (const isa::Instruction& inst : q) m->variant_ = std::max(m->variant_, isa::KernelVariantOf(inst));
     m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }
@@ -260,6 +287,16 @@ absl::Status GpuMachine::CheckError(const char* what) const {
                                               " opcode ", isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)),
                                               " reading tensor ", e.barrier, ": a value 0x", absl::Hex(e.value),
                                               " never carried the step's tag ", e.target, " (", what, ")"));
+    }
+    if (e.kind == kOpcodeNotCompiled) {  // (the GPU is fine: the record is cleared for the next launch)
+      *error_ = DeviceError{};
+      const std::string op = e.opcode < isa::kNumOpcodes
+                                 ? std::string(isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)))
+                                 : absl::StrCat("opcode ", e.opcode, " (not in the table)");
+      return absl::InternalError(absl::StrCat("SM ", e.sm, " queue index ", e.queue_index, ": ", op,
+                                              " is not compiled into the ",
+                                              VariantName(static_cast<isa::KernelVariant>(e.value)),
+                                              " kernel variant this launch ran; it ran nothing (", what, ")"));
     }
     if (e.kind == kStuckSplitRows) {
       return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
@@ -480,11 +517,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
     return absl::InvalidArgumentError("a program with step-tagged tensors runs as the machine's decode program");
   }
   std::vector<isa::Instruction> all;
-  up->variant = isa::KernelVariantOfPages(other.page_bytes);
+  absl::StatusOr<isa::KernelVariant> variant = ProgramVariant(other);
+  if (!variant.ok()) return variant.status();
+  up->variant = *variant;
   for (const auto& q : other.queues) {
-    for (const isa::Instruction& inst : q) {
-      up->variant = std::max(up->variant, isa::KernelVariantOf(inst));
-    }
     up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
     all.insert(all.end(), q.begin(), q.end());
   }

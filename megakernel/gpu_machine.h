@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct GpuProgram {
   uint32_t activation_bytes = 47104;  // the activation ring
   uint32_t activation_slots = 1;
   uint32_t matvec_pages_in_flight = 0;  // 0: the whole ring
+  // The kernel variant, for a test of what the device does with an opcode its variant lacks: the program is then
+  // not checked against it. Unset: the one the program needs (isa::KernelVariantOf), every instruction checked.
+  std::optional<isa::KernelVariant> kernel_variant;
 };
 
 // Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and

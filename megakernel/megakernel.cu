@@ -68,7 +68,11 @@ __device__ void Controller(const KernelParams& p, const SharedLayout& s, uint32_
 
 template <uint32_t kVariant>
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
-  constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
+  // Pages only for what the consumers of this variant run (isa::VariantCompiles, as their switch).
+  constexpr bool kTensorOps = isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::GEMM);
+  constexpr bool kGraphOps = isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::CONV_GEMM);
+  static_assert(kTensorOps == isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::FLASH_ATTN),
+                "GEMM and FLASH_ATTN stream pages in the same variants");
   PipelineState ring{0, 0, p.num_pages};
   // MATVEC pages in flight: `landed` trails `ring` by `in_flight` pages, at most `max_in_flight` (pages of the
   // other opcodes are not held back, nor counted).
@@ -244,7 +248,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 // variant without them.
 template <uint32_t kVariant>
 __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
-  constexpr bool kTensorOps = kVariant >= isa::kTensorKernel, kGraphOps = kVariant == isa::kGraphKernel;
+  constexpr isa::KernelVariant kThisVariant = static_cast<isa::KernelVariant>(kVariant);
   constexpr bool kDecodeOnly = kVariant == isa::kDecodeKernel;  // (the forms isa::KernelVariantOf leaves out of it)
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
@@ -286,62 +290,50 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     ctx.act_length = static_cast<uint32_t>(info >> 32);
     // A slot handed over early completes its act_waited once (the loader arrives only then): its phase bit flips.
     if (ctx.act_flags & kActivationEarly) waited_phases ^= 1u << act.index;
+    bool compiled = true;
+    // Every case through one gate: the opcode's device entry where isa::VariantCompiles says this variant compiles
+    // it, else nothing run and the instruction recorded (below).
+#define LOOM_CONSUMER_CASE(OP, ...)                                     \
+  case isa::Opcode::OP:                                                 \
+    if constexpr (isa::VariantCompiles(kThisVariant, isa::Opcode::OP)) {\
+      __VA_ARGS__;                                                      \
+    } else {                                                            \
+      compiled = false;                                                 \
+    }                                                                   \
+    break;
     switch (inst.op()) {
-      case isa::Opcode::EMBED: RunEmbed(inst.as<isa::EmbedArgs>(), ctx); break;
-      case isa::Opcode::RMS_NORM: RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx); break;
-      case isa::Opcode::MATVEC: RunMatvec<kDecodeOnly>(inst.as<isa::MatvecArgs>(), ctx); break;
-      case isa::Opcode::ROPE_KV_APPEND: RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx); break;
-      case isa::Opcode::ATTN_PARTIAL:
-        RunAttnPartial<kDecodeOnly, !kDecodeOnly>(inst.as<isa::AttnPartialArgs>(), ctx);
-        break;
-      case isa::Opcode::ATTN_REDUCE:
-        RunAttnReduce<!kDecodeOnly>(inst.as<isa::AttnReduceArgs>(), ctx);
-        break;
-      case isa::Opcode::SILU_MUL: RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx); break;
-      case isa::Opcode::ADD: RunAdd(inst.as<isa::AddArgs>(), ctx); break;
-      case isa::Opcode::ARGMAX_PARTIAL: RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx); break;
-      case isa::Opcode::ARGMAX_REDUCE: RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx); break;
-      case isa::Opcode::PACK_ROWS:  // (a GEMM's operand: isa::KernelVariantOf)
-        if constexpr (kTensorOps) RunPackRows(inst.as<isa::PackRowsArgs>(), ctx);
-        break;
-      // The general-graph ops in their own variant: in the decode one they measured 11% slower decode (their code
-      // changes its register allocation), in the tensor one they doubled its spills.
-      case isa::Opcode::CONV_GEMM:
-        if constexpr (kGraphOps) RunConvGemm(inst.as<isa::ConvGemmArgs>(), ctx);
-        break;
-      case isa::Opcode::IM2COL:
-        if constexpr (kGraphOps) RunImToCol(inst.as<isa::ImToColArgs>(), ctx);
-        break;
-      case isa::Opcode::POOL:
-        if constexpr (kGraphOps) RunPool(inst.as<isa::PoolArgs>(), ctx);
-        break;
-      case isa::Opcode::ELEMENTWISE:
-        if constexpr (kGraphOps) RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx);
-        break;
-      case isa::Opcode::SOFTMAX:
-        if constexpr (kGraphOps) RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx);
-        break;
-      case isa::Opcode::NORM_ROWS:
-        if constexpr (kGraphOps) RunNormRows(inst.as<isa::NormRowsArgs>(), ctx);
-        break;
-      case isa::Opcode::CONV1D: RunConv1d(inst.as<isa::Conv1dArgs>(), ctx); break;
-      case isa::Opcode::DWCONV:
-        if constexpr (kGraphOps) RunDwConv(inst.as<isa::DwConvArgs>(), ctx);
-        break;
-      case isa::Opcode::NHWC_BF16:
-        if constexpr (kGraphOps) RunNhwcBf16(inst.as<isa::NhwcBf16Args>(), ctx);
-        break;
-      case isa::Opcode::GEMM:
-        if constexpr (kTensorOps) RunGemm<kVariant == isa::kWideKernel>(inst.as<isa::GemmArgs>(), ctx);
-        break;
-      case isa::Opcode::FLASH_ATTN:
-        if constexpr (kTensorOps) RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx);
-        break;
-      case isa::Opcode::SUM_SPLITS:
-        if constexpr (kTensorOps) RunSumSplits(inst.as<isa::SumSplitsArgs>(), ctx);
-        break;
-      default: break;
+      LOOM_CONSUMER_CASE(EMBED, RunEmbed(inst.as<isa::EmbedArgs>(), ctx))
+      LOOM_CONSUMER_CASE(RMS_NORM, RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx))
+      LOOM_CONSUMER_CASE(MATVEC, RunMatvec<kDecodeOnly>(inst.as<isa::MatvecArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ROPE_KV_APPEND, RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ATTN_PARTIAL, RunAttnPartial<kDecodeOnly, !kDecodeOnly>(inst.as<isa::AttnPartialArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ATTN_REDUCE, RunAttnReduce<!kDecodeOnly>(inst.as<isa::AttnReduceArgs>(), ctx))
+      LOOM_CONSUMER_CASE(SILU_MUL, RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ADD, RunAdd(inst.as<isa::AddArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ARGMAX_PARTIAL, RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ARGMAX_REDUCE, RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx))
+      LOOM_CONSUMER_CASE(CONV1D, RunConv1d(inst.as<isa::Conv1dArgs>(), ctx))
+      // The tensor-core opcodes (and PACK_ROWS, a GEMM's operand) from the tensor variant up; the general-graph ones
+      // in their own variant: in the decode one they measured 11% slower decode (their code changes its register
+      // allocation), in the tensor one they doubled its spills.
+      LOOM_CONSUMER_CASE(PACK_ROWS, RunPackRows(inst.as<isa::PackRowsArgs>(), ctx))
+      LOOM_CONSUMER_CASE(GEMM, RunGemm<kVariant == isa::kWideKernel>(inst.as<isa::GemmArgs>(), ctx))
+      LOOM_CONSUMER_CASE(FLASH_ATTN, RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx))
+      LOOM_CONSUMER_CASE(SUM_SPLITS, RunSumSplits(inst.as<isa::SumSplitsArgs>(), ctx))
+      LOOM_CONSUMER_CASE(CONV_GEMM, RunConvGemm(inst.as<isa::ConvGemmArgs>(), ctx))
+      LOOM_CONSUMER_CASE(IM2COL, RunImToCol(inst.as<isa::ImToColArgs>(), ctx))
+      LOOM_CONSUMER_CASE(POOL, RunPool(inst.as<isa::PoolArgs>(), ctx))
+      LOOM_CONSUMER_CASE(ELEMENTWISE, RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx))
+      LOOM_CONSUMER_CASE(SOFTMAX, RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx))
+      LOOM_CONSUMER_CASE(NORM_ROWS, RunNormRows(inst.as<isa::NormRowsArgs>(), ctx))
+      LOOM_CONSUMER_CASE(DWCONV, RunDwConv(inst.as<isa::DwConvArgs>(), ctx))
+      LOOM_CONSUMER_CASE(NHWC_BF16, RunNhwcBf16(inst.as<isa::NhwcBf16Args>(), ctx))
+#undef LOOM_CONSUMER_CASE
+      default: compiled = false; break;  // (an opcode outside the table)
     }
+    // An opcode this variant does not compile ran nothing: the host fails the launch naming it (GpuMachine checks
+    // every program before it runs, so this is the last line, never the first).
+    if (!compiled && tid == 0) ReportNotCompiled(ctx.error, sm, ctx.index, inst.opcode, kVariant);
     // Every consumer's stores are issued and its reads of the slots done: hand
     // the instruction to the storer, give the activation slot back.
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);

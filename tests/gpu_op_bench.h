@@ -124,6 +124,16 @@ class OpBench {
     }
     return program;
   }
+  // Runs `queue` once in kernel variant `variant` (forced: the program is not checked against it); the launch's
+  // status.
+  absl::Status RunInVariant(const std::vector<isa::Instruction>& queue, uint32_t page_bytes,
+                            isa::KernelVariant variant) const {
+    GpuProgram program = Program(queue, page_bytes);
+    program.kernel_variant = variant;
+    absl::StatusOr<std::unique_ptr<GpuMachine>> m = GpuMachine::Create(program, weights_);
+    if (!m.ok()) return m.status();
+    return (*m)->Run(1, false).status();
+  }
   // Whether the GPU machine takes `queue` (what it refuses before any launch).
   absl::Status CreateStatus(const std::vector<isa::Instruction>& queue, uint32_t page_bytes) const {
     return GpuMachine::Create(Program(queue, page_bytes), weights_).status();

@@ -118,6 +118,19 @@ TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
   }
 }
 
+// An opcode the running kernel variant does not compile is reported by the device, naming it, not skipped: a GEMM
+// forced into the decode variant fails its launch; the next launch (a variant that has it) runs clean.
+TEST(GpuOpcodes, AnOpcodeItsVariantLacksFailsTheLaunch) {
+  SKIP_WITHOUT_GPU();
+  OpBench b(Seed());
+  const isa::Instruction gemm = Make(isa::Opcode::GEMM, b.RandomGemm(64, 128, 128));
+  const absl::Status lacking = b.RunInVariant({gemm}, 16384, isa::kDecodeKernel);
+  EXPECT_NE(lacking.message().find("SM 0 queue index 0: GEMM is not compiled into the decode kernel variant"),
+            std::string::npos)
+      << lacking;
+  EXPECT_TRUE(b.RunInVariant({gemm}, 16384, isa::kTensorKernel).ok());
+}
+
 // Wide tiles where they cannot run are refused before any launch: pages smaller than a wide K step, and a program
 // with general-graph opcodes (their kernel variant has 128-column tiles only).
 TEST(GpuOpcodes, WideTilesAreRefusedWhereTheyCannotRun) {
