@@ -289,13 +289,14 @@ absl::Status GpuMachine::CheckError(const char* what) const {
                                               " never carried the step's tag ", e.target, " (", what, ")"));
     }
     if (e.kind == kOpcodeNotCompiled) {  // (the GPU is fine: the record is cleared for the next launch)
+      const DeviceError record = e;
       *error_ = DeviceError{};
-      const std::string op = e.opcode < isa::kNumOpcodes
-                                 ? std::string(isa::OpcodeName(static_cast<isa::Opcode>(e.opcode)))
-                                 : absl::StrCat("opcode ", e.opcode, " (not in the table)");
-      return absl::InternalError(absl::StrCat("SM ", e.sm, " queue index ", e.queue_index, ": ", op,
+      const std::string op = record.opcode < isa::kNumOpcodes
+                                 ? std::string(isa::OpcodeName(static_cast<isa::Opcode>(record.opcode)))
+                                 : absl::StrCat("opcode ", record.opcode, " (not in the table)");
+      return absl::InternalError(absl::StrCat("SM ", record.sm, " queue index ", record.queue_index, ": ", op,
                                               " is not compiled into the ",
-                                              VariantName(static_cast<isa::KernelVariant>(e.value)),
+                                              VariantName(static_cast<isa::KernelVariant>(record.value)),
                                               " kernel variant this launch ran; it ran nothing (", what, ")"));
     }
     if (e.kind == kStuckSplitRows) {
