@@ -139,7 +139,7 @@ struct ActivationRing {
 
 // Decode: an empty split has no rows for the weight loader's hold to wait for. Counted when planned (before the
 // waits, but in a launch's first step), the SM's next pages need not wait for this step's QKV tiles (docs/
-// performance.md "Twenty-fourth session"); its consumers do not count it.
+// docs/history/performance_log.md); its consumers do not count it.
 __device__ __forceinline__ void CountEmptySplit(const ActivationPlan& plan, const SharedLayout& s) {
   if (plan.flags & kActivationEmpty) atomicAdd(s.split_rows, 1u);
 }
@@ -185,7 +185,7 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       // reduce: the SM's earlier instructions waited for that step to end).
       if (kVariant == isa::kDecodeKernel && early && (plan.flags & kActivationEmpty)) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
-      // 1.4% ms/token (docs/performance.md "Eleventh session").
+      // 1.4% ms/token (docs/history/performance_log.md).
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
     }
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;

@@ -107,7 +107,7 @@ inline constexpr uint32_t kSplitCountBytes = 512;
 // Where that count is, in floats from the scratch floats' start (Carve lays it out, CountSplitRows counts into it).
 inline constexpr uint32_t kSplitCountAfterScratch = 2 * kScratchFloats;
 // Where the activation ring starts (shared_layout.cuh's Carve lays out the same). A multiple of 128 at least: 16 bytes
-// off that, decode measured 5-9% slower (docs/performance.md "Twenty-third session"). 1024 here (it was at 512
+// off that, decode measured 5-9% slower (docs/history/performance_log.md). 1024 here (it was at 512
 // before the split count): at 128, ResNet-18 at batch 8 measured ~1% slower, at 1024 level.
 inline constexpr uint32_t kActivationRingOffset =
     kInstructionSlots * isa::kInstructionBytes +

@@ -86,7 +86,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const isa::Instruction& inst = s.inst[w.slot.index];
     // Decode: no page of the instructions after an attention split goes out before the split's K / V rows are in
     // its slot. Issued sooner, they share the SM's bandwidth with the rows, and the split (the chain) ends later:
-    // -2% ms/token at context 1024, -0.4% at 128 (docs/performance.md "Twenty-third session"). Counted, not an
+    // -2% ms/token at context 1024, -0.4% at 128 (docs/history/performance_log.md). Counted, not an
     // mbarrier's phase: an SM's consecutive splits need no pages between them, so its consumers may be two splits
     // on before this thread looks.
     if (kVariant == isa::kDecodeKernel && inst.op() == isa::Opcode::ATTN_PARTIAL) {
@@ -235,7 +235,7 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
     MbarrierArrive(&s.inst_empty[w.slot.index]);
     // The release add alone publishes the consumers' stores: they precede it through the consumers' named barrier
     // and the `done` mbarrier (release / acquire in the CTA), and a release is cumulative over what precedes it.
-    // (A __threadfence before it made every barrier hop ~0.5 us longer: docs/performance.md "Tenth session".)
+    // (A __threadfence before it made every barrier hop ~0.5 us longer: docs/history/performance_log.md.)
     if (signal != isa::kNoBarrier) AddRelease(p.counters + signal, 1);
     MbarrierArrive(&s.freed[signal_slot.index]);
     ++signal_slot;

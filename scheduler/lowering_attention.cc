@@ -16,7 +16,7 @@ namespace loom::scheduler::lowering_internal {
 // cost model's context_length, or half the cache when that is longer (a decode that fills the cache spends its steps
 // around there). More splits shorten each split and lengthen the reduce (it merges every split's outputs). Counts
 // whose split's K / V rows at that context do not fit the activation slot are passed over while one fits: the rows
-// then come through it in chunks, which the cost model does not see (docs/performance.md "Twenty-fifth session";
+// then come through it in chunks, which the cost model does not see (docs/history/performance_log.md;
 // measured in the twenty-sixth).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
                              const CompileOptions& o) {

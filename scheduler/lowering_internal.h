@@ -38,7 +38,7 @@ inline std::vector<uint64_t> SplitEven(uint64_t begin, uint64_t end, uint64_t pa
 
 // Heads an ATTN_REDUCE merges: CompileOptions.attention_reduce_heads, or two (one where a head is wider than half the
 // consumer threads): heads of 64 in reduces of 2, not 4, spread the reduce over twice the SMs (TinyLlama -0.6% at
-// 1024, 1B level: performance.md "Twenty-ninth session"); heads of 128 as before.
+// 1024, 1B level: docs/history/performance_log.md); heads of 128 as before.
 inline uint32_t AttnReduceHeads(uint32_t head_dim, const CompileOptions& o) {
   if (o.attention_reduce_heads() > 0) return o.attention_reduce_heads();
   return std::clamp<uint32_t>(isa::kAttnThreads / head_dim, 1, 2);

@@ -25,7 +25,7 @@ std::map<std::string, int> OpcodeCounts(const Schedule& s) {
 }
 
 // The split count from the cost model (attention_splits 0): a split's and the reduce's costs weighed at the context
-// the schedule is for (docs/performance.md "Twenty-fifth session").
+// the schedule is for (docs/history/performance_log.md).
 TEST(Lowering, AutoAttentionSplitsWeighsTheSplitAgainstTheReduce) {
   using lowering_internal::AutoAttentionSplits;
   CompileOptions requested;

@@ -21,12 +21,12 @@ constexpr double kDefaultSmGflops = 256;         // 128 FMA/clk at ~1 GHz effect
 constexpr double kDefaultOverheadNs = 300;
 constexpr double kDefaultBarrierLatencyNs = 570;  // measured on H100, DESIGN.md section 4
 // A 16 KB bulk copy under a decode step's load: 1.5 pages at 23.5 GB/s per SM -> 2 in flight, the best of the
-// 1..11 swept on four model shapes (docs/performance.md "Eleventh session").
+// 1..11 swept on four model shapes (docs/history/performance_log.md).
 constexpr double kDefaultHbmLatencyNs = 1000;
 constexpr uint32_t kDefaultContext = 1024;
 // A decode attention split of up to 16 positions costs about what one of 4 does (latency: its rows arrive in one
 // round trip), while the fused reduce pays a round trip per 16 splits it merges (8 with four elements a thread).
-// Measured on the H100 at context 128 (docs/performance.md "Fifteenth session"): TinyLlama's 32 splits of 8 heads
+// Measured on the H100 at context 128 (docs/history/performance_log.md): TinyLlama's 32 splits of 8 heads
 // 0.969 -> 0.929 ms/token with 16 (32: 0.930), Llama-3.2-1B and 3B within noise with 16 (3B +12% with 85: its
 // rows no longer fit the slot).
 constexpr uint32_t kDefaultAttentionMinSplitPositions = 16;
@@ -58,7 +58,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (!f->has_next_embedding()) f->set_next_embedding(true);
   if (!o.has_data_waits()) o.set_data_waits(true);
   // Observed in the data, the reduce finds the splits' partials a round trip after they land; polled, its barrier
-  // hop cost more than the fused reduce's arrival counter (performance.md "Sixteenth session").
+  // hop cost more than the fused reduce's arrival counter (docs/history/performance_log.md).
   if (!o.has_separate_attention_reduce()) o.set_separate_attention_reduce(o.data_waits());
   if (o.matvec_tiles_per_sm() == 0) o.set_matvec_tiles_per_sm(1);
   if (o.elementwise_chunk() == 0) o.set_elementwise_chunk(kDefaultElementwiseChunk);

@@ -192,7 +192,7 @@ __device__ __forceinline__ void StreamTileBatched(const isa::MatvecArgs& a, uint
 // page, so x comes from the slot (ld.shared) per segment. Each lane keeps one sum per partial-sum slot its warp
 // covers in a page (kSlots of them) and the warp reduces 8 such sums together (MultiWarpSum8) every 8 / kSlots
 // pages. The loop below, which reduced every slot on its own (5 shuffles per 256 columns with slots of 256), took
-// pages at ~15 GB/s per SM, slower than an SM's share of HBM (docs/performance.md "Fifteenth session").
+// pages at ~15 GB/s per SM, slower than an SM's share of HBM (docs/history/performance_log.md).
 template <uint32_t kSegs, uint32_t kSlots>
 __device__ __forceinline__ void StreamTileXShared(const isa::MatvecArgs& a, uint32_t k, ConsumerContext& ctx,
                                                   const float* x, float* partial, uint32_t slot_shift) {
@@ -282,7 +282,7 @@ __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uin
 // by the activation loader on the barrier (instructions/instruction.h "Step tags"): one round trip from the
 // producer's store, where its barrier's release, the poll and then this copy took three. With the RMSNorm prologue
 // the check is part of the sum of squares' reads; a pass of its own over the slot, for every tagged input, measured
-// 0.5% slower (performance.md "Twelfth session").
+// 0.5% slower (docs/history/performance_log.md).
 __device__ __forceinline__ float4 AwaitTaggedFloat4(uint32_t input, const float4* src4, float4* x4, uint32_t j,
                                                     const ConsumerContext& ctx) {
   const uint32_t parity = StepParity(ctx.step);
@@ -329,7 +329,7 @@ __device__ __forceinline__ void LoadNormWeights(const uint2* w4, uint32_t base, 
 
 // What the epilogue reads from global memory for this thread's first row (or row pair), loaded in the prologue's
 // round trip: once the tile streams, this SM's in-flight weight pages are ahead of any load on its way in, and a
-// load issued in the epilogue waited ~2-4 us for them (docs/performance.md "Eleventh session").
+// load issued in the epilogue waited ~2-4 us for them (docs/history/performance_log.md).
 struct MatvecEpilogueInputs {
   float* out;
   float bias0 = 0.0f, bias1 = 0.0f;  // bias of the first row (pair)
