@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/session.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/session.h"
 #include "scheduler/compiler.h"
 #include "scheduler/prefill.h"
 

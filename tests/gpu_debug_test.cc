@@ -4,8 +4,8 @@
 // here bypasses the ScheduleVerifier on purpose (it would reject it).
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
 #include "tests/stuck_program.h"
 
 namespace loom::megakernel {

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
 #include "tests/stuck_program.h"
 
 namespace loom::megakernel {

@@ -23,8 +23,8 @@
 #include "graph/graph_builder.h"
 #include "graph/onnx_import.h"
 #include "instructions/isa.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/graph_runner.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/graph_runner.h"
 #include "scheduler/compiler.h"
 #include "tests/onnx_builders.h"
 

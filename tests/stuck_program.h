@@ -5,7 +5,7 @@
 #pragma once
 
 #include "instructions/instruction.h"
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_machine.h"
 
 namespace loom::megakernel {
 

@@ -12,7 +12,7 @@
 #include "graph/dtype.h"
 #include "gtest/gtest.h"
 #include "instructions/swizzle.h"
-#include "megakernel/gpu_backend.h"
+#include "runtime/gpu_backend.h"
 #include "megakernel/tile/tile_selftest.h"
 #include "tests/relative_error.h"
 

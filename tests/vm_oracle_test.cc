@@ -17,7 +17,7 @@
 #include "graph/hf_config.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
-#include "megakernel/reference_vm.h"
+#include "runtime/reference_vm.h"
 #include "tests/relative_error.h"
 #include "scheduler/compiler.h"
 #include "scheduler/decoded_schedule.h"

@@ -17,8 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "graph/dtype.h"
 #include "instructions/swizzle.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
 
 ABSL_FLAG(std::string, shapes, "4096x4096x4096", "';'-separated MxNxK shapes");
 ABSL_FLAG(int32_t, repeats, 10, "timed launches per shape (median reported)");

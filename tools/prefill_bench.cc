@@ -20,9 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "graph/model.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
-#include "megakernel/trace.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
+#include "runtime/trace.h"
 #include "scheduler/compiler.h"
 #include "scheduler/prefill.h"
 

@@ -13,7 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "graph/evaluator.h"
 #include "graph/npy.h"
-#include "megakernel/graph_runner.h"
+#include "runtime/graph_runner.h"
 
 namespace loom::tools {
 namespace {

@@ -21,9 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "graph/model.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
-#include "megakernel/reference_vm.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
+#include "runtime/reference_vm.h"
 #include "scheduler/compiler.h"
 #include "scheduler/prefill.h"
 

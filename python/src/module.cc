@@ -13,7 +13,7 @@
 #include "graph/model.h"
 #include "graph/progress.h"
 #include "graph/proto_file.h"
-#include "megakernel/gpu_backend.h"
+#include "runtime/gpu_backend.h"
 #include "scheduler/compiler.h"
 #include "scheduler/options.h"
 #include "scheduler/prefill.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common.h"
 #include "graph/model.h"
-#include "megakernel/session.h"
+#include "runtime/session.h"
 
 namespace loom::python {
 namespace {

@@ -1,6 +1,6 @@
 // Trace summaries and the Chrome trace on synthetic timings (no GPU): per opcode, per stage of a layer (the op
 // names without their layer), spans, and the op names written into the trace.
-#include "megakernel/trace.h"
+#include "runtime/trace.h"
 
 #include <gtest/gtest.h>
 

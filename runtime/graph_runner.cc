@@ -1,4 +1,4 @@
-#include "megakernel/graph_runner.h"
+#include "runtime/graph_runner.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,10 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
-#include "megakernel/reference_vm.h"
-#include "megakernel/trace.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
+#include "runtime/reference_vm.h"
+#include "runtime/trace.h"
 #include "scheduler/packing.h"
 
 namespace loom::megakernel {

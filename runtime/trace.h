@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_machine.h"
 #include "scheduler/schedule.pb.h"
 
 namespace loom::megakernel {

@@ -1,13 +1,13 @@
-#include "megakernel/session.h"
+#include "runtime/session.h"
 
 #include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "megakernel/gpu_backend.h"
-#include "megakernel/gpu_machine.h"
-#include "megakernel/reference_vm.h"
-#include "megakernel/trace.h"
+#include "runtime/gpu_backend.h"
+#include "runtime/gpu_machine.h"
+#include "runtime/reference_vm.h"
+#include "runtime/trace.h"
 #include "scheduler/prefill.h"
 
 namespace loom::megakernel {

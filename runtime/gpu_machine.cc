@@ -1,4 +1,4 @@
-#include "megakernel/gpu_machine.h"
+#include "runtime/gpu_machine.h"
 
 #include <cuda_runtime.h>
 

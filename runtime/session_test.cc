@@ -1,6 +1,6 @@
 // Session on the CPU VM: calls out of order are refused, non-finite weights are refused naming the weight, and
 // logits that overflow at run time fail the step instead of handing out argmax-of-NaN tokens.
-#include "megakernel/session.h"
+#include "runtime/session.h"
 
 #include <cmath>
 #include <limits>

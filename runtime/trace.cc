@@ -1,4 +1,4 @@
-#include "megakernel/trace.h"
+#include "runtime/trace.h"
 
 #include <algorithm>
 #include <map>

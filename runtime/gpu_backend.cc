@@ -1,11 +1,11 @@
 // RunOnGpu: a compiled decode schedule on the megakernel.
-#include "megakernel/gpu_backend.h"
+#include "runtime/gpu_backend.h"
 
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
-#include "megakernel/gpu_machine.h"
-#include "megakernel/trace.h"
+#include "runtime/gpu_machine.h"
+#include "runtime/trace.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/packing.h"

@@ -1,4 +1,4 @@
-#include "megakernel/reference_vm.h"
+#include "runtime/reference_vm.h"
 
 #include <thread>
 
