@@ -464,6 +464,7 @@ struct ArgmaxReduceArgs {
 
 #include "instructions/instruction_tensor.h"  // GEMM, PACK_ROWS, FLASH_ATTN
 #include "instructions/instruction_nn.h"  // IM2COL, POOL, ELEMENTWISE
+#include "instructions/kernel_variant.h"  // which variant compiles which opcode
 
 namespace loom::isa {
 

@@ -145,6 +145,17 @@ const char* VariantName(isa::KernelVariant v) {
   return v < std::size(kNames) ? kNames[v] : "unknown";
 }
 
+// The program's queues end to end; `begin` gets each queue's first index, then their total.
+std::vector<isa::Instruction> Flatten(const GpuProgram& p, std::vector<uint32_t>* begin) {
+  std::vector<isa::Instruction> all;
+  for (const auto& q : p.queues) {
+    begin->push_back(static_cast<uint32_t>(all.size()));
+    all.insert(all.end(), q.begin(), q.end());
+  }
+  begin->push_back(static_cast<uint32_t>(all.size()));
+  return all;
+}
+
 // The kernel variant a program runs in (the largest its pages and instructions need), every instruction checked to
 // run in it as written (isa::VariantRuns), or the variant a test forces.
 absl::StatusOr<isa::KernelVariant> ProgramVariant(const GpuProgram& p) {
@@ -197,15 +208,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
         program.activation_bytes, " + ", SmemFixedBytes(), " = ", m->smem_bytes_, ") exceeds the ",
         prop.sharedMemPerBlockOptin, " a block may use"));
   }
-  std::vector<isa::Instruction> all;
   absl::StatusOr<isa::KernelVariant> variant = ProgramVariant(program);
   if (!variant.ok()) return variant.status();
   m->variant_ = *variant;
-  for (const auto& q : program.queues) {
-    m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
-    all.insert(all.end(), q.begin(), q.end());
-  }
-  m->queue_begin_.push_back(static_cast<uint32_t>(all.size()));
+  const std::vector<isa::Instruction> all = Flatten(program, &m->queue_begin_);
 
   LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weights.size(), 16)), "allocating weights");
   m->weights_size_ = weights.size();
@@ -517,15 +523,10 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   if (!TaggedRanges(other).empty()) {
     return absl::InvalidArgumentError("a program with step-tagged tensors runs as the machine's decode program");
   }
-  std::vector<isa::Instruction> all;
   absl::StatusOr<isa::KernelVariant> variant = ProgramVariant(other);
   if (!variant.ok()) return variant.status();
   up->variant = *variant;
-  for (const auto& q : other.queues) {
-    up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
-    all.insert(all.end(), q.begin(), q.end());
-  }
-  up->queue_begin.push_back(static_cast<uint32_t>(all.size()));
+  const std::vector<isa::Instruction> all = Flatten(other, &up->queue_begin);
   up->queues = other.queues;
   void** buf = up->buffers;
   LOOM_CUDA(cudaMalloc(&buf[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
