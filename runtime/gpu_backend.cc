@@ -10,7 +10,9 @@
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
+
+using namespace megakernel;  // the kernel's constants (megakernel/)
 
 static_assert(SmemFixedBytes() <= scheduler::kSmemReserveBytes,
               "the scheduler reserves less shared memory than the kernel keeps beside pages and activations");
@@ -244,4 +246,4 @@ absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const
   return result;
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -10,7 +10,7 @@
 #include "graph/host_tensor.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 struct GpuRunOptions {
   std::string trace_path;    // Chrome trace JSON of every decode instruction (empty: no trace)
@@ -71,4 +71,4 @@ bool GpuAvailable(std::string* why);
 absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const graph::WeightStore& weights,
                                       const std::vector<int32_t>& prompt, int steps, const GpuRunOptions& options);
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

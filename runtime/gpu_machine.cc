@@ -15,7 +15,9 @@
 #include "instructions/isa.h"
 #include "megakernel/megakernel_launch.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
+
+using namespace megakernel;  // the kernel's constants and launch (megakernel/)
 namespace {
 
 absl::Status CudaError(cudaError_t e, const std::string& what) {
@@ -476,9 +478,9 @@ absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t sme
   return ms;
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 absl::Status GpuMachine::ReserveArena(uint64_t bytes) {
   if (bytes <= program_.arena_bytes) return absl::OkStatus();
@@ -572,4 +574,4 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   return ms;
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -15,7 +15,12 @@
 #include "instructions/instruction.h"
 #include "megakernel/kernel_params.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
+
+// The kernel's names the runtime launches and reads it with (megakernel/kernel_params.h, device_debug.h).
+using megakernel::DeviceError;
+using megakernel::KernelParams;
+using megakernel::TraceEvent;
 
 struct GpuProgram {
   std::vector<std::vector<isa::Instruction>> queues;  // one per SM
@@ -154,4 +159,4 @@ bool GpuHung();
 // Why a program cannot run on the megakernel as built (k not a multiple of 256, ...), or OK.
 absl::Status CheckProgramForDevice(const GpuProgram& program);
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -12,7 +12,7 @@
 #include "runtime/trace.h"
 #include "scheduler/packing.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 absl::StatusOr<std::unique_ptr<GraphRunner>> GraphRunner::Create(const scheduler::Schedule& pass,
                                                                  const graph::WeightStore& weights, Backend backend) {
@@ -98,4 +98,4 @@ absl::StatusOr<std::string> GraphRunner::TraceReport(const std::string& chrome_p
   return TraceSummary(in);
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -10,7 +10,7 @@
 #include "graph/host_tensor.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 class GpuMachine;
 struct GpuProgram;
@@ -51,4 +51,4 @@ class GraphRunner {
   float last_ms_ = 0;
 };
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -6,7 +6,7 @@
 #include "instructions/isa.h"
 #include "scheduler/packing.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 absl::StatusOr<std::unique_ptr<ReferenceVm>> ReferenceVm::Create(const scheduler::Schedule& schedule,
                                                                  const graph::WeightStore& weights) {
@@ -148,4 +148,4 @@ std::vector<float> ReferenceVm::logits() const {
   return std::vector<float>(l, l + schedule_.vocab_size());
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -16,7 +16,7 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 class ReferenceVm {
  public:
@@ -74,4 +74,4 @@ class ReferenceVm {
   uint32_t next_step_ = 0;  // epoch of the next step to run
 };
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -10,7 +10,7 @@
 #include "runtime/trace.h"
 #include "scheduler/prefill.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 namespace {
 
 double MsSince(std::chrono::steady_clock::time_point start) {
@@ -220,4 +220,4 @@ absl::StatusOr<const float*> Session::device_logits() const {
                                         schedule_.tensors(schedule_.io().logits()).offset());
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

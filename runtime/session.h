@@ -15,7 +15,7 @@
 #include "graph/host_tensor.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 class GpuDecoder;
 class ReferenceVm;
@@ -91,4 +91,4 @@ class Session {
 // overflowed, or its weights are broken): what `loom run` and Session say instead of printing argmax-of-NaN tokens.
 absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t position);
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

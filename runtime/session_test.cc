@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/compiler.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 namespace {
 
 struct Tiny {
@@ -90,4 +90,4 @@ TEST(Session, CheckLogitsFiniteCountsWhatIsNot) {
 }
 
 }  // namespace
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

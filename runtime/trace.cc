@@ -14,7 +14,7 @@
 #include "instructions/isa.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 namespace {
 
 uint64_t Origin(const TraceInput& in) {
@@ -202,4 +202,4 @@ std::string StageSummary(const TraceInput& in) {
   return out;
 }
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

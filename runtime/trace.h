@@ -10,7 +10,7 @@
 #include "runtime/gpu_machine.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 
 struct TraceInput {
   const GpuProgram* program;
@@ -34,4 +34,4 @@ std::string TraceSummary(const TraceInput& in);
 // mean span of a layer. Needs in.op_names.
 std::string StageSummary(const TraceInput& in);
 
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

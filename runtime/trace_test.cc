@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace loom::megakernel {
+namespace loom::runtime {
 namespace {
 
 isa::Instruction Of(isa::Opcode op) {
@@ -64,4 +64,4 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
 }
 
 }  // namespace
-}  // namespace loom::megakernel
+}  // namespace loom::runtime

@@ -36,11 +36,11 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
 
 // A fresh Session (as a separate `loom run` would be): the prompt, then kDecodeSteps steps in one launch, or one
 // launch a step.
-Run RunOnce(const graph::Model& model, const scheduler::Schedule& s, megakernel::Backend backend,
+Run RunOnce(const graph::Model& model, const scheduler::Schedule& s, runtime::Backend backend,
             const std::vector<int32_t>& prompt, bool step_by_step) {
   Run r;
-  absl::StatusOr<std::unique_ptr<megakernel::Session>> session =
-      megakernel::Session::Create(model.graph, s, model.weights, backend);
+  absl::StatusOr<std::unique_ptr<runtime::Session>> session =
+      runtime::Session::Create(model.graph, s, model.weights, backend);
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return r;
   EXPECT_TRUE((*session)->Start(prompt).ok());
@@ -76,7 +76,7 @@ uint32_t MostParts(const graph::Model& model, const scheduler::Schedule& s, uint
 }
 
 // Three runs of each prompt length (the third with a launch per decode step) are bitwise equal.
-void ExpectDeterministic(const std::string& spec, megakernel::Backend backend, const std::vector<uint32_t>& lengths,
+void ExpectDeterministic(const std::string& spec, runtime::Backend backend, const std::vector<uint32_t>& lengths,
                          uint32_t split_length) {
   graph::ModelOptions mo;
   mo.max_seq = 512;
@@ -118,14 +118,14 @@ std::string WideConfig() {
 }
 
 TEST(Determinism, VmPrefillAndDecodeAreBitwiseTheSameEveryRun) {
-  ExpectDeterministic("random:tiny", megakernel::Backend::kCpu, {1, 10, 130}, 10);
+  ExpectDeterministic("random:tiny", runtime::Backend::kCpu, {1, 10, 130}, 10);
 }
 
 TEST(Determinism, GpuPrefillAndDecodeAreBitwiseTheSameEveryRun) {
   std::string why;
-  if (!megakernel::GpuAvailable(&why)) GTEST_SKIP() << why;
-  ExpectDeterministic("random:tiny", megakernel::Backend::kGpu, {1, 20, 129, 300}, 20);
-  ExpectDeterministic(WideConfig(), megakernel::Backend::kGpu, {4, 300}, 4);
+  if (!runtime::GpuAvailable(&why)) GTEST_SKIP() << why;
+  ExpectDeterministic("random:tiny", runtime::Backend::kGpu, {1, 20, 129, 300}, 20);
+  ExpectDeterministic(WideConfig(), runtime::Backend::kGpu, {4, 300}, 4);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 namespace loom::megakernel {
 namespace {
 
+using namespace ::loom::runtime;  // the runtime the tests drive
+
 TEST(GpuDebug, AStuckWaitIsReportedNotHung) {
   std::string why;
   if (!GpuAvailable(&why)) GTEST_SKIP() << why;

@@ -26,6 +26,12 @@
 
 namespace loom::megakernel::gpu_bench {
 
+// The runtime the benches drive (runtime/).
+using runtime::GpuAvailable;
+using runtime::GpuMachine;
+using runtime::GpuProgram;
+using runtime::ReferenceVm;
+
 
 // bf16 operands, float32 arithmetic in a different order than the reference.
 inline constexpr double kTolerance = 1e-4;

@@ -6,6 +6,8 @@
 namespace loom::megakernel {
 namespace {
 
+using namespace ::loom::runtime;  // the runtime the tests drive
+
 using namespace gpu_bench;  // NOLINT: the bench's helpers and tolerances
 
 class GpuSchedules : public testing::Test {

@@ -14,6 +14,8 @@
 namespace loom::megakernel {
 namespace {
 
+using namespace ::loom::runtime;  // the runtime the tests drive
+
 int Check() {
   std::string why;
   if (!GpuAvailable(&why)) {

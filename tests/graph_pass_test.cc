@@ -218,7 +218,7 @@ PassShape Inspect(const scheduler::Schedule& s) {
   return p;
 }
 
-void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, const scheduler::Schedule& pass,
+void RunOn(runtime::GraphRunner::Backend backend, const graph::OnnxModel& m, const scheduler::Schedule& pass,
            int64_t batch);
 
 // Compiles the block for `num_sms` SMs and runs it twice on the VM (and the GPU where there is one), fresh inputs
@@ -237,8 +237,8 @@ void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* s
   ASSERT_TRUE(pass->has_graph());
   *shape = Inspect(*pass);
   std::string why_no_gpu;
-  for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
-    if (backend == megakernel::GraphRunner::Backend::kGpu && !megakernel::GpuAvailable(&why_no_gpu)) {
+  for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+    if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why_no_gpu)) {
       std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
       continue;
     }
@@ -246,16 +246,16 @@ void RunAgainstOracle(int64_t batch, uint32_t num_sms, bool im2col, PassShape* s
   }
 }
 
-void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, const scheduler::Schedule& pass,
+void RunOn(runtime::GraphRunner::Backend backend, const graph::OnnxModel& m, const scheduler::Schedule& pass,
            int64_t batch) {
   const auto& dims = m.graph.tensor(m.inputs[0]).shape();
   graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, std::vector<int64_t>(dims.begin(), dims.end()));
   x.f32 = Wave(x.f32.size(), 1.0f, 0.0f);
-  absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> vm =
-      megakernel::GraphRunner::Create(pass, m.weights, backend);
+  absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> vm =
+      runtime::GraphRunner::Create(pass, m.weights, backend);
   ASSERT_TRUE(vm.ok()) << vm.status();
   for (int run = 0; run < 2; ++run) {  // a second run starts from the first's arena and barrier counts
-    absl::StatusOr<megakernel::TensorMap> got = (*vm)->Run({{m.inputs[0], x}});
+    absl::StatusOr<runtime::TensorMap> got = (*vm)->Run({{m.inputs[0], x}});
     ASSERT_TRUE(got.ok()) << got.status();
     graph::Evaluator oracle(m.graph, m.weights);
     ASSERT_TRUE(oracle.Run({{m.inputs[0], x}}).ok());
@@ -268,7 +268,7 @@ void RunOn(megakernel::GraphRunner::Backend backend, const graph::OnnxModel& m, 
       norm += want.Get(i) * want.Get(i);
     }
     EXPECT_LT(std::sqrt(err / norm), 1e-2)
-        << (backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", batch " << batch << ", run " << run;
+        << (backend == runtime::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", batch " << batch << ", run " << run;
     x.f32 = Wave(x.f32.size(), 1.0f, 1.0f);  // fresh inputs for the second run
   }
 }
@@ -305,24 +305,24 @@ TEST(GraphPass, ASplitPassIsBitwiseTheSameEveryRun) {
   graph::HostTensor x = graph::HostTensor::Zeros(graph::F32, std::vector<int64_t>(dims.begin(), dims.end()));
   x.f32 = Wave(x.f32.size(), 1.0f, 0.0f);
   std::string why_no_gpu;
-  for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
-    if (backend == megakernel::GraphRunner::Backend::kGpu && !megakernel::GpuAvailable(&why_no_gpu)) {
+  for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+    if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why_no_gpu)) {
       std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
       continue;
     }
     std::vector<float> first;
     for (int run = 0; run < 3; ++run) {
-      absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> r =
-          megakernel::GraphRunner::Create(*pass, m->weights, backend);
+      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> r =
+          runtime::GraphRunner::Create(*pass, m->weights, backend);
       ASSERT_TRUE(r.ok()) << r.status();
-      absl::StatusOr<megakernel::TensorMap> got = (*r)->Run({{m->inputs[0], x}});
+      absl::StatusOr<runtime::TensorMap> got = (*r)->Run({{m->inputs[0], x}});
       ASSERT_TRUE(got.ok()) << got.status();
       const std::vector<float>& y = got->at(m->outputs[0]).f32;
       if (run == 0) {
         first = y;
       } else {
         EXPECT_EQ(std::memcmp(y.data(), first.data(), y.size() * 4), 0)
-            << (backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", run " << run + 1;
+            << (backend == runtime::GraphRunner::Backend::kGpu ? "GPU" : "VM") << ", run " << run + 1;
       }
     }
   }
@@ -507,25 +507,25 @@ double RelativeRms(const graph::HostTensor& y, const graph::HostTensor& want) {
 void RunPassAgainstOracle(const scheduler::Schedule& pass, const graph::Graph& graph, const graph::WeightStore& weights,
                           int runs, double tolerance) {
   std::string why_no_gpu;
-  for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
-    const char* where = backend == megakernel::GraphRunner::Backend::kGpu ? "GPU" : "VM";
-    if (backend == megakernel::GraphRunner::Backend::kGpu && !megakernel::GpuAvailable(&why_no_gpu)) {
+  for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+    const char* where = backend == runtime::GraphRunner::Backend::kGpu ? "GPU" : "VM";
+    if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why_no_gpu)) {
       std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
       continue;
     }
-    absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner =
-        megakernel::GraphRunner::Create(pass, weights, backend);
+    absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+        runtime::GraphRunner::Create(pass, weights, backend);
     ASSERT_TRUE(runner.ok()) << runner.status();
     graph::Evaluator oracle(graph, weights);
     for (int run = 0; run < runs; ++run) {
-      megakernel::TensorMap inputs;
+      runtime::TensorMap inputs;
       for (const scheduler::IoTensor& io : pass.graph().inputs()) {
         const graph::TensorDef& t = graph.tensor(io.name());
         graph::HostTensor v = graph::HostTensor::Zeros(graph::F32, {t.shape().begin(), t.shape().end()});
         v.f32 = Wave(v.f32.size(), 1.0f, 0.5f * static_cast<float>(run) + static_cast<float>(inputs.size()));
         inputs[io.name()] = std::move(v);
       }
-      absl::StatusOr<megakernel::TensorMap> got = (*runner)->Run(inputs);
+      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run(inputs);
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_TRUE(oracle.Run(inputs).ok());
       for (const scheduler::IoTensor& io : pass.graph().outputs()) {

@@ -172,15 +172,15 @@ TEST(OnnxBackend, EveryCaseMatchesOrIsRefusedByName) {
 
 // A case's lowered pass on `runner`: "" when every output of every data set is within the graph tolerance
 // (relative RMS error, the GEMM operands being bf16), else what differed.
-std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, megakernel::GraphRunner& runner) {
+std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, runtime::GraphRunner& runner) {
   for (const fs::path& set : DataSets(dir)) {
-    megakernel::TensorMap inputs;
+    runtime::TensorMap inputs;
     for (size_t i = 0; i < m.inputs.size(); ++i) {
       absl::StatusOr<graph::HostTensor> t = graph::ReadOnnxTensor((set / absl::StrCat("input_", i, ".pb")).string());
       if (!t.ok()) return std::string(t.status().message());
       inputs[m.inputs[i]] = *std::move(t);
     }
-    absl::StatusOr<megakernel::TensorMap> got = runner.Run(inputs);
+    absl::StatusOr<runtime::TensorMap> got = runner.Run(inputs);
     if (!got.ok()) return std::string(got.status().message());
     for (size_t k = 0; k < m.outputs.size(); ++k) {
       absl::StatusOr<graph::HostTensor> want =
@@ -197,7 +197,7 @@ std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, megak
         norm += want->Get(i) * want->Get(i);
       }
       const double rel = std::sqrt(err / std::max(norm, 1e-30));
-      if (!(rel <= megakernel::kGraphTolerance) && !(err <= 1e-12)) {
+      if (!(rel <= runtime::kGraphTolerance) && !(err <= 1e-12)) {
         return absl::StrCat(set.filename().string(), " output ", k, ": relative RMS error ", rel);
       }
     }
@@ -210,7 +210,7 @@ std::string RunLoweredCase(const graph::OnnxModel& m, const fs::path& dir, megak
 TEST(OnnxBackend, EveryImportedCaseRunsLoweredOrIsRefusedByName) {
   if (!fs::is_directory(kData)) GTEST_SKIP() << kData << " is missing (apt-get install libonnx-testdata)";
   std::string why_no_gpu;
-  const bool gpu = megakernel::GpuAvailable(&why_no_gpu);
+  const bool gpu = runtime::GpuAvailable(&why_no_gpu);
   if (!gpu) std::printf("GPU part skipped: %s\n", why_no_gpu.c_str());
   std::map<std::string, Tally> per_op;
   std::map<std::string, std::string> refusals;
@@ -234,13 +234,13 @@ TEST(OnnxBackend, EveryImportedCaseRunsLoweredOrIsRefusedByName) {
       continue;
     }
     std::string diff;
-    for (auto backend : {megakernel::GraphRunner::Backend::kCpu, megakernel::GraphRunner::Backend::kGpu}) {
-      if (backend == megakernel::GraphRunner::Backend::kGpu && !gpu) continue;
-      absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner =
-          megakernel::GraphRunner::Create(*pass, m->weights, backend);
+    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+      if (backend == runtime::GraphRunner::Backend::kGpu && !gpu) continue;
+      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+          runtime::GraphRunner::Create(*pass, m->weights, backend);
       diff = runner.ok() ? RunLoweredCase(*m, dir, **runner) : std::string(runner.status().message());
       if (!diff.empty()) {
-        diff = absl::StrCat(backend == megakernel::GraphRunner::Backend::kGpu ? "GPU: " : "VM: ", diff);
+        diff = absl::StrCat(backend == runtime::GraphRunner::Backend::kGpu ? "GPU: " : "VM: ", diff);
         break;
       }
     }

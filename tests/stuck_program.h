@@ -9,6 +9,9 @@
 
 namespace loom::megakernel {
 
+using runtime::GpuMachine;  // (runtime/)
+using runtime::GpuProgram;
+
 inline GpuProgram StuckProgram() {
   GpuProgram p;
   p.tensors = {{0, 1024, isa::kArenaRegion, 2 /* F32 */}};

@@ -19,6 +19,8 @@
 namespace loom::megakernel::tile {
 namespace {
 
+using namespace ::loom::runtime;  // the runtime the tests drive
+
 TEST(TileGpu, WgmmaProductsOfSwizzledSlabs) {
   std::string why;
   if (!GpuAvailable(&why)) GTEST_SKIP() << why;

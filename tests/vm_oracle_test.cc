@@ -52,7 +52,7 @@ class VmOracle : public testing::Test {
                                  const scheduler::CompileOptions& options, const std::string& what) {
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model.graph, model.spec, options);
     ASSERT_TRUE(s.ok()) << what << ": " << s.status();
-    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, model.weights);
+    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, model.weights);
     ASSERT_TRUE(vm.ok()) << vm.status();
     ASSERT_TRUE((*vm)->Reset(kPrompt).ok());
     const int steps = static_cast<int>(kPrompt.size()) - 1 + kNewTokens;
@@ -114,7 +114,7 @@ TEST_F(VmOracle, ManyStepsPerRunEqualsOneStepPerRun) {
   o.set_num_sms(5);
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, "random:tiny", o);
   ASSERT_TRUE(s.ok());
-  absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, model_->weights);
+  absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, model_->weights);
   ASSERT_TRUE(vm.ok());
   ASSERT_TRUE((*vm)->Reset(kPrompt).ok());
   ASSERT_TRUE((*vm)->Run(10).ok());
@@ -169,7 +169,7 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
         }
       }
       EXPECT_EQ(wide > 0, page_bytes != 0) << what;
-      absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);
+      absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
       ASSERT_TRUE(vm.ok());
       ASSERT_TRUE((*vm)->Reset(prompt).ok());
       ASSERT_TRUE((*vm)->Prefill(*pass).ok());
@@ -220,7 +220,7 @@ TEST(VmPrefill, GatedConvDecodeAndPrefillMatchTheOracle) {
       ASSERT_TRUE(scheduler::HasPrefillWeights(*s));
       absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows);
       ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
-      absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, m->weights);
+      absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
       ASSERT_TRUE(vm.ok());
       ASSERT_TRUE((*vm)->Reset(prompt).ok());
       ASSERT_TRUE((*vm)->Prefill(*pass).ok());

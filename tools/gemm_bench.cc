@@ -53,7 +53,7 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   const std::vector<uint16_t> a_image = isa::PackSwizzled(a.data(), m, k, isa::kGemmTileM, isa::Swizzle::k128B);
   const std::vector<uint16_t> w_image = isa::PackSwizzled(w.data(), n, k, isa::kGemmTileN, isa::Swizzle::k128B);
 
-  megakernel::GpuProgram p;
+  runtime::GpuProgram p;
   auto align = [](uint64_t x) { return (x + 255) / 256 * 256; };
   const uint64_t c_offset = align(a_image.size() * 2);
   p.tensors = {{0, a_image.size() * 2, isa::kArenaRegion, graph::BF16},
@@ -87,7 +87,7 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   }
   std::vector<uint8_t> weights(w_image.size() * 2);
   std::memcpy(weights.data(), w_image.data(), weights.size());
-  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> machine = megakernel::GpuMachine::Create(p, weights);
+  absl::StatusOr<std::unique_ptr<runtime::GpuMachine>> machine = runtime::GpuMachine::Create(p, weights);
   if (!machine.ok()) return machine.status();
   if (absl::Status s = (*machine)->WriteArena(0, a_image.data(), a_image.size() * 2); !s.ok()) return s;
   const bool skip_loads = absl::GetFlag(FLAGS_skip_loads);
@@ -132,7 +132,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_repeats) < 1) return Fail(absl::InvalidArgumentError("--repeats must be at least 1"));
   if (absl::GetFlag(FLAGS_num_sms) < 1) return Fail(absl::InvalidArgumentError("--num_sms must be at least 1"));
   std::string why;
-  if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
+  if (!runtime::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   const int32_t page_kb = absl::GetFlag(FLAGS_page_kb);
   if (page_kb != 16 && page_kb != 32 && page_kb != 48) {
     return Fail(absl::InvalidArgumentError("--page_kb must be 16, 32 or 48"));

@@ -107,7 +107,7 @@ int Fail(const absl::Status& status) {
   std::fprintf(stderr, "loom: %s\n", std::string(status.message()).c_str());
   // A launch the watchdog found stuck still runs: ending the process ends it. Nothing may wait for it on the way
   // out (the CUDA runtime's exit handlers would), so the process ends here.
-  if (megakernel::GpuHung()) {
+  if (runtime::GpuHung()) {
     std::fflush(stderr);
     std::_Exit(1);
   }
@@ -313,7 +313,7 @@ int RunCommand() {
   }
   if (absl::Status s = CheckRunFlagsApply(IsGeneralGraph(absl::GetFlag(FLAGS_model)), backend); !s.ok()) return Fail(s);
   // No GPU: said at once, before the model is loaded.
-  if (std::string why; backend == "gpu" && !megakernel::GpuAvailable(&why)) {
+  if (std::string why; backend == "gpu" && !runtime::GpuAvailable(&why)) {
     return Fail(absl::UnavailableError(absl::StrCat("--backend=gpu: ", why)));
   }
   absl::StatusOr<scheduler::CompileOptions> options = OptionsFromFlags();
@@ -392,7 +392,7 @@ int RunCommand() {
     return absl::InternalError("the prefill pass has no prefill.logits");
   };
   if (backend == "gpu" && !logits_out.empty()) {
-    absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> d = megakernel::GpuDecoder::Create(*schedule, model->weights);
+    absl::StatusOr<std::unique_ptr<runtime::GpuDecoder>> d = runtime::GpuDecoder::Create(*schedule, model->weights);
     if (!d.ok()) return Fail(d.status());
     if (absl::Status s = (*d)->Reset(*prompt); !s.ok()) return Fail(s);
     double total = 0;
@@ -423,8 +423,8 @@ int RunCommand() {
     last_logits = *std::move(last);
     ms_per_token = decode_steps > 0 ? total / decode_steps : 0;
   } else if (backend == "cpu") {
-    absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm =
-        megakernel::ReferenceVm::Create(*schedule, model->weights);
+    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm =
+        runtime::ReferenceVm::Create(*schedule, model->weights);
     if (!vm.ok()) return Fail(vm.status());
     if (absl::Status s = (*vm)->Reset(*prompt); !s.ok()) return Fail(s);
     if (pass) {
@@ -458,11 +458,11 @@ int RunCommand() {
     tokens = (*vm)->tokens();
     last_logits = (*vm)->logits();
   } else {
-    megakernel::GpuRunOptions gpu;
+    runtime::GpuRunOptions gpu;
     gpu.trace_path = absl::GetFlag(FLAGS_trace);
     gpu.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
     gpu.prefill = pass ? &*pass : nullptr;
-    absl::StatusOr<megakernel::GpuRunResult> r = megakernel::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
+    absl::StatusOr<runtime::GpuRunResult> r = runtime::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
     if (!r.ok()) return Fail(r.status());
     tokens = r->tokens;
     last_logits = r->logits;
@@ -472,7 +472,7 @@ int RunCommand() {
   }
   // NaN logits would print argmax-of-NaN tokens (0 0 0 ...) with exit 0: said instead. They stay NaN once they
   // appear (the KV cache holds them), so the last step's show any step's.
-  if (absl::Status s = megakernel::CheckLogitsFinite(last_logits, static_cast<int64_t>(tokens.size()) - 1); !s.ok()) {
+  if (absl::Status s = runtime::CheckLogitsFinite(last_logits, static_cast<int64_t>(tokens.size()) - 1); !s.ok()) {
     return Fail(s);
   }
   if (!logits_out.empty()) {

@@ -53,11 +53,11 @@ int Fail(const absl::Status& s) {
 constexpr uint32_t kStreamK = 2048;
 
 // Every SM streams its share of the packed weights through MATVEC tiles (k = 2048) with no waits.
-absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> StreamMachine(const std::vector<uint8_t>& packed,
+absl::StatusOr<std::unique_ptr<runtime::GpuMachine>> StreamMachine(const std::vector<uint8_t>& packed,
                                                                      const scheduler::Schedule& s) {
   constexpr uint32_t kK = kStreamK, kTileRows = 1024;
   const uint64_t rows_total = packed.size() / (2 * kK);
-  megakernel::GpuProgram p;
+  runtime::GpuProgram p;
   p.tensors.push_back({0, rows_total * kK * 2, isa::kWeightRegion, graph::BF16});
   p.tensors.push_back({0, kK * 4, isa::kArenaRegion, graph::F32});
   p.tensors.push_back({kK * 4, rows_total * 4, isa::kArenaRegion, graph::F32});
@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> StreamMachine(const std:
       p.queues[sm].push_back(inst);
     }
   }
-  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> m = megakernel::GpuMachine::Create(p, packed);
+  absl::StatusOr<std::unique_ptr<runtime::GpuMachine>> m = runtime::GpuMachine::Create(p, packed);
   if (!m.ok()) return m.status();
   std::vector<float> x(kK);
   std::mt19937 rng(1);
@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> StreamMachine(const std:
 
 // The interpreter's streaming rate with no dependencies in the way. With `skip_loads`, pages are not loaded at all:
 // the rate the consumers can take pages at.
-absl::StatusOr<double> StreamOnlyMs(megakernel::GpuMachine& m, bool skip_loads) {
+absl::StatusOr<double> StreamOnlyMs(runtime::GpuMachine& m, bool skip_loads) {
   m.SetSkipWeightLoads(skip_loads);
   std::vector<float> ms;
   for (int r = 0; r < 7; ++r) {
@@ -110,7 +110,7 @@ absl::StatusOr<double> StreamOnlyMs(megakernel::GpuMachine& m, bool skip_loads) 
 
 // Per SM, the same streaming traced: how fast each SM streams its equal share while all stream at once, and on which
 // SM (%smid) each block ran, in 3 launches. Decode stages wait for their slowest SM (docs/performance.md).
-absl::Status PrintPerSmStreaming(megakernel::GpuMachine& m, uint64_t packed_bytes) {  // m: a StreamMachine
+absl::Status PrintPerSmStreaming(runtime::GpuMachine& m, uint64_t packed_bytes) {  // m: a StreamMachine
   const uint32_t sms = m.num_sms();
   const uint64_t rows_total = packed_bytes / (2 * kStreamK), per_sm = (rows_total + sms - 1) / sms;
   std::vector<std::vector<double>> gbps(sms);
@@ -172,9 +172,9 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   if (!model.ok()) return model.status();
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, spec, options);
   if (!s.ok()) return s.status();
-  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
+  absl::StatusOr<std::unique_ptr<runtime::GpuDecoder>> decoder = runtime::GpuDecoder::Create(*s, model->weights);
   if (!decoder.ok()) return decoder.status();
-  megakernel::GpuDecoder& d = **decoder;
+  runtime::GpuDecoder& d = **decoder;
 
   absl::StatusOr<double> gbps = megakernel::MeasureReadBandwidth(d.machine().weights_device(),
                                                                  d.machine().weights_bytes(), 20);
@@ -183,7 +183,7 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   const double floor_ms = bytes / (*gbps * 1e9) * 1e3;
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(*s, model->weights);
   if (!packed.ok()) return packed.status();
-  absl::StatusOr<std::unique_ptr<megakernel::GpuMachine>> stream = StreamMachine(*packed, *s);
+  absl::StatusOr<std::unique_ptr<runtime::GpuMachine>> stream = StreamMachine(*packed, *s);
   if (!stream.ok()) return stream.status();
   absl::StatusOr<double> stream_ms = StreamOnlyMs(**stream, false);
   if (!stream_ms.ok()) return stream_ms.status();
@@ -243,14 +243,14 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
     constexpr int kTraceSteps = 8;
     absl::StatusOr<float> t = d.Run(kTraceSteps, true);
     if (!t.ok()) return t.status();
-    absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*s);
+    absl::StatusOr<runtime::GpuProgram> program = runtime::ProgramFromSchedule(*s);
     if (!program.ok()) return program.status();
-    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*s);
-    megakernel::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
+    const std::vector<std::vector<std::string>> ops = runtime::OpNames(*s);
+    runtime::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
                               s->weight_bytes_per_step(), &ops};
-    if (absl::Status st = megakernel::WriteChromeTrace(trace_path, in); !st.ok()) return st;
+    if (absl::Status st = runtime::WriteChromeTrace(trace_path, in); !st.ok()) return st;
     std::printf("\ncontext %d, traced (%s):\n%s", contexts.back(), trace_path.c_str(),
-                megakernel::TraceSummary(in).c_str());
+                runtime::TraceSummary(in).c_str());
   }
   return row;
 }
@@ -278,7 +278,7 @@ int Main() {
   }
   if (contexts.empty()) return Fail(absl::InvalidArgumentError("--contexts: no context"));
   std::string why;
-  if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
+  if (!runtime::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   scheduler::CompileOptions options;
   if (!absl::GetFlag(FLAGS_options).empty()) {
     absl::StatusOr<scheduler::CompileOptions> o = scheduler::LoadOptions(absl::GetFlag(FLAGS_options));

@@ -80,7 +80,7 @@ int Main() {
     return Fail(absl::InvalidArgumentError("--e2e_tokens must be at least 1 (or --e2e_prompt=0 to skip)"));
   }
   std::string why;
-  if (!megakernel::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
+  if (!runtime::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
@@ -91,9 +91,9 @@ int Main() {
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), options);
   if (!s.ok()) return Fail(s.status());
   if (!scheduler::HasPrefillWeights(*s)) return Fail(scheduler::PrefillSupported(model->graph));
-  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> decoder = megakernel::GpuDecoder::Create(*s, model->weights);
+  absl::StatusOr<std::unique_ptr<runtime::GpuDecoder>> decoder = runtime::GpuDecoder::Create(*s, model->weights);
   if (!decoder.ok()) return Fail(decoder.status());
-  megakernel::GpuDecoder& d = **decoder;
+  runtime::GpuDecoder& d = **decoder;
   std::mt19937 rng(11);
   auto random_prompt = [&](int n) {
     std::vector<int32_t> p(n);
@@ -151,12 +151,12 @@ int Main() {
     if (!pass.ok()) return Fail(pass.status());
     if (absl::Status st = d.Reset(random_prompt(last_pass)); !st.ok()) return Fail(st);
     if (absl::StatusOr<float> ms = d.Prefill(*pass, true); !ms.ok()) return Fail(ms.status());
-    absl::StatusOr<megakernel::GpuProgram> program = megakernel::ProgramFromSchedule(*pass);
+    absl::StatusOr<runtime::GpuProgram> program = runtime::ProgramFromSchedule(*pass);
     if (!program.ok()) return Fail(program.status());
-    const std::vector<std::vector<std::string>> ops = megakernel::OpNames(*pass);
-    megakernel::TraceInput in{&*program, &d.machine().queue_begin_other(), &d.machine().trace(), 1, 0, &ops};
-    if (absl::Status st = megakernel::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
-    std::printf("\nprefill of %d tokens, traced:\n%s", last_pass, megakernel::TraceSummary(in).c_str());
+    const std::vector<std::vector<std::string>> ops = runtime::OpNames(*pass);
+    runtime::TraceInput in{&*program, &d.machine().queue_begin_other(), &d.machine().trace(), 1, 0, &ops};
+    if (absl::Status st = runtime::WriteChromeTrace(absl::GetFlag(FLAGS_trace), in); !st.ok()) return Fail(st);
+    std::printf("\nprefill of %d tokens, traced:\n%s", last_pass, runtime::TraceSummary(in).c_str());
     // Per stage (graph op, layers folded together): instructions, SM time busy and waiting, and the stage's span
     // (first start to last end, summed over layers): what each stage adds to the pass.
     struct Stage {

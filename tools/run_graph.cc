@@ -23,8 +23,8 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<megakernel::TensorMap> Inputs(const graph::Graph& graph, const GraphRunFlags& flags) {
-  megakernel::TensorMap inputs;
+absl::StatusOr<runtime::TensorMap> Inputs(const graph::Graph& graph, const GraphRunFlags& flags) {
+  runtime::TensorMap inputs;
   const std::vector<const graph::TensorDef*> defs = graph.TensorsOfKind(graph::INPUT);
   if (flags.input.empty() || flags.input == "random") {  // uniform in [-1, 1), seeded
     std::mt19937_64 rng(flags.seed);
@@ -68,17 +68,17 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
     std::filesystem::create_directories(flags.out, ec);
     if (ec) return Fail(absl::PermissionDeniedError(absl::StrCat(flags.out, ": cannot create: ", ec.message())));
   }
-  absl::StatusOr<megakernel::TensorMap> inputs = Inputs(model.graph, flags);
+  absl::StatusOr<runtime::TensorMap> inputs = Inputs(model.graph, flags);
   if (!inputs.ok()) return Fail(inputs.status());
   int instructions = 0;
   for (const scheduler::SmQueue& q : pass.queues()) instructions += q.instructions_size();
   std::fprintf(stderr, "graph pass: %d instructions on %u SMs, %d stages, weights %.1f MB, arena %.1f MB\n",
                instructions, pass.num_sms(), pass.barriers_size(), pass.weight_bytes() / 1e6, pass.arena_bytes() / 1e6);
-  absl::StatusOr<std::unique_ptr<megakernel::GraphRunner>> runner = megakernel::GraphRunner::Create(
+  absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner = runtime::GraphRunner::Create(
       pass, model.weights,
-      flags.backend == "gpu" ? megakernel::GraphRunner::Backend::kGpu : megakernel::GraphRunner::Backend::kCpu);
+      flags.backend == "gpu" ? runtime::GraphRunner::Backend::kGpu : runtime::GraphRunner::Backend::kCpu);
   if (!runner.ok()) return Fail(runner.status());
-  absl::StatusOr<megakernel::TensorMap> outputs;
+  absl::StatusOr<runtime::TensorMap> outputs;
   std::vector<float> ms;
   const int runs = std::max(1, flags.repeat);
   for (int i = 0; i < runs; ++i) {
@@ -118,7 +118,7 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
         worst = std::max(worst, std::fabs(d));
       }
       const double rel = std::sqrt(err / std::max(norm, 1e-30));
-      const bool ok = std::isfinite(rel) && rel <= megakernel::kGraphTolerance;
+      const bool ok = std::isfinite(rel) && rel <= runtime::kGraphTolerance;
       agree &= ok;
       std::printf("; against the oracle: relative RMS error %.2e, max abs %.3g %s", rel, worst,
                   ok ? "(ok)" : "(TOO LARGE)");
@@ -133,7 +133,7 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
   if (oracle != nullptr) {
     std::printf(agree ? "every output agrees with the op-by-op oracle (relative RMS error <= %.0e)\n"
                       : "outputs DIFFER from the op-by-op oracle (relative RMS error > %.0e)\n",
-                megakernel::kGraphTolerance);
+                runtime::kGraphTolerance);
   }
   return agree ? 0 : 1;
 }

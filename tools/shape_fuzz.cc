@@ -182,8 +182,8 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
     return Outcome::kAgree;
   }
 
-  absl::StatusOr<std::unique_ptr<megakernel::ReferenceVm>> vm = megakernel::ReferenceVm::Create(*s, model->weights);
-  absl::StatusOr<std::unique_ptr<megakernel::GpuDecoder>> gpu = megakernel::GpuDecoder::Create(*s, model->weights);
+  absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, model->weights);
+  absl::StatusOr<std::unique_ptr<runtime::GpuDecoder>> gpu = runtime::GpuDecoder::Create(*s, model->weights);
   if (!vm.ok() || !gpu.ok()) {
     *detail = absl::StrCat("compiled, then not created: ", (vm.ok() ? gpu.status() : vm.status()).message());
     return Outcome::kFailed;
@@ -235,7 +235,7 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
 
 int Main() {
   std::string why;
-  if (!absl::GetFlag(FLAGS_compile_only) && !megakernel::GpuAvailable(&why)) {
+  if (!absl::GetFlag(FLAGS_compile_only) && !runtime::GpuAvailable(&why)) {
     std::fprintf(stderr, "shape_fuzz: %s\n", why.c_str());
     return 2;
   }

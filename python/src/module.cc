@@ -180,7 +180,7 @@ void BindModel(nb::module_& m) {
       "gpu_available",
       [] {
         std::string why;
-        const bool ok = megakernel::GpuAvailable(&why);
+        const bool ok = runtime::GpuAvailable(&why);
         return std::make_pair(ok, why);
       },
       "(True, '') on a Hopper GPU, else (False, why).");

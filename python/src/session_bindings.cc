@@ -1,5 +1,5 @@
 // loom._loom: a compiled model resident on the CPU VM or the GPU, generating
-// tokens (megakernel::Session), with its logits as arrays: copied to numpy, or
+// tokens (runtime::Session), with its logits as arrays: copied to numpy, or
 // (GPU) a DLPack view of device memory that torch.from_dlpack takes without a copy.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
@@ -21,7 +21,7 @@ namespace {
 // Python threads may call at once: `mutex` takes them one at a time (close() too, so it never frees a session
 // another thread is running).
 struct PySession {
-  std::unique_ptr<megakernel::Session> session;
+  std::unique_ptr<runtime::Session> session;
   std::mutex mutex;
 };
 
@@ -34,9 +34,9 @@ auto Locked(PySession& s, F&& f) {
   return f(*s.session);
 }
 
-megakernel::Backend ParseBackend(const std::string& name) {
-  if (name == "cpu") return megakernel::Backend::kCpu;
-  if (name == "gpu") return megakernel::Backend::kGpu;
+runtime::Backend ParseBackend(const std::string& name) {
+  if (name == "cpu") return runtime::Backend::kCpu;
+  if (name == "gpu") return runtime::Backend::kGpu;
   Invalid(absl::StrCat("backend: unknown backend '", name, "' (cpu or gpu)"));
 }
 
@@ -47,7 +47,7 @@ void BindSession(nb::module_& m) {
       .def(
           "__init__",
           [](PySession* s, const graph::Model& model, const scheduler::Schedule& schedule, const std::string& backend) {
-            const megakernel::Backend b = ParseBackend(backend);
+            const runtime::Backend b = ParseBackend(backend);
             if (model.weights.empty()) Invalid(absl::StrCat("model '", model.spec, "' was loaded without weights"));
             if (schedule.vocab_size() != static_cast<uint32_t>(model.config.vocab_size) &&
                 model.config.vocab_size > 0) {
@@ -55,10 +55,10 @@ void BindSession(nb::module_& m) {
                                    ") is not a schedule of model '", model.spec, "' (vocabulary ",
                                    model.config.vocab_size, ")"));
             }
-            std::unique_ptr<megakernel::Session> created;
+            std::unique_ptr<runtime::Session> created;
             {
               nb::gil_scoped_release release;
-              created = Unwrap(megakernel::Session::Create(model.graph, schedule, model.weights, b));
+              created = Unwrap(runtime::Session::Create(model.graph, schedule, model.weights, b));
             }
             new (s) PySession{std::move(created)};
           },
@@ -66,17 +66,17 @@ void BindSession(nb::module_& m) {
       .def(
           "start",
           [](PySession& s, const std::vector<int32_t>& prompt, bool prefill) {
-            Locked(s, [&](megakernel::Session& x) { Check(x.Start(prompt, prefill)); });
+            Locked(s, [&](runtime::Session& x) { Check(x.Start(prompt, prefill)); });
           },
           nb::arg("prompt"), nb::arg("prefill") = true,
           "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token.")
       .def(
-          "step", [](PySession& s, int n) { Locked(s, [&](megakernel::Session& x) { Check(x.Step(n)); }); },
+          "step", [](PySession& s, int n) { Locked(s, [&](runtime::Session& x) { Check(x.Step(n)); }); },
           nb::arg("n") = 1, "Generates n more tokens (one kernel launch on the GPU).")
       .def(
           "trace_steps",
           [](PySession& s, int n, const std::filesystem::path& path) {
-            return Locked(s, [&](megakernel::Session& x) { return Unwrap(x.TraceSteps(n, path.string())); });
+            return Locked(s, [&](runtime::Session& x) { return Unwrap(x.TraceSteps(n, path.string())); });
           },
           nb::arg("n"), nb::arg("json_path"),
           "GPU: n steps timed per instruction; writes the trace, returns the summary.")
@@ -96,32 +96,32 @@ void BindSession(nb::module_& m) {
                    })
       .def_prop_ro("backend",
                    [](PySession& s) {
-                     return Locked(s, [](megakernel::Session& x) {
-                       return x.backend() == megakernel::Backend::kGpu ? std::string("gpu") : std::string("cpu");
+                     return Locked(s, [](runtime::Session& x) {
+                       return x.backend() == runtime::Backend::kGpu ? std::string("gpu") : std::string("cpu");
                      });
                    })
       .def_prop_ro("position",
-                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return Unwrap(x.position()); }); })
+                   [](PySession& s) { return Locked(s, [](runtime::Session& x) { return Unwrap(x.position()); }); })
       .def_prop_ro(
-          "tokens", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return Unwrap(x.tokens()); }); },
+          "tokens", [](PySession& s) { return Locked(s, [](runtime::Session& x) { return Unwrap(x.tokens()); }); },
           "The prompt followed by every token generated since start().")
       .def_prop_ro("vocab_size",
-                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.vocab_size(); }); })
-      .def_prop_ro("max_seq", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.max_seq(); }); })
+                   [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.vocab_size(); }); })
+      .def_prop_ro("max_seq", [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.max_seq(); }); })
       .def_prop_ro("used_prefill",
-                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.used_prefill(); }); })
+                   [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.used_prefill(); }); })
       .def_prop_ro(
           "prefill_note",
-          [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.prefill_note(); }); },
+          [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.prefill_note(); }); },
           "Why the last prompt went token by token ('' when a prefill pass took it).")
       .def_prop_ro("prompt_ms",
-                   [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.prompt_ms(); }); })
-      .def_prop_ro("step_ms", [](PySession& s) { return Locked(s, [](megakernel::Session& x) { return x.step_ms(); }); })
+                   [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.prompt_ms(); }); })
+      .def_prop_ro("step_ms", [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.step_ms(); }); })
       .def(
           "logits_host",
           [](PySession& s) {
             auto* data = new std::vector<float>(
-                Locked(s, [](megakernel::Session& x) { return Unwrap(x.logits()); }));
+                Locked(s, [](runtime::Session& x) { return Unwrap(x.logits()); }));
             nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
             const size_t shape[1] = {data->size()};
             return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), 1, shape, owner);
@@ -131,8 +131,8 @@ void BindSession(nb::module_& m) {
           "logits_device",
           [](nb::handle self) {
             PySession& s = nb::cast<PySession&>(self);
-            const float* p = Locked(s, [](megakernel::Session& x) { return Unwrap(x.device_logits()); });
-            const size_t shape[1] = {Locked(s, [](megakernel::Session& x) { return size_t{x.vocab_size()}; })};
+            const float* p = Locked(s, [](runtime::Session& x) { return Unwrap(x.device_logits()); });
+            const size_t shape[1] = {Locked(s, [](runtime::Session& x) { return size_t{x.vocab_size()}; })};
             int device = 0;
             // Owned by the session object: the view keeps it alive (its memory moves on the next call).
             return nb::ndarray<float, nb::ndim<1>, nb::device::cuda>(
