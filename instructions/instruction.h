@@ -360,7 +360,7 @@ LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, u
 // buffers (the copies of the next kAttnChunkBuffers - 1 chunks fly while one is computed; a running maximum and sum
 // across chunks): q, the chunk's scores, the position groups' partial outputs, a rescale factor per head,
 // K[kAttnChunkBuffers][chunk * head_dim], V alike. Two: three and four buffers (smaller chunks, more of them) were
-// 7% and 10% slower at context 4096 (docs/performance.md).
+// 7% and 10% slower at context 4096 (docs/history/performance_log.md).
 inline constexpr uint32_t kAttnChunkBuffers = 2;
 struct AttnChunkSlot {
   uint64_t q, scores, red, alpha, k, v, bytes;

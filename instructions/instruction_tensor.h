@@ -49,7 +49,7 @@ struct GemmArgs {
   float norm_eps;  // qk_norm's epsilon
   // 1: the tile is kGemmWideTileN (256) columns wide, n_tile counting such tiles: W's 128-row tiles 2 n_tile and
   // 2 n_tile + 1 side by side in one ring page with the A slab (pages of kGemmWideStepBytes or more), one
-  // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/performance.md "GEMM
+  // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/history/performance_log.md "GEMM
   // opcode"). The f32 and SiLU-image epilogues only. 0: 128 columns.
   uint32_t wide;
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",

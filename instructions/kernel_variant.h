@@ -41,7 +41,7 @@ LOOM_HD constexpr bool VariantCompiles(KernelVariant v, Opcode op) {
 // lowering never emits run in kTensorKernel, so the decode variant does not compile them: an ATTN_PARTIAL with the
 // fused reduce (`out`: the `fused_attention_reduce` option), an ATTN_REDUCE of more than kAttnThreads elements (the
 // lowering's are kAttnThreads: AttnReduceHeads). Code the decode steps never run cost them 0.5-0.8% twice
-// (docs/performance.md, "the decode variant's code size").
+// (docs/history/performance_log.md, "the decode variant's code size").
 LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
   if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().wide) return kWideKernel;
   if (inst.op() == Opcode::ATTN_PARTIAL && inst.as<AttnPartialArgs>().out != kNoTensor) return kTensorKernel;

@@ -15,7 +15,7 @@ namespace loom::megakernel {
 
 // The activation slot an instruction gets once its waits are met (see each opcode's layout in ops/). The consumers
 // fill it themselves (cp.async through L2: one round trip, where a bulk copy here, after the proxy fence it needs,
-// took ~0.8 us longer from the waits to the slot; docs/performance.md).
+// took ~0.8 us longer from the waits to the slot; docs/history/performance_log.md).
 struct ActivationPlan {
   uint32_t bytes = 0;   // slot size, a multiple of 16
   uint32_t flags = 0;   // kActivation*: ATTN_PARTIAL's K and V rows (all / in chunks) in the slot, or none (empty)

@@ -216,7 +216,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
         MbarrierArrive(&s.full[ring.index]);
       } else {
         // Evict-first: a MATVEC weight is read once per step, and the step's gigabytes of them would otherwise push
-        // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/performance.md).
+        // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/history/performance_log.md).
         MbarrierArriveExpectTx(&s.full[ring.index], bytes);
         BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
                          &s.full[ring.index], CreatePolicyEvictFirst());

@@ -55,7 +55,7 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
   if (!IsDecoderGraph(graph)) {  // a general graph: one run-once pass
     // Its small instructions (a split's zeroing, a copy, a pool chunk) take 1-2 us each in the graph variant, not
     // the decode opcodes' 300 ns: modelled at that, the list scheduler put them ahead of the critical path's
-    // (H100, ResNet-18 at batch 8: 0.678 -> 0.627-0.629 ms with 1500; docs/performance.md).
+    // (H100, ResNet-18 at batch 8: 0.678 -> 0.627-0.629 ms with 1500; docs/history/performance_log.md).
     if (options.cost().instruction_overhead_ns() <= 0) {
       resolved.mutable_cost()->set_instruction_overhead_ns(kGraphInstructionOverheadNs);
     }

@@ -30,7 +30,7 @@ constexpr uint32_t kMinSlabsPerSplit = 2;  // K slabs (of 64) each split multipl
 // A convolution split over K has its sum copied to bf16 (NHWC_BF16, a stage of its own) for the convolutions
 // reading it when one of them multiplies at least this many K slabs an instruction: a slab gathered as bf16 saves
 // ~0.5 us against f32, the copy's stage costs ~3 us (H100, ResNet-18: batch 8's readers take 7-9 slabs and gain
-// 8%, batch 1's take 2-4.5 and lost 13% with a copy each; docs/performance.md).
+// 8%, batch 1's take 2-4.5 and lost 13% with a copy each; docs/history/performance_log.md).
 constexpr uint32_t kMinSlabsForBf16Copy = 6;
 
 inline std::vector<uint64_t> ShapeOf(const TensorDef& t) { return {t.shape().begin(), t.shape().end()}; }

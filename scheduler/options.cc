@@ -13,7 +13,7 @@ constexpr uint32_t kDefaultSms = 132;            // H100 SXM
 constexpr uint32_t kDefaultPageBytes = 16384;
 constexpr uint32_t kDefaultPages = 11;
 constexpr uint32_t kDefaultActivationBytes = 47104;  // what 11 pages of 16 KB leave
-// 1 measured fastest on the H100 (2: +2%, 4: +2.5% ms/token; docs/performance.md).
+// 1 measured fastest on the H100 (2: +2%, 4: +2.5% ms/token; docs/history/performance_log.md).
 constexpr uint32_t kDefaultActivationSlots = 1;
 constexpr uint32_t kDefaultElementwiseChunk = 2048;
 constexpr double kDefaultHbmGbps = 3100;
@@ -72,7 +72,7 @@ CompileOptions ResolveOptions(const CompileOptions& in) {
   if (c->hbm_gbps() <= 0) c->set_hbm_gbps(kDefaultHbmGbps);
   if (c->sm_gbps() <= 0) c->set_sm_gbps(c->hbm_gbps() / o.num_sms());
   if (c->sm_gflops() <= 0) c->set_sm_gflops(kDefaultSmGflops);
-  // ~475 TFLOP/s measured for the GEMM opcode on 132 SMs (docs/performance.md).
+  // ~475 TFLOP/s measured for the GEMM opcode on 132 SMs (docs/history/performance_log.md).
   if (c->sm_tensor_gflops() <= 0) c->set_sm_tensor_gflops(3600);
   if (c->instruction_overhead_ns() <= 0) c->set_instruction_overhead_ns(kDefaultOverheadNs);
   if (c->barrier_latency_ns() <= 0) c->set_barrier_latency_ns(kDefaultBarrierLatencyNs);

@@ -34,7 +34,7 @@ using graph::OpDef;
 // Small enough that a stage of a short prompt still spreads over many SMs. A norm pack of a short prompt is one row
 // per consumer warp (its latency one row's round trip), of a long one two (half the instructions, and enough of
 // them to fill the SMs). H100, TTFT ms at P = 128 / 512 / 2048, 8 rows: 2.34 / 3.32 / 11.67 and 2.19 / 3.32 /
-// 11.76; 16 rows: 2.21 / 3.40 / 11.60 and 2.23 / 3.38 / 11.62 (performance.md "Prefill").
+// 11.76; 16 rows: 2.21 / 3.40 / 11.60 and 2.23 / 3.38 / 11.62 (docs/history/performance_log.md "Prefill").
 constexpr uint32_t kEmbedRowsPerInstruction = 4;
 constexpr uint32_t kPackRowsShort = 8, kPackRowsLong = 16;
 constexpr uint32_t kMaxKSplits = 16;

@@ -47,8 +47,8 @@ struct PrefillOptions {
   // One barrier per 128-row tile in every stage but the QKV projection, so a stage's work on some rows starts
   // when the previous stage has finished those rows (no idle tail between stages), or one barrier per stage.
   // kAuto: per-tile barriers for prompts of at most kMaxRowTilesForTileBarriers row tiles. Measured on the H100
-  // (random:llama-3.2-1b, performance.md): TTFT 2.74 / 3.98 / 13.28 ms with them at P = 128 / 512 / 2048
-  // against 2.79 / 4.16 / 12.99 without (at 2048 the SMs' queue order, not the stage tails, decides).
+  // (random:llama-3.2-1b, docs/history/performance_log.md): TTFT 2.74 / 3.98 / 13.28 ms with them at P = 128 / 512
+  // / 2048 against 2.79 / 4.16 / 12.99 without (at 2048 the SMs' queue order, not the stage tails, decides).
   enum class RowTileBarriers { kAuto, kOn, kOff };
   RowTileBarriers row_tile_barriers = RowTileBarriers::kAuto;
   // Ring page size of the pass: 32 KB (two 16 KB pieces per page: a GEMM's A and W slab of one K step, or 64 keys
@@ -59,11 +59,11 @@ struct PrefillOptions {
   // but the QKV projection (its RoPE epilogue) takes 128 x 256 tiles (isa::GemmArgs::wide: a K step's A slab and two
   // W slabs a page); auto takes them where the pass's widest GEMM (gate/up) has kMinWideTileWaves waves of wide
   // tiles, the O- and down-projections' n (hidden) fills them, and kMinWideTilePages fit. Measured (H100,
-  // performance.md "GEMM opcode"): random:llama-3.2-1b TTFT 2.83 / 3.34 / 5.46 / 10.43 ms at P = 128 / 512 / 1024 /
-  // 2048 (0.5 / 1.9 / 3.9 / 7.8 waves) against 2.09 / 3.18 / 5.56 / 11.02 with 32 KB pages (wide tiles halve the
-  // tiles: with few, SMs idle); giving wide tiles only to GEMMs with a wave of them measured worse at every P (their
-  // 128-column neighbours then use 32 KB of each 48 KB page); the rule picked the faster page size at 12 of 12
-  // points of three shapes (Llama-3.2-1B, TinyLlama, Qwen2.5-0.5B at P = 768 ... 2048).
+  // docs/history/performance_log.md "GEMM opcode"): random:llama-3.2-1b TTFT 2.83 / 3.34 / 5.46 / 10.43 ms at
+  // P = 128 / 512 / 1024 / 2048 (0.5 / 1.9 / 3.9 / 7.8 waves) against 2.09 / 3.18 / 5.56 / 11.02 with 32 KB pages
+  // (wide tiles halve the tiles: with few, SMs idle); giving wide tiles only to GEMMs with a wave of them measured
+  // worse at every P (their 128-column neighbours then use 32 KB of each 48 KB page); the rule picked the faster
+  // page size at 12 of 12 points of three shapes (Llama-3.2-1B, TinyLlama, Qwen2.5-0.5B at P = 768 ... 2048).
   uint32_t page_bytes = 0;
   // Prompt rows per PACK_ROWS instruction that adds a split projection's parts into x as it packs (each such row
   // reads splits + 1 rows of x's width): 0 auto (as many as read at most kFoldBytesPerInstruction, at least one;

@@ -75,7 +75,8 @@ __global__ void PullPages(const uint8_t* region, uint64_t region_bytes, uint32_t
 // page barrier expects the whole page (both halves); a cluster barrier after every page keeps the two CTAs on the
 // same page, so neither refills one its partner has not seen complete. That barrier bounds this mode: it measured
 // 40-50 GB/s into each SM (H100), below the plain ring's 58-64, so it says nothing yet about multicast's own rate;
-// a GEMM would release a page to the pair with a remote mbarrier arrive per page instead (docs/performance.md).
+// a GEMM would release a page to the pair with a remote mbarrier arrive per page instead
+// (docs/history/performance_log.md).
 __global__ void __cluster_dims__(2, 1, 1) PullPagesMulticast(const uint8_t* region, uint64_t region_bytes,
                                                             uint32_t page_bytes, uint32_t pages, uint32_t iterations) {
   extern __shared__ __align__(128) uint8_t smem[];

@@ -109,7 +109,7 @@ absl::StatusOr<double> StreamOnlyMs(runtime::GpuMachine& m, bool skip_loads) {
 }
 
 // Per SM, the same streaming traced: how fast each SM streams its equal share while all stream at once, and on which
-// SM (%smid) each block ran, in 3 launches. Decode stages wait for their slowest SM (docs/performance.md).
+// SM (%smid) each block ran, in 3 launches. Decode stages wait for their slowest SM (docs/history/performance_log.md).
 absl::Status PrintPerSmStreaming(runtime::GpuMachine& m, uint64_t packed_bytes) {  // m: a StreamMachine
   const uint32_t sms = m.num_sms();
   const uint64_t rows_total = packed_bytes / (2 * kStreamK), per_sm = (rows_total + sms - 1) / sms;

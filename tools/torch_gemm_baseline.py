@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cuBLAS (torch.matmul, bf16) on the shapes tools/gemm_bench measures Loom's GEMM opcode at: C = A · Wᵀ with
 A [M, K] and W [N, K]. Median of --repeats CUDA-event timings after 3 warm-up calls, or --warmup_ms of the same
-product (sustained: the power state settles; docs/performance.md has both), fresh random data per shape.
+product (sustained: the power state settles; docs/history/performance_log.md has both), fresh random data per shape.
 
   python3 tools/torch_gemm_baseline.py --shapes "4096x4096x4096;512x3072x2048"
 """

@@ -325,7 +325,7 @@ static_assert(isa::kConvOutRowBytes == isa::kGemmTileN * 4 + 16 &&
 // to `out` (float4 atomic adds where the tile adds into it in place: out += the tile); then the same in bf16 to
 // `out_bf16`. Against GemmStoreF32Tile's stores straight from the registers (8 bytes of 8 rows a warp instruction)
 // and its bias loaded after the K loop (a round trip behind the loader's pages), ResNet-18 at batch 8 took 0.585
-// against 0.623 ms (performance.md). Bulk copies a row (cp.async.bulk from the slot) measured 0.595.
+// against 0.623 ms (docs/history/performance_log.md). Bulk copies a row (cp.async.bulk from the slot) measured 0.595.
 __device__ __forceinline__ void ConvStoreTileStaged(const isa::ConvGemmArgs& g, const isa::MachineView& m,
                                                     GemmAcc& acc, uint32_t tid, uint32_t warpgroup, uint32_t col0,
                                                     uint32_t staged, uint8_t* slot) {

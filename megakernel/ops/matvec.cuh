@@ -267,7 +267,7 @@ __device__ __forceinline__ void RotatePairDevice(float* a, float* b, uint32_t j,
 // Reads the input (f32[n], 16-byte aligned) into the slot with cp.async through L2 (other SMs wrote it; the
 // activation loader's acquire of their barrier, handed on by the slot's mbarrier, orders it), no registers held.
 // One round trip: the activation loader's bulk copy, after the proxy fence it needs, took ~1.4 us from the waits
-// being met to the slot (docs/performance.md). Thread t copies float4 j = t + u * kConsumerThreads, as
+// being met to the slot (docs/history/performance_log.md). Thread t copies float4 j = t + u * kConsumerThreads, as
 // NormalizeMatvecInput reads them, so after its own wait it reads its copies there without a barrier.
 // Issued only: MatvecPrologue waits, after issuing its own loads.
 __device__ __forceinline__ void IssueMatvecInput(const float* src, float* x, uint32_t n, uint32_t tid) {

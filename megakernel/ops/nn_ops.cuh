@@ -96,7 +96,7 @@ __device__ __forceinline__ float PoolGathered(const isa::PoolArgs& a, const floa
   // The window's row and column followed position to position: t / kw and t % kw with kw known only at run time
   // were two integer divisions a position (ResNet-18's max pool at batch 8: 52 -> 44 us an instruction). This
   // code's shape is fragile: the same steps as a struct, or two windows gathered before their stores, measured
-  // 87-142 us (docs/performance.md "Convolutions gathering bf16 activations").
+  // 87-142 us (docs/history/performance_log.md "Convolutions gathering bf16 activations").
   uint32_t kx = 0;
   int32_t iy = win.y0, ix = win.x0;
   const uint32_t positions = a.kh * a.kw;
