@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, row_tile_barriers, "auto",
           "on: one barrier per 128-row tile and stage; off: one per stage; auto: on for up to 8 row tiles");
 ABSL_FLAG(int32_t, fold_rows, 0,
           "prompt rows per PACK_ROWS that adds a split projection's parts (PrefillOptions.fold_rows; 0: auto)");
-ABSL_FLAG(int32_t, max_splits, 0, "most ways a residual projection is split over K (PrefillOptions.max_splits; 0: auto)");
+ABSL_FLAG(int32_t, max_splits, 0,
+          "most ways a residual projection is split over K (PrefillOptions.max_splits; 0: auto)");
 ABSL_FLAG(int32_t, page_kb, 0,
           "ring page size of the pass in KB: 48 (128 x 256 GEMM tiles), 32, 16, or 0 (auto: 48 from 1024 rows where 3 "
           "pages fit, else 32 where 4 fit, else 16)");
