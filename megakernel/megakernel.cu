@@ -246,10 +246,46 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
 // the general-graph ones too, kWideKernel GEMM's 128 x 256 tiles. The tensor-core ones need many accumulator
 // registers, and in the same consumer loop they push the decode opcodes into spills; decode programs run the
 // variant without them.
+// Each opcode's device entry, chosen by its argument struct. The consumer switch expands the opcode table
+// (LOOM_OPCODE_LIST), so an opcode without an entry here does not compile; kVariant picks the forms a variant
+// compiles (isa::KernelVariantOf(const Instruction&)).
+#define LOOM_DEVICE_ENTRY(ARGS, ...)                                                      \
+  template <uint32_t kVariant>                                                            \
+  __device__ __forceinline__ void Consume(const isa::ARGS& a, ConsumerContext& ctx) { \
+    __VA_ARGS__;                                                                          \
+  }
+LOOM_DEVICE_ENTRY(EmbedArgs, RunEmbed(a, ctx))
+LOOM_DEVICE_ENTRY(RmsNormArgs, RunRmsNorm(a, ctx))
+LOOM_DEVICE_ENTRY(MatvecArgs, RunMatvec<kVariant == isa::kDecodeKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(RopeAppendArgs, RunRopeAppend(a, ctx))
+LOOM_DEVICE_ENTRY(AttnPartialArgs,
+                  RunAttnPartial<kVariant == isa::kDecodeKernel, kVariant != isa::kDecodeKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(AttnReduceArgs, RunAttnReduce<kVariant != isa::kDecodeKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(SiluMulArgs, RunSiluMul(a, ctx))
+LOOM_DEVICE_ENTRY(AddArgs, RunAdd(a, ctx))
+LOOM_DEVICE_ENTRY(ArgmaxPartialArgs, RunArgmaxPartial(a, ctx))
+LOOM_DEVICE_ENTRY(ArgmaxReduceArgs, RunArgmaxReduce(a, ctx))
+LOOM_DEVICE_ENTRY(Conv1dArgs, RunConv1d(a, ctx))
+// The tensor-core opcodes (and PACK_ROWS, a GEMM's operand) run from the tensor variant up; the general-graph ones
+// in their own variant: in the decode one they measured 11% slower decode (their code changes its register
+// allocation), in the tensor one they doubled its spills.
+LOOM_DEVICE_ENTRY(PackRowsArgs, RunPackRows(a, ctx))
+LOOM_DEVICE_ENTRY(GemmArgs, RunGemm<kVariant == isa::kWideKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(FlashAttnArgs, RunFlashAttn(a, ctx))
+LOOM_DEVICE_ENTRY(SumSplitsArgs, RunSumSplits(a, ctx))
+LOOM_DEVICE_ENTRY(ConvGemmArgs, RunConvGemm(a, ctx))
+LOOM_DEVICE_ENTRY(ImToColArgs, RunImToCol(a, ctx))
+LOOM_DEVICE_ENTRY(PoolArgs, RunPool(a, ctx))
+LOOM_DEVICE_ENTRY(ElementwiseArgs, RunElementwise(a, ctx))
+LOOM_DEVICE_ENTRY(SoftmaxArgs, RunSoftmax(a, ctx))
+LOOM_DEVICE_ENTRY(NormRowsArgs, RunNormRows(a, ctx))
+LOOM_DEVICE_ENTRY(DwConvArgs, RunDwConv(a, ctx))
+LOOM_DEVICE_ENTRY(NhwcBf16Args, RunNhwcBf16(a, ctx))
+#undef LOOM_DEVICE_ENTRY
+
 template <uint32_t kVariant>
 __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLayout& s, uint32_t sm, uint32_t tid) {
   constexpr isa::KernelVariant kThisVariant = static_cast<isa::KernelVariant>(kVariant);
-  constexpr bool kDecodeOnly = kVariant == isa::kDecodeKernel;  // (the forms isa::KernelVariantOf leaves out of it)
   PipelineState signal_slot{0, 0, kSignalSlots};
   PipelineState act{0, 0, p.activation_slots};
   uint32_t waited_phases = 0;  // bit i: the phase of act_waited[i] the next early hand-off of slot i completes
@@ -290,44 +326,19 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     ctx.act_length = static_cast<uint32_t>(info >> 32);
     // A slot handed over early completes its act_waited once (the loader arrives only then): its phase bit flips.
     if (ctx.act_flags & kActivationEarly) waited_phases ^= 1u << act.index;
-    // Every case through one gate: the opcode's device entry where isa::VariantCompiles says this variant compiles
-    // it, else the default's record (no flag kept across the switch: a register there moved the tensor-core
-    // variants' allocation, +1% TTFT).
-#define LOOM_CONSUMER_CASE(OP, ...)                                      \
+    // Every case of the opcode table through one gate: its device entry where isa::VariantCompiles says this
+    // variant compiles it, else the default's record (no flag kept across the switch: a register there moved the
+    // tensor-core variants' allocation, +1% TTFT).
+#define LOOM_CONSUMER_CASE(OP, ARGS)                                     \
   case isa::Opcode::OP:                                                  \
     if constexpr (isa::VariantCompiles(kThisVariant, isa::Opcode::OP)) { \
-      __VA_ARGS__;                                                       \
+      Consume<kVariant>(inst.as<isa::ARGS>(), ctx);                      \
       break;                                                             \
     } else {                                                             \
       goto not_compiled;                                                 \
     }
     switch (inst.op()) {
-      LOOM_CONSUMER_CASE(EMBED, RunEmbed(inst.as<isa::EmbedArgs>(), ctx))
-      LOOM_CONSUMER_CASE(RMS_NORM, RunRmsNorm(inst.as<isa::RmsNormArgs>(), ctx))
-      LOOM_CONSUMER_CASE(MATVEC, RunMatvec<kDecodeOnly>(inst.as<isa::MatvecArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ROPE_KV_APPEND, RunRopeAppend(inst.as<isa::RopeAppendArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ATTN_PARTIAL, RunAttnPartial<kDecodeOnly, !kDecodeOnly>(inst.as<isa::AttnPartialArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ATTN_REDUCE, RunAttnReduce<!kDecodeOnly>(inst.as<isa::AttnReduceArgs>(), ctx))
-      LOOM_CONSUMER_CASE(SILU_MUL, RunSiluMul(inst.as<isa::SiluMulArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ADD, RunAdd(inst.as<isa::AddArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ARGMAX_PARTIAL, RunArgmaxPartial(inst.as<isa::ArgmaxPartialArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ARGMAX_REDUCE, RunArgmaxReduce(inst.as<isa::ArgmaxReduceArgs>(), ctx))
-      LOOM_CONSUMER_CASE(CONV1D, RunConv1d(inst.as<isa::Conv1dArgs>(), ctx))
-      // The tensor-core opcodes (and PACK_ROWS, a GEMM's operand) from the tensor variant up; the general-graph ones
-      // in their own variant: in the decode one they measured 11% slower decode (their code changes its register
-      // allocation), in the tensor one they doubled its spills.
-      LOOM_CONSUMER_CASE(PACK_ROWS, RunPackRows(inst.as<isa::PackRowsArgs>(), ctx))
-      LOOM_CONSUMER_CASE(GEMM, RunGemm<kVariant == isa::kWideKernel>(inst.as<isa::GemmArgs>(), ctx))
-      LOOM_CONSUMER_CASE(FLASH_ATTN, RunFlashAttn(inst.as<isa::FlashAttnArgs>(), ctx))
-      LOOM_CONSUMER_CASE(SUM_SPLITS, RunSumSplits(inst.as<isa::SumSplitsArgs>(), ctx))
-      LOOM_CONSUMER_CASE(CONV_GEMM, RunConvGemm(inst.as<isa::ConvGemmArgs>(), ctx))
-      LOOM_CONSUMER_CASE(IM2COL, RunImToCol(inst.as<isa::ImToColArgs>(), ctx))
-      LOOM_CONSUMER_CASE(POOL, RunPool(inst.as<isa::PoolArgs>(), ctx))
-      LOOM_CONSUMER_CASE(ELEMENTWISE, RunElementwise(inst.as<isa::ElementwiseArgs>(), ctx))
-      LOOM_CONSUMER_CASE(SOFTMAX, RunSoftmax(inst.as<isa::SoftmaxArgs>(), ctx))
-      LOOM_CONSUMER_CASE(NORM_ROWS, RunNormRows(inst.as<isa::NormRowsArgs>(), ctx))
-      LOOM_CONSUMER_CASE(DWCONV, RunDwConv(inst.as<isa::DwConvArgs>(), ctx))
-      LOOM_CONSUMER_CASE(NHWC_BF16, RunNhwcBf16(inst.as<isa::NhwcBf16Args>(), ctx))
+      LOOM_OPCODE_LIST(LOOM_CONSUMER_CASE)
 #undef LOOM_CONSUMER_CASE
       default:  // an opcode outside the table, or one this variant does not compile: it runs nothing, and the
                 // host fails the launch naming it (GpuMachine checks every program before it runs, so this is the
