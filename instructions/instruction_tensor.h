@@ -97,6 +97,13 @@ LOOM_HD GemmSlabRange GemmSlabsOf(const GemmArgs& g) {
   return {begin, count == 0 ? GemmSlabs(g.k) - begin : count};
 }
 LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGemmTileM; }
+// The rows of each of the tile's A slabs the loader copies: its rows of A (the last tile's may be fewer than 128)
+// rounded up to the 128-byte swizzle's 8-row atom, which keeps the copied bytes a prefix of the slab.
+LOOM_HD uint32_t GemmSlabRowsLoaded(const GemmArgs& g) {
+  const uint32_t row0 = g.m_tile * kGemmTileM, rows = g.m > row0 ? g.m - row0 : 0;
+  const uint32_t live = rows < kGemmTileM ? rows : kGemmTileM;
+  return (live + 7) / 8 * 8;
+}
 // Bytes of an image of `rows` x k (whole 128-row tiles of whole slabs).
 LOOM_HD uint64_t GemmImageBytes(uint32_t rows, uint32_t k) {
   return uint64_t{GemmTiles(rows)} * GemmSlabs(k) * kGemmSlabBytes;

@@ -100,7 +100,7 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     }
     const uint8_t* tile = nullptr;
     uint64_t total = 0;
-    GemmPages gemm{nullptr, nullptr, 0, nullptr, 0};
+    GemmPages gemm{nullptr, nullptr, 0, nullptr, 0, 0};
     ConvGemmPages conv{nullptr, 0};
     FlashPages flash{nullptr, nullptr, 64, 0, 0};
     const uint32_t opcode = inst.opcode;
@@ -133,10 +133,11 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
     const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
     for (uint32_t i = 0; i < gemm.count; i += gemm_per_page) {
       MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page * isa::kGemmSlabBytes);
+      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page == 2 ? gemm.a_bytes + isa::kGemmSlabBytes
+                                                                      : gemm.Bytes(i));
       for (uint32_t j = 0; j < gemm_per_page; ++j) {
         BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
-                         gemm.Source(i + j), isa::kGemmSlabBytes, &s.full[ring.index]);
+                         gemm.Source(i + j), gemm.Bytes(i + j), &s.full[ring.index]);
       }
       ++ring;
     }
@@ -149,8 +150,9 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
       if (p.skip_weight_loads) {
         MbarrierArrive(&s.full[ring.index]);
       } else {
-        MbarrierArriveExpectTx(&s.full[ring.index], (gemm.w2 != nullptr ? 3 : 2) * isa::kGemmSlabBytes);
-        BulkCopyToShared(page, gemm.a + offset, isa::kGemmSlabBytes, &s.full[ring.index]);
+        MbarrierArriveExpectTx(&s.full[ring.index],
+                               gemm.a_bytes + (gemm.w2 != nullptr ? 2 : 1) * isa::kGemmSlabBytes);
+        BulkCopyToShared(page, gemm.a + offset, gemm.a_bytes, &s.full[ring.index]);
         BulkCopyToShared(page + isa::kGemmSlabBytes, gemm.w + offset, isa::kGemmSlabBytes, &s.full[ring.index]);
         if (gemm.w2 != nullptr) {
           BulkCopyToShared(page + 2 * isa::kGemmSlabBytes, gemm.w2 + offset, isa::kGemmSlabBytes,

@@ -25,16 +25,21 @@ namespace loom::megakernel {
 // tile, w2 (nullptr when n has none: that third of the page is left as it is, and only output columns past n read
 // it). The loader walks them with adds and shifts only: it runs on few registers, and its arithmetic and spills
 // delay every page (a division per slab cost the GEMM half its speed).
+// a_bytes: the bytes of each A slab copied, its first rows up to the tile's last row of A rounded up to a swizzle atom
+// (8 rows, 1 KB): the rows past it reach only accumulator rows the epilogues never store (row i of a product reads
+// row i of A alone), and a short prompt's tile is mostly such rows: at one row, 1 KB of each 16 KB A slab.
 struct GemmPages {
   const uint8_t* a;  // the tile's first A slab; consecutive K steps are kGemmSlabBytes apart in each operand
   const uint8_t* w;  // the tile's first W slab
   uint32_t count;
   const uint8_t* w2;
   uint32_t wide_steps;
+  uint32_t a_bytes;
 
   __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
     return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
   }
+  __device__ __forceinline__ uint32_t Bytes(uint32_t i) const { return i % 2 == 0 ? a_bytes : isa::kGemmSlabBytes; }
 };
 
 __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
@@ -45,9 +50,10 @@ __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const i
       m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(g.m_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
   const uint8_t* w =
       m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(w_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
-  if (!g.wide) return {a, w, 2 * range.count, nullptr, 0};
+  const uint32_t a_bytes = isa::GemmSlabRowsLoaded(g) * (isa::kGemmSlabBytes / isa::kGemmTileM);
+  if (!g.wide) return {a, w, 2 * range.count, nullptr, 0, a_bytes};
   const bool second = w_tile + 1 < isa::GemmTiles(g.n);
-  return {a, w, 0, second ? w + static_cast<uint64_t>(slabs) * isa::kGemmSlabBytes : nullptr, range.count};
+  return {a, w, 0, second ? w + static_cast<uint64_t>(slabs) * isa::kGemmSlabBytes : nullptr, range.count, a_bytes};
 }
 
 // Ring pages per K slab: 1 when a page holds the A and the W slab (pages of 32 KB or more), else 2.
