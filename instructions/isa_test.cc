@@ -393,5 +393,31 @@ TEST(IsaReference, PackRowsWritesThePackSwizzledImage) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), m.ptr<uint16_t>(out)));
 }
 
+// The GEMM loader copies each A slab's rows up to the tile's last row of A, rounded up to the 8-row swizzle atom:
+// a prefix of the slab (the rows past it reach only accumulator rows no epilogue stores).
+TEST(GemmSlabRows, LoadedRowsEndAtTheTilesLastRowOfA) {
+  GemmArgs g{};
+  g.m = 1;
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 8u);
+  g.m = 64;
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 64u);
+  g.m = 65;
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 72u);
+  g.m = 300;  // tiles of 128, 128 and 44 rows
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 128u);
+  g.m_tile = 1;
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 128u);
+  g.m_tile = 2;
+  EXPECT_EQ(GemmSlabRowsLoaded(g), 48u);
+  for (uint32_t m = 1; m <= 3 * kGemmTileM; ++m) {
+    g.m = m;
+    for (g.m_tile = 0; g.m_tile < GemmTiles(m); ++g.m_tile) {
+      const uint32_t rows = GemmSlabRowsLoaded(g), live = std::min(kGemmTileM, m - g.m_tile * kGemmTileM);
+      EXPECT_TRUE(rows % 8 == 0 && rows >= live && rows < live + 8 && rows <= kGemmTileM) << m << " " << g.m_tile;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::isa
+

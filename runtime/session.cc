@@ -1,7 +1,9 @@
 #include "runtime/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/gpu_backend.h"
@@ -56,21 +58,68 @@ Session::~Session() = default;
 uint32_t Session::vocab_size() const { return schedule_.vocab_size(); }
 uint32_t Session::max_seq() const { return schedule_.max_seq(); }
 
-absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows) {
-  for (const auto& [r, pass] : passes_) {
-    if (r == rows) return &pass;
+absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool all_logits, bool verify) {
+  pass_lower_ms_ = 0;
+  for (const LoweredPass& p : passes_) {
+    if (p.rows == rows && p.all_logits == all_logits) return &p.pass;
   }
+  const auto start = std::chrono::steady_clock::now();
   scheduler::PrefillOptions options;
-  options.verify = false;  // as `loom run` lowers passes (the tests verify every shape they run)
+  options.all_logits = all_logits;
+  options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
   absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(graph_, schedule_, rows, options);
   if (!pass.ok()) return pass.status();
+  pass_lower_ms_ = MsSince(start);
   constexpr size_t kKeptPasses = 8;
   if (passes_.size() >= kKeptPasses) passes_.erase(passes_.begin());
-  passes_.emplace_back(rows, *std::move(pass));
-  return &passes_.back().second;
+  passes_.push_back({rows, all_logits, *std::move(pass)});
+  return &passes_.back().pass;
 }
 
-absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
+absl::Status Session::KeepLastLogits() {
+  absl::StatusOr<std::vector<float>> l = vm_ ? absl::StatusOr<std::vector<float>>(vm_->logits()) : gpu_->logits();
+  if (!l.ok()) return l.status();
+  kept_logits_.insert(kept_logits_.end(), l->begin(), l->end());
+  return absl::OkStatus();
+}
+
+absl::Status Session::KeepPassLogits(const scheduler::Schedule& pass) {
+  for (const scheduler::Tensor& t : pass.tensors()) {
+    if (t.name() != "prefill.logits") continue;
+    std::vector<float> rows(t.bytes() / sizeof(float));
+    if (vm_) {
+      const std::vector<uint8_t> bytes = vm_->ReadArena(t.offset(), t.bytes());
+      std::memcpy(rows.data(), bytes.data(), rows.size() * sizeof(float));
+    } else if (absl::Status s = gpu_->machine().ReadArena(t.offset(), rows.data(), rows.size() * sizeof(float));
+               !s.ok()) {
+      return s;
+    }
+    kept_logits_.insert(kept_logits_.end(), rows.begin(), rows.end());
+    return absl::OkStatus();
+  }
+  return absl::InternalError("the prefill pass has no prefill.logits (lowered without all_logits)");
+}
+
+absl::Status Session::RunSteps(int n, double* ms) {
+  const int per_launch = keep_logits_ ? 1 : n;
+  for (int done = 0; done < n; done += per_launch) {
+    const auto start = std::chrono::steady_clock::now();
+    if (vm_) {
+      if (absl::Status s = vm_->Run(per_launch); !s.ok()) return s;
+      *ms += MsSince(start);
+    } else {
+      absl::StatusOr<float> kernel_ms = gpu_->Run(per_launch);
+      if (!kernel_ms.ok()) return kernel_ms.status();
+      *ms += *kernel_ms;
+    }
+    if (keep_logits_) {
+      if (absl::Status s = KeepLastLogits(); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Start(const std::vector<int32_t>& prompt, const StartOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
   if (prompt.size() >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("a prompt of ", prompt.size(),
@@ -81,23 +130,29 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
   if (absl::Status s = vm_ ? vm_->Reset(prompt) : gpu_->Reset(prompt); !s.ok()) return s;
   used_prefill_ = false;
   prefill_note_.clear();
+  keep_logits_ = options.keep_logits;
+  kept_logits_.clear();
+  pass_instructions_ = 0;
+  pass_lower_ms_ = 0;
   const scheduler::Schedule* pass = nullptr;
-  if (!prefill) {
+  if (!options.prefill) {
     prefill_note_ = "prefill off";
   } else if (!scheduler::HasPrefillWeights(schedule_)) {
     const absl::Status why = scheduler::PrefillSupported(graph_);
     prefill_note_ = why.ok() ? "compiled without the prefill weights" : std::string(why.message());
   } else {
-    absl::StatusOr<const scheduler::Schedule*> p = PassFor(static_cast<uint32_t>(prompt.size()));
+    absl::StatusOr<const scheduler::Schedule*> p =
+        PassFor(static_cast<uint32_t>(prompt.size()), options.keep_logits, options.verify);
     if (p.ok())
       pass = *p;
     else
       prefill_note_ = std::string(p.status().message());
   }
-  const auto start = std::chrono::steady_clock::now();
   if (pass != nullptr) {
     used_prefill_ = true;
+    for (const scheduler::SmQueue& q : pass->queues()) pass_instructions_ += q.instructions_size();
     if (vm_) {
+      const auto start = std::chrono::steady_clock::now();
       if (absl::Status s = vm_->Prefill(*pass); !s.ok()) return s;
       prompt_ms_ = MsSince(start);
     } else {
@@ -105,19 +160,15 @@ absl::Status Session::Start(const std::vector<int32_t>& prompt, bool prefill) {
       if (!ms.ok()) return ms.status();
       prompt_ms_ = *ms;
     }
+    if (keep_logits_) {
+      if (absl::Status s = KeepPassLogits(*pass); !s.ok()) return s;
+    }
     started_ = true;
     return CheckLastLogits();
   }
   // One decode step per prompt token: step p reads token p and writes token p + 1 (forced inside the prompt).
-  const int steps = static_cast<int>(prompt.size());
-  if (vm_) {
-    if (absl::Status s = vm_->Run(steps); !s.ok()) return s;
-    prompt_ms_ = MsSince(start);
-  } else {
-    absl::StatusOr<float> ms = gpu_->Run(steps);
-    if (!ms.ok()) return ms.status();
-    prompt_ms_ = *ms;
-  }
+  prompt_ms_ = 0;
+  if (absl::Status s = RunSteps(static_cast<int>(prompt.size()), &prompt_ms_); !s.ok()) return s;
   started_ = true;
   return CheckLastLogits();
 }
@@ -165,33 +216,40 @@ absl::Status Session::Step(int n) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 0, not ", n));
   if (absl::Status s = CheckRoom(n); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();
-  const auto start = std::chrono::steady_clock::now();
-  if (vm_) {
-    if (absl::Status s = vm_->Run(n); !s.ok()) return s;
-    step_ms_ = MsSince(start);
-    return CheckLastLogits();
-  }
-  absl::StatusOr<float> ms = gpu_->Run(n);
-  if (!ms.ok()) return ms.status();
-  step_ms_ = *ms;
+  step_ms_ = 0;
+  if (absl::Status s = RunSteps(n, &step_ms_); !s.ok()) return s;
   return CheckLastLogits();
 }
 
-absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_path) {
+absl::StatusOr<std::string> Session::TraceSteps(int n, const std::string& json_path, int steps_per_launch) {
   if (!gpu_) {
     return absl::FailedPreconditionError(
         "traces are timings of the GPU kernel; this session runs on the CPU reference VM (backend \"gpu\" traces)");
   }
   if (absl::Status s = CheckStarted("trace_steps()"); !s.ok()) return s;
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("steps must be >= 1, not ", n));
+  if (steps_per_launch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("steps per launch must be >= 0, not ", steps_per_launch));
+  }
+  if (keep_logits_) {
+    return absl::FailedPreconditionError(
+        "a generation that keeps every step's logits runs one launch a step: it is not traced");
+  }
   if (absl::Status s = CheckRoom(n); !s.ok()) return s;
-  absl::StatusOr<float> ms = gpu_->Run(n, /*trace=*/true);
-  if (!ms.ok()) return ms.status();
-  step_ms_ = *ms;
+  const int per_launch = steps_per_launch > 0 ? std::min(steps_per_launch, n) : n;
+  std::vector<TraceEvent> events;
+  step_ms_ = 0;
+  for (int done = 0; done < n; done += per_launch) {
+    absl::StatusOr<float> ms = gpu_->Run(std::min(per_launch, n - done), /*trace=*/true);
+    if (!ms.ok()) return ms.status();
+    step_ms_ += *ms;
+    events.insert(events.end(), gpu_->machine().trace().begin(), gpu_->machine().trace().end());
+  }
+  if (absl::Status s = CheckLastLogits(); !s.ok()) return s;
   absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule_);
   if (!program.ok()) return program.status();
   const std::vector<std::vector<std::string>> ops = OpNames(schedule_);
-  TraceInput in{&*program, &gpu_->machine().queue_begin(), &gpu_->machine().trace(), static_cast<uint32_t>(n),
+  TraceInput in{&*program, &gpu_->machine().queue_begin(), &events, static_cast<uint32_t>(n),
                 schedule_.weight_bytes_per_step(), &ops};
   if (absl::Status s = WriteChromeTrace(json_path, in); !s.ok()) return s;
   return TraceSummary(in);

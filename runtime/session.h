@@ -22,6 +22,18 @@ class ReferenceVm;
 
 enum class Backend { kCpu, kGpu };
 
+// How Start consumes a prompt.
+struct StartOptions {
+  // One prefill pass when the schedule has its weights (else, or if the pass cannot be lowered, one decode step per
+  // prompt token; prefill_note() says why).
+  bool prefill = true;
+  // Keep every step's logits from the prompt's first position on (kept_logits()): the pass computes the LM head for
+  // every prompt row, token by token and later Steps run one step a launch. Off: the last step's only.
+  bool keep_logits = false;
+  // Verify the prefill pass's schedule before running it (scheduler::VerifySchedule; `loom run --check`).
+  bool verify = false;
+};
+
 class Session {
  public:
   // `graph` is the decode graph `schedule` was compiled from (prefill passes are lowered from it), `weights` its
@@ -33,8 +45,14 @@ class Session {
   // Loads `prompt` at position 0 and consumes it: one prefill pass when `prefill` and the schedule has its
   // weights (else, or if the pass cannot be lowered, one decode step per prompt token; prefill_note() says why).
   // Afterwards tokens() ends with the first new token.
-  absl::Status Start(const std::vector<int32_t>& prompt, bool prefill = true);
-  // Generates `n` more tokens: n decode steps (one kernel launch on the GPU). Refused before a Start.
+  absl::Status Start(const std::vector<int32_t>& prompt, const StartOptions& options);
+  absl::Status Start(const std::vector<int32_t>& prompt, bool prefill = true) {
+    StartOptions options;
+    options.prefill = prefill;
+    return Start(prompt, options);
+  }
+  // Generates `n` more tokens: n decode steps (one kernel launch on the GPU, or one a step when the last Start kept
+  // logits). Refused before a Start.
   // Start and Step fail (DataLoss) when the last step's logits are not finite: greedy tokens from NaN logits are
   // meaningless (argmax picks token 0), so they are not handed out as if they were (CheckLogitsFinite). On the GPU
   // a Step checks the chosen token's logit (logits gone non-finite as a whole: a NaN weight, an overflow), not
@@ -42,7 +60,8 @@ class Session {
   absl::Status Step(int n);
   // Like Step, recording every instruction's timing: writes a Chrome trace JSON to `json_path` and returns the
   // summary (time per opcode, idle gaps, bandwidth). GPU only.
-  absl::StatusOr<std::string> TraceSteps(int n, const std::string& json_path);
+  // `steps_per_launch` > 0 splits the n steps into launches of that many (the trace holds them all).
+  absl::StatusOr<std::string> TraceSteps(int n, const std::string& json_path, int steps_per_launch = 0);
 
   Backend backend() const { return backend_; }
   // Position of the last token: tokens() has position() + 1 entries.
@@ -59,6 +78,12 @@ class Session {
   // The last Start: whether a prefill pass consumed the prompt, and if not why (empty when it did).
   bool used_prefill() const { return used_prefill_; }
   const std::string& prefill_note() const { return prefill_note_; }
+  // The last Start's pass: its instructions and the time to lower it, in ms (0 when it was lowered before).
+  int pass_instructions() const { return pass_instructions_; }
+  double pass_lower_ms() const { return pass_lower_ms_; }
+  // Every step's logits since the last Start with keep_logits, one vocab_size() row per step: the prompt's positions,
+  // then each Step's (empty when the Start did not keep them).
+  const std::vector<float>& kept_logits() const { return kept_logits_; }
   // Time of the last Start's prompt and of the last Step / TraceSteps, in ms (kernel time on the GPU, wall clock
   // on the CPU).
   double prompt_ms() const { return prompt_ms_; }
@@ -66,7 +91,13 @@ class Session {
 
  private:
   Session() = default;
-  absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows);
+  absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows, bool all_logits, bool verify);
+  // Runs n decode steps, one launch (or one a step when keeping logits); adds their kernel (GPU) or wall (CPU) ms.
+  absl::Status RunSteps(int n, double* ms);
+  // Appends the last step's logits to kept_logits_.
+  absl::Status KeepLastLogits();
+  // Appends the pass's logits of every prompt row (its prefill.logits tensor) to kept_logits_.
+  absl::Status KeepPassLogits(const scheduler::Schedule& pass);
   // OK when `n` more steps fit the KV cache.
   absl::Status CheckRoom(int n) const;
   absl::Status CheckStarted(const char* call) const;
@@ -78,8 +109,18 @@ class Session {
   scheduler::Schedule schedule_;
   std::unique_ptr<ReferenceVm> vm_;
   std::unique_ptr<GpuDecoder> gpu_;
-  // Prefill passes lowered so far, by prompt length (a pass depends on the length only).
-  std::vector<std::pair<uint32_t, scheduler::Schedule>> passes_;
+  // Prefill passes lowered so far, by prompt length and whether every row's logits are computed (a pass depends on
+  // these only).
+  struct LoweredPass {
+    uint32_t rows;
+    bool all_logits;
+    scheduler::Schedule pass;
+  };
+  std::vector<LoweredPass> passes_;
+  bool keep_logits_ = false;
+  std::vector<float> kept_logits_;
+  int pass_instructions_ = 0;
+  double pass_lower_ms_ = 0;
   bool started_ = false;  // a Start succeeded: the state holds a prompt and logits
   bool used_prefill_ = false;
   std::string prefill_note_;

@@ -2,6 +2,7 @@
 // logits that overflow at run time fail the step instead of handing out argmax-of-NaN tokens.
 #include "runtime/session.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -87,6 +88,44 @@ TEST(Session, CheckLogitsFiniteCountsWhatIsNot) {
   EXPECT_EQ(CheckLogitsFinite({nan, 1, inf, -inf, nan}, 7).message(),
             "the logits that chose the token at position 7 are not finite (2 NaN, 2 infinite of 5): the model "
             "overflowed or its weights are broken; the generated tokens are meaningless");
+}
+
+// keep_logits: one vocab row per step, the prompt's positions then each Step's; the last row is logits(), and the
+// pass's rows agree with the token-by-token steps' (what `loom run --logits_out` writes either way).
+TEST(Session, KeptLogitsHoldEveryStepsRow) {
+  Tiny tiny = LoadTiny();
+  const std::vector<int32_t> prompt = {5, 9, 2, 7, 11};
+  std::vector<std::vector<float>> kept;
+  std::vector<std::vector<int32_t>> tokens;
+  for (const bool prefill : {true, false}) {
+    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights,
+                                                                  Backend::kCpu);
+    ASSERT_TRUE(s.ok()) << s.status();
+    StartOptions start;
+    start.prefill = prefill;
+    start.keep_logits = true;
+    ASSERT_TRUE((*s)->Start(prompt, start).ok());
+    EXPECT_EQ((*s)->used_prefill(), prefill);
+    EXPECT_EQ((*s)->kept_logits().size(), prompt.size() * (*s)->vocab_size());
+    ASSERT_TRUE((*s)->Step(3).ok());
+    const std::vector<float>& all = (*s)->kept_logits();
+    ASSERT_EQ(all.size(), (prompt.size() + 3) * (*s)->vocab_size());
+    absl::StatusOr<std::vector<float>> last = (*s)->logits();
+    ASSERT_TRUE(last.ok());
+    EXPECT_TRUE(std::equal(last->begin(), last->end(), all.end() - (*s)->vocab_size()));
+    kept.push_back(all);
+    tokens.push_back(*(*s)->tokens());
+    // Not kept: the next Start forgets them.
+    ASSERT_TRUE((*s)->Start(prompt, prefill).ok());
+    EXPECT_TRUE((*s)->kept_logits().empty());
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < kept[0].size(); ++i) {
+    worst = std::max(worst, std::abs(kept[0][i] - kept[1][i]));
+    scale = std::max(scale, std::abs(kept[1][i]));
+  }
+  EXPECT_LT(worst, 2e-2f * scale);  // bf16 operand images in the pass against the steps' f32 activations
 }
 
 }  // namespace

@@ -345,145 +345,63 @@ int RunCommand() {
     return Fail(absl::OutOfRangeError(absl::StrCat("prompt + tokens (", steps + 1, ") exceed the KV cache of ",
                                                    schedule->max_seq(), "; raise --max_seq")));
   }
-
-  // The prompt's prefill pass, lowered for its exact length.
-  std::optional<scheduler::Schedule> pass;
+  // A decoder runs through runtime::Session, as Python's loom.Session does: the prompt (one prefill pass, lowered
+  // for its exact length, or token by token), then the other new tokens as decode steps.
+  absl::StatusOr<std::unique_ptr<runtime::Session>> session = runtime::Session::Create(
+      model->graph, *schedule, model->weights, backend == "gpu" ? runtime::Backend::kGpu : runtime::Backend::kCpu);
+  if (!session.ok()) return Fail(session.status());
+  runtime::Session& run = **session;
   const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
-  if (absl::GetFlag(FLAGS_prefill)) {
-    if (!scheduler::HasPrefillWeights(*schedule)) {
-      const absl::Status why = scheduler::PrefillSupported(model->graph);
-      std::fprintf(stderr, "note: no prefill pass (%s); the prompt runs token by token\n",
-                   why.ok() ? "compiled with prefill off" : std::string(why.message()).c_str());
-    } else {
-      const auto start = std::chrono::steady_clock::now();
-      // --logits_out keeps every prompt position's logits: the pass computes them all (the LM head once per row).
-      scheduler::PrefillOptions po;
-      po.all_logits = !logits_out.empty();
-      po.verify = absl::GetFlag(FLAGS_check);
-      absl::StatusOr<scheduler::Schedule> p =
-          scheduler::CompilePrefill(model->graph, *schedule, static_cast<uint32_t>(prompt->size()), po);
-      if (!p.ok()) return Fail(p.status());
-      pass = *std::move(p);
-      int instructions = 0;
-      for (const scheduler::SmQueue& q : pass->queues()) instructions += q.instructions_size();
-      std::fprintf(stderr, "prefill pass of %zu tokens: %d instructions, lowered in %.1f ms\n", prompt->size(),
-                   instructions,
-                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
+  runtime::StartOptions start;
+  start.prefill = absl::GetFlag(FLAGS_prefill);
+  start.keep_logits = !logits_out.empty();  // the pass then computes every prompt row's logits (the LM head per row)
+  start.verify = absl::GetFlag(FLAGS_check);
+  if (absl::Status s = run.Start(*prompt, start); !s.ok()) return Fail(s);
+  if (run.used_prefill()) {
+    std::fprintf(stderr, "prefill pass of %zu tokens: %d instructions, lowered in %.1f ms\n", prompt->size(),
+                 run.pass_instructions(), run.pass_lower_ms());
+  } else if (start.prefill) {
+    std::fprintf(stderr, "note: no prefill pass (%s); the prompt runs token by token\n", run.prefill_note().c_str());
   }
-  const int decode_steps = pass ? new_tokens - 1 : steps;
-
-  std::vector<int32_t> tokens;
-  std::vector<float> last_logits;  // of the last step: non-finite ones make the tokens meaningless
-  double ms_per_token = 0, prefill_ms = 0;
-  std::string all_logits;  // steps x vocab float32
-  auto keep_logits = [&](const std::vector<float>& l) {
-    all_logits.append(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
-  };
-  // The pass's logits of every prompt row (steps 0 .. prompt - 1 of a token-by-token run).
-  auto keep_pass_logits = [&](auto read) -> absl::Status {
-    for (const scheduler::Tensor& t : pass->tensors()) {
-      if (t.name() != "prefill.logits") continue;
-      std::string bytes(t.bytes(), '\0');
-      if (absl::Status s = read(t.offset(), bytes.data(), t.bytes()); !s.ok()) return s;
-      all_logits += bytes;
-      return absl::OkStatus();
-    }
-    return absl::InternalError("the prefill pass has no prefill.logits");
-  };
-  if (backend == "gpu" && !logits_out.empty()) {
-    absl::StatusOr<std::unique_ptr<runtime::GpuDecoder>> d = runtime::GpuDecoder::Create(*schedule, model->weights);
-    if (!d.ok()) return Fail(d.status());
-    if (absl::Status s = (*d)->Reset(*prompt); !s.ok()) return Fail(s);
-    double total = 0;
-    if (pass) {
-      absl::StatusOr<float> ms = (*d)->Prefill(*pass);
-      if (!ms.ok()) return Fail(ms.status());
-      prefill_ms = *ms;
-      if (absl::Status s = keep_pass_logits([&](uint64_t offset, void* data, uint64_t bytes) {
-            return (*d)->machine().ReadArena(offset, data, bytes);
-          });
-          !s.ok()) {
-        return Fail(s);
-      }
-    }
-    for (int step = 0; step < decode_steps; ++step) {
-      absl::StatusOr<float> ms = (*d)->Run(1);
-      if (!ms.ok()) return Fail(ms.status());
-      total += *ms;
-      absl::StatusOr<std::vector<float>> l = (*d)->logits();
-      if (!l.ok()) return Fail(l.status());
-      keep_logits(*l);
-    }
-    absl::StatusOr<std::vector<int32_t>> t = (*d)->tokens();
-    if (!t.ok()) return Fail(t.status());
-    tokens = *t;
-    absl::StatusOr<std::vector<float>> last = (*d)->logits();
-    if (!last.ok()) return Fail(last.status());
-    last_logits = *std::move(last);
-    ms_per_token = decode_steps > 0 ? total / decode_steps : 0;
-  } else if (backend == "cpu") {
-    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm =
-        runtime::ReferenceVm::Create(*schedule, model->weights);
-    if (!vm.ok()) return Fail(vm.status());
-    if (absl::Status s = (*vm)->Reset(*prompt); !s.ok()) return Fail(s);
-    if (pass) {
-      const auto start = std::chrono::steady_clock::now();
-      if (absl::Status s = (*vm)->Prefill(*pass); !s.ok()) return Fail(s);
-      prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      if (!logits_out.empty()) {
-        if (absl::Status s = keep_pass_logits([&](uint64_t offset, void* data, uint64_t bytes) {
-              const std::vector<uint8_t> b = (*vm)->ReadArena(offset, bytes);
-              std::memcpy(data, b.data(), bytes);
-              return absl::OkStatus();
-            });
-            !s.ok()) {
-          return Fail(s);
-        }
-      }
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (int step = 0; step < decode_steps; ++step) {
-      if (absl::Status s = (*vm)->Run(1); !s.ok()) return Fail(s);
-      if (!logits_out.empty()) keep_logits((*vm)->logits());
-      if ((step + 1) % 8 == 0 || step + 1 == decode_steps) {
-        std::fprintf(stderr, "\r  step %d/%d", step + 1, decode_steps);
-      }
-    }
-    std::fprintf(stderr, "\n");
-    ms_per_token = decode_steps == 0 ? 0
-                                     : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                                               .count() /
-                                           decode_steps;
-    tokens = (*vm)->tokens();
-    last_logits = (*vm)->logits();
+  const int decode_steps = new_tokens - 1;
+  double decode_ms = 0;
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  const int per_launch = absl::GetFlag(FLAGS_steps_per_launch);
+  if (!trace.empty() && decode_steps > 0) {
+    absl::StatusOr<std::string> summary = run.TraceSteps(decode_steps, trace, per_launch);
+    if (!summary.ok()) return Fail(summary.status());
+    decode_ms = run.step_ms();
+    std::printf("%s", summary->c_str());
+  } else if (!trace.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--trace records the decode steps after the first new token: it needs --tokens=2 or more"));
   } else {
-    runtime::GpuRunOptions gpu;
-    gpu.trace_path = absl::GetFlag(FLAGS_trace);
-    gpu.steps_per_launch = absl::GetFlag(FLAGS_steps_per_launch);
-    gpu.prefill = pass ? &*pass : nullptr;
-    absl::StatusOr<runtime::GpuRunResult> r = runtime::RunOnGpu(*schedule, model->weights, *prompt, steps, gpu);
-    if (!r.ok()) return Fail(r.status());
-    tokens = r->tokens;
-    last_logits = r->logits;
-    ms_per_token = r->ms_per_token;
-    prefill_ms = r->prefill_ms;
-    if (!r->summary.empty()) std::printf("%s", r->summary.c_str());
+    // Launches of --steps_per_launch steps on the GPU (all in one by default); on the CPU, progress every 8 steps.
+    const int chunk = backend == "cpu" ? 8 : per_launch > 0 ? per_launch : std::max(decode_steps, 1);
+    for (int done = 0; done < decode_steps; done += chunk) {
+      if (absl::Status s = run.Step(std::min(chunk, decode_steps - done)); !s.ok()) return Fail(s);
+      decode_ms += run.step_ms();
+      if (backend == "cpu") std::fprintf(stderr, "\r  step %d/%d", std::min(done + chunk, decode_steps), decode_steps);
+    }
+    if (backend == "cpu" && decode_steps > 0) std::fprintf(stderr, "\n");
   }
-  // NaN logits would print argmax-of-NaN tokens (0 0 0 ...) with exit 0: said instead. They stay NaN once they
-  // appear (the KV cache holds them), so the last step's show any step's.
-  if (absl::Status s = runtime::CheckLogitsFinite(last_logits, static_cast<int64_t>(tokens.size()) - 1); !s.ok()) {
-    return Fail(s);
-  }
+  absl::StatusOr<std::vector<int32_t>> generated = run.tokens();
+  if (!generated.ok()) return Fail(generated.status());
+  const std::vector<int32_t>& tokens = *generated;
+  // Start and Step refuse non-finite logits (runtime::CheckLogitsFinite): argmax-of-NaN tokens are not printed.
   if (!logits_out.empty()) {
-    if (absl::Status s = WriteFileAtomically(logits_out, all_logits); !s.ok()) return Fail(s);
+    const std::vector<float>& all = run.kept_logits();
+    const std::string bytes(reinterpret_cast<const char*>(all.data()), all.size() * sizeof(float));
+    if (absl::Status s = WriteFileAtomically(logits_out, bytes); !s.ok()) return Fail(s);
   }
   std::printf("tokens: %s\n", Join(tokens, prompt->size()).c_str());
-  if (pass) {
+  const double ms_per_token = decode_steps > 0 ? decode_ms / decode_steps : 0;
+  if (run.used_prefill()) {
     std::printf("%s backend: prefill of %zu tokens %.3f ms, then %.3f ms/token over %d decode steps\n",
-                backend.c_str(), prompt->size(), prefill_ms, ms_per_token, decode_steps);
+                backend.c_str(), prompt->size(), run.prompt_ms(), ms_per_token, decode_steps);
   } else {
-    std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), ms_per_token, steps);
+    std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), (run.prompt_ms() + decode_ms) / steps,
+                steps);
   }
   if (absl::GetFlag(FLAGS_check)) {
     absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*model, *prompt, new_tokens);
