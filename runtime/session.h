@@ -24,8 +24,8 @@ enum class Backend { kCpu, kGpu };
 
 // How Start consumes a prompt.
 struct StartOptions {
-  // One prefill pass when the schedule has its weights (else, or if the pass cannot be lowered, one decode step per
-  // prompt token; prefill_note() says why).
+  // One prefill pass when the schedule has its weights and the prompt has two tokens or more (else, or if the pass
+  // cannot be lowered, one decode step per prompt token; prefill_note() says why).
   bool prefill = true;
   // Keep every step's logits from the prompt's first position on (kept_logits()): the pass computes the LM head for
   // every prompt row, token by token and later Steps run one step a launch. Off: the last step's only.
