@@ -203,12 +203,20 @@ class Session:
                 if token in stops:
                     return
 
-    def start(self, prompt: Any, *, chat: bool = False, prefill: bool = True) -> int:
-        """Loads and consumes a prompt; returns the first new token (then ``step`` for more)."""
+    def start(self, prompt: Any, *, chat: bool = False, prefill: bool = True, keep_logits: bool = False) -> int:
+        """Loads and consumes a prompt; returns the first new token (then ``step`` for more). ``keep_logits``:
+        ``kept_logits()`` then holds every step's logits from the prompt's first position on (what ``loom run
+        --logits_out`` writes; the prefill pass computes every prompt row's, steps run one a launch)."""
         ids = self.encode(prompt, chat=chat)
         with self._lock:
-            self._native.start(ids, prefill)
+            self._native.start(ids, prefill, keep_logits)
             return int(self._native.tokens[-1])
+
+    def kept_logits(self) -> Any:
+        """Every step's logits since a ``start(keep_logits=True)``: a numpy array [steps, vocab], one row per position
+        from the prompt's first (row i chose token i + 1); empty without ``keep_logits``."""
+        with self._lock:
+            return self._native.kept_logits()
 
     def step(self, n: int = 1) -> list[int]:
         """Generates ``n`` more tokens; returns them."""
@@ -232,10 +240,12 @@ class Session:
         return self._native.logits_host()
 
     def trace(self, steps: int = 8, json_path: str | os.PathLike[str] = "loom_trace.json",
-              png_path: str | os.PathLike[str] | None = None) -> str:
-        """GPU: runs ``steps`` decode steps timing every instruction; writes the Chrome/Perfetto trace JSON (one
-        track per SM) and, with ``png_path``, a timeline picture; returns the summary (time per opcode, gaps)."""
-        summary = self._native.trace_steps(check_int(steps, "steps"), os.fspath(json_path))
+              png_path: str | os.PathLike[str] | None = None, *, steps_per_launch: int = 0) -> str:
+        """GPU: runs ``steps`` decode steps timing every instruction (in launches of ``steps_per_launch``; 0: one);
+        writes the Chrome/Perfetto trace JSON (one track per SM) and, with ``png_path``, a timeline picture; returns
+        the summary (time per opcode, gaps)."""
+        summary = self._native.trace_steps(check_int(steps, "steps"), os.fspath(json_path),
+                                           check_int(steps_per_launch, "steps_per_launch"))
         if png_path is not None:
             from .trace import render_png
 

@@ -65,21 +65,28 @@ void BindSession(nb::module_& m) {
           nb::arg("model"), nb::arg("schedule"), nb::arg("backend") = "cpu")
       .def(
           "start",
-          [](PySession& s, const std::vector<int32_t>& prompt, bool prefill) {
-            Locked(s, [&](runtime::Session& x) { Check(x.Start(prompt, prefill)); });
+          [](PySession& s, const std::vector<int32_t>& prompt, bool prefill, bool keep_logits) {
+            runtime::StartOptions options;
+            options.prefill = prefill;
+            options.keep_logits = keep_logits;
+            Locked(s, [&](runtime::Session& x) { Check(x.Start(prompt, options)); });
           },
-          nb::arg("prompt"), nb::arg("prefill") = true,
-          "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token.")
+          nb::arg("prompt"), nb::arg("prefill") = true, nb::arg("keep_logits") = false,
+          "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token. keep_logits: "
+          "kept_logits() gets every step's logits from the prompt's first position on.")
       .def(
           "step", [](PySession& s, int n) { Locked(s, [&](runtime::Session& x) { Check(x.Step(n)); }); },
           nb::arg("n") = 1, "Generates n more tokens (one kernel launch on the GPU).")
       .def(
           "trace_steps",
-          [](PySession& s, int n, const std::filesystem::path& path) {
-            return Locked(s, [&](runtime::Session& x) { return Unwrap(x.TraceSteps(n, path.string())); });
+          [](PySession& s, int n, const std::filesystem::path& path, int steps_per_launch) {
+            return Locked(s, [&](runtime::Session& x) {
+              return Unwrap(x.TraceSteps(n, path.string(), steps_per_launch));
+            });
           },
-          nb::arg("n"), nb::arg("json_path"),
-          "GPU: n steps timed per instruction; writes the trace, returns the summary.")
+          nb::arg("n"), nb::arg("json_path"), nb::arg("steps_per_launch") = 0,
+          "GPU: n steps timed per instruction (in launches of steps_per_launch; 0: one); writes the trace, returns "
+          "the summary.")
       .def(
           "close",
           [](PySession& s) {
@@ -127,6 +134,19 @@ void BindSession(nb::module_& m) {
             return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), 1, shape, owner);
           },
           "The last step's logits, copied to a numpy array.")
+      .def(
+          "kept_logits",
+          [](PySession& s) {
+            uint32_t vocab = 0;
+            auto* data = new std::vector<float>(Locked(s, [&](runtime::Session& x) {
+              vocab = x.vocab_size();
+              return x.kept_logits();
+            }));
+            nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+            const size_t shape[2] = {vocab == 0 ? 0 : data->size() / vocab, vocab};
+            return nb::ndarray<nb::numpy, float, nb::ndim<2>>(data->data(), 2, shape, owner);
+          },
+          "Every step's logits since a start() with keep_logits, [steps, vocab] (a copy; empty without it).")
       .def(
           "logits_device",
           [](nb::handle self) {

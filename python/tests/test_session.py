@@ -29,6 +29,25 @@ def test_generate_matches_the_cli(tiny_schedule, prefill):
     assert session.tokens == out.ids
 
 
+@pytest.mark.parametrize("prefill", [True, False])
+def test_kept_logits_are_what_the_cli_writes(tiny_schedule, tmp_path, prefill):
+    # loom run --logits_out and Session.start(keep_logits=True) are one code path (runtime::Session): bitwise equal.
+    path = tmp_path / "logits.bin"
+    r = run_cli("run", "--model=random:tiny", "--max_seq=64", "--num_sms=8", "--backend=cpu", "--prompt=5,17,42,7",
+                "--tokens=4", f"--prefill={str(prefill).lower()}", f"--logits_out={path}")
+    assert r.returncode == 0, r.stderr
+    session = loom.Session(tiny_schedule, backend="cpu")
+    session.start([5, 17, 42, 7], prefill=prefill, keep_logits=True)
+    assert session.kept_logits().shape == (4, tiny_schedule.vocab_size)
+    session.step(3)
+    kept = session.kept_logits()
+    assert kept.shape == (4 + 3, tiny_schedule.vocab_size) and kept.dtype == np.float32
+    assert np.array_equal(kept, np.fromfile(path, dtype=np.float32).reshape(kept.shape))
+    assert np.array_equal(kept[-1], session.logits())
+    session.start([5, 17, 42, 7], prefill=prefill)
+    assert session.kept_logits().shape == (0, tiny_schedule.vocab_size)
+
+
 def test_session_from_a_model_compiles_with_defaults(tiny):
     session = loom.Session(tiny, backend="cpu")
     assert session.schedule.num_sms == 132
