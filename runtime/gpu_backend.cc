@@ -1,11 +1,10 @@
-// RunOnGpu: a compiled decode schedule on the megakernel.
+// GpuDecoder: a compiled decode schedule on the megakernel.
 #include "runtime/gpu_backend.h"
 
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/gpu_machine.h"
-#include "runtime/trace.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
@@ -201,49 +200,6 @@ absl::StatusOr<std::vector<float>> GpuDecoder::logits() const {
     return s;
   }
   return logits;
-}
-
-absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const graph::WeightStore& weights,
-                                      const std::vector<int32_t>& prompt, int steps, const GpuRunOptions& options) {
-  absl::StatusOr<std::unique_ptr<GpuDecoder>> decoder = GpuDecoder::Create(schedule, weights);
-  if (!decoder.ok()) return decoder.status();
-  GpuDecoder& d = **decoder;
-  if (absl::Status s = d.Reset(prompt); !s.ok()) return s;
-  GpuRunResult result;
-  if (options.prefill != nullptr) {
-    absl::StatusOr<float> ms = d.Prefill(*options.prefill);
-    if (!ms.ok()) return ms.status();
-    result.prefill_ms = *ms;
-    steps -= static_cast<int>(options.prefill->prefill().rows());  // each prompt row was a step
-  }
-  result.decode_steps = steps;
-  const int per_launch = options.steps_per_launch > 0 ? options.steps_per_launch : steps;
-  const bool trace = !options.trace_path.empty();
-  double total_ms = 0;
-  std::vector<TraceEvent> all_events;
-  for (int done = 0; done < steps; done += std::max(per_launch, 1)) {
-    absl::StatusOr<float> ms = d.Run(std::min(per_launch, steps - done), trace);
-    if (!ms.ok()) return ms.status();
-    total_ms += *ms;
-    if (trace) all_events.insert(all_events.end(), d.machine().trace().begin(), d.machine().trace().end());
-  }
-  result.ms_per_token = steps > 0 ? total_ms / steps : 0;
-  absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
-  absl::StatusOr<std::vector<float>> logits = d.logits();
-  if (!tokens.ok()) return tokens.status();
-  if (!logits.ok()) return logits.status();
-  result.tokens = *std::move(tokens);
-  result.logits = *std::move(logits);
-  if (trace) {
-    absl::StatusOr<GpuProgram> program = ProgramFromSchedule(schedule);
-    if (!program.ok()) return program.status();
-    const std::vector<std::vector<std::string>> ops = OpNames(schedule);
-    TraceInput in{&*program, &d.machine().queue_begin(), &all_events, static_cast<uint32_t>(steps),
-                  schedule.weight_bytes_per_step(), &ops};
-    if (absl::Status s = WriteChromeTrace(options.trace_path, in); !s.ok()) return s;
-    result.summary = TraceSummary(in);
-  }
-  return result;
 }
 
 }  // namespace loom::runtime

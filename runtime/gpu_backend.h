@@ -1,5 +1,6 @@
 // The GPU backend as the host sees it: upload a schedule and its packed
-// weights, run decode steps inside the persistent megakernel, read back tokens.
+// weights, run decode steps inside the persistent megakernel, read back tokens
+// (runtime::Session drives it for `loom run` and Python).
 #pragma once
 
 #include <memory>
@@ -11,22 +12,6 @@
 #include "scheduler/schedule.pb.h"
 
 namespace loom::runtime {
-
-struct GpuRunOptions {
-  std::string trace_path;    // Chrome trace JSON of every decode instruction (empty: no trace)
-  int steps_per_launch = 0;  // 0: every step in one launch
-  // A prefill pass of the prompt (scheduler::CompilePrefill): run first, then the remaining steps decode.
-  const scheduler::Schedule* prefill = nullptr;
-};
-
-struct GpuRunResult {
-  std::vector<int32_t> tokens;  // prompt + generated
-  std::vector<float> logits;    // of the last step
-  double ms_per_token = 0;      // decode steps (after the prefill, if any)
-  double prefill_ms = 0;        // the prefill pass's kernel time
-  int decode_steps = 0;
-  std::string summary;          // trace summary, when tracing
-};
 
 class GpuMachine;
 
@@ -67,8 +52,5 @@ absl::StatusOr<GpuProgram> ProgramFromSchedule(const scheduler::Schedule& schedu
 
 // True when a CUDA device is present; `why` says why not otherwise.
 bool GpuAvailable(std::string* why);
-
-absl::StatusOr<GpuRunResult> RunOnGpu(const scheduler::Schedule& schedule, const graph::WeightStore& weights,
-                                      const std::vector<int32_t>& prompt, int steps, const GpuRunOptions& options);
 
 }  // namespace loom::runtime

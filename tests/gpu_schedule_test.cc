@@ -1,6 +1,8 @@
 // GPU tests (ctest label gpu, binary gpu_test) of whole schedules: random:tiny and every family's tiny preset
 // on the megakernel against the CPU reference VM (policies, SM counts, fusions, activation slots, one launch
 // or a step a launch, the one-pass prefill then decode).
+#include <algorithm>
+
 #include "tests/gpu_op_bench.h"
 
 namespace loom::megakernel {
@@ -34,12 +36,19 @@ class GpuSchedules : public testing::Test {
     ASSERT_TRUE(vm.ok());
     ASSERT_TRUE((*vm)->Reset(prompt).ok());
     ASSERT_TRUE((*vm)->Run(steps).ok());
-    GpuRunOptions gpu;
-    gpu.steps_per_launch = steps_per_launch;
-    absl::StatusOr<GpuRunResult> r = RunOnGpu(*s, model_->weights, prompt, steps, gpu);
-    ASSERT_TRUE(r.ok()) << what << ": " << r.status();
-    EXPECT_EQ(r->tokens, (*vm)->tokens()) << what;
-    EXPECT_LE(RelativeError(r->logits, (*vm)->logits()), kTolerance) << what << ": last step's logits";
+    absl::StatusOr<std::unique_ptr<GpuDecoder>> gpu = GpuDecoder::Create(*s, model_->weights);
+    ASSERT_TRUE(gpu.ok()) << what << ": " << gpu.status();
+    ASSERT_TRUE((*gpu)->Reset(prompt).ok());
+    const int per_launch = steps_per_launch > 0 ? steps_per_launch : steps;
+    for (int done = 0; done < steps; done += per_launch) {
+      absl::StatusOr<float> ms = (*gpu)->Run(std::min(per_launch, steps - done));
+      ASSERT_TRUE(ms.ok()) << what << ": " << ms.status();
+    }
+    absl::StatusOr<std::vector<int32_t>> tokens = (*gpu)->tokens();
+    absl::StatusOr<std::vector<float>> logits = (*gpu)->logits();
+    ASSERT_TRUE(tokens.ok() && logits.ok()) << what;
+    EXPECT_EQ(*tokens, (*vm)->tokens()) << what;
+    EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kTolerance) << what << ": last step's logits";
   }
 
   std::unique_ptr<graph::Model> model_;
