@@ -4,8 +4,8 @@
 //   word  0      opcode (8) | flags (8) | num_waits (8) | reserved (8)
 //   word  1      signal barrier id (kNoBarrier: none); +1 when the instruction is done
 //   words 2..9   kMaxWaits waits: {barrier | in_data << 30 | previous_step << 31, count | stride << 16}
-//   words 10..31 opcode arguments (an *Args struct below, or in instruction_tensor.h / instruction_nn.h): tensor ids
-//                and tile coordinates
+//   words 10..31 opcode arguments (an *Args struct below, or in instruction_tensor.h, conv.h, elementwise.h):
+//                tensor ids and tile coordinates
 //
 // A wait in decode step e is satisfied when counter[barrier] reaches
 //   (e - previous_step) * stride + count        (stride = the barrier's signals per step)
@@ -463,7 +463,8 @@ struct ArgmaxReduceArgs {
 }  // namespace loom::isa
 
 #include "instructions/instruction_tensor.h"  // GEMM, PACK_ROWS, FLASH_ATTN
-#include "instructions/instruction_nn.h"  // IM2COL, POOL, ELEMENTWISE
+#include "instructions/conv.h"         // CONV_GEMM, IM2COL, NHWC_BF16, DWCONV, POOL, CONV1D
+#include "instructions/elementwise.h"  // ELEMENTWISE, SOFTMAX, NORM_ROWS
 #include "instructions/kernel_variant.h"  // which variant compiles which opcode
 
 namespace loom::isa {
