@@ -9,7 +9,7 @@
 #include "scheduler/cost_model.h"
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/lowering.h"
-#include "scheduler/lowering_nn.h"
+#include "scheduler/graph_lowering.h"
 #include "scheduler/options.h"
 #include "scheduler/prefill.h"
 #include "scheduler/schedule_verifier.h"

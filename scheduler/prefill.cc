@@ -1,6 +1,6 @@
 #include "scheduler/prefill.h"
 
-#include "scheduler/lowering_nn.h"
+#include "scheduler/graph_lowering.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include "scheduler/compiler.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/decoded_schedule.h"
-#include "scheduler/lowering_nn.h"
+#include "scheduler/graph_lowering.h"
 #include "scheduler/options.h"
 #include "scheduler/pass_builder.h"
 #include "scheduler/prefill_plan.h"

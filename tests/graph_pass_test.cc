@@ -1,4 +1,4 @@
-// A general graph's pass (scheduler/lowering_nn) on the CPU VM against the op-by-op oracle: a ResNet-style block
+// A general graph's pass (scheduler/graph_lowering) on the CPU VM against the op-by-op oracle: a ResNet-style block
 // imported from ONNX (Conv, Relu, Conv, residual Add, Relu, GlobalAveragePool, Flatten, Gemm, Softmax), lowered
 // with its GEMM epilogues taking over the bias, the residual and the ReLUs, once with few output tiles (split
 // over K: the residual copied in first, the ReLU applied by the next conv's CONV_GEMM as it gathers, or in place

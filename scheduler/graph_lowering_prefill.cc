@@ -1,14 +1,14 @@
-// The one-pass prefill of a decoder without attention (scheduler/lowering_nn.h): the general graph lowering run
+// The one-pass prefill of a decoder without attention (scheduler/graph_lowering.h): the general graph lowering run
 // over the prompt's rows in prefill mode (NnLowering seeded with the decode schedule's tensors): which tensors need
 // every row, the last-row views, the prompt's EMBED, the argmax that ends the pass, and the weights packed at
 // compile time.
 #include "scheduler/compiler.h"
-#include "scheduler/lowering_nn.h"
-#include "scheduler/lowering_nn_internal.h"
+#include "scheduler/graph_lowering.h"
+#include "scheduler/graph_lowering_internal.h"
 #include "scheduler/schedule_verifier.h"
 
 namespace loom::scheduler {
-namespace lowering_nn_internal {
+namespace graph_lowering_internal {
 
 NnLowering::NnLowering(const graph::Graph& graph, const CompileOptions& options, PassBuilder decode,
                        const PrefillTarget& target)
@@ -163,10 +163,10 @@ absl::Status NnLowering::LowerArgmax(const OpDef& op) {
   return absl::OkStatus();
 }
 
-}  // namespace lowering_nn_internal
+}  // namespace graph_lowering_internal
 
 absl::Status GeneralPrefillSupported(const graph::Graph& graph) {
-  if (const graph::OpDef* op = lowering_nn_internal::NnLowering::FirstNotPrefillable(graph)) {
+  if (const graph::OpDef* op = graph_lowering_internal::NnLowering::FirstNotPrefillable(graph)) {
     return absl::UnimplementedError(absl::StrCat("prefill: op '", op->name(), "' (", graph::OpType_Name(op->type()),
                                                  "): no one-pass prefill lowering for a decoder without attention"));
   }
@@ -176,8 +176,8 @@ absl::Status GeneralPrefillSupported(const graph::Graph& graph) {
 absl::Status AddGeneralPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program) {
   if (absl::Status s = GeneralPrefillSupported(graph); !s.ok()) return s;
   // Any row count names the same weights: lower one row and keep what it added to the WEIGHTS region.
-  lowering_nn_internal::PrefillTarget target{program->io, program->max_seq, 1};
-  lowering_nn_internal::NnLowering lowering(graph, options, PassBuilder(*program), target);
+  graph_lowering_internal::PrefillTarget target{program->io, program->max_seq, 1};
+  graph_lowering_internal::NnLowering lowering(graph, options, PassBuilder(*program), target);
   absl::StatusOr<Schedule> pass = lowering.RunPrefill(graph.def().name());
   if (!pass.ok()) return pass.status();
   for (int i = static_cast<int>(program->tensors.size()); i < pass->tensors_size(); ++i) {
@@ -191,8 +191,8 @@ absl::Status AddGeneralPrefillWeights(const graph::Graph& graph, const CompileOp
 absl::StatusOr<Schedule> CompileGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                                bool verify) {
   if (absl::Status s = GeneralPrefillSupported(graph); !s.ok()) return s;
-  lowering_nn_internal::PrefillTarget target{decode.io(), decode.max_seq(), rows};
-  lowering_nn_internal::NnLowering lowering(graph, decode.options(), PassBuilder(decode), target);
+  graph_lowering_internal::PrefillTarget target{decode.io(), decode.max_seq(), rows};
+  graph_lowering_internal::NnLowering lowering(graph, decode.options(), PassBuilder(decode), target);
   absl::StatusOr<Schedule> pass = lowering.RunPrefill(decode.model());
   if (!pass.ok()) return pass.status();
   if (pass->weight_bytes() != decode.weight_bytes()) {

@@ -1,6 +1,6 @@
-// The general-graph lowering's internals (lowering_nn.cc: the driver, element-wise ops, pools, softmax, concat,
-// reshape; lowering_nn_gemm.cc: convolutions, matmuls, GEMM emission and its epilogue fusions). Not an API:
-// scheduler/lowering_nn.h is.
+// The general-graph lowering's internals (graph_lowering.cc: the driver, element-wise ops, pools, softmax, concat,
+// reshape; graph_lowering_gemm.cc: convolutions, matmuls, GEMM emission and its epilogue fusions). Not an API:
+// scheduler/graph_lowering.h is.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include "scheduler/pass_builder.h"
 #include "scheduler/schedule.pb.h"
 
-namespace loom::scheduler::lowering_nn_internal {
+namespace loom::scheduler::graph_lowering_internal {
 
 using graph::OpDef;
 using graph::TensorDef;
@@ -370,4 +370,4 @@ class NnLowering {
   absl::flat_hash_map<std::string, DeferredNorm> deferred_norms_;
 };
 
-}  // namespace loom::scheduler::lowering_nn_internal
+}  // namespace loom::scheduler::graph_lowering_internal

@@ -1,8 +1,8 @@
 // The general-graph lowering's GEMM side: LINEAR / MATMUL (PACK_ROWS + GEMM), the GEMM epilogue's fusions,
-// split-K and the ReLU it leaves to its readers (convolutions: lowering_nn_conv.cc).
-#include "scheduler/lowering_nn_internal.h"
+// split-K and the ReLU it leaves to its readers (convolutions: graph_lowering_conv.cc).
+#include "scheduler/graph_lowering_internal.h"
 
-namespace loom::scheduler::lowering_nn_internal {
+namespace loom::scheduler::graph_lowering_internal {
 
 NnLowering::Epilogue NnLowering::FuseEpilogue(const OpDef& op) {
   Epilogue e;
@@ -353,4 +353,4 @@ absl::Status NnLowering::LowerBatchedMatmul(const OpDef& op) {
   return absl::OkStatus();
 }
 
-}  // namespace loom::scheduler::lowering_nn_internal
+}  // namespace loom::scheduler::graph_lowering_internal

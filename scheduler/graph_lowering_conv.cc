@@ -1,9 +1,9 @@
 // The general-graph lowering's convolutions: CONV2D as CONV_GEMM (implicit GEMM, per group when grouped) or IM2COL +
 // GEMM, depthwise as DWCONV, channels padded into a bf16 copy where CONV_GEMM needs multiples of 8 (the GEMM and its
-// epilogue: lowering_nn_gemm.cc).
-#include "scheduler/lowering_nn_internal.h"
+// epilogue: graph_lowering_gemm.cc).
+#include "scheduler/graph_lowering_internal.h"
 
-namespace loom::scheduler::lowering_nn_internal {
+namespace loom::scheduler::graph_lowering_internal {
 
 namespace {
 // CONV_GEMM's packed geometry (two 16-bit fields to a word) holds this convolution, with its window positions in
@@ -287,4 +287,4 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   return absl::OkStatus();
 }
 
-}  // namespace loom::scheduler::lowering_nn_internal
+}  // namespace loom::scheduler::graph_lowering_internal

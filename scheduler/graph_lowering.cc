@@ -1,11 +1,11 @@
-#include "scheduler/lowering_nn.h"
+#include "scheduler/graph_lowering.h"
 
 #include "scheduler/compiler.h"
-#include "scheduler/lowering_nn_internal.h"
+#include "scheduler/graph_lowering_internal.h"
 #include "scheduler/schedule_verifier.h"
 
 namespace loom::scheduler {
-namespace lowering_nn_internal {
+namespace graph_lowering_internal {
 
 absl::StatusOr<Schedule> NnLowering::Run(const std::string& model) {
   GraphIo io;
@@ -427,7 +427,7 @@ absl::Status NnLowering::LowerReshape(const OpDef& op) {
   return absl::OkStatus();
 }
 
-}  // namespace lowering_nn_internal
+}  // namespace graph_lowering_internal
 
 bool IsDecoderGraph(const graph::Graph& graph) {
   for (const graph::OpDef& op : graph.def().ops()) {
@@ -438,7 +438,7 @@ bool IsDecoderGraph(const graph::Graph& graph) {
 
 absl::StatusOr<Schedule> CompileGraphPass(const graph::Graph& graph, const std::string& model,
                                           const CompileOptions& options) {
-  return lowering_nn_internal::NnLowering(graph, options).Run(model);
+  return graph_lowering_internal::NnLowering(graph, options).Run(model);
 }
 
 }  // namespace loom::scheduler
