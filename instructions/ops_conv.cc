@@ -1,11 +1,114 @@
-// Host side of the convolution family (conv.h): IM2COL, POOL, CONV1D, DWCONV, NHWC_BF16 (CONV_GEMM: ops_gemm.cc).
+// Host side of the convolution family (conv.h): CONV_GEMM, IM2COL, POOL, CONV1D, DWCONV, NHWC_BF16.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "instructions/opcode_host.h"
 #include "instructions/swizzle.h"
 
 namespace loom::isa::ref {
+
+void Validate(const ConvGemmArgs& a, Checker& c) {
+  const ConvShape s = ConvShapeOf(a);
+  c.Require(a.flags <= (kConvReluInput | kConvBf16Input | kConvTall), absl::StrCat("unknown flags ", a.flags));
+  const bool bf16 = (a.flags & kConvBf16Input) != 0;
+  ValidateConvGeometry(s, a.batch, a.c, a.c_begin, a.group_c, a.flags & kConvReluInput, c);
+  c.Require(!bf16 || !(a.flags & kConvReluInput), "a bf16 input is copied as it is: no ReLU as it is read");
+  c.Require(!bf16 || ConvBf16Readable(a.c, a.c_begin, a.group_c),
+            absl::StrCat("a bf16 input needs c, c_begin and group_c multiples of 8, not ", a.c, ", ", a.c_begin, ", ",
+                         a.group_c));
+  c.Require(a.n > 0, "n must be positive");
+  c.Require(U(s.oh) * s.stride_h + U(s.kh) * s.dilation_h < (uint64_t{1} << 30) &&
+                U(s.ow) * s.stride_w + U(s.kw) * s.dilation_w < (uint64_t{1} << 30),
+            "window positions of 2^30 or more");
+  const uint64_t input = U(a.batch) * s.h * s.w * a.c, m = U(a.batch) * s.oh * s.ow, k = U(s.kh) * s.kw * a.group_c;
+  c.Require(input < (uint64_t{1} << 31) && m < (uint64_t{1} << 31) && m * a.n < (uint64_t{1} << 32) &&
+                k < (uint64_t{1} << 20),
+            "input, rows or output of 2^31 elements or more");
+  if (!c.status().ok()) return;
+  const uint32_t row_tiles = static_cast<uint32_t>((m + ConvTileRows(a) - 1) / ConvTileRows(a));
+  c.Require(a.m_tile < row_tiles && a.n_tile < GemmTiles(a.n),
+            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", row_tiles, " x ", GemmTiles(a.n),
+                         " output tiles"));
+  if (a.flags & kConvTall) {
+    c.Require(bf16 && a.n <= kConvTallCols && a.slabs == 0 && a.epilogue != kGemmPartialF32 &&
+                  ConvStagesOutput(a),
+              absl::StrCat("a tall tile needs a bf16 input, n <= ", kConvTallCols,
+                           " (a multiple of 4, of 8 with out_bf16), the whole K and a store epilogue; n ", a.n));
+  }
+  const uint32_t slabs = GemmSlabs(static_cast<uint32_t>(k)), slab_begin = GemmSplitBegin(a),
+                 slab_count = GemmSplitCount(a);
+  c.Require(U(slab_begin) + (slab_count == 0 ? 1 : slab_count) <= slabs,
+            absl::StrCat("K slabs [", slab_begin, ", +", slab_count, ") outside the ", slabs));
+  c.Require(a.epilogue == kGemmStoreF32 || a.epilogue == kGemmStoreF32Relu || a.epilogue == kGemmPartialF32,
+            absl::StrCat("epilogue ", a.epilogue, ": a convolution stores f32 (whole or a part of a split product)"));
+  c.Require(a.epilogue == kGemmPartialF32 || a.slabs == 0, "only the partial epilogue may take part of K");
+  if (a.epilogue == kGemmPartialF32) {
+    c.Require(a.residual == kNoTensor, "a part of a split product: SUM_SPLITS adds the residual");
+    c.Require(a.out_bf16 == kNoTensor && a.out != kNoTensor, "a part of a split product: into out (f32) only");
+  }
+  c.Require(a.out != kNoTensor || a.out_bf16 != kNoTensor, "no output: out and out_bf16 are both kNoTensor");
+  c.Tensor("input", a.input, bf16 ? BF16 : F32, input);
+  c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, static_cast<uint32_t>(k)) / 2);
+  if (a.out != kNoTensor) c.Tensor("out", a.out, F32, m * a.n);
+  if (a.out_bf16 != kNoTensor) c.Tensor("out_bf16", a.out_bf16, BF16, m * a.n);
+  if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
+  if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, m * a.n);
+}
+
+// The patches are gathered from the input per K slab (reading each input element once per tap that covers it).
+Footprint Cost(const ConvGemmArgs& a, uint32_t) {
+  const uint64_t slabs = ConvGemmSlabsOf(a).count, input = (a.flags & kConvBf16Input) ? 1 : 2;
+  const uint64_t stores = (a.out != kNoTensor ? 4 : 0) + (a.out_bf16 != kNoTensor ? 2 : 0);
+  const uint64_t rows = ConvTileRows(a), cols = (a.flags & kConvTall) ? kConvTallCols : kGemmTileN;
+  return {slabs * kGemmSlabBytes, slabs * input * rows * kGemmSlabK * 2 + stores * rows * cols,
+          ConvGemmActivationBytes(a), 2ull * rows * cols * slabs * kGemmSlabK};
+}
+
+// The tile's patches rounded to bf16 as the device stores them (a bf16 input as it is), times the bf16 weight
+// image, summed in f32.
+void Reference(const ConvGemmArgs& a, const MachineView& m) {
+  const ConvShape s = ConvShapeOf(a);
+  const uint32_t rows = ConvGemmRows(a), k = ConvGemmK(a);
+  const GemmSlabRange slabs = ConvGemmSlabsOf(a);
+  const uint32_t x_begin = slabs.begin * kGemmSlabK, x_end = std::min(k, (slabs.begin + slabs.count) * kGemmSlabK);
+  const uint32_t width = x_end - x_begin, row0 = a.m_tile * ConvTileRows(a), col0 = a.n_tile * kGemmTileN;
+  const uint32_t row_end = std::min(rows, row0 + ConvTileRows(a)), col_end = std::min(a.n, col0 + kGemmTileN);
+  const bool bf16 = (a.flags & kConvBf16Input) != 0, relu = (a.flags & kConvReluInput) != 0;
+  const uint16_t* w = m.ptr<uint16_t>(a.weight);
+  std::vector<ConvTap> taps(width);
+  for (uint32_t j = 0; j < width; ++j) taps[j] = ConvTapOf(a, s, x_begin + j);
+  std::vector<float> weights(uint64_t{col_end - col0} * width), patch(width);
+  for (uint32_t col = col0; col < col_end; ++col) {
+    for (uint32_t j = 0; j < width; ++j) {
+      weights[uint64_t{col - col0} * width + j] =
+          graph::Bf16ToFloat(w[SwizzledImageOffset(k, kGemmTileM, Swizzle::k128B, col, x_begin + j) / 2]);
+    }
+  }
+  for (uint32_t r = row0; r < row_end; ++r) {
+    const ConvRow row = ConvRowOf(a, s, r);
+    for (uint32_t j = 0; j < width; ++j) {
+      uint32_t at = 0;
+      float v = 0.0f;
+      if (ConvPatchAt(a, s, row, taps[j], &at)) {
+        v = bf16 ? graph::Bf16ToFloat(m.ptr<uint16_t>(a.input)[at]) : m.ptr<float>(a.input)[at];
+      }
+      if (relu && v < 0.0f) v = 0.0f;
+      patch[j] = graph::Bf16ToFloat(graph::FloatToBf16(v));
+    }
+    for (uint32_t col = col0; col < col_end; ++col) {
+      float acc = 0.0f;
+      const float* rw = weights.data() + uint64_t{col - col0} * width;
+      for (uint32_t j = 0; j < width; ++j) acc += patch[j] * rw[j];
+      if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
+      const uint64_t at = uint64_t{r} * a.n + col;
+      if (a.residual != kNoTensor) acc += m.ptr<float>(a.residual)[at];
+      if (a.epilogue == kGemmStoreF32Relu) acc = std::max(acc, 0.0f);
+      if (a.out != kNoTensor) m.ptr<float>(a.out)[at] = acc;
+      if (a.out_bf16 != kNoTensor) m.ptr<uint16_t>(a.out_bf16)[at] = graph::FloatToBf16(acc);
+    }
+  }
+}
 
 void Validate(const ImToColArgs& a, Checker& c) {
   ValidateConvGeometry({a.h, a.w, a.oh, a.ow, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_top, a.pad_left, a.dilation_h,
