@@ -1,0 +1,97 @@
+// The matvec family's arguments (the decode step's weight-streaming opcode and the packed layouts its weights
+// take), included by instruction.h (same rules). Host side: ops_matvec.cc; device: megakernel/ops/matvec.cuh.
+#pragma once
+
+namespace loom::isa {
+
+enum MatvecPrologue : uint32_t { kPrologueNone = 0, kPrologueRmsNorm = 1 };
+enum MatvecEpilogue : uint32_t {
+  kEpilogueStore = 0,          // out[row_begin + r] = y[r]
+  kEpilogueResidualAdd = 1,    // out[row_begin + r] = residual[row_begin + r] + y[r]
+  kEpilogueRopeKvAppend = 2,   // rows in the grouped QKV layout (QkvGroupedRow): q -> out, k/v -> caches
+  kEpilogueSiluMul = 3,        // rows are (gate, up) pairs: out[(row_begin + r) / 2] = silu(y[r]) * y[r + 1]
+  kEpilogueArgmaxPartial = 4,  // out[row_begin + r] = y[r]; partials[tile] = (max y, its global row)
+  kNumEpilogues = 5,
+};
+
+// y[r] = dot(W[row_begin + r, 0:k], x) (+ bias[row_begin + r]) for r in [0,
+// rows): one tile of a packed bf16 weight whose rows are MatvecRowStride(k)
+// elements apart (zeros past k), row-major, so the tile is one contiguous byte
+// range. x = input, or RMSNorm(input) * norm_weight with the prologue.
+struct MatvecArgs {
+  uint32_t weight;
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t k;
+  uint32_t input;        // f32 [k]
+  uint32_t prologue;     // MatvecPrologue
+  uint32_t norm_weight;  // bf16 [k]
+  float norm_eps;
+  uint32_t epilogue;     // MatvecEpilogue
+  uint32_t out;          // f32: output vector (q for RoPE, logits for argmax)
+  uint32_t residual;     // f32 (kEpilogueResidualAdd)
+  uint32_t k_cache;      // f32 [kv_heads, max_seq, head_dim] (kEpilogueRopeKvAppend)
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t rope_table;   // f32 [head_dim / 2 + 1]: inverse frequencies, then the cos/sin factor
+  uint32_t heads_per_group;  // query heads per KV head
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
+  uint32_t partials;    // f32 [tiles, 2] (kEpilogueArgmaxPartial)
+  uint32_t tile_index;
+  uint32_t bias;        // bf16 [total_rows] in the weight's row order, or kNoTensor
+  static constexpr const char* kFields[] = {
+      "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
+      "residual", "k_cache", "v_cache", "step_state", "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
+      "partials", "tile_index", "bias"};
+};
+
+// A matvec weight row holds k elements padded with zeros to a multiple of
+// kMatvecRowAlign (the 256 columns a warp multiplies at once on the device), so
+// every k a checkpoint has streams through the same page loop. The input x is
+// padded with zeros the same way in the activation slot.
+inline constexpr uint32_t kMatvecRowAlign = 256;
+LOOM_HD uint32_t MatvecRowStride(uint32_t k) { return (k + kMatvecRowAlign - 1) / kMatvecRowAlign * kMatvecRowAlign; }
+
+// A matvec's partial sums: one per `MatvecSlotElems(stride)` columns of each
+// row (1024 when the padded row allows, else 256). The device keeps x[stride]
+// and rows * stride / slot partials in its activation slot;
+// MatvecActivationBytes is that size.
+LOOM_HD uint32_t MatvecSlotElems(uint32_t stride) { return stride % 1024 == 0 ? 1024 : 256; }
+LOOM_HD uint64_t MatvecActivationBytes(uint32_t rows, uint32_t k) {
+  const uint32_t stride = MatvecRowStride(k);
+  return 4ull * stride + 4ull * rows * (stride / MatvecSlotElems(stride));
+}
+// The device splits each page evenly between its 8 consumer warps, kMatvecRowAlign columns (bf16) a segment, and a
+// warp sums a slot alone: a slot must not span two warps' shares. True for every slot with pages of a multiple of
+// 16 KB; with 4-12 KB pages only for rows whose slot is 256 columns (the schedule verifier and the GPU runtime refuse
+// the rest: two warps wrote one slot, wrong results).
+inline constexpr uint32_t kMatvecPageSegmentBytes = 8 * kMatvecRowAlign * 2;  // a page's segment a warp, 4096 bytes
+LOOM_HD bool MatvecSlotsFitPages(uint32_t k, uint32_t page_bytes) {
+  const uint32_t warp_columns = page_bytes / kMatvecPageSegmentBytes * kMatvecRowAlign;
+  return warp_columns > 0 && warp_columns % MatvecSlotElems(MatvecRowStride(k)) == 0;
+}
+
+// The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of
+// its query heads, then its k head, then its v head ((heads_per_group + 2) *
+// head_dim rows per group). Inside q and k heads, packed row 2j is original
+// dimension j and 2j+1 is j + head_dim/2, so the pairs a rotation mixes are
+// adjacent and a tile holding whole pairs can apply RoPE on its own.
+enum QkvKind : uint32_t { kQkvQ = 0, kQkvK = 1, kQkvV = 2 };
+struct QkvRow {
+  uint32_t kind;  // QkvKind
+  uint32_t head;  // q head index (kind q) or kv head index (k, v)
+  uint32_t dim;   // dimension inside the head, in the original order
+};
+LOOM_HD QkvRow QkvGroupedRow(uint32_t packed_row, uint32_t heads_per_group, uint32_t head_dim) {
+  const uint32_t group_rows = (heads_per_group + 2) * head_dim;
+  const uint32_t g = packed_row / group_rows, r = packed_row % group_rows;
+  const uint32_t block = r / head_dim, local = r % head_dim;
+  const uint32_t paired = local % 2 == 0 ? local / 2 : local / 2 + head_dim / 2;
+  if (block < heads_per_group) return {kQkvQ, g * heads_per_group + block, paired};
+  if (block == heads_per_group) return {kQkvK, g, paired};
+  return {kQkvV, g, local};
+}
+
+}  // namespace loom::isa
