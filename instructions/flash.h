@@ -1,6 +1,6 @@
 // Arguments of FLASH_ATTN (the one-pass prefill's causal attention over the KV cache on the tensor cores: a
 // 128-row query tile a head), included by instruction.h after gemm.h (same rules). Host side: ops_flash.cc; device:
-// megakernel/ops/flash_attention.cuh.
+// megakernel/ops/flash.cuh.
 #pragma once
 
 namespace loom::isa {

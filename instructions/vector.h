@@ -1,5 +1,5 @@
 // The vector family's arguments (the decode step's row-wise opcodes), included by instruction.h (same rules:
-// 32-bit words, tensor ids, kFields). Host side: ops_vector.cc; device: megakernel/ops/vector_ops.cuh.
+// 32-bit words, tensor ids, kFields). Host side: ops_vector.cc; device: megakernel/ops/vector.cuh.
 //   EMBED, RMS_NORM, ROPE_KV_APPEND, SILU_MUL, ADD, ARGMAX_PARTIAL, ARGMAX_REDUCE
 #pragma once
 
