@@ -8,7 +8,6 @@
 
 namespace loom::isa {
 
-
 // One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)
 // and columns [n_tile * 128, +128) of C (fewer at the edges), K streamed in
 // 64-wide slabs. A [m, k] (activations) and W [n, k] (weights) are bf16 images

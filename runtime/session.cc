@@ -59,7 +59,6 @@ uint32_t Session::vocab_size() const { return schedule_.vocab_size(); }
 uint32_t Session::max_seq() const { return schedule_.max_seq(); }
 
 absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool all_logits, bool verify) {
-  pass_lower_ms_ = 0;
   for (const LoweredPass& p : passes_) {
     if (p.rows == rows && p.all_logits == all_logits) return &p.pass;
   }
