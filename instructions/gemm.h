@@ -6,10 +6,12 @@
 //   SUM_SPLITS  the parts of a GEMM split over K added in a fixed order (deterministic split-K)
 #pragma once
 
+#include <math.h>
+
 namespace loom::isa {
 
 // One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)
-// and columns [n_tile * 128, +128) of C (fewer at the edges), K streamed in
+// and columns [n_tile * 128, +128) of C (fewer at the edges; `tile` holds both, GemmTileOf), K streamed in
 // 64-wide slabs. A [m, k] (activations) and W [n, k] (weights) are bf16 images
 // in the 128-byte swizzled K-major layout (isa::PackSwizzled with 128-row
 // tiles: for each 128-row tile, its ceil(k / 64) slabs of 16 KB, zeros past m,
@@ -27,8 +29,7 @@ struct GemmArgs {
   uint32_t m;
   uint32_t n;
   uint32_t k;
-  uint32_t m_tile;
-  uint32_t n_tile;
+  uint32_t tile;      // m_tile | n_tile << 16 (GemmTileOf; the argument words are all taken)
   uint32_t bias;      // bf16 [n] or kNoTensor
   uint32_t residual;  // f32 [m, n] or kNoTensor
   uint32_t epilogue;  // GemmEpilogue
@@ -52,11 +53,30 @@ struct GemmArgs {
   // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/history/performance_log.md "GEMM
   // opcode"). The f32 and SiLU-image epilogues only. 0: 128 columns.
   uint32_t wide;
-  static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "m_tile", "n_tile", "bias",
-                                            "residual", "epilogue", "k_cache", "v_cache", "step_state",
-                                            "rope_table", "qk_norm", "num_kv_heads", "head_dim", "max_seq",
-                                            "slabs", "norm_eps", "wide"};
+  // f32 [m, kRowNormSlots] or kNoTensor: A is the image of a deferred RMSNorm's rows, x * w unscaled (PACK_ROWS
+  // with its own row_norm), and row r of the product is scaled by RowNormScale(row_norm[r]) before any epilogue:
+  // the norm's scale is one number per row, so (x * scale * w) · Wᵀ = scale * ((x * w) · Wᵀ).
+  uint32_t row_norm = kNoTensor;
+  static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "tile", "bias", "residual",
+                                            "epilogue", "k_cache", "v_cache", "step_state", "rope_table",
+                                            "qk_norm", "num_kv_heads", "head_dim", "max_seq", "slabs", "norm_eps",
+                                            "wide", "row_norm"};
 };
+LOOM_HD uint32_t GemmTileOf(uint32_t m_tile, uint32_t n_tile) { return m_tile | n_tile << 16; }
+LOOM_HD uint32_t GemmMTile(const GemmArgs& g) { return g.tile & 0xffffu; }
+LOOM_HD uint32_t GemmNTile(const GemmArgs& g) { return g.tile >> 16; }
+
+// A deferred RMSNorm's statistics: each row's slots hold, per column slice s of `slices` (PACK_ROWS with
+// row_norm), sum(x²) over the slice / k + eps / slices, and zeros past the slices, so that their sum is
+// mean(x²) + eps. 16 slots: a row's are one 64-byte line, four per lane of the accumulator's quad (GemmArgs).
+inline constexpr uint32_t kRowNormSlots = 16;
+// The row's scale, its slots added in this fixed order (each quad lane's four in order, then the lanes in pairs, as
+// the device's two quad shuffles add them), so the VM's and the device's scale are the same float.
+LOOM_HD float RowNormLane(const float* s) { return ((s[0] + s[1]) + s[2]) + s[3]; }
+LOOM_HD float RowNormScale(const float* slots) {
+  const float total = (RowNormLane(slots) + RowNormLane(slots + 4)) + (RowNormLane(slots + 8) + RowNormLane(slots + 12));
+  return 1.0f / sqrtf(total);
+}
 inline constexpr uint32_t kGemmWideTileN = 2 * kGemmTileN;
 inline constexpr uint32_t kGemmWideStepBytes = 3 * kGemmSlabBytes;  // a K step's A slab and two W slabs
 LOOM_HD uint32_t GemmTileColumns(const GemmArgs& g) { return g.wide ? kGemmWideTileN : kGemmTileN; }
@@ -100,7 +120,7 @@ LOOM_HD uint32_t GemmTiles(uint32_t rows) { return (rows + kGemmTileM - 1) / kGe
 // The rows of each of the tile's A slabs the loader copies: its rows of A (the last tile's may be fewer than 128)
 // rounded up to the 128-byte swizzle's 8-row atom, which keeps the copied bytes a prefix of the slab.
 LOOM_HD uint32_t GemmSlabRowsLoaded(const GemmArgs& g) {
-  const uint32_t row0 = g.m_tile * kGemmTileM, rows = g.m > row0 ? g.m - row0 : 0;
+  const uint32_t row0 = GemmMTile(g) * kGemmTileM, rows = g.m > row0 ? g.m - row0 : 0;
   const uint32_t live = rows < kGemmTileM ? rows : kGemmTileM;
   return (live + 7) / 8 * 8;
 }
@@ -163,6 +183,13 @@ LOOM_HD uint32_t SumSplitsActivationBytes(const SumSplitsArgs& a) {
 // over K that adds into them (kGemmPartialF32's, [splits, m, k]): input[r] =
 // input[r] + parts[0][r] + ... in part order, as SUM_SPLITS adds them, written
 // back to input; the residual stream's sum and the next norm in one pass.
+// With row_norm (a norm_weight's RMSNorm deferred to the GEMM that reads the
+// image, GemmArgs::row_norm), the instruction takes the columns [col_begin,
+// +cols) of its rows only, so a short prompt's rows spread over many SMs (one SM
+// reading a whole row and its parts is the pass's longest instruction): the
+// parts added into the slice, the image of x * w unscaled, and the slice's slot
+// row_norm[r, col_begin / cols] = sum(x²) / k + eps / slices (the first slice
+// zeroes the slots past the last). Rows past m: zeros in the image, no slot.
 struct PackRowsArgs {
   uint32_t input;        // f32 [m, k]
   uint32_t out;          // bf16 image of GemmImageBytes(m, k)
@@ -174,11 +201,27 @@ struct PackRowsArgs {
   float norm_eps;
   uint32_t parts;   // f32 [splits, m, k] when splits >= 2
   uint32_t splits;  // 0: no parts to add
+  uint32_t row_norm = kNoTensor;  // f32 [m, kRowNormSlots], or kNoTensor: whole rows (normed when norm_weight)
+  uint32_t col_begin;  // with row_norm: slice col_begin / cols of the ceil(k / cols) slices of a row
+  uint32_t cols;
   static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
-                                            "norm_eps", "parts", "splits"};
+                                            "norm_eps", "parts", "splits", "row_norm", "col_begin", "cols"};
 };
+// Column slices of a row (the last may be narrower).
+LOOM_HD uint32_t PackRowsSlices(const PackRowsArgs& a) { return a.cols == 0 ? 1 : (a.k + a.cols - 1) / a.cols; }
+// The columns one instruction reads and writes: its slice, or the whole row.
+LOOM_HD uint32_t PackRowsColumns(const PackRowsArgs& a) {
+  if (a.row_norm == kNoTensor) return a.k;
+  return a.col_begin + a.cols < a.k ? a.cols : a.k - a.col_begin;
+}
 // The slot of its parts' sum (the input's rows, then each part's), staged as SUM_SPLITS's.
+// A slice (row_norm) stages its rows' x and parts and the slice of the norm weight in one round of one buffer:
+// its 16-byte chunks of x, then of each part, then the weights.
+LOOM_HD uint32_t PackSliceStageBytes(const PackRowsArgs& a) {
+  return a.rows * (PackRowsColumns(a) / 4) * (a.splits + 1) * 16 + PackRowsColumns(a) * 2;
+}
 LOOM_HD uint32_t PackRowsActivationBytes(const PackRowsArgs& a) {
+  if (a.row_norm != kNoTensor) return PackSliceStageBytes(a);
   if (a.splits == 0 || a.k % 4 != 0 || a.row_begin >= a.m) return 0;
   const uint32_t end = a.row_begin + a.rows < a.m ? a.row_begin + a.rows : a.m;
   return SumStageBytes(a.splits + 1, uint64_t{end - a.row_begin} * a.k);
@@ -187,8 +230,15 @@ LOOM_HD uint32_t PackRowsActivationBytes(const PackRowsArgs& a) {
 // GEMM's RoPE epilogue stages the f32 tile through its activation slot: 128 rows of kGemmStageStride floats (8
 // floats of padding: the accumulator fragment's float2 stores hit no bank twice in a half-warp).
 inline constexpr uint32_t kGemmStageStride = kGemmTileN + 8;
-LOOM_HD uint32_t GemmActivationBytes(const GemmArgs& g) {
+// A deferred norm's slots of the tile's rows (GemmArgs::row_norm, 8 KB) follow the RoPE stage in the slot: copied
+// at the instruction's start, read after the K loop, so no register holds them through it (held in registers, they
+// cost the pass 0.5-1.7% with the norm not deferred at all: the K loop's code).
+inline constexpr uint32_t kGemmRowNormBytes = kGemmTileM * kRowNormSlots * 4;
+LOOM_HD uint32_t GemmRowNormOffset(const GemmArgs& g) {
   return g.epilogue == kGemmRopeKvAppend ? kGemmTileM * kGemmStageStride * 4 : 0;
+}
+LOOM_HD uint32_t GemmActivationBytes(const GemmArgs& g) {
+  return GemmRowNormOffset(g) + (g.row_norm != kNoTensor ? kGemmRowNormBytes : 0);
 }
 
 }  // namespace loom::isa

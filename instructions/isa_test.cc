@@ -329,7 +329,7 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
   Instruction inst{};
   inst.opcode = static_cast<uint8_t>(Opcode::GEMM);
   GemmArgs& g = inst.as<GemmArgs>();
-  g = {ta, tw, out, kM, kN, kK, 0, 0, tb, tr, kGemmStoreF32};
+  g = {ta, tw, out, kM, kN, kK, 0, tb, tr, kGemmStoreF32};
   std::vector<TensorInfo> infos;
   for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
   for (uint32_t wide : {0u, 1u}) {  // 128-column tiles, then 256-column ones (one for 200 columns)
@@ -337,8 +337,7 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
     g.wide = wide;
     for (uint32_t mt = 0; mt < GemmTiles(kM); ++mt) {
       for (uint32_t nt = 0; nt < GemmColumnTiles(kN, wide); ++nt) {
-        g.m_tile = mt;
-        g.n_tile = nt;
+        g.tile = GemmTileOf(mt, nt);
         ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
         ExecuteReference(inst, m);
       }
@@ -352,10 +351,10 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
       }
     }
   }
-  g.n_tile = 1;  // one wide tile for 200 columns
+  g.tile = GemmTileOf(1, 1);  // one wide tile for 200 columns
   EXPECT_EQ(ValidateInstruction(inst, infos).message(),
             "GEMM: tile (1, 1) outside the 2 x 1 output tiles of 256 columns");
-  g.n_tile = 0;
+  g.tile = GemmTileOf(0, 0);
   g.epilogue = kGemmRopeKvAppend;
   EXPECT_NE(ValidateInstruction(inst, infos).message().find("the RoPE epilogue takes 128-column tiles only"),
             std::string::npos);
@@ -363,10 +362,9 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
   g.wide = 2;
   EXPECT_NE(ValidateInstruction(inst, infos).message().find("wide must be 0 or 1, not 2"), std::string::npos);
   g.wide = 0;
-  g.n_tile = 1;
-  g.m_tile = 2;  // only tiles 0..1 exist for 130 rows
+  g.tile = GemmTileOf(2, 1);  // only tiles 0..1 exist for 130 rows
   EXPECT_EQ(ValidateInstruction(inst, infos).message(), "GEMM: tile (2, 1) outside the 2 x 2 output tiles");
-  g.m_tile = 0;
+  g.tile = GemmTileOf(0, 1);
   g.epilogue = kGemmSiluMulToImage;  // 200 / 2 = 100 is not a whole slab: its image would need zero padding
   EXPECT_NE(ValidateInstruction(inst, infos).message().find("SiLU-mul pairs need n a multiple of 128"),
             std::string::npos);
@@ -393,6 +391,84 @@ TEST(IsaReference, PackRowsWritesThePackSwizzledImage) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), m.ptr<uint16_t>(out)));
 }
 
+// A norm deferred to the GEMM (PACK_ROWS by column slices with row_norm, GEMM scaling its rows) gives the product
+// of the normed rows: x after the parts' fold bitwise the whole-row fold's, the product within bf16 rounding of the
+// whole-row norm's (the image is rounded before the scale instead of after). And the slices' limits are refused.
+TEST(IsaReference, DeferredNormMatchesTheWholeRowNorm) {
+  constexpr uint32_t kM = 37, kK = 320, kN = 128, kSplits = 3, kCols = 128;  // slices of 128, 128 and 64
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  TestMachine tm;
+  auto f32 = [&](uint64_t n) { return tm.Add(kArenaRegion, n * 4, graph::F32); };
+  const uint32_t x[2] = {f32(uint64_t{kM} * kK), f32(uint64_t{kM} * kK)}, parts = f32(uint64_t{kSplits} * kM * kK);
+  const uint32_t image[2] = {tm.Add(kArenaRegion, GemmImageBytes(kM, kK), graph::BF16),
+                             tm.Add(kArenaRegion, GemmImageBytes(kM, kK), graph::BF16)};
+  const uint32_t out[2] = {f32(uint64_t{kM} * kN), f32(uint64_t{kM} * kN)}, slots = f32(uint64_t{kM} * kRowNormSlots);
+  const uint32_t norm = tm.Add(kWeightRegion, kK * 2, graph::BF16), w = tm.Add(kWeightRegion, GemmImageBytes(kN, kK), graph::BF16);
+  MachineView m = tm.view();
+  for (uint32_t i = 0; i < kM * kK; ++i) m.ptr<float>(x[0])[i] = m.ptr<float>(x[1])[i] = u(rng);
+  for (uint32_t i = 0; i < kSplits * kM * kK; ++i) m.ptr<float>(parts)[i] = u(rng);
+  std::fill(m.ptr<float>(slots), m.ptr<float>(slots) + kM * kRowNormSlots, 1e30f);  // stale
+  for (uint32_t i = 0; i < kK; ++i) m.ptr<uint16_t>(norm)[i] = graph::FloatToBf16(0.5f + (u(rng) + 2.0f) / 4.0f);
+  const std::vector<uint16_t> wr = RandomBf16(rng, kN * kK);
+  const std::vector<uint16_t> wi = PackSwizzled(wr.data(), kN, kK, kGemmTileM, Swizzle::k128B);
+  std::copy(wi.begin(), wi.end(), m.ptr<uint16_t>(w));
+  std::vector<TensorInfo> infos;
+  for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
+  auto run = [&](const Instruction& inst) {
+    ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
+    ExecuteReference(inst, m);
+  };
+  for (uint32_t form = 0; form < 2; ++form) {  // whole rows normed, then slices with the norm deferred
+    Instruction pack{};
+    pack.opcode = static_cast<uint8_t>(Opcode::PACK_ROWS);
+    PackRowsArgs& a = pack.as<PackRowsArgs>();
+    a = {x[form], image[form], kM, kK, 0, GemmTiles(kM) * kGemmTileM, norm, 1e-5f, parts, kSplits};
+    if (form == 0) {
+      run(pack);
+    } else {
+      for (uint32_t r = 0; r < kM; r += 5) {
+        for (uint32_t c = 0; c < kK; c += kCols) {
+          a = {x[1], image[1], kM, kK, r, std::min(5u, kM - r), norm, 1e-5f, parts, kSplits, slots, c, kCols};
+          run(pack);
+        }
+      }
+      a = {x[1], image[1], kM, kK, kM, GemmTiles(kM) * kGemmTileM - kM, norm, 1e-5f};  // the padding rows
+      run(pack);
+    }
+    Instruction gemm{};
+    gemm.opcode = static_cast<uint8_t>(Opcode::GEMM);
+    GemmArgs& g = gemm.as<GemmArgs>();
+    g = {image[form], w, out[form], kM, kN, kK, 0, kNoTensor, kNoTensor, kGemmStoreF32};
+    g.row_norm = form == 1 ? slots : kNoTensor;
+    run(gemm);
+  }
+  EXPECT_TRUE(std::equal(m.ptr<float>(x[0]), m.ptr<float>(x[0]) + kM * kK, m.ptr<float>(x[1])));
+  double err = 0, norm2 = 0;  // bf16 rounding of products that cancel: the error relative to the whole output
+  for (uint32_t r = 0; r < kM; ++r) {
+    EXPECT_EQ(m.ptr<float>(slots)[r * kRowNormSlots + 3], 0.0f);  // past the 3 slices
+    for (uint32_t c = 0; c < kN; ++c) {
+      const double want = m.ptr<float>(out[0])[r * kN + c], got = m.ptr<float>(out[1])[r * kN + c];
+      err += (got - want) * (got - want), norm2 += want * want;
+    }
+  }
+  EXPECT_LT(std::sqrt(err / norm2), 5e-3);
+  Instruction bad{};
+  bad.opcode = static_cast<uint8_t>(Opcode::PACK_ROWS);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 0, 2, norm, 1e-5f, parts, kSplits, slots, 0, 96};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("slice [0, +96) of k 320"), std::string::npos);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 0, 2, norm, 1e-5f, parts, kSplits, slots, 0, 0};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("slice [0, +0)"), std::string::npos);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 35, 5, norm, 1e-5f, parts, kSplits, slots, 0, 64};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("must be rows of the input (m 37)"), std::string::npos);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 0, 30, norm, 1e-5f, parts, kSplits, slots, 0, 320};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("more than one staging round"), std::string::npos);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 0, 2, kNoTensor, 0.0f, parts, kSplits, slots, 0, 64};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("needs its norm_weight"), std::string::npos);
+  bad.as<PackRowsArgs>() = {x[1], image[1], kM, kK, 0, 2, norm, 1e-5f, parts, kSplits, kNoTensor, 64, 64};
+  EXPECT_NE(ValidateInstruction(bad, infos).message().find("column slices are for a deferred norm"), std::string::npos);
+}
+
 // The GEMM loader copies each A slab's rows up to the tile's last row of A, rounded up to the 8-row swizzle atom:
 // a prefix of the slab (the rows past it reach only accumulator rows no epilogue stores).
 TEST(GemmSlabRows, LoadedRowsEndAtTheTilesLastRowOfA) {
@@ -405,15 +481,16 @@ TEST(GemmSlabRows, LoadedRowsEndAtTheTilesLastRowOfA) {
   EXPECT_EQ(GemmSlabRowsLoaded(g), 72u);
   g.m = 300;  // tiles of 128, 128 and 44 rows
   EXPECT_EQ(GemmSlabRowsLoaded(g), 128u);
-  g.m_tile = 1;
+  g.tile = GemmTileOf(1, 0);
   EXPECT_EQ(GemmSlabRowsLoaded(g), 128u);
-  g.m_tile = 2;
+  g.tile = GemmTileOf(2, 0);
   EXPECT_EQ(GemmSlabRowsLoaded(g), 48u);
   for (uint32_t m = 1; m <= 3 * kGemmTileM; ++m) {
     g.m = m;
-    for (g.m_tile = 0; g.m_tile < GemmTiles(m); ++g.m_tile) {
-      const uint32_t rows = GemmSlabRowsLoaded(g), live = std::min(kGemmTileM, m - g.m_tile * kGemmTileM);
-      EXPECT_TRUE(rows % 8 == 0 && rows >= live && rows < live + 8 && rows <= kGemmTileM) << m << " " << g.m_tile;
+    for (uint32_t mt = 0; mt < GemmTiles(m); ++mt) {
+      g.tile = GemmTileOf(mt, 0);
+      const uint32_t rows = GemmSlabRowsLoaded(g), live = std::min(kGemmTileM, m - mt * kGemmTileM);
+      EXPECT_TRUE(rows % 8 == 0 && rows >= live && rows < live + 8 && rows <= kGemmTileM) << m << " " << mt;
     }
   }
 }

@@ -12,8 +12,8 @@ namespace loom::isa::ref {
 void Validate(const GemmArgs& a, Checker& c) {
   c.Require(a.m > 0 && a.n > 0 && a.k > 0, "m, n and k must be positive");
   c.Require(a.wide <= 1, absl::StrCat("wide must be 0 or 1, not ", a.wide));
-  c.Require(a.m_tile < GemmTiles(a.m) && a.n_tile < GemmColumnTiles(a.n, a.wide),
-            absl::StrCat("tile (", a.m_tile, ", ", a.n_tile, ") outside the ", GemmTiles(a.m), " x ",
+  c.Require(GemmMTile(a) < GemmTiles(a.m) && GemmNTile(a) < GemmColumnTiles(a.n, a.wide),
+            absl::StrCat("tile (", GemmMTile(a), ", ", GemmNTile(a), ") outside the ", GemmTiles(a.m), " x ",
                          GemmColumnTiles(a.n, a.wide), " output tiles", a.wide ? " of 256 columns" : ""));
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
@@ -55,6 +55,7 @@ void Validate(const GemmArgs& a, Checker& c) {
   }
   if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, a.n);
   if (a.residual != kNoTensor) c.Tensor("residual", a.residual, F32, U(a.m) * a.n);
+  if (a.row_norm != kNoTensor) c.Tensor("row_norm", a.row_norm, F32, U(a.m) * kRowNormSlots);
 }
 
 void Validate(const PackRowsArgs& a, Checker& c) {
@@ -75,12 +76,32 @@ void Validate(const PackRowsArgs& a, Checker& c) {
     c.Tensor("norm_weight", a.norm_weight, BF16, a.k);
     c.Require(a.norm_eps > 0, "norm_eps must be positive");
   }
+  if (a.row_norm == kNoTensor) {
+    c.Require(a.col_begin == 0 && a.cols == 0, "column slices are for a deferred norm (row_norm) only");
+    return;
+  }
+  // A deferred norm's slice: whole 16-byte chunks of x and 8-byte groups of the image (a slab's columns), rows of
+  // the input only (the image's padding rows are packed whole), one staging round.
+  c.Tensor("row_norm", a.row_norm, F32, U(a.m) * kRowNormSlots);
+  c.Require(a.norm_weight != kNoTensor, "a deferred norm (row_norm) needs its norm_weight");
+  c.Require(a.k % kGemmSlabK == 0 && a.cols > 0 && a.cols % kGemmSlabK == 0 && a.col_begin % a.cols == 0 &&
+                a.col_begin < a.k,
+            absl::StrCat("slice [", a.col_begin, ", +", a.cols, ") of k ", a.k, ": k and the slice width must be ",
+                         "multiples of ", kGemmSlabK, ", the slice one of the row's"));
+  c.Require(PackRowsSlices(a) <= kRowNormSlots,
+            absl::StrCat(PackRowsSlices(a), " column slices of k ", a.k, ": at most ", kRowNormSlots));
+  c.Require(U(a.row_begin) + a.rows <= a.m, absl::StrCat("a slice's rows [", a.row_begin, ", +", a.rows,
+                                                          ") must be rows of the input (m ", a.m, ")"));
+  c.Require(U(a.rows) * (PackRowsColumns(a) / 4) * (a.splits + 1) * 16 + 2ull * PackRowsColumns(a) <= kSumStageBytes,
+            absl::StrCat(a.rows, " rows x ", PackRowsColumns(a), " columns and ", a.splits,
+                         " parts: more than one staging round of ", kSumStageBytes, " bytes"));
 }
 
 Footprint Cost(const PackRowsArgs& a, uint32_t) {
-  const uint64_t elements = uint64_t{a.rows} * GemmSlabs(a.k) * kGemmSlabK;
-  return {0, 6 * elements + (a.splits != 0 ? 4 * (a.splits + 2) * U(a.rows) * a.k : 0), 0,
-          (3 + a.splits) * elements};
+  // A slice (row_norm): its columns only; whole rows: the image's padded width.
+  const uint32_t columns = a.row_norm != kNoTensor ? PackRowsColumns(a) : GemmSlabs(a.k) * kGemmSlabK;
+  const uint64_t elements = uint64_t{a.rows} * columns;
+  return {0, 6 * elements + (a.splits != 0 ? 4 * (a.splits + 2) * elements : 0), 0, (3 + a.splits) * elements};
 }
 
 Footprint Cost(const GemmArgs& a, uint32_t) {
@@ -120,7 +141,35 @@ void Reference(const SumSplitsArgs& a, const MachineView& m) {
   }
 }
 
+// A deferred norm's slice: parts added, x * w rounded to bf16 unscaled, the slice's slot of each row.
+void ReferenceSlice(const PackRowsArgs& a, const MachineView& m) {
+  float* x = m.ptr<float>(a.input);
+  const float* parts = m.ptr<float>(a.parts);
+  const uint16_t* w = m.ptr<uint16_t>(a.norm_weight);
+  uint16_t* image = m.ptr<uint16_t>(a.out);
+  float* slots = m.ptr<float>(a.row_norm);
+  const uint32_t slices = PackRowsSlices(a), end = a.col_begin + PackRowsColumns(a);
+  for (uint32_t r = a.row_begin; r < a.row_begin + a.rows; ++r) {
+    float sum_sq = 0.0f;
+    for (uint32_t c = a.col_begin; c < end; ++c) {
+      const uint64_t i = uint64_t{r} * a.k + c;
+      float v = x[i];
+      for (uint32_t s = 0; s < a.splits; ++s) v += parts[s * U(a.m) * a.k + i];
+      x[i] = v;
+      sum_sq += v * v;
+      image[Swizzled128Offset(a.k, kGemmTileM, r, c) / 2] = graph::FloatToBf16(v * graph::Bf16ToFloat(w[c]));
+    }
+    float* row = slots + uint64_t{r} * kRowNormSlots;
+    row[a.col_begin / a.cols] = sum_sq / static_cast<float>(a.k) + a.norm_eps / static_cast<float>(slices);
+    if (a.col_begin == 0) std::fill(row + slices, row + kRowNormSlots, 0.0f);
+  }
+}
+
 void Reference(const PackRowsArgs& a, const MachineView& m) {
+  if (a.row_norm != kNoTensor) {
+    ReferenceSlice(a, m);
+    return;
+  }
   if (a.splits != 0) {  // the parts added in part order first, into the input
     float* x = m.ptr<float>(a.input);
     const float* parts = m.ptr<float>(a.parts);
@@ -160,23 +209,26 @@ void Reference(const GemmArgs& a, const MachineView& m) {
     }
     return values;
   };
-  const uint32_t columns = GemmTileColumns(a), row0 = a.m_tile * kGemmTileM, col0 = a.n_tile * columns;
+  const uint32_t m_tile = GemmMTile(a), n_tile = GemmNTile(a);
+  const uint32_t columns = GemmTileColumns(a), row0 = m_tile * kGemmTileM, col0 = n_tile * columns;
   const uint32_t col_end = std::min(a.n, col0 + columns);
   const std::vector<float> tile_a = unswizzle(m.ptr<uint16_t>(a.a), row0, std::min(a.m, row0 + kGemmTileM) - row0);
   const std::vector<float> tile_w = unswizzle(m.ptr<uint16_t>(a.weight), col0, col_end - col0);
   float* out = m.ptr<float>(a.out);
   uint16_t* image = m.ptr<uint16_t>(a.out);
   std::vector<float> row_values(kGemmTileN);
-  for (uint32_t r = a.m_tile * kGemmTileM; r < std::min(a.m, (a.m_tile + 1) * kGemmTileM); ++r) {
+  for (uint32_t r = m_tile * kGemmTileM; r < std::min(a.m, (m_tile + 1) * kGemmTileM); ++r) {
     float gate = 0.0f;
+    const float scale = a.row_norm != kNoTensor ? RowNormScale(m.ptr<float>(a.row_norm) + uint64_t{r} * kRowNormSlots) : 1.0f;
     for (uint32_t col = col0; col < col_end; ++col) {
       float acc = 0.0f;
       const float* ra = tile_a.data() + uint64_t{r - row0} * width;
       const float* rw = tile_w.data() + uint64_t{col - col0} * width;
       for (uint32_t x = 0; x < width; ++x) acc += ra[x] * rw[x];
+      if (a.row_norm != kNoTensor) acc *= scale;
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
       if (a.epilogue == kGemmRopeKvAppend) {
-        row_values[col - a.n_tile * kGemmTileN] = acc;
+        row_values[col - n_tile * kGemmTileN] = acc;
         continue;
       }
       if (a.epilogue == kGemmSiluMulToImage) {
@@ -198,21 +250,21 @@ void Reference(const GemmArgs& a, const MachineView& m) {
       const uint32_t half = a.head_dim / 2, q_width = group * a.num_kv_heads * a.head_dim;
       if (a.qk_norm != kNoTensor) {  // each q and k head of the tile RMS-normed over its head_dim first
         const uint16_t* w = m.ptr<uint16_t>(a.qk_norm);
-        for (uint32_t h0 = a.n_tile * kGemmTileN; h0 < std::min(a.n, (a.n_tile + 1) * kGemmTileN); h0 += a.head_dim) {
+        for (uint32_t h0 = n_tile * kGemmTileN; h0 < std::min(a.n, (n_tile + 1) * kGemmTileN); h0 += a.head_dim) {
           const QkvRow head = QkvGroupedRow(h0, group, a.head_dim);
           if (head.kind == kQkvV) continue;
           float sum_sq = 0.0f;
-          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) sum_sq += row_values[c - a.n_tile * kGemmTileN] * row_values[c - a.n_tile * kGemmTileN];
+          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) sum_sq += row_values[c - n_tile * kGemmTileN] * row_values[c - n_tile * kGemmTileN];
           const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(a.head_dim) + a.norm_eps);
           for (uint32_t c = h0; c < h0 + a.head_dim; ++c) {
             const QkvRow q = QkvGroupedRow(c, group, a.head_dim);
-            row_values[c - a.n_tile * kGemmTileN] *=
+            row_values[c - n_tile * kGemmTileN] *=
                 scale * graph::Bf16ToFloat(w[(head.kind == kQkvK ? a.head_dim : 0) + q.dim]);
           }
         }
       }
-      for (uint32_t col = a.n_tile * kGemmTileN; col < std::min(a.n, (a.n_tile + 1) * kGemmTileN); col += 2) {
-        float v0 = row_values[col - a.n_tile * kGemmTileN], v1 = row_values[col + 1 - a.n_tile * kGemmTileN];
+      for (uint32_t col = n_tile * kGemmTileN; col < std::min(a.n, (n_tile + 1) * kGemmTileN); col += 2) {
+        float v0 = row_values[col - n_tile * kGemmTileN], v1 = row_values[col + 1 - n_tile * kGemmTileN];
         const QkvRow q = QkvGroupedRow(col, group, a.head_dim);
         if (q.kind != kQkvV) RotatePair(&v0, &v1, q.dim, pos, table, half);
         if (q.kind == kQkvQ) {

@@ -91,10 +91,10 @@ void NnLowering::EmitGemm(const Epilogue& e, const GemmA& a, uint32_t weight, ui
           Emit(Make(isa::Opcode::GEMM, tile), stage, after, e.ops);
           return;
         }
-        if (tall && tile.m_tile % 2 != 0) return;
+        if (tall && isa::GemmMTile(tile) % 2 != 0) return;
         isa::ConvGemmArgs c = *a.conv;
         c.weight = tile.weight, c.out = tile.out, c.bias = tile.bias, c.residual = tile.residual;
-        c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = tile.m_tile, c.n_tile = tile.n_tile;
+        c.epilogue = tile.epilogue, c.n = tile.n, c.m_tile = isa::GemmMTile(tile), c.n_tile = isa::GemmNTile(tile);
         c.slabs = tile.slabs;
         if (tall) c.m_tile /= 2, c.flags |= isa::kConvTall;
         c.out_bf16 = kNone;

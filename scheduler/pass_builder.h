@@ -198,8 +198,7 @@ void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit, const std::v
   for (uint32_t n = 0; n < isa::GemmColumnTiles(g.n, g.wide); ++n) {
     for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
       for (uint32_t s = 0; s < splits; ++s) {
-        g.m_tile = m;
-        g.n_tile = n;
+        g.tile = isa::GemmTileOf(m, n);
         if (splits > 1) {
           const uint32_t begin = slabs * s / splits;
           g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);

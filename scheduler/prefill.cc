@@ -40,6 +40,24 @@ constexpr uint32_t kPackRowsShort = 8, kPackRowsLong = 16;
 constexpr uint32_t kMaxKSplits = 16;
 static_assert(isa::kGemmTileM % kPackRowsShort == 0 && isa::kGemmTileM % kPackRowsLong == 0);
 
+// The columns of a sliced fold's instructions (PrefillOptions::slice_folds), each a slice of one prompt row. Sliced
+// only where every row's slices take an SM each, one instruction per SM: a row in as many slices as there
+// are SMs per prompt row (at most isa::kRowNormSlots, whole K slabs, each slice of a row one staging round of
+// isa::kSumStageBytes: x, the parts, the weights). A second instruction on an SM doubles the stage, the pass's
+// critical path. H100, random:llama-3.2-1b, TTFT ms against whole-row folds: P = 16 1.60 / 1.72 (8 slices), 64
+// 1.75 / 1.82 (2), but 128 2.03 / 1.99 (2 slices, 2 instructions an SM), 512 3.23 / 3.06 (one row an instruction,
+// four an SM), where a whole-row fold has about one row an SM already. nullopt: the whole-row fold.
+std::optional<uint32_t> SliceColumns(uint32_t P, uint32_t hidden, uint32_t splits, uint32_t num_sms) {
+  constexpr uint32_t kSlab = isa::kGemmSlabK;
+  const uint32_t row_bytes_per_column = 4 * (splits + 1), slabs = hidden / kSlab;
+  const uint32_t widest = isa::kSumStageBytes / (row_bytes_per_column + 2) / kSlab * kSlab;  // one row
+  if (hidden % kSlab != 0 || widest == 0) return std::nullopt;
+  const uint32_t fewest = (hidden + widest - 1) / widest;
+  const uint32_t slices = std::min({std::max(fewest, num_sms / std::max(P, 1u)), isa::kRowNormSlots, slabs});
+  if (slices < fewest || uint64_t{P} * slices > num_sms) return std::nullopt;
+  return (slabs + slices - 1) / slices * kSlab;
+}
+
 std::string Name(const std::string& prefix, const std::vector<std::string>& sources) {
   return absl::StrCat(prefix, absl::StrJoin(sources, "+"));
 }
@@ -167,6 +185,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   if (page_bytes == 0 && fills_wide_tiles && widest_tiles >= uint64_t{kMinWideTileWaves} * decode.num_sms()) {
     isa::GemmArgs rope{};
     rope.epilogue = isa::kGemmRopeKvAppend;
+    rope.row_norm = 0;  // with a deferred norm's slots (a sliced fold before it)
     uint32_t activation = isa::GemmActivationBytes(rope);
     for (const Layer& l : plan->layers) activation = std::max(activation, isa::FlashActivationBytes(l.head_dim));
     SmemConfig smem = decode.options().smem();
@@ -226,8 +245,19 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   }
   // x's parts of a GEMM split over K not added yet: the next PACK_ROWS adds them as it reads x (below).
   std::optional<SplitParts> pending;
+  // The per-row statistics of a norm deferred to the GEMM after it (isa::GemmArgs::row_norm), one tensor for both
+  // norms of a layer: a norm's slices of tile m follow, through the chains above, every GEMM tile that read the
+  // rows of tile m of the previous norm's.
+  const uint32_t row_norm = b.Scratch("prefill.row_norm", graph::F32, {P, isa::kRowNormSlots});
+  // The norm the next GEMM applies: row_norm after a sliced fold, else kNoTensor (the image is normed).
+  uint32_t deferred = isa::kNoTensor;
   auto pack = [&](const std::string& name, uint32_t norm, float eps, StageRef after) {
     const StageRef stage = b.Stages(name, tiles_m, tiled);
+    const std::optional<uint32_t> slice =
+        pending && prefill_options.slice_folds
+            ? SliceColumns(P, hidden, static_cast<uint32_t>(pending->parts.size()), decode.num_sms())
+            : std::nullopt;
+    deferred = slice ? row_norm : isa::kNoTensor;
     // Adding parts, a prompt row reads (splits + 1) rows: fewer rows an instruction (PrefillOptions.fold_rows).
     uint32_t fold = pack_rows;
     if (pending) {
@@ -236,9 +266,22 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
                  ? prefill_options.fold_rows
                  : static_cast<uint32_t>(std::clamp<uint64_t>(kFoldBytesPerInstruction / row_bytes, 1, pack_rows));
     }
-    for (uint32_t r = 0; r < tiles_m * isa::kGemmTileM;) {
-      // Prompt rows by `fold`, the padding after them by the usual count, neither across a row tile.
+    // A sliced fold packs the prompt rows alone: the image's rows past P reach only accumulator rows no epilogue
+    // stores (as the SiLU image's, which its GEMM never writes), and the GEMMs copy A only up to round8(P).
+    const uint32_t rows_packed = slice ? P : tiles_m * isa::kGemmTileM;
+    for (uint32_t r = 0; r < rows_packed;) {
+      // Prompt rows by `fold` (or by slices), the padding after them by the usual count, neither across a row tile.
       const uint32_t tile_end = (r / isa::kGemmTileM + 1) * isa::kGemmTileM;
+      if (slice) {  // a prompt row a slice
+        for (uint32_t c = 0; c < hidden; c += *slice) {
+          isa::PackRowsArgs a{x, image_h, P, hidden, r, 1, norm, eps};
+          a.parts = pending->all, a.splits = static_cast<uint32_t>(pending->parts.size());
+          a.row_norm = row_norm, a.col_begin = c, a.cols = *slice;
+          b.Emit(isa::Opcode::PACK_ROWS, a, stage.Of(r / isa::kGemmTileM), after.Of(r / isa::kGemmTileM), name);
+        }
+        ++r;
+        continue;
+      }
       const uint32_t rows = std::min(tile_end - r, pending && r < P ? std::min(fold, P - r) : pack_rows);
       isa::PackRowsArgs a{x, image_h, P, hidden, r, rows, norm, eps};
       if (pending && r < P) a.parts = pending->all, a.splits = static_cast<uint32_t>(pending->parts.size());
@@ -328,6 +371,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     qkv.num_kv_heads = l.kv_heads;
     qkv.head_dim = l.head_dim;
     qkv.max_seq = decode.max_seq();
+    qkv.row_norm = deferred;
     stage = gemm(n + "qkv", qkv, stage, false);
 
     const StageRef flash = b.Stages(n + "attn", tiles_m, tiled);
@@ -361,6 +405,7 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
     gu.k = hidden;
     gu.bias = *b_gu;
     gu.epilogue = isa::kGemmSiluMulToImage;
+    gu.row_norm = deferred;
     stage = gemm(n + "gate_up", gu, stage, tiled);
     isa::GemmArgs down{};
     down.a = image_s;

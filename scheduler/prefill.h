@@ -69,6 +69,11 @@ struct PrefillOptions {
   // reads splits + 1 rows of x's width): 0 auto (as many as read at most kFoldBytesPerInstruction, at least one;
   // padding rows past the prompt take the usual pack's count).
   uint32_t fold_rows = 0;
+  // A fold whose norm can be deferred (hidden a multiple of 64) is spread over the SMs by column slices (PACK_ROWS
+  // with row_norm: each instruction adds its slice's parts and packs x * w unscaled, and the GEMM reading the
+  // image scales each row, isa::GemmArgs::row_norm): a whole-row fold reads (splits + 1) rows on one SM, the
+  // pass's longest instruction at short prompts. false: whole rows (fold_rows).
+  bool slice_folds = true;
   // The most ways a residual projection with few tiles is split over K (0: kMaxKSplits): fewer splits trade the K
   // loop's spread for fewer parts to add.
   uint32_t max_splits = 0;

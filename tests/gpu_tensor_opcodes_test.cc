@@ -38,8 +38,7 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
-          g.m_tile = mt;
-          g.n_tile = nt;
+          g.tile = isa::GemmTileOf(mt, nt);
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
@@ -98,8 +97,7 @@ TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, wide); ++nt) {
           for (uint32_t s = 0; s < splits; ++s) {
-            g.m_tile = mt;
-            g.n_tile = nt;
+            g.tile = isa::GemmTileOf(mt, nt);
             const uint32_t begin = slabs * s / splits;
             if (splits > 1) {
               g.slabs = isa::GemmPackSlabs(begin, slabs * (s + 1) / splits - begin);
@@ -183,8 +181,7 @@ TEST(GpuOpcodes, GemmSplitKPartsSumInOrder) {
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
           for (uint32_t s = 0; s < splits; ++s) {
-            g.m_tile = mt;
-            g.n_tile = nt;
+            g.tile = isa::GemmTileOf(mt, nt);
             g.slabs = isa::GemmPackSlabs(begins[s], counts[s]);
             g.out = parts.second[s];
             queue.push_back(Make(isa::Opcode::GEMM, g));
@@ -379,14 +376,16 @@ TEST(GpuOpcodes, NhwcBf16PadsChannelsThroughAnyStrides) {
 // PACK_ROWS (f32 rows, optionally RMS-normalised, to the GEMM's bf16 operand image) then GEMM on it, the GEMM
 // waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K. With parts
 // (a split product's, 3 or 5 of them, added into the rows first: the input is an output too), k a multiple of 4 or
-// not.
+// not. Forms 4 and 5 defer the norm to the GEMM (k whole slabs): the prompt rows packed by column slices of 64 or
+// 192 columns (PackRowsArgs::row_norm, with parts and without), the padding rows whole, the GEMM scaling its rows.
 TEST(GpuOpcodes, PackRowsThenGemm) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
   for (const Case& c : {Case{1, 128, 64}, Case{7, 100, 100}, Case{129, 256, 576}, Case{300, 128, 2048},
                         Case{33, 128, 99}}) {
-    for (uint32_t form = 0; form < 4; ++form) {  // norm or not x parts or not
-      const bool norm = form % 2 == 1, parts = form >= 2;
+    for (uint32_t form = 0; form < 6; ++form) {  // norm or not x parts or not; deferred norm with parts or not
+      const bool sliced = form >= 4, norm = form % 2 == 1 || sliced, parts = form == 2 || form == 3 || form == 4;
+      if (sliced && c.k % isa::kGemmSlabK != 0) continue;
       const uint32_t seed = Seed();
       OpBench b(seed);
       isa::PackRowsArgs p{};
@@ -409,10 +408,29 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       }
       std::vector<isa::Instruction> queue;
       const uint32_t m_tiles = isa::GemmTiles(c.m);
-      for (uint32_t r = 0; r < m_tiles * isa::kGemmTileM; r += 40) {  // 40 rows per instruction, ragged end
+      uint32_t row_norm = isa::kNoTensor;
+      if (sliced) {  // the prompt rows in slices, 3 rows an instruction (ragged)
+        row_norm = b.Arena(uint64_t{c.m} * isa::kRowNormSlots);
+        b.FillRandom(row_norm);  // stale: every slot a GEMM reads is written
+        isa::PackRowsArgs s = p;
+        s.row_norm = row_norm;
+        s.cols = c.k >= 1024 ? 192 : 64;
+        for (uint32_t r = 0; r < c.m; r += 3) {
+          for (s.col_begin = 0; s.col_begin < c.k; s.col_begin += s.cols) {
+            s.row_begin = r;
+            s.rows = std::min(3u, c.m - r);
+            isa::Instruction inst = Make(isa::Opcode::PACK_ROWS, s);
+            inst.signal = 0;
+            queue.push_back(inst);
+          }
+        }
+      }
+      for (uint32_t r = sliced ? c.m : 0; r < m_tiles * isa::kGemmTileM; r += 40) {  // 40 rows, ragged end
         p.row_begin = r;
         p.rows = std::min(40u, m_tiles * isa::kGemmTileM - r);
-        isa::Instruction inst = Make(isa::Opcode::PACK_ROWS, p);
+        isa::PackRowsArgs whole = p;
+        if (sliced) whole.splits = 0, whole.parts = isa::kNoTensor;  // padding rows: zeros
+        isa::Instruction inst = Make(isa::Opcode::PACK_ROWS, whole);
         inst.signal = 0;
         queue.push_back(inst);
       }
@@ -425,18 +443,19 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       g.n = c.n;
       g.k = c.k;
       g.bias = g.residual = isa::kNoTensor;
+      g.row_norm = row_norm;
       for (uint32_t mt = 0; mt < m_tiles; ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
-          g.m_tile = mt;
-          g.n_tile = nt;
+          g.tile = isa::GemmTileOf(mt, nt);
           isa::Instruction inst = Make(isa::Opcode::GEMM, g);
           inst.num_waits = 1;
           inst.waits[0] = {0, packs | (packs << 16)};  // every packing of this step
           queue.push_back(inst);
         }
       }
-      b.RunAndCompare(queue, absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", parts ? " (parts)" : "", " + GEMM, M ", c.m, " N ", c.n,
-                                          " K ", c.k, " seed ", seed),
+      b.RunAndCompare(queue,
+                      absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", sliced ? " (deferred, slices)" : "",
+                                   parts ? " (parts)" : "", " + GEMM, M ", c.m, " N ", c.n, " K ", c.k, " seed ", seed),
                       kBf16ChainTolerance);
     }
   }
@@ -483,8 +502,7 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
         for (uint32_t nt = 0; nt < isa::GemmTiles(kN); ++nt) {
-          g.m_tile = mt;
-          g.n_tile = nt;
+          g.tile = isa::GemmTileOf(mt, nt);
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
@@ -575,8 +593,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
     up.epilogue = isa::kGemmSiluMulToImage;
     const uint32_t up_tiles = isa::GemmTiles(c.m) * isa::GemmTiles(up.n);
     for (uint32_t t = 0; t < up_tiles; ++t) {
-      up.m_tile = t / isa::GemmTiles(up.n);
-      up.n_tile = t % isa::GemmTiles(up.n);
+      up.tile = isa::GemmTileOf(t / isa::GemmTiles(up.n), t % isa::GemmTiles(up.n));
       isa::Instruction inst = Make(isa::Opcode::GEMM, up);
       inst.signal = 1;
       inst.num_waits = 1;
@@ -593,8 +610,7 @@ TEST(GpuOpcodes, PrefillMlpBlockOnTensorCores) {
     down.bias = isa::kNoTensor;
     down.residual = x;
     for (uint32_t t = 0; t < isa::GemmTiles(c.m) * isa::GemmTiles(c.hidden); ++t) {
-      down.m_tile = t / isa::GemmTiles(c.hidden);
-      down.n_tile = t % isa::GemmTiles(c.hidden);
+      down.tile = isa::GemmTileOf(t / isa::GemmTiles(c.hidden), t % isa::GemmTiles(c.hidden));
       isa::Instruction inst = Make(isa::Opcode::GEMM, down);
       inst.num_waits = 1;
       inst.waits[0] = {1, up_tiles | (up_tiles << 16)};

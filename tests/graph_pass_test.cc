@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <cstdio>
 #include <set>
@@ -211,7 +212,7 @@ PassShape Inspect(const scheduler::Schedule& s) {
       if (inst.opcode() != "GEMM" && !conv) continue;
       ++p.gemms;
       p.conv_gemms += conv;
-      p.split += inst.args(conv ? 5 : 10) == isa::kGemmPartialF32;  // the epilogue
+      p.split += inst.args(conv ? 5 : offsetof(isa::GemmArgs, epilogue) / 4) == isa::kGemmPartialF32;  // the epilogue
       p.fused += inst.op().find(',') != std::string::npos;
     }
   }

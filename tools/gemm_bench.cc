@@ -81,7 +81,7 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
     inst.opcode = static_cast<uint8_t>(isa::Opcode::GEMM);
     inst.signal = isa::kNoBarrier;
     isa::GemmArgs& g = inst.as<isa::GemmArgs>();
-    g = {0, 1, 2, m, n, k, mt, nt, isa::kNoTensor, absl::GetFlag(FLAGS_residual) ? 2u : isa::kNoTensor};
+    g = {0, 1, 2, m, n, k, isa::GemmTileOf(mt, nt), isa::kNoTensor, absl::GetFlag(FLAGS_residual) ? 2u : isa::kNoTensor};
     g.wide = wide ? 1 : 0;
     p.queues[tile % sms].push_back(inst);
   }

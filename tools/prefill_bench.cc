@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, row_tile_barriers, "auto",
           "on: one barrier per 128-row tile and stage; off: one per stage; auto: on for up to 8 row tiles");
 ABSL_FLAG(int32_t, fold_rows, 0,
           "prompt rows per PACK_ROWS that adds a split projection's parts (PrefillOptions.fold_rows; 0: auto)");
+ABSL_FLAG(bool, slice_folds, true,
+          "spread a fold over the SMs by column slices, its norm deferred to the next GEMM (PrefillOptions.slice_folds)");
 ABSL_FLAG(int32_t, max_splits, 0,
           "most ways a residual projection is split over K (PrefillOptions.max_splits; 0: auto)");
 ABSL_FLAG(int32_t, page_kb, 0,
@@ -57,6 +59,7 @@ scheduler::PrefillOptions NoVerify() {
   o.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   o.fold_rows = static_cast<uint32_t>(absl::GetFlag(FLAGS_fold_rows));
   o.max_splits = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_splits));
+  o.slice_folds = absl::GetFlag(FLAGS_slice_folds);
   return o;
 }
 

@@ -45,9 +45,9 @@ struct GemmPages {
 __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
   const isa::GemmSlabRange range = isa::GemmSlabsOf(g);
-  const uint32_t w_tile = g.wide ? 2 * g.n_tile : g.n_tile;
+  const uint32_t w_tile = g.wide ? 2 * isa::GemmNTile(g) : isa::GemmNTile(g);
   const uint8_t* a =
-      m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(g.m_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
+      m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(isa::GemmMTile(g)) * slabs + range.begin) * isa::kGemmSlabBytes;
   const uint8_t* w =
       m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(w_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
   const uint32_t a_bytes = isa::GemmSlabRowsLoaded(g) * (isa::kGemmSlabBytes / isa::kGemmTileM);
@@ -286,6 +286,48 @@ __device__ __forceinline__ void GemmSlabsDone(uint32_t per_slab, ConsumerContext
   if (per_slab == 2) ctx.ReleasePage();
 }
 
+// A deferred RMSNorm's row scales (isa::GemmArgs::row_norm): each warpgroup copies its 64 rows' slots into the
+// activation slot (isa::GemmRowNormOffset) as the instruction starts, and after the K loop each thread adds its two
+// rows' (Row(t, 0) and 8 below) as isa::RowNormScale does (the VM's float) and scales them. Rows past m keep 1.
+__device__ __forceinline__ void GemmCopyRowNorm(const isa::GemmArgs& g, const ConsumerContext& ctx, uint32_t warpgroup,
+                                                uint32_t t, uint32_t row0) {
+  if (g.row_norm == isa::kNoTensor) return;
+  const uint32_t slots = tile::SharedAddress(ctx.act) + isa::GemmRowNormOffset(g);
+  const isa::MachineView& m = ctx.machine;
+  constexpr uint32_t kChunks = isa::kRowNormSlots / 4;  // 16-byte chunks a row
+  const float4* norm = m.ptr<float4>(g.row_norm);
+  for (uint32_t j = t; j < 64 * kChunks; j += 128) {
+    const uint32_t row = j / kChunks;
+    if (row0 + row < g.m) {
+      CpAsync16Shared(slots + ((warpgroup * 64 + row) * kChunks + j % kChunks) * 16,
+                      norm + static_cast<uint64_t>(row0 + row) * kChunks + j % kChunks, 16);
+    }
+  }
+  CpAsyncCommit();
+}
+template <typename Acc>
+__device__ __forceinline__ void GemmScaleRows(const isa::GemmArgs& g, Acc& acc, const ConsumerContext& ctx,
+                                              uint32_t warpgroup, uint32_t t, uint32_t row0) {
+  if (g.row_norm == isa::kNoTensor) return;
+  const uint32_t slots = tile::SharedAddress(ctx.act) + isa::GemmRowNormOffset(g);
+  CpAsyncWait<0>();
+  NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
+  float scale[2];
+#pragma unroll
+  for (uint32_t h = 0; h < 2; ++h) {
+    const uint32_t row = Acc::Row(t, 0) + 8 * h;
+    float s[isa::kRowNormSlots];
+#pragma unroll
+    for (uint32_t q = 0; q < isa::kRowNormSlots / 4; ++q) {
+      const float4 v = tile::LoadShared128(slots + ((warpgroup * 64 + row) * (isa::kRowNormSlots / 4) + q) * 16);
+      s[4 * q] = v.x, s[4 * q + 1] = v.y, s[4 * q + 2] = v.z, s[4 * q + 3] = v.w;
+    }
+    scale[h] = row0 + row < g.m ? isa::RowNormScale(s) : 1.0f;
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < Acc::kRegs; ++i) acc.d[i] *= scale[(i / 2) % 2];
+}
+
 // kGemmSiluMulToImage: registers 2p, 2p+1 hold columns (c, c + 1) of one row with c even, a (gate, up) pair; out is
 // the bf16 image of silu(gate) * up.
 template <typename Acc>
@@ -308,6 +350,8 @@ __device__ __forceinline__ void GemmSiluMulEpilogue(const isa::GemmArgs& g, cons
 __device__ __forceinline__ void RunGemmWide(const isa::GemmArgs& g, ConsumerContext& ctx) {
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t slabs = isa::GemmSlabsOf(g).count;
+  const uint32_t row0 = isa::GemmMTile(g) * isa::kGemmTileM + warpgroup * 64, col0 = isa::GemmNTile(g) * isa::kGemmWideTileN;
+  GemmCopyRowNorm(g, ctx, warpgroup, t, row0);
   GemmWideAcc acc;
   acc.Zero();
   tile::FenceRegisters(acc.d);  // (see RunGemm)
@@ -318,7 +362,7 @@ __device__ __forceinline__ void RunGemmWide(const isa::GemmArgs& g, ConsumerCont
     GemmSlabStep(acc, GemmSlab{page}, GemmWideSlab{page + isa::kGemmSlabBytes}, warpgroup, s, 1, ctx);
   }
   GemmSlabsDone(1, ctx);
-  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmWideTileN;
+  GemmScaleRows(g, acc, ctx, warpgroup, t, row0);
   if (g.epilogue == isa::kGemmSiluMulToImage) {
     GemmSiluMulEpilogue(g, ctx.machine, acc, t, row0, col0);
     return;
@@ -345,6 +389,9 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
   }
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t slabs = isa::GemmSlabsOf(g).count;
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t row0 = isa::GemmMTile(g) * isa::kGemmTileM + warpgroup * 64, col0 = isa::GemmNTile(g) * isa::kGemmTileN;
+  GemmCopyRowNorm(g, ctx, warpgroup, t, row0);
   GemmAcc acc;
   acc.Zero();
   // Without this, the compiler folds the zeros into the loop (its first iteration), and ptxas serialises every
@@ -363,9 +410,7 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     GemmSlabStep(acc, a, w, warpgroup, s, per_slab, ctx);
   }
   GemmSlabsDone(per_slab, ctx);
-
-  const isa::MachineView& m = ctx.machine;
-  const uint32_t row0 = g.m_tile * isa::kGemmTileM + warpgroup * 64, col0 = g.n_tile * isa::kGemmTileN;
+  GemmScaleRows(g, acc, ctx, warpgroup, t, row0);
   if (g.epilogue == isa::kGemmRopeKvAppend) {
     GemmRopeKvEpilogue(g, m, acc, warpgroup, t, row0, col0, ctx.act + warpgroup * 64 * isa::kGemmStageStride);
     return;

@@ -101,7 +101,73 @@ __device__ __forceinline__ void FoldParts(const isa::PackRowsArgs& a, const isa:
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 }
 
+// A deferred norm's slice (isa::PackRowsArgs::row_norm): the rows' x and parts over the slice, and the slice of the
+// norm weight, are copied into the activation slot in one round (cp.async, all in flight together: one round trip
+// for up to 48 KB); then each thread adds its 16-byte chunks' parts in part order, stores x and the bf16 image of
+// x * w, and leaves the chunk's sum of squares over its x in the slot; a warp per row adds a row's in a fixed order
+// (its lanes' chunks in order, then WarpSum) into the slice's slot.
+__device__ __forceinline__ void PackSlice(const isa::PackRowsArgs& a, ConsumerContext& ctx) {
+  const isa::MachineView& m = ctx.machine;
+  float* x = m.ptr<float>(a.input);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* p4 = a.splits != 0 ? m.ptr<float4>(a.parts) : nullptr;
+  const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(a.norm_weight);
+  uint8_t* image = m.ptr<uint8_t>(a.out);
+  const uint32_t cols = isa::PackRowsColumns(a), per_row = cols / 4, chunks = a.rows * per_row;
+  const uint32_t staged = chunks * (a.splits + 1);
+  const uint32_t slot = tile::SharedAddress(ctx.act), weights = slot + staged * 16;
+  const uint64_t part_stride = static_cast<uint64_t>(a.m) * a.k / 4;  // float4s
+  for (uint32_t j = ctx.tid; j < staged; j += kConsumerThreads) {
+    const uint32_t part = j / chunks, c = j % chunks;
+    const uint64_t at = (static_cast<uint64_t>(a.row_begin + c / per_row) * a.k + a.col_begin) / 4 + c % per_row;
+    CpAsync16Shared(slot + j * 16, part == 0 ? x4 + at : p4 + (part - 1) * part_stride + at, 16);
+  }
+  for (uint32_t j = ctx.tid; j < cols / 8; j += kConsumerThreads) {
+    CpAsync16Shared(weights + j * 16, w + a.col_begin + j * 8, 16);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  for (uint32_t c = ctx.tid; c < chunks; c += kConsumerThreads) {
+    float4 sum = tile::LoadShared128(slot + c * 16);
+    for (uint32_t s = 1; s <= a.splits; ++s) {  // in part order
+      const float4 v = tile::LoadShared128(slot + (s * chunks + c) * 16);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const uint32_t row = a.row_begin + c / per_row, col = a.col_begin + c % per_row * 4;
+    if (a.splits != 0) reinterpret_cast<float4*>(x)[(static_cast<uint64_t>(row) * a.k + col) / 4] = sum;
+    const float2 wbits = tile::LoadShared64(weights + c % per_row * 8);
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wbits.x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wbits.y);
+    const float2 f01 = __bfloat1622float2(w01), f23 = __bfloat1622float2(w23);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x * f01.x, sum.y * f01.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(sum.z * f23.x, sum.w * f23.y);
+    *reinterpret_cast<uint2*>(image + isa::Swizzled128Offset(a.k, isa::kGemmTileM, row, col)) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    const float sum_sq = sum.x * sum.x + sum.y * sum.y + sum.z * sum.z + sum.w * sum.w;
+    tile::StoreShared32(slot + c * 16, __float_as_uint(sum_sq));  // over this thread's own chunk of x
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  float* slots = m.ptr<float>(a.row_norm);
+  const uint32_t slices = isa::PackRowsSlices(a);
+  for (uint32_t r = ctx.warp; r < a.rows; r += kConsumerWarps) {
+    float sum_sq = 0.0f;
+    for (uint32_t c = ctx.lane; c < per_row; c += 32) sum_sq += tile::LoadShared32(slot + (r * per_row + c) * 16);
+    sum_sq = WarpSum(sum_sq);
+    float* row = slots + static_cast<uint64_t>(a.row_begin + r) * isa::kRowNormSlots;
+    if (ctx.lane == 0) {
+      row[a.col_begin / a.cols] = sum_sq / static_cast<float>(a.k) + a.norm_eps / static_cast<float>(slices);
+    }
+    if (a.col_begin == 0 && ctx.lane >= slices && ctx.lane < isa::kRowNormSlots) row[ctx.lane] = 0.0f;
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);  // the slot read out before the next instruction takes it
+}
+
 __device__ __forceinline__ void RunPackRows(const isa::PackRowsArgs& a, ConsumerContext& ctx) {
+  if (a.row_norm != isa::kNoTensor) {
+    PackSlice(a, ctx);
+    return;
+  }
   const isa::MachineView& m = ctx.machine;
   if (a.splits != 0) FoldParts(a, m, ctx);
   const float* in = m.ptr<float>(a.input);
