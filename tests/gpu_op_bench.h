@@ -238,6 +238,12 @@ class OpBench {
     }
   }
   std::mt19937& rng() { return rng_; }
+  // What a run starts from (read-only: the CPU-side checks validate against the table and run the references on
+  // copies of the regions): the tensor table, the two regions' bytes, and the ids of the poisoned outputs.
+  const std::vector<isa::TensorDesc>& tensors() const { return table_; }
+  const std::vector<uint8_t>& weights() const { return weights_; }
+  const std::vector<uint8_t>& arena() const { return arena_; }
+  const std::vector<uint32_t>& outputs() const { return outputs_; }
   // bf16 outputs rounded from f32 sums: elements one bf16 step apart count as equal.
   void AllowBf16Steps() { bf16_steps_ = true; }
   // The activation ring's bytes (kActivationBytes unless set), raised to what the queue's largest instruction needs.
