@@ -377,7 +377,8 @@ TEST(GpuOpcodes, NhwcBf16PadsChannelsThroughAnyStrides) {
 // waiting on the packing's barrier: the prefill building block of norm -> projection. Ragged M and K. With parts
 // (a split product's, 3 or 5 of them, added into the rows first: the input is an output too), k a multiple of 4 or
 // not. Forms 4 and 5 defer the norm to the GEMM (k whole slabs): the prompt rows packed by column slices of 64 or
-// 192 columns (PackRowsArgs::row_norm, with parts and without), the padding rows whole, the GEMM scaling its rows.
+// 192 columns (PackRowsArgs::row_norm, with parts and without), the padding rows whole, the GEMM scaling its rows
+// (form 5 in 128 x 256 tiles, 48 KB pages: the wide variant's copy of the slots).
 TEST(GpuOpcodes, PackRowsThenGemm) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
@@ -444,8 +445,9 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       g.k = c.k;
       g.bias = g.residual = isa::kNoTensor;
       g.row_norm = row_norm;
+      g.wide = form == 5 ? 1 : 0;
       for (uint32_t mt = 0; mt < m_tiles; ++mt) {
-        for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
+        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, g.wide); ++nt) {
           g.tile = isa::GemmTileOf(mt, nt);
           isa::Instruction inst = Make(isa::Opcode::GEMM, g);
           inst.num_waits = 1;
@@ -455,8 +457,9 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       }
       b.RunAndCompare(queue,
                       absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", sliced ? " (deferred, slices)" : "",
-                                   parts ? " (parts)" : "", " + GEMM, M ", c.m, " N ", c.n, " K ", c.k, " seed ", seed),
-                      kBf16ChainTolerance);
+                                   parts ? " (parts)" : "", g.wide ? " + wide GEMM" : " + GEMM", ", M ", c.m, " N ", c.n,
+                                   " K ", c.k, " seed ", seed),
+                      kBf16ChainTolerance, g.wide ? isa::kGemmWideStepBytes : 16384);
     }
   }
 }
