@@ -67,165 +67,32 @@ __device__ void Controller(const KernelParams& p, const SharedLayout& s, uint32_
   }
 }
 
+// The weight loader: for each instruction, the page hook of its opcode (LoadPages beside the opcode's device code,
+// ops/loader_context.cuh), the opcodes that have one tested in table order (an if-chain: a switch over every opcode
+// cost decode 0.4-0.5% ms/token on the H100), the slot let go at once for the others. Pages only for what the
+// consumers of this variant run (isa::VariantCompiles, as their switch): an opcode the variant lacks streams nothing
+// and its consumers report it.
 template <uint32_t kVariant>
 __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
-  // Pages only for what the consumers of this variant run (isa::VariantCompiles, as their switch).
-  constexpr bool kTensorOps = isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::GEMM);
-  constexpr bool kGraphOps = isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::CONV_GEMM);
-  static_assert(kTensorOps == isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::FLASH_ATTN),
-                "GEMM and FLASH_ATTN stream pages in the same variants");
-  PipelineState ring{0, 0, p.num_pages};
-  // MATVEC pages in flight: `landed` trails `ring` by `in_flight` pages, at most `max_in_flight` (pages of the
-  // other opcodes are not held back, nor counted).
+  QueueWalk w(p, sm);
   const uint32_t max_in_flight =
       p.matvec_pages_in_flight == 0 || p.matvec_pages_in_flight > p.num_pages ? p.num_pages : p.matvec_pages_in_flight;
-  PipelineState landed = ring;
-  uint32_t in_flight = 0;
-  uint32_t splits = 0;  // decode: the ATTN_PARTIALs walked
-  for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+  LoaderContext l{p, s, sm, w, {0, 0, p.num_pages}, {0, 0, p.num_pages}, 0, max_in_flight, 0};
+  for (; w.more(p); w.advance()) {
     MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
-    // Decode: no page of the instructions after an attention split goes out before the split's K / V rows are in
-    // its slot. Issued sooner, they share the SM's bandwidth with the rows, and the split (the chain) ends later:
-    // -2% ms/token at context 1024, -0.4% at 128 (docs/history/performance_log.md). Counted, not an
-    // mbarrier's phase: an SM's consecutive splits need no pages between them, so its consumers may be two splits
-    // on before this thread looks.
-    if (kVariant == isa::kDecodeKernel && inst.op() == isa::Opcode::ATTN_PARTIAL) {
-      MbarrierArrive(&s.inst_empty[w.slot.index]);
-      ++splits;
-      const StuckWhere where = w.Where(p, sm, inst.opcode, splits, kStuckSplitRows);
-      for (uint64_t spins = 0; atomicOr(s.split_rows, 0u) < splits;) {
-        if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(atomicOr(s.split_rows, 0u));
-      }
-      continue;
-    }
-    const uint8_t* tile = nullptr;
-    uint64_t total = 0;
-    GemmPages gemm{nullptr, nullptr, 0, nullptr, 0, 0};
-    ConvGemmPages conv{nullptr, 0};
-    FlashPages flash{nullptr, nullptr, 64, 0, 0};
-    const uint32_t opcode = inst.opcode;
-    if (inst.op() == isa::Opcode::MATVEC) {
-      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
-      total = a.rows * row_bytes;
-      tile = p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
-    } else if (kTensorOps && (inst.op() == isa::Opcode::GEMM || inst.op() == isa::Opcode::FLASH_ATTN)) {
-      // A GEMM's A and attention's K / V are activations: their pages are read only once the instruction's
-      // waits are met (the loader runs ahead over weights only; everything before this instruction is issued).
-      for (uint32_t k = 0; k < inst.num_waits; ++k) {
-        WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
-      }
-      FenceProxyAsyncGlobal();
-      if (inst.op() == isa::Opcode::GEMM) gemm = GemmPagesOf(inst.as<isa::GemmArgs>(), p.machine);
-      else flash = FlashPagesOf(inst.as<isa::FlashAttnArgs>(), p.machine);
-    } else if (kGraphOps && inst.op() == isa::Opcode::CONV_GEMM) {
-      // Only W streams (the consumers gather A): it runs ahead unless W itself is computed in the pass.
-      const isa::ConvGemmArgs& c = inst.as<isa::ConvGemmArgs>();
-      if (p.machine.tensors[c.weight].region == isa::kArenaRegion) {
-        for (uint32_t k = 0; k < inst.num_waits; ++k) {
-          WaitGlobal(p.counters, inst.waits[k], p.first_step + w.local, p.error, sm, w.i - w.begin, inst.opcode);
-        }
-        FenceProxyAsyncGlobal();
-      }
-      conv = ConvGemmPagesOf(c, p.machine);
-    }
-    MbarrierArrive(&s.inst_empty[w.slot.index]);  // what the loader needs is in registers now
-    const uint32_t gemm_per_page = 3 - GemmPagesPerSlab(p.page_bytes);  // slabs (A or W) per page: 1 or 2
-    for (uint32_t i = 0; i < gemm.count; i += gemm_per_page) {
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      MbarrierArriveExpectTx(&s.full[ring.index], gemm_per_page == 2 ? gemm.a_bytes + isa::kGemmSlabBytes
-                                                                      : gemm.Bytes(i));
-      for (uint32_t j = 0; j < gemm_per_page; ++j) {
-        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * isa::kGemmSlabBytes,
-                         gemm.Source(i + j), gemm.Bytes(i + j), &s.full[ring.index]);
-      }
-      ++ring;
-    }
-    // A wide GEMM tile (the wide variant's): per K step one page of its A slab and two W slabs (GpuMachine
-    // checks the page holds them). skip_weight_loads: a diagnostic (gemm_bench --skip_loads), the consumers alone.
-    for (uint32_t k = 0; kVariant == isa::kWideKernel && k < gemm.wide_steps; ++k) {
-      const uint64_t offset = static_cast<uint64_t>(k) * isa::kGemmSlabBytes;
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      uint8_t* page = s.pages + static_cast<size_t>(ring.index) * p.page_bytes;
-      if (p.skip_weight_loads) {
-        MbarrierArrive(&s.full[ring.index]);
-      } else {
-        MbarrierArriveExpectTx(&s.full[ring.index],
-                               gemm.a_bytes + (gemm.w2 != nullptr ? 2 : 1) * isa::kGemmSlabBytes);
-        BulkCopyToShared(page, gemm.a + offset, gemm.a_bytes, &s.full[ring.index]);
-        BulkCopyToShared(page + isa::kGemmSlabBytes, gemm.w + offset, isa::kGemmSlabBytes, &s.full[ring.index]);
-        if (gemm.w2 != nullptr) {
-          BulkCopyToShared(page + 2 * isa::kGemmSlabBytes, gemm.w2 + offset, isa::kGemmSlabBytes,
-                           &s.full[ring.index]);
-        }
-      }
-      ++ring;
-    }
-    // CONV_GEMM: per K slab the A slab (the first half of a 32 KB page, or a page of its own: full at once, the
-    // consumers write it) and the W slab (the second half, or the next page).
-    for (uint32_t i = 0; kGraphOps && i < conv.slabs; ++i) {
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      uint32_t offset = isa::kGemmSlabBytes;
-      if (gemm_per_page == 1) {
-        MbarrierArrive(&s.full[ring.index]);
-        ++ring;
-        MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-        offset = 0;
-      }
-      MbarrierArriveExpectTx(&s.full[ring.index], isa::kGemmSlabBytes);
-      BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + offset,
-                       conv.w + static_cast<uint64_t>(i) * isa::kGemmSlabBytes, isa::kGemmSlabBytes,
-                       &s.full[ring.index]);
-      ++ring;
-    }
-    // FLASH_ATTN's pages of 32 keys, two to a ring page when it holds 32 KB (FlashPagesPerRingPage).
-    const uint32_t flash_per_page = FlashPagesPerRingPage(p.page_bytes);
-    for (uint32_t i = 0; i < flash.count; i += flash_per_page) {
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u, w.Where(p, sm, opcode, ring.index, kStuckPageWait));
-      uint32_t bytes = 0;
-      for (uint32_t j = 0; j < flash_per_page; ++j) bytes += flash.Bytes(i + j);
-      if (bytes == 0) {  // keys past the cache: nothing to copy, the consumers zero them
-        MbarrierArrive(&s.full[ring.index]);
-      } else {
-        MbarrierArriveExpectTx(&s.full[ring.index], bytes);
-        for (uint32_t j = 0; j < flash_per_page; ++j) {
-          if (flash.Bytes(i + j) == 0) continue;
-          BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes + j * kFlashPageStride,
-                           flash.Source(i + j), flash.Bytes(i + j), &s.full[ring.index]);
-        }
-      }
-      ++ring;
-    }
-    // Pages of other opcodes went out: not held back, nor counted.
-    if (gemm.count + gemm.wide_steps + conv.slabs + flash.count > 0) {
-      landed = ring;
-      in_flight = 0;
-    }
-    for (uint64_t offset = 0; offset < total; offset += p.page_bytes) {
-      const uint32_t bytes = static_cast<uint32_t>(total - offset < p.page_bytes ? total - offset : p.page_bytes);
-      MbarrierWait(&s.empty[ring.index], ring.phase ^ 1u,
-                   w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), ring.index, kStuckPageWait));
-      // Held back until the oldest page in flight has landed: an SM with the whole ring in flight ran ahead of the
-      // others, and every other load of the SM (a barrier poll, the activations) queued behind its pages.
-      while (in_flight >= max_in_flight) {
-        MbarrierWait(&s.full[landed.index], landed.phase,
-                     w.Where(p, sm, static_cast<uint32_t>(isa::Opcode::MATVEC), landed.index, kStuckPageWait));
-        ++landed;
-        --in_flight;
-      }
-      ++in_flight;
-      if (p.skip_weight_loads) {
-        MbarrierArrive(&s.full[ring.index]);
-      } else {
-        // Evict-first: a MATVEC weight is read once per step, and the step's gigabytes of them would otherwise push
-        // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/history/performance_log.md).
-        MbarrierArriveExpectTx(&s.full[ring.index], bytes);
-        BulkCopyToShared(s.pages + static_cast<size_t>(ring.index) * p.page_bytes, tile + offset, bytes,
-                         &s.full[ring.index], CreatePolicyEvictFirst());
-      }
-      ++ring;
-    }
+    bool loaded = false;
+#define LOOM_LOADER_HOOK(name, args)                                                                        \
+  if constexpr (kHasPageHook<isa::args> &&                                                                  \
+                isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::name)) {       \
+    if (!loaded && inst.op() == isa::Opcode::name) {                                                        \
+      LoadPages<kVariant>(inst.as<isa::args>(), inst, l);                                                   \
+      loaded = true;                                                                                        \
+    }                                                                                                       \
+  }
+    LOOM_OPCODE_LIST(LOOM_LOADER_HOOK)
+#undef LOOM_LOADER_HOOK
+    if (!loaded) l.InstructionRead();
   }
 }
 

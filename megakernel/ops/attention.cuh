@@ -11,6 +11,7 @@
 
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/loader_context.cuh"
 #include "megakernel/tile/smem_tile.cuh"
 
 namespace loom::megakernel {
@@ -561,6 +562,26 @@ __device__ __forceinline__ void RunAttnReduce(const isa::AttnReduceArgs& a, Cons
     ReduceThroughSlot<2>(a, ctx, parity, tag);
   } else {
     ReduceThroughSlot<1>(a, ctx, parity, tag);
+  }
+}
+
+// ATTN_PARTIAL's loader hook (no pages). Decode: no page of the instructions after an attention split goes out
+// before the split's K / V rows are in its slot. Issued sooner, they share the SM's bandwidth with the rows, and the
+// split (the chain) ends later: -2% ms/token at context 1024, -0.4% at 128 (docs/history/performance_log.md).
+// Counted, not an mbarrier's phase: an SM's consecutive splits need no pages between them, so its consumers may be
+// two splits on before this thread looks.
+template <>
+inline constexpr bool kHasPageHook<isa::AttnPartialArgs> = true;
+template <uint32_t kVariant>
+__device__ __forceinline__ void LoadPages(const isa::AttnPartialArgs&, const isa::Instruction& inst,
+                                          LoaderContext& l) {
+  l.InstructionRead();
+  if constexpr (kVariant == isa::kDecodeKernel) {
+    ++l.splits;
+    const StuckWhere where = l.Where(inst.opcode, l.splits, kStuckSplitRows);
+    for (uint64_t spins = 0; atomicOr(l.s.split_rows, 0u) < l.splits;) {
+      if (kDeviceDebug && ++spins > kDebugSpinLimit) where.Report(atomicOr(l.s.split_rows, 0u));
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #include "instructions/swizzle.h"
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/loader_context.cuh"
 #include "megakernel/ops/gemm.cuh"
 #include "megakernel/tile/slab_mma.cuh"
 
@@ -540,6 +541,35 @@ __device__ __forceinline__ void RunConvGemm(const isa::ConvGemmArgs& g, Consumer
   } else {
     GemmStoreF32Tile(g, ctx.machine, isa::ConvGemmRows(g), acc, t, row0, col0, staged);
   }
+}
+
+// CONV_GEMM's pages (its loader hook): only W streams (the consumers gather A), running ahead unless W itself is
+// computed in the pass. Per K slab the A slab's room (the first half of a 32 KB page, or a page of its own: full at
+// once, the consumers write it) and the W slab (the second half, or the next page).
+template <>
+inline constexpr bool kHasPageHook<isa::ConvGemmArgs> = true;
+template <uint32_t kVariant>
+__device__ __forceinline__ void LoadPages(const isa::ConvGemmArgs& c, const isa::Instruction& inst,
+                                          LoaderContext& l) {
+  if (l.p.machine.tensors[c.weight].region == isa::kArenaRegion) l.WaitData(inst);
+  const ConvGemmPages conv = ConvGemmPagesOf(c, l.p.machine);
+  l.InstructionRead();
+  const bool shared_page = GemmPagesPerSlab(l.p.page_bytes) == 1;
+  for (uint32_t i = 0; i < conv.slabs; ++i) {
+    uint8_t* page = l.EmptyPage(inst.opcode);
+    uint32_t offset = isa::kGemmSlabBytes;
+    if (!shared_page) {
+      MbarrierArrive(l.Full());
+      ++l.ring;
+      page = l.EmptyPage(inst.opcode);
+      offset = 0;
+    }
+    MbarrierArriveExpectTx(l.Full(), isa::kGemmSlabBytes);
+    BulkCopyToShared(page + offset, conv.w + static_cast<uint64_t>(i) * isa::kGemmSlabBytes, isa::kGemmSlabBytes,
+                     l.Full());
+    ++l.ring;
+  }
+  if (conv.slabs > 0) l.Unthrottle();
 }
 
 }  // namespace loom::megakernel

@@ -16,6 +16,7 @@
 #include "instructions/swizzle.h"
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/loader_context.cuh"
 #include "megakernel/tile/row_ops.cuh"
 #include "megakernel/tile/smem_tile.cuh"
 
@@ -246,6 +247,36 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
 __device__ __forceinline__ void RunFlashAttn(const isa::FlashAttnArgs& a, ConsumerContext& ctx) {
   if (a.head_dim == 64) RunFlashAttnTile<64>(a, ctx);
   else RunFlashAttnTile<128>(a, ctx);
+}
+
+// FLASH_ATTN's pages (its loader hook), once its waits are met (K and V are activations): pages of 32 keys, two to
+// a ring page when it holds 32 KB (FlashPagesPerRingPage); keys past the cache copy nothing (the consumers zero
+// them).
+template <>
+inline constexpr bool kHasPageHook<isa::FlashAttnArgs> = true;
+template <uint32_t kVariant>
+__device__ __forceinline__ void LoadPages(const isa::FlashAttnArgs& a, const isa::Instruction& inst,
+                                          LoaderContext& l) {
+  l.WaitData(inst);
+  const FlashPages flash = FlashPagesOf(a, l.p.machine);
+  l.InstructionRead();
+  const uint32_t per_page = FlashPagesPerRingPage(l.p.page_bytes);
+  for (uint32_t i = 0; i < flash.count; i += per_page) {
+    uint8_t* page = l.EmptyPage(inst.opcode);
+    uint32_t bytes = 0;
+    for (uint32_t j = 0; j < per_page; ++j) bytes += flash.Bytes(i + j);
+    if (bytes == 0) {
+      MbarrierArrive(l.Full());
+    } else {
+      MbarrierArriveExpectTx(l.Full(), bytes);
+      for (uint32_t j = 0; j < per_page; ++j) {
+        if (flash.Bytes(i + j) == 0) continue;
+        BulkCopyToShared(page + j * kFlashPageStride, flash.Source(i + j), flash.Bytes(i + j), l.Full());
+      }
+    }
+    ++l.ring;
+  }
+  if (flash.count > 0) l.Unthrottle();
 }
 
 }  // namespace loom::megakernel

@@ -14,6 +14,7 @@
 
 #include "instructions/swizzle.h"
 #include "megakernel/ops/consumer_context.cuh"
+#include "megakernel/ops/loader_context.cuh"
 #include "megakernel/ops/matvec.cuh"  // Silu, RotatePairAt
 #include "megakernel/tile/row_ops.cuh"  // QuadSum
 #include "megakernel/tile/slab_mma.cuh"
@@ -420,6 +421,45 @@ __device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext&
     return;
   }
   GemmStoreF32Tile(g, m, g.m, acc, t, row0, col0);
+}
+
+// GEMM's pages (its loader hook), once the instruction's waits are met (A is an activation). 128-column tiles: per
+// K slab its A slab and its W slab, a page each or both in one page of 32 KB or more. A wide tile (the wide
+// variant's): per K step one page of its A slab and two W slabs (GpuMachine checks the page holds them).
+// skip_weight_loads: a diagnostic (gemm_bench --skip_loads), the consumers alone.
+template <>
+inline constexpr bool kHasPageHook<isa::GemmArgs> = true;
+template <uint32_t kVariant>
+__device__ __forceinline__ void LoadPages(const isa::GemmArgs& g, const isa::Instruction& inst, LoaderContext& l) {
+  l.WaitData(inst);
+  const GemmPages gemm = GemmPagesOf(g, l.p.machine);
+  l.InstructionRead();
+  const uint32_t opcode = inst.opcode;
+  const uint32_t per_page = 3 - GemmPagesPerSlab(l.p.page_bytes);  // slabs (A or W) per page: 1 or 2
+  for (uint32_t i = 0; i < gemm.count; i += per_page) {
+    uint8_t* page = l.EmptyPage(opcode);
+    MbarrierArriveExpectTx(l.Full(), per_page == 2 ? gemm.a_bytes + isa::kGemmSlabBytes : gemm.Bytes(i));
+    for (uint32_t j = 0; j < per_page; ++j) {
+      BulkCopyToShared(page + j * isa::kGemmSlabBytes, gemm.Source(i + j), gemm.Bytes(i + j), l.Full());
+    }
+    ++l.ring;
+  }
+  for (uint32_t k = 0; kVariant == isa::kWideKernel && k < gemm.wide_steps; ++k) {
+    const uint64_t offset = static_cast<uint64_t>(k) * isa::kGemmSlabBytes;
+    uint8_t* page = l.EmptyPage(opcode);
+    if (l.p.skip_weight_loads) {
+      MbarrierArrive(l.Full());
+    } else {
+      MbarrierArriveExpectTx(l.Full(), gemm.a_bytes + (gemm.w2 != nullptr ? 2 : 1) * isa::kGemmSlabBytes);
+      BulkCopyToShared(page, gemm.a + offset, gemm.a_bytes, l.Full());
+      BulkCopyToShared(page + isa::kGemmSlabBytes, gemm.w + offset, isa::kGemmSlabBytes, l.Full());
+      if (gemm.w2 != nullptr) {
+        BulkCopyToShared(page + 2 * isa::kGemmSlabBytes, gemm.w2 + offset, isa::kGemmSlabBytes, l.Full());
+      }
+    }
+    ++l.ring;
+  }
+  if (gemm.count + gemm.wide_steps > 0) l.Unthrottle();
 }
 
 }  // namespace loom::megakernel
