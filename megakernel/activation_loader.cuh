@@ -10,93 +10,58 @@
 #include "megakernel/kernel_params.h"
 #include "megakernel/mbarrier.cuh"
 #include "megakernel/shared_layout.cuh"
+#include "megakernel/ops/loader_context.cuh"
+#include "megakernel/ops/ops.cuh"  // the activation hooks
 
 namespace loom::megakernel {
 
-// The activation slot an instruction gets once its waits are met (see each opcode's layout in ops/). The consumers
-// fill it themselves (cp.async through L2: one round trip, where a bulk copy here, after the proxy fence it needs,
-// took ~0.8 us longer from the waits to the slot; docs/history/performance_log.md).
-struct ActivationPlan {
-  uint32_t bytes = 0;   // slot size, a multiple of 16
-  uint32_t flags = 0;   // kActivation*: ATTN_PARTIAL's K and V rows (all / in chunks) in the slot, or none (empty)
-  uint32_t length = 0;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (the context length)
-};
+// The opcodes' activation hooks (ops/loader_context.cuh), dispatched from the opcode table in table order over the
+// opcodes that have one; every other instruction gets the slot of isa::ActivationBytes and reads no position.
+// (Templates on the arguments, so an opcode without a hook instantiates none of its calls.)
+template <typename Args>
+__device__ __forceinline__ bool HookReadsPosition(const isa::Instruction& inst) {
+  if constexpr (kHasActivationHook<Args>) return ActivationReadsPosition(inst.as<Args>());
+  return false;
+}
+template <typename Args>
+__device__ __forceinline__ uint32_t HookMaxSeq(const isa::Instruction& inst) {
+  if constexpr (kHasActivationHook<Args>) return ActivationMaxSeq(inst.as<Args>());
+  return 0;
+}
+template <bool kChunks, typename Args>
+__device__ __forceinline__ void HookPlan(const isa::Instruction& inst, const KernelParams& p, uint32_t step,
+                                         StepLength& length, ActivationPlan& plan) {
+  if constexpr (kHasActivationHook<Args>) PlanActivation<kChunks>(inst.as<Args>(), p, step, length, plan);
+}
+#define LOOM_IF_HOOKED(name, args, ...) \
+  if (kHasActivationHook<isa::args> && inst.op() == isa::Opcode::name) __VA_ARGS__;
 
-// This step's position + 1, read from the step state once per step (by the step's first instruction that needs it,
-// after its waits: they order it after the previous step's ARGMAX_REDUCE advanced it) and kept: the position is
-// the same for every instruction of a step, and each read was a round trip on the chain (attention's hand-off).
-// Decode programs read it only in a launch's first step: in each later one it is the step before's + 1, as
-// ARGMAX_REDUCE advances it by one (at the KV cache's end not at all: `max_seq` clamps it the same way).
-struct StepLength {
-  uint32_t step = ~0u;
-  uint32_t length = 0;
-  __device__ __forceinline__ uint32_t Get(const isa::MachineView& m, uint32_t state, uint32_t this_step) {
-    if (this_step != step) {
-      length = static_cast<uint32_t>(__ldcg(m.ptr<int32_t>(state) + isa::kStatePosition)) + 1;
-      step = this_step;
-    }
-    return length;
-  }
-  // Whether this step's length follows from the step before's, known on this SM; if so it is kept.
-  __device__ __forceinline__ bool Follow(uint32_t this_step, uint32_t max_seq) {
-    if (step == ~0u || step + 1 != this_step) return step == this_step;
-    length = min(length + 1, max_seq);
-    step = this_step;
-    return true;
-  }
-};
-
+__device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
+#define LOOM_READS_POSITION(name, args) LOOM_IF_HOOKED(name, args, return HookReadsPosition<isa::args>(inst))
+  LOOM_OPCODE_LIST(LOOM_READS_POSITION)
+#undef LOOM_READS_POSITION
+  return false;
+}
 // The KV-cache capacity of an instruction that reads the position (ReadsPosition).
 __device__ __forceinline__ uint32_t MaxSeqOf(const isa::Instruction& inst) {
-  return inst.op() == isa::Opcode::ATTN_PARTIAL ? inst.as<isa::AttnPartialArgs>().max_seq
-                                                 : inst.as<isa::MatvecArgs>().max_seq;
+#define LOOM_MAX_SEQ(name, args) LOOM_IF_HOOKED(name, args, return HookMaxSeq<isa::args>(inst))
+  LOOM_OPCODE_LIST(LOOM_MAX_SEQ)
+#undef LOOM_MAX_SEQ
+  return 0;
 }
-
-// Whether PlanActivations reads this step's position.
-__device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
-  return inst.op() == isa::Opcode::ATTN_PARTIAL ||
-         (inst.op() == isa::Opcode::MATVEC && inst.as<isa::MatvecArgs>().epilogue == isa::kEpilogueRopeKvAppend);
-}
-
 // kChunks: ATTN_PARTIAL's rows that do not fit the slot may come through it in chunks (the decode variant's form:
 // the others read them from the caches, their consumers' registers spent elsewhere).
 template <bool kChunks>
 __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p,
                                                           uint32_t step, StepLength& length) {
-  const isa::MachineView& m = p.machine;
   ActivationPlan plan;
   plan.bytes = isa::ActivationBytes(inst);
-  switch (inst.op()) {
-    case isa::Opcode::MATVEC: {  // RoPE's position, for the consumers' prologue
-      const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-      if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(m, a.step_state, step);
-      break;
-    }
-    case isa::Opcode::ATTN_PARTIAL: {  // room for the split's K and V rows too when they fit, else for chunks of them
-      const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();  // (the consumers load them)
-      plan.length = length.Get(m, a.step_state, step);
-      uint32_t begin, end;
-      isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
-      const uint32_t group = a.num_heads / a.num_kv_heads;
-      const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
-      const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
-                                     : 0;
-      if (end == begin) {
-        plan.flags = kActivationEmpty;
-      } else if (kv.bytes <= p.activation_bytes) {
-        plan.bytes = static_cast<uint32_t>(kv.bytes);
-        plan.flags = kActivationKv;
-      } else if (chunk > 0) {
-        plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
-        plan.flags = kActivationChunked | chunk << kActivationChunkShift;
-      }
-      break;
-    }
-    default:
-      break;
-  }
+#define LOOM_PLAN(name, args) LOOM_IF_HOOKED(name, args, HookPlan<kChunks, isa::args>(inst, p, step, length, plan))
+  LOOM_OPCODE_LIST(LOOM_PLAN)
+#undef LOOM_PLAN
   return plan;
 }
+#undef LOOM_IF_HOOKED
 
 // The activation ring: instructions take byte ranges of it in queue order, up
 // to activation_slots of them in flight between the activation loader and the
@@ -165,9 +130,10 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     // so the consumers copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them)
     // while the waits are polled (of a chunked split, its first chunk's); they copy q and this step's row after
     // `act_waited`.
+    // (Only ATTN_PARTIAL's plan puts rows in the slot.)
     uint32_t slot = kMaxActivationSlots;
-    if (kVariant == isa::kDecodeKernel && early && inst.op() == isa::Opcode::ATTN_PARTIAL &&
-        (plan.flags & (kActivationKv | kActivationChunked)) && inst.num_waits > 0) {
+    if (kVariant == isa::kDecodeKernel && early && (plan.flags & (kActivationKv | kActivationChunked)) &&
+        inst.num_waits > 0) {
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
       s.act_offset[slot] = ring.begin[slot];

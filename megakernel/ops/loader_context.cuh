@@ -1,5 +1,6 @@
-// What an opcode's page hook may use (the weight loader's side of an opcode, beside its consumer code): the ring of
-// pages it fills in order, the instruction's waits, and the MATVEC throttle's state. Each opcode that streams pages
+// What an opcode's loader hooks may use (the loaders' side of an opcode, beside its consumer code). The page hook
+// (the weight loader's): the ring of pages it fills in order, the instruction's waits, and the MATVEC throttle's
+// state. The activation hook (the activation loader's): the plan of its activation slot. Each opcode that streams pages
 // defines `LoadPages<kVariant>(const Args&, const isa::Instruction&, LoaderContext&)` in its family's ops/ header
 // and sets kHasPageHook<Args>; the loader calls the hook of an instruction's opcode (expanded from the opcode table).
 #pragma once
@@ -54,6 +55,46 @@ struct LoaderContext {
     in_flight = 0;
   }
 };
+
+// The activation slot an instruction gets once its waits are met (see each opcode's layout in ops/). The consumers
+// fill it themselves (cp.async through L2: one round trip, where a bulk copy here, after the proxy fence it needs,
+// took ~0.8 us longer from the waits to the slot; docs/history/performance_log.md).
+struct ActivationPlan {
+  uint32_t bytes = 0;   // slot size, a multiple of 16
+  uint32_t flags = 0;   // kActivation*: ATTN_PARTIAL's K and V rows (all / in chunks) in the slot, or none (empty)
+  uint32_t length = 0;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (the context length)
+};
+
+// This step's position + 1, read from the step state once per step (by the step's first instruction that needs it,
+// after its waits: they order it after the previous step's ARGMAX_REDUCE advanced it) and kept: the position is
+// the same for every instruction of a step, and each read was a round trip on the chain (attention's hand-off).
+// Decode programs read it only in a launch's first step: in each later one it is the step before's + 1, as
+// ARGMAX_REDUCE advances it by one (at the KV cache's end not at all: `max_seq` clamps it the same way).
+struct StepLength {
+  uint32_t step = ~0u;
+  uint32_t length = 0;
+  __device__ __forceinline__ uint32_t Get(const isa::MachineView& m, uint32_t state, uint32_t this_step) {
+    if (this_step != step) {
+      length = static_cast<uint32_t>(__ldcg(m.ptr<int32_t>(state) + isa::kStatePosition)) + 1;
+      step = this_step;
+    }
+    return length;
+  }
+  // Whether this step's length follows from the step before's, known on this SM; if so it is kept.
+  __device__ __forceinline__ bool Follow(uint32_t this_step, uint32_t max_seq) {
+    if (step == ~0u || step + 1 != this_step) return step == this_step;
+    length = min(length + 1, max_seq);
+    step = this_step;
+    return true;
+  }
+};
+
+// Whether an opcode's arguments have an activation hook: `ActivationReadsPosition(const Args&)` (whether its plan
+// reads this step's position), `ActivationMaxSeq(const Args&)` (the KV capacity that clamps it) and
+// `PlanActivation<kChunks>(const Args&, p, step, length, plan)` beside its device code, true there. The others get
+// the slot of isa::ActivationBytes (ActivationLoader).
+template <typename Args>
+inline constexpr bool kHasActivationHook = false;
 
 // Whether an opcode's arguments have a page hook (LoadPages): true beside each hook. The loader tests only these
 // opcodes, in table order, and lets every other instruction's slot go at once.

@@ -594,4 +594,17 @@ __device__ __forceinline__ void LoadPages(const isa::MatvecArgs& a, const isa::I
   }
 }
 
+// MATVEC's activation hook: the RoPE epilogue needs this step's position (for the consumers' prologue).
+template <>
+inline constexpr bool kHasActivationHook<isa::MatvecArgs> = true;
+__device__ __forceinline__ bool ActivationReadsPosition(const isa::MatvecArgs& a) {
+  return a.epilogue == isa::kEpilogueRopeKvAppend;
+}
+__device__ __forceinline__ uint32_t ActivationMaxSeq(const isa::MatvecArgs& a) { return a.max_seq; }
+template <bool kChunks>
+__device__ __forceinline__ void PlanActivation(const isa::MatvecArgs& a, const KernelParams& p, uint32_t step,
+                                               StepLength& length, ActivationPlan& plan) {
+  if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(p.machine, a.step_state, step);
+}
+
 }  // namespace loom::megakernel
