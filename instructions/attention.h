@@ -35,6 +35,8 @@ struct AttnPartialArgs {
                                             "kv_head", "split", "num_splits", "num_heads", "num_kv_heads",
                                             "head_dim", "max_seq", "scale", "out", "arrivals", "min_positions"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<AttnPartialArgs> = FloatWord(offsetof(AttnPartialArgs, scale));
 
 // Positions per split of a context of `length` positions.
 LOOM_HD uint32_t SplitChunk(uint32_t length, uint32_t num_splits, uint32_t min_positions) {

@@ -131,5 +131,7 @@ struct NormRowsArgs {
   static constexpr const char* kFields[] = {"input", "out", "scale", "shift", "rows", "len",
                                             "mode", "eps", "begin", "count"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<NormRowsArgs> = FloatWord(offsetof(NormRowsArgs, eps));
 
 }  // namespace loom::isa

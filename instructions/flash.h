@@ -35,6 +35,8 @@ struct FlashAttnArgs {
   static constexpr const char* kFields[] = {"q", "k_cache", "v_cache", "step_state", "out", "rows", "row_tile",
                                             "head", "num_heads", "num_kv_heads", "head_dim", "max_seq", "scale"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<FlashAttnArgs> = FloatWord(offsetof(FlashAttnArgs, scale));
 // One buffer of bf16 K [64 keys, hd] and Vᵀ [hd, 64 keys] slabs; the slot holds two, then the bf16 Q slabs of
 // the 128 query rows [128, hd], aligned to the swizzle atom.
 LOOM_HD uint32_t FlashBufferBytes(uint32_t head_dim) { return 2 * kFlashKeys * head_dim * 2; }

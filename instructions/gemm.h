@@ -62,6 +62,8 @@ struct GemmArgs {
                                             "qk_norm", "num_kv_heads", "head_dim", "max_seq", "slabs", "norm_eps",
                                             "wide", "row_norm"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<GemmArgs> = FloatWord(offsetof(GemmArgs, norm_eps));
 LOOM_HD uint32_t GemmTileOf(uint32_t m_tile, uint32_t n_tile) { return m_tile | n_tile << 16; }
 LOOM_HD uint32_t GemmMTile(const GemmArgs& g) { return g.tile & 0xffffu; }
 LOOM_HD uint32_t GemmNTile(const GemmArgs& g) { return g.tile >> 16; }
@@ -207,6 +209,8 @@ struct PackRowsArgs {
   static constexpr const char* kFields[] = {"input", "out", "m", "k", "row_begin", "rows", "norm_weight",
                                             "norm_eps", "parts", "splits", "row_norm", "col_begin", "cols"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<PackRowsArgs> = FloatWord(offsetof(PackRowsArgs, norm_eps));
 // Column slices of a row (the last may be narrower).
 LOOM_HD uint32_t PackRowsSlices(const PackRowsArgs& a) { return a.cols == 0 ? 1 : (a.k + a.cols - 1) / a.cols; }
 // The columns one instruction reads and writes: its slice, or the whole row.

@@ -18,6 +18,7 @@
 // scheduler/data_waits.h says which waits qualify and docs/architecture.md "Step tags" why it is sound.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "instructions/opcodes.h"
@@ -138,6 +139,14 @@ static_assert(sizeof(Instruction) == kInstructionBytes);
 // Opcode arguments, one header per opcode family (the same stem as its ops_<family>.cc and megakernel/ops/ file).
 // All fields are 32-bit words; tensors are ids into the schedule's tensor table. kFields names them (for loom
 // inspect and errors).
+
+namespace loom::isa {
+// The argument words that hold a float (bit i: word i), for printing (loom inspect); set beside each Args struct
+// with one (FloatWord).
+template <typename Args>
+inline constexpr uint32_t kFloatWords = 0;
+inline constexpr uint32_t FloatWord(size_t offset) { return 1u << (offset / 4); }
+}  // namespace loom::isa
 
 #include "instructions/vector.h"       // EMBED, RMS_NORM, ROPE_KV_APPEND, SILU_MUL, ADD, ARGMAX_*
 #include "instructions/matvec.h"       // MATVEC and the packed weight layouts

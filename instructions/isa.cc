@@ -39,6 +39,18 @@ int ArgCount(Opcode op) {
   }
 }
 
+uint32_t FloatWords(Opcode op) {
+  switch (op) {
+#define LOOM_FLOAT_WORDS(name, args) \
+  case Opcode::name:                 \
+    return kFloatWords<args>;
+    LOOM_OPCODE_LIST(LOOM_FLOAT_WORDS)
+#undef LOOM_FLOAT_WORDS
+    default:
+      return 0;
+  }
+}
+
 const char* const* ArgNames(Opcode op) {
   switch (op) {
 #define LOOM_ARG_NAMES(name, args) \

@@ -19,6 +19,8 @@ absl::StatusOr<Opcode> OpcodeFromName(const std::string& name);
 // Number of argument words and their names (from the Args struct's kFields).
 int ArgCount(Opcode op);
 const char* const* ArgNames(Opcode op);
+// The argument words that hold a float (bit i: word i; kFloatWords of the opcode's Args).
+uint32_t FloatWords(Opcode op);
 
 // What validation knows of a tensor.
 struct TensorInfo {

@@ -469,6 +469,23 @@ TEST(IsaReference, DeferredNormMatchesTheWholeRowNorm) {
   EXPECT_NE(ValidateInstruction(bad, infos).message().find("column slices are for a deferred norm"), std::string::npos);
 }
 
+// The float argument words are known for printing: every field named *eps, and attention's scales.
+TEST(Isa, FloatArgumentWordsAreMarked) {
+  for (int op = 0; op < kNumOpcodes; ++op) {
+    const Opcode o = static_cast<Opcode>(op);
+    const char* const* names = ArgNames(o);
+    for (int i = 0; i < ArgCount(o); ++i) {
+      const std::string name = names[i];
+      const bool eps = name.size() >= 3 && name.compare(name.size() - 3, 3, "eps") == 0;
+      if (eps) EXPECT_TRUE(FloatWords(o) >> i & 1u) << OpcodeName(o) << "." << name;
+    }
+  }
+  EXPECT_EQ(FloatWords(Opcode::ATTN_PARTIAL), FloatWord(offsetof(AttnPartialArgs, scale)));
+  EXPECT_EQ(FloatWords(Opcode::FLASH_ATTN), FloatWord(offsetof(FlashAttnArgs, scale)));
+  EXPECT_EQ(FloatWords(Opcode::NORM_ROWS), FloatWord(offsetof(NormRowsArgs, eps)));  // not its "scale" tensor
+  EXPECT_EQ(FloatWords(Opcode::GEMM), 1u << 19);
+}
+
 // The GEMM loader copies each A slab's rows up to the tile's last row of A, rounded up to the 8-row swizzle atom:
 // a prefix of the slab (the rows past it reach only accumulator rows no epilogue stores).
 TEST(GemmSlabRows, LoadedRowsEndAtTheTilesLastRowOfA) {

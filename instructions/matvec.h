@@ -46,6 +46,8 @@ struct MatvecArgs {
       "residual", "k_cache", "v_cache", "step_state", "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
       "partials", "tile_index", "bias"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<MatvecArgs> = FloatWord(offsetof(MatvecArgs, norm_eps));
 
 // A matvec weight row holds k elements padded with zeros to a multiple of
 // kMatvecRowAlign (the 256 columns a warp multiplies at once on the device), so

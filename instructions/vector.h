@@ -32,6 +32,8 @@ struct RmsNormArgs {
   float eps;
   static constexpr const char* kFields[] = {"input", "weight", "out", "n", "eps"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<RmsNormArgs> = FloatWord(offsetof(RmsNormArgs, eps));
 
 // Unfused RoPE + KV append: q_out = rope(q_in); caches[pos] = rope(k_in), v_in.
 // With q_norm / k_norm (not kNoTensor), each q and k head is first RMS-normed
@@ -56,6 +58,8 @@ struct RopeAppendArgs {
                                             "rope_table", "num_heads", "num_kv_heads", "head_dim", "max_seq",
                                             "q_norm", "k_norm", "norm_eps"};
 };
+template <>
+inline constexpr uint32_t kFloatWords<RopeAppendArgs> = FloatWord(offsetof(RopeAppendArgs, norm_eps));
 
 // out[i] = silu(gate[i]) * up[i] for i in [begin, begin + count)
 struct SiluMulArgs {

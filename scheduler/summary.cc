@@ -1,6 +1,7 @@
 #include "scheduler/summary.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -18,7 +19,17 @@ namespace {
 std::string ArgString(const isa::Instruction& inst) {
   std::string out;
   const char* const* names = isa::ArgNames(inst.op());
-  for (int i = 0; i < isa::ArgCount(inst.op()); ++i) absl::StrAppend(&out, i ? " " : "", names[i], "=", inst.args[i]);
+  const uint32_t floats = isa::FloatWords(inst.op());
+  for (int i = 0; i < isa::ArgCount(inst.op()); ++i) {
+    absl::StrAppend(&out, i ? " " : "", names[i], "=");
+    if (floats >> i & 1u) {
+      float v;
+      std::memcpy(&v, &inst.args[i], 4);
+      absl::StrAppend(&out, v);
+    } else {
+      absl::StrAppend(&out, inst.args[i]);
+    }
+  }
   return out;
 }
 
