@@ -76,7 +76,9 @@ inline constexpr uint32_t kRowNormSlots = 16;
 // the device's two quad shuffles add them), so the VM's and the device's scale are the same float.
 LOOM_HD float RowNormLane(const float* s) { return ((s[0] + s[1]) + s[2]) + s[3]; }
 LOOM_HD float RowNormScale(const float* slots) {
-  const float total = (RowNormLane(slots) + RowNormLane(slots + 4)) + (RowNormLane(slots + 8) + RowNormLane(slots + 12));
+  const float low = RowNormLane(slots) + RowNormLane(slots + 4);
+  const float high = RowNormLane(slots + 8) + RowNormLane(slots + 12);
+  const float total = low + high;
   return 1.0f / sqrtf(total);
 }
 inline constexpr uint32_t kGemmWideTileN = 2 * kGemmTileN;

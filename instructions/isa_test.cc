@@ -404,7 +404,8 @@ TEST(IsaReference, DeferredNormMatchesTheWholeRowNorm) {
   const uint32_t image[2] = {tm.Add(kArenaRegion, GemmImageBytes(kM, kK), graph::BF16),
                              tm.Add(kArenaRegion, GemmImageBytes(kM, kK), graph::BF16)};
   const uint32_t out[2] = {f32(uint64_t{kM} * kN), f32(uint64_t{kM} * kN)}, slots = f32(uint64_t{kM} * kRowNormSlots);
-  const uint32_t norm = tm.Add(kWeightRegion, kK * 2, graph::BF16), w = tm.Add(kWeightRegion, GemmImageBytes(kN, kK), graph::BF16);
+  const uint32_t norm = tm.Add(kWeightRegion, kK * 2, graph::BF16);
+  const uint32_t w = tm.Add(kWeightRegion, GemmImageBytes(kN, kK), graph::BF16);
   MachineView m = tm.view();
   for (uint32_t i = 0; i < kM * kK; ++i) m.ptr<float>(x[0])[i] = m.ptr<float>(x[1])[i] = u(rng);
   for (uint32_t i = 0; i < kSplits * kM * kK; ++i) m.ptr<float>(parts)[i] = u(rng);
@@ -414,7 +415,9 @@ TEST(IsaReference, DeferredNormMatchesTheWholeRowNorm) {
   const std::vector<uint16_t> wi = PackSwizzled(wr.data(), kN, kK, kGemmTileM, Swizzle::k128B);
   std::copy(wi.begin(), wi.end(), m.ptr<uint16_t>(w));
   std::vector<TensorInfo> infos;
-  for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
+  for (const TensorDesc& t : tm.table) {
+    infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
+  }
   auto run = [&](const Instruction& inst) {
     ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
     ExecuteReference(inst, m);
