@@ -17,7 +17,6 @@
 
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
-#include "megakernel/ops/loader_context.cuh"
 #include "megakernel/tile/smem_tile.cuh"
 
 namespace loom::megakernel {
@@ -559,52 +558,6 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
       break;
     }
   }
-}
-
-// MATVEC's pages (its loader hook): the tile's rows of W, a page at a time, held back while max_in_flight of its
-// pages are in flight: an SM with the whole ring in flight ran ahead of the others, and every other load of the SM
-// (a barrier poll, the activations) queued behind its pages.
-template <>
-inline constexpr bool kHasPageHook<isa::MatvecArgs> = true;
-template <uint32_t kVariant>
-__device__ __forceinline__ void LoadPages(const isa::MatvecArgs& a, const isa::Instruction&, LoaderContext& l) {
-  const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
-  const uint64_t total = a.rows * row_bytes;
-  const uint8_t* tile = l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
-  l.InstructionRead();
-  constexpr uint32_t kOpcode = static_cast<uint32_t>(isa::Opcode::MATVEC);
-  for (uint64_t offset = 0; offset < total; offset += l.p.page_bytes) {
-    const uint32_t bytes = static_cast<uint32_t>(total - offset < l.p.page_bytes ? total - offset : l.p.page_bytes);
-    uint8_t* page = l.EmptyPage(kOpcode);
-    while (l.in_flight >= l.max_in_flight) {
-      MbarrierWait(&l.s.full[l.landed.index], l.landed.phase, l.Where(kOpcode, l.landed.index, kStuckPageWait));
-      ++l.landed;
-      --l.in_flight;
-    }
-    ++l.in_flight;
-    if (l.p.skip_weight_loads) {
-      MbarrierArrive(l.Full());
-    } else {
-      // Evict-first: a MATVEC weight is read once per step, and the step's gigabytes of them would otherwise push
-      // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/history/performance_log.md).
-      MbarrierArriveExpectTx(l.Full(), bytes);
-      BulkCopyToShared(page, tile + offset, bytes, l.Full(), CreatePolicyEvictFirst());
-    }
-    ++l.ring;
-  }
-}
-
-// MATVEC's activation hook: the RoPE epilogue needs this step's position (for the consumers' prologue).
-template <>
-inline constexpr bool kHasActivationHook<isa::MatvecArgs> = true;
-__device__ __forceinline__ bool ActivationReadsPosition(const isa::MatvecArgs& a) {
-  return a.epilogue == isa::kEpilogueRopeKvAppend;
-}
-__device__ __forceinline__ uint32_t ActivationMaxSeq(const isa::MatvecArgs& a) { return a.max_seq; }
-template <bool kChunks>
-__device__ __forceinline__ void PlanActivation(const isa::MatvecArgs& a, const KernelParams& p, uint32_t step,
-                                               StepLength& length, ActivationPlan& plan) {
-  if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(p.machine, a.step_state, step);
 }
 
 }  // namespace loom::megakernel
