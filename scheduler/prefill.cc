@@ -185,8 +185,8 @@ absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedul
   if (page_bytes == 0 && fills_wide_tiles && widest_tiles >= uint64_t{kMinWideTileWaves} * decode.num_sms()) {
     isa::GemmArgs rope{};
     rope.epilogue = isa::kGemmRopeKvAppend;
-    rope.row_norm = 0;  // with a deferred norm's slots (a sliced fold before it)
-    uint32_t activation = isa::GemmActivationBytes(rope);
+    // (with a deferred norm's slots, should a sliced fold come before it)
+    uint32_t activation = isa::GemmActivationBytes(rope) + isa::kGemmRowNormBytes;
     for (const Layer& l : plan->layers) activation = std::max(activation, isa::FlashActivationBytes(l.head_dim));
     SmemConfig smem = decode.options().smem();
     smem.set_activation_bytes(activation);
