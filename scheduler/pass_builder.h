@@ -172,6 +172,14 @@ class PassBuilder {
     ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
     return ids_[name];
   }
+  // A packed WEIGHTS tensor of rows in q / k / v head groups (ROWS_QKV_GROUPED), added once per name.
+  uint32_t PackedGrouped(const std::string& name, const std::vector<std::string>& sources, uint64_t rows,
+                         uint64_t cols, bool image, uint32_t head_dim, uint32_t kv_heads) {
+    if (auto it = ids_.find(name); it != ids_.end()) return it->second;
+    AddPacked(&p_, name, sources, ROWS_QKV_GROUPED, rows, cols, image, head_dim, kv_heads);
+    ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
+    return ids_[name];
+  }
   // Every wait counts all of its barrier's signals (call once the pass is complete).
   void FinishWaits() {
     for (Node& node : p_.nodes) {

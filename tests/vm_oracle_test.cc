@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/decode_oracle.h"
 #include "graph/decoder.h"
+#include "graph/graph_builder.h"
 #include "graph/hf_config.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
@@ -248,6 +249,91 @@ TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
   ASSERT_TRUE(s.ok());
   EXPECT_FALSE(scheduler::HasPrefillWeights(*s));
   EXPECT_FALSE(scheduler::CompilePrefill(mistral->graph, *s, 4).ok());
+}
+
+// The prefill pass is lowered op by op, so layers of other shapes than a Llama layer's lower as well: here a full
+// layer, two attention blocks in a row (each with its own KV cache, no MLP between them) and an MLP block without
+// attention, on random:tiny's weights; prefill + decode on the VM against the oracle. A norm the pass has no rule
+// for (LayerNorm) is refused by name.
+TEST(VmPrefill, LayersOfOtherShapesAreLoweredOpByOp) {
+  constexpr int kMaxSeq = 256;
+  graph::ModelOptions mo;
+  mo.max_seq = kMaxSeq;
+  absl::StatusOr<graph::Model> tiny = graph::LoadModel("random:tiny", mo);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  const graph::DecoderConfig& c = tiny->config;
+  auto build = [&](bool layer_norm) -> absl::StatusOr<graph::Graph> {
+    graph::GraphBuilder b("decoder");
+    for (const auto& [name, shape] : graph::DecoderWeightShapes(c)) b.Weight(name, shape);
+    if (layer_norm) b.Weight("ln.bias", {c.hidden_size});
+    const std::string pos = b.Input("pos", {1}, graph::I32);
+    std::string x = b.Embedding("embed", "model.embed_tokens.weight", b.Input("token", {1}, graph::I32));
+    graph::AttentionAttrs attn;
+    attn.set_num_heads(c.num_heads);
+    attn.set_num_kv_heads(c.num_kv_heads);
+    attn.set_head_dim(c.head_dim);
+    attn.set_causal(true);
+    auto w = [](int l, const std::string& s) { return graph::DecoderWeightName(l, s); };
+    auto attention_block = [&](const std::string& n, int l) {
+      const std::string h = layer_norm ? b.LayerNorm(n + ".norm", x, w(l, "input_layernorm.weight"), "ln.bias", 1e-5f)
+                                       : b.RmsNorm(n + ".norm", x, w(l, "input_layernorm.weight"), c.rms_norm_eps);
+      const std::string q = b.Rope(n + ".q_rope", b.Linear(n + ".q", h, w(l, "self_attn.q_proj.weight")), pos,
+                                   c.RopeFor());
+      const std::string k = b.Rope(n + ".k_rope", b.Linear(n + ".k", h, w(l, "self_attn.k_proj.weight")), pos,
+                                   c.RopeFor());
+      const std::string v = b.Linear(n + ".v", h, w(l, "self_attn.v_proj.weight"));
+      const std::string kc = b.State(n + ".k_cache", {c.num_kv_heads, kMaxSeq, c.head_dim});
+      const std::string vc = b.State(n + ".v_cache", {c.num_kv_heads, kMaxSeq, c.head_dim});
+      const std::string a = b.Attention(n + ".attn", q, k, v, kc, vc, pos, attn);
+      x = b.Add(n + ".residual", x, b.Linear(n + ".o", a, w(l, "self_attn.o_proj.weight")));
+    };
+    auto mlp_block = [&](const std::string& n, int l) {
+      const std::string h = b.RmsNorm(n + ".norm", x, w(l, "post_attention_layernorm.weight"), c.rms_norm_eps);
+      const std::string s = b.SiluMul(n + ".silu_mul", b.Linear(n + ".gate", h, w(l, "mlp.gate_proj.weight")),
+                                      b.Linear(n + ".up", h, w(l, "mlp.up_proj.weight")));
+      x = b.Add(n + ".residual", x, b.Linear(n + ".down", s, w(l, "mlp.down_proj.weight")));
+    };
+    attention_block("layers.0.attention", 0);
+    mlp_block("layers.0.mlp", 0);
+    attention_block("layers.1.attention", 1);
+    attention_block("layers.2.attention", 1);
+    mlp_block("layers.3.mlp", 1);
+    const std::string logits =
+        b.Linear("logits", b.RmsNorm("final_norm", x, "model.norm.weight", c.rms_norm_eps), "lm_head.weight");
+    b.Argmax("next_token", logits);
+    b.MarkOutput(logits);
+    return std::move(b).Build();
+  };
+  ASSERT_FALSE(c.tie_word_embeddings);
+  absl::StatusOr<graph::Graph> layer_norm = build(true);
+  ASSERT_TRUE(layer_norm.ok()) << layer_norm.status();
+  EXPECT_EQ(scheduler::PrefillSupported(*layer_norm).message(),
+            "prefill: op 'layers.0.attention.norm' (LAYER_NORM): no prefill lowering (a decoder's pass covers RMSNorm, "
+            "projections, RoPE, attention, SiLU-mul, residual adds and the argmax of the logits)");
+  absl::StatusOr<graph::Graph> g = build(false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  graph::Model m = std::move(*tiny);
+  m.graph = std::move(*g);
+  ASSERT_TRUE(scheduler::PrefillSupported(m.graph).ok()) << scheduler::PrefillSupported(m.graph);
+  for (int rows : {1, 37, 150}) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < rows; ++i) prompt.push_back((i * 7919 + 3) % 1000);
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(m, prompt, 8);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    scheduler::CompileOptions o;
+    o.set_prefill(true);
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m.graph, m.spec, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m.graph, *s, rows);
+    ASSERT_TRUE(pass.ok()) << rows << " rows: " << pass.status();
+    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m.weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+    EXPECT_LE(RelativeError((*vm)->logits(), oracle->logits[rows - 1]), 2e-2) << rows << " rows";
+    ASSERT_TRUE((*vm)->Run(7).ok());
+    EXPECT_EQ((*vm)->tokens(), oracle->tokens) << rows << " rows";
+  }
 }
 
 // The pass's page size: 32 KB where four such pages fit beside the activation ring (head_dim 64), else 16 KB
