@@ -25,7 +25,7 @@ class GpuDecoder {
   absl::Status Reset(const std::vector<int32_t>& prompt);
   // Moves the position back (or forward, over tokens already in the cache) without touching the KV cache.
   absl::Status SetPosition(int32_t position);
-  // Runs a prefill pass of this schedule (scheduler::CompilePrefill) once: its rows, at positions
+  // Runs a prefill pass of this schedule (scheduler::LowerPrefill) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them. Returns the kernel time in ms.
   absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false);

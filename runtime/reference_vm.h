@@ -29,7 +29,7 @@ class ReferenceVm {
   // Runs `steps` decode steps (all SM threads, barrier counters carry on).
   absl::Status Run(int steps);
 
-  // Runs a prefill pass (scheduler::CompilePrefill of this schedule) once: its rows, at positions
+  // Runs a prefill pass (scheduler::LowerPrefill of this schedule) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them, as that many decode steps would.
   absl::Status Prefill(const scheduler::Schedule& pass);

@@ -66,7 +66,7 @@ absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool 
   scheduler::PrefillOptions options;
   options.all_logits = all_logits;
   options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
-  absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(graph_, schedule_, rows, options);
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(graph_, schedule_, rows, options);
   if (!pass.ok()) return pass.status();
   pass_lower_ms_ = MsSince(start);
   constexpr size_t kKeptPasses = 8;

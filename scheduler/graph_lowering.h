@@ -42,7 +42,7 @@ absl::StatusOr<Schedule> CompileGraphPass(const graph::Graph& graph, const std::
 absl::Status GeneralPrefillSupported(const graph::Graph& graph);
 // Compile time: adds the pass's weights (GEMM operand images, f32 copies) to the decode program.
 absl::Status AddGeneralPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program);
-absl::StatusOr<Schedule> CompileGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+absl::StatusOr<Schedule> LowerGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                                bool verify);
 
 }  // namespace loom::scheduler

@@ -188,7 +188,7 @@ absl::Status AddGeneralPrefillWeights(const graph::Graph& graph, const CompileOp
   return absl::OkStatus();
 }
 
-absl::StatusOr<Schedule> CompileGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+absl::StatusOr<Schedule> LowerGeneralPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                                bool verify) {
   if (absl::Status s = GeneralPrefillSupported(graph); !s.ok()) return s;
   graph_lowering_internal::PrefillTarget target{decode.io(), decode.max_seq(), rows};

@@ -226,13 +226,13 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+absl::StatusOr<Schedule> LowerPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
   if (!HasAttention(graph)) {
     if (prefill_options.all_logits) {
       return absl::UnimplementedError("prefill: all_logits needs a decoder with attention");
     }
-    return CompileGeneralPrefill(graph, decode, rows, prefill_options.verify);
+    return LowerGeneralPrefill(graph, decode, rows, prefill_options.verify);
   }
   const uint32_t asked = prefill_options.page_bytes;
   if (asked != 0 && asked != isa::kGemmSlabBytes && asked != 2 * isa::kGemmSlabBytes &&

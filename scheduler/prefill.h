@@ -14,7 +14,7 @@
 // and ARGMAX_REDUCE, as a decode step ends. The weights each GEMM streams are
 // packed at compile time (AddPrefillWeights: operand images beside the decode
 // weights); the pass itself is lowered at run time for the prompt's exact length
-// (CompilePrefill), as a Schedule whose tensor table extends the decode
+// (LowerPrefill), as a Schedule whose tensor table extends the decode
 // schedule's (same weights, same KV cache, scratch past the decode arena).
 #pragma once
 
@@ -86,7 +86,7 @@ inline constexpr uint32_t kMaxRowTilesForTileBarriers = 8;
 // Run time: the prefill pass of `rows` prompt rows (positions [state.position, +rows) of `decode`'s step
 // state) for a decode schedule compiled from `graph` with the prefill weights. A pass depends on the row count
 // only (not the tokens or the start position): a runtime may keep one per prompt length.
-absl::StatusOr<Schedule> CompilePrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+absl::StatusOr<Schedule> LowerPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& options = {});
 
 }  // namespace loom::scheduler

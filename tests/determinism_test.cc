@@ -62,7 +62,7 @@ Run RunOnce(const graph::Model& model, const scheduler::Schedule& s, runtime::Ba
 // after the last layer): 0 when nothing is split over K.
 uint32_t MostParts(const graph::Model& model, const scheduler::Schedule& s, uint32_t rows,
                    const scheduler::PrefillOptions& options = {}) {
-  absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model.graph, s, rows, options);
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model.graph, s, rows, options);
   EXPECT_TRUE(pass.ok()) << pass.status();
   uint32_t most = 0;
   if (!pass.ok()) return most;

@@ -123,7 +123,7 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
           po.row_tile_barriers = sms == 8 ? scheduler::PrefillOptions::RowTileBarriers::kOff
                                           : scheduler::PrefillOptions::RowTileBarriers::kOn;
           po.page_bytes = sms == 8 ? 16384 : wide ? isa::kGemmWideStepBytes : 32768;
-          absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model_->graph, *s, rows, po);
+          absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, rows, po);
           ASSERT_TRUE(pass.ok()) << pass.status();
           absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
           ASSERT_TRUE(vm.ok());

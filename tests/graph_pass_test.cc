@@ -669,7 +669,7 @@ TEST(GraphPass, EveryOpcodeIsEmittedBySomeLowering) {
       ASSERT_TRUE(s.ok()) << spec << ": " << s.status();
       add(*s);
       if (fused && std::string(spec) == "random:tiny") {
-        absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, 20);
+        absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, 20);
         ASSERT_TRUE(pass.ok()) << pass.status();
         add(*pass);
       }

@@ -159,7 +159,7 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
       po.all_logits = true;
       po.page_bytes = page_bytes;
       if (sms == 3) po.row_tile_barriers = scheduler::PrefillOptions::RowTileBarriers::kOff;
-      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows, po);
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, rows, po);
       ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
       absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*pass);
       ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -219,7 +219,7 @@ TEST(VmPrefill, GatedConvDecodeAndPrefillMatchTheOracle) {
       absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
       ASSERT_TRUE(s.ok()) << s.status();
       ASSERT_TRUE(scheduler::HasPrefillWeights(*s));
-      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m->graph, *s, rows);
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, rows);
       ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
       absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
       ASSERT_TRUE(vm.ok());
@@ -248,7 +248,7 @@ TEST(VmPrefill, UncoveredShapesAreRefusedByName) {
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(mistral->graph, mistral->spec, {});
   ASSERT_TRUE(s.ok());
   EXPECT_FALSE(scheduler::HasPrefillWeights(*s));
-  EXPECT_FALSE(scheduler::CompilePrefill(mistral->graph, *s, 4).ok());
+  EXPECT_FALSE(scheduler::LowerPrefill(mistral->graph, *s, 4).ok());
 }
 
 // The prefill pass is lowered op by op, so layers of other shapes than a Llama layer's lower as well: here a full
@@ -324,7 +324,7 @@ TEST(VmPrefill, LayersOfOtherShapesAreLoweredOpByOp) {
     o.set_prefill(true);
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m.graph, m.spec, o);
     ASSERT_TRUE(s.ok()) << s.status();
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m.graph, *s, rows);
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m.graph, *s, rows);
     ASSERT_TRUE(pass.ok()) << rows << " rows: " << pass.status();
     absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m.weights);
     ASSERT_TRUE(vm.ok());
@@ -366,16 +366,16 @@ TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
     ASSERT_TRUE(s.ok()) << s.status();
     scheduler::PrefillOptions po;
     po.verify = false;
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m.graph, *s, 130, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes) << spec;
     EXPECT_GE(pass->options().smem().num_pages(), page_bytes == 32768 ? 4u : 7u) << spec;
     po.page_bytes = 16384;
-    pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    pass = scheduler::LowerPrefill(m.graph, *s, 130, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), 16384u) << spec;
     po.page_bytes = 20000;
-    pass = scheduler::CompilePrefill(m.graph, *s, 130, po);
+    pass = scheduler::LowerPrefill(m.graph, *s, 130, po);
     ASSERT_FALSE(pass.ok());
     EXPECT_NE(pass.status().message().find("page_bytes 20000"), std::string::npos) << pass.status();
     // 48 KB pages (128 x 256 GEMM tiles) where the gate/up GEMM has kMinWideTileWaves waves of wide tiles and three
@@ -386,11 +386,11 @@ TEST(VmPrefill, PageSizeFollowsTheActivationRing) {
     absl::StatusOr<scheduler::Schedule> s8 = scheduler::Compile(m.graph, m.spec, o8);
     ASSERT_TRUE(s8.ok()) << s8.status();
     po.page_bytes = 0;
-    pass = scheduler::CompilePrefill(m.graph, *s8, 1024, po);
+    pass = scheduler::LowerPrefill(m.graph, *s8, 1024, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes == 32768 ? isa::kGemmWideStepBytes : 16384u) << spec;
     if (page_bytes == 32768) EXPECT_GE(pass->options().smem().num_pages(), scheduler::kMinWideTilePages) << spec;
-    pass = scheduler::CompilePrefill(m.graph, *s8, 130, po);
+    pass = scheduler::LowerPrefill(m.graph, *s8, 130, po);
     ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
     EXPECT_EQ(pass->options().smem().page_bytes(), page_bytes) << spec;
   }

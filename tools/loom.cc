@@ -208,7 +208,7 @@ int CompileCommand() {
   }
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
     const auto start = std::chrono::steady_clock::now();
-    schedule = prefill_rows > 0 ? scheduler::CompilePrefill(model->graph, *decode, prefill_rows, PassOptions())
+    schedule = prefill_rows > 0 ? scheduler::LowerPrefill(model->graph, *decode, prefill_rows, PassOptions())
                                 : scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     if (!schedule.ok()) return Fail(schedule.status());

@@ -122,7 +122,7 @@ int Main() {
     std::optional<scheduler::Schedule> pass;
     for (int r = 0; r < repeats + 1; ++r) {
       const auto t0 = Clock::now();
-      absl::StatusOr<scheduler::Schedule> lowered = scheduler::CompilePrefill(model->graph, *s, p, NoVerify());
+      absl::StatusOr<scheduler::Schedule> lowered = scheduler::LowerPrefill(model->graph, *s, p, NoVerify());
       if (!lowered.ok()) return Fail(lowered.status());
       if (r > 0) lower.push_back(Ms(t0, Clock::now()));
       pass = *std::move(lowered);
@@ -151,7 +151,7 @@ int Main() {
     last_pass = p;
   }
   if (!absl::GetFlag(FLAGS_trace).empty()) {
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, last_pass, NoVerify());
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model->graph, *s, last_pass, NoVerify());
     if (!pass.ok()) return Fail(pass.status());
     if (absl::Status st = d.Reset(random_prompt(last_pass)); !st.ok()) return Fail(st);
     if (absl::StatusOr<float> ms = d.Prefill(*pass, true); !ms.ok()) return Fail(ms.status());
@@ -203,7 +203,7 @@ int Main() {
     for (int r = 0; r < repeats + 1; ++r) {
       const std::vector<int32_t> prompt = random_prompt(e2e_prompt);
       auto t0 = Clock::now();
-      absl::StatusOr<scheduler::Schedule> pass = scheduler::CompilePrefill(model->graph, *s, e2e_prompt, NoVerify());
+      absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model->graph, *s, e2e_prompt, NoVerify());
       if (!pass.ok()) return Fail(pass.status());
       if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
       if (absl::StatusOr<float> ms = d.Prefill(*pass); !ms.ok()) return Fail(ms.status());

@@ -182,7 +182,7 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
     scheduler::PrefillOptions po;
     po.all_logits = c.all_logits;
     po.verify = true;
-    absl::StatusOr<scheduler::Schedule> p = scheduler::CompilePrefill(model->graph, *s, c.prompt, po);
+    absl::StatusOr<scheduler::Schedule> p = scheduler::LowerPrefill(model->graph, *s, c.prompt, po);
     if (!p.ok()) {  // refused at compile time too (the prompt, not the model): named, before any launch
       *detail = absl::StrCat("prefill: ", p.status().message());
       return Outcome::kRefused;
