@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "graph/host_tensor.h"
+#include "graph/quantization.h"
 
 namespace loom::graph {
 
@@ -33,6 +35,8 @@ struct DecoderConfig {
   bool qk_norm = false;   // per-head RMSNorm of q and k before RoPE (Qwen3)
   // Per layer, the sliding window of its attention in positions; empty or 0: full attention.
   std::vector<int> sliding_window;
+  // How the checkpoint stores its projections (config.json's quantization_config), if quantized: read back to bf16.
+  std::optional<QuantizationConfig> quantization;
 
   absl::Status Validate() const;
   RopeAttrs RopeFor() const;

@@ -344,8 +344,11 @@ absl::Status ReadCommonConfig(HfConfigReader& r, const FamilyDefaults& defaults,
       }
     }
   }
-  for (const char* key : {"quantization_config", "attention_chunk_size"}) {
-    if (r.Has(key)) return r.Error(key, "not supported (Loom runs unquantised bf16 weights with full attention)");
+  if (r.Has("attention_chunk_size")) return r.Error("attention_chunk_size", "not supported (Loom runs full attention)");
+  if (r.Has("quantization_config")) {
+    absl::StatusOr<QuantizationConfig> q = ParseQuantizationConfig(r.Get("quantization_config"), r.path());
+    if (!q.ok()) return q.status();
+    c->quantization = *std::move(q);
   }
   return ReadRope(r, c->max_position_embeddings, &c->rope);
 }

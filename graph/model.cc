@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -27,9 +28,19 @@ struct HfWeightPlan {
   struct Source {
     std::string name;
     const SafetensorsFile* file;
+    std::optional<WeightScheme> scheme;  // stored quantized: read back to bf16 (graph/quantization.h)
+    int64_t rows = 0, cols = 0;
   };
   std::string dir;
   absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;  // owns the files of `sources`
+  absl::flat_hash_map<std::string, const SafetensorsFile*> where;  // every stored tensor -> its file
+  TensorLookup Lookup() const {
+    return [this](const std::string& name) -> std::optional<StoredTensor> {
+      auto it = where.find(name);
+      if (it == where.end()) return std::nullopt;
+      return StoredTensor{it->second, &it->second->header().tensors.at(name)};
+    };
+  }
   std::vector<Source> sources;
   uint64_t file_bytes = 0;  // of the sources, as stored
 };
@@ -75,10 +86,34 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
     if (!file.ok()) return file.status();
     opened[f] = std::move(*file);
   }
+  for (const std::string& f : files) {
+    for (const auto& [name, entry] : opened.at(f)->header().tensors) plan.where.emplace(name, opened.at(f).get());
+  }
   std::vector<HfWeightPlan::Source>& sources = plan.sources;
   uint64_t& total_bytes = plan.file_bytes;
   std::set<std::string> converted;  // dtypes rounded to bf16
+  std::set<std::string> used;       // stored tensors read
+  std::map<std::string, int> quantized;  // scheme -> projections stored so
   for (const auto& [name, shape] : DecoderWeightShapes(config)) {
+    // A projection the checkpoint stores quantized: its parts checked now, read back to bf16 later.
+    if (config.quantization && shape.size() == 2 &&
+        (absl::EndsWith(name, "_proj.weight") || name == "lm_head.weight")) {
+      const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+      absl::StatusOr<std::optional<WeightScheme>> scheme = config.quantization->SchemeOf(module);
+      if (!scheme.ok()) return scheme.status();
+      if (*scheme) {
+        absl::StatusOr<uint64_t> bytes = CheckQuantizedWeight(name, shape[0], shape[1], **scheme, plan.Lookup());
+        if (!bytes.ok()) return bytes.status();
+        HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1]};
+        sources.push_back(std::move(source));
+        total_bytes += *bytes;
+        ++quantized[(*scheme)->Describe()];
+        for (const char* part : {"weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape"}) {
+          used.insert(absl::StrCat(module, ".", part));
+        }
+        continue;
+      }
+    }
     std::shared_ptr<SafetensorsFile> file;
     if (!file_of.empty()) {
       auto it = file_of.find(name);
@@ -107,14 +142,17 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
     }
     if (dtype != "BF16") converted.insert(dtype);
     sources.push_back({name, file.get()});
+    used.insert(name);
     total_bytes += entry->second.end - entry->second.begin;
   }
   for (const std::string& dtype : converted) {
     notes->push_back(absl::StrCat("weights stored as ", dtype, " are rounded to bf16 (Loom computes from bf16 weights)"));
   }
+  for (const auto& [scheme, count] : quantized) {
+    notes->push_back(absl::StrCat(count, " projections stored as ", scheme,
+                                  " are widened to bf16 as they are read (Loom has no quantized kernels yet)"));
+  }
   // Tensors the config does not use (transformers skips them too, with a warning): say so, never silently.
-  std::set<std::string> used;
-  for (const HfWeightPlan::Source& source : sources) used.insert(source.name);
   std::vector<std::string> unused;
   for (const auto& [path, file] : opened) {
     for (const auto& [name, entry] : file->header().tensors) {
@@ -136,6 +174,14 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
 absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
   Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
   for (const HfWeightPlan::Source& source : plan.sources) {
+    if (source.scheme) {
+      absl::StatusOr<HostTensor> t =
+          ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
+      if (!t.ok()) return t.status();
+      weights->emplace(source.name, *std::move(t));
+      progress.Add(*CheckQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup()));
+      continue;
+    }
     absl::StatusOr<HostTensor> t = source.file->ReadBf16(source.name);
     if (!t.ok()) return t.status();
     const SafetensorsEntry& e = source.file->header().tensors.at(source.name);
@@ -262,6 +308,10 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   }
   if (random && absl::EndsWith(spec, ".json")) {  // random:<config.json>: that architecture, random weights
     if (absl::Status s = read_config(spec.substr(7)); !s.ok()) return s;
+    if (model.config.quantization) {
+      model.notes.push_back("random weights are bf16: the config's quantization_config has no weights to describe");
+      model.config.quantization.reset();
+    }
   } else if (random) {
     absl::StatusOr<DecoderConfig> config = DecoderPreset(spec.substr(7));
     if (!config.ok()) return config.status();

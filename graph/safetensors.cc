@@ -29,6 +29,8 @@ absl::Status Bad(const std::string& path, const std::string& why) {
 int SafetensorsDTypeSize(const std::string& dtype) {
   if (dtype == "BF16" || dtype == "F16") return 2;
   if (dtype == "F32" || dtype == "I32") return 4;
+  if (dtype == "I64") return 8;
+  if (dtype == "I8" || dtype == "U8" || dtype == "F8_E4M3") return 1;  // quantized checkpoints (graph/quantization.h)
   return 0;
 }
 

@@ -16,7 +16,7 @@
 namespace loom::graph {
 
 struct SafetensorsEntry {
-  std::string dtype;  // "BF16", "F16", "F32", ...
+  std::string dtype;  // "BF16", "F16", "F32", "I32", "I64", "I8", "U8", "F8_E4M3"
   std::vector<int64_t> shape;
   uint64_t begin = 0;  // byte offsets inside the data section
   uint64_t end = 0;
@@ -45,6 +45,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   // The tensor converted to bf16 (BF16 copied, F16/F32 rounded to nearest even).
   absl::StatusOr<HostTensor> ReadBf16(const std::string& name) const;
+  // The stored bytes of one of its tensors (entry.end - entry.begin of them, checked against the file).
+  const uint8_t* Data(const SafetensorsEntry& entry) const { return map_ + header_.data_offset + entry.begin; }
 
  private:
   SafetensorsFile() = default;

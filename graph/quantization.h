@@ -1,0 +1,67 @@
+// Weights a checkpoint stores quantized: config.json's `quantization_config` as compressed-tensors writes it
+// (`quant_method: "compressed-tensors"`, what llmcompressor publishes), and the reading of each quantized
+// projection back to the bf16 weight the library's own `decompress` gives (bit for bit: the integer or e4m3 value,
+// minus the zero point, times the scale, rounded once in the scale's dtype).
+//
+// Read: weight-only schemes, `pack-quantized` integers of 1-8 bits (dense int32 packing; strategy group, channel or
+// tensor; symmetric or with packed zero points) and `float-quantized` FP8 e4m3 (channel or tensor). Every field that
+// changes the math is honoured or refused by name: activation quantization (`input_activations`), a quantized KV
+// cache, sparsity, transforms, block strategies, act-order groups (`g_idx`), dynamic weight scales. Loom has no
+// quantized kernels yet: the weights are widened to bf16 as they are read, and the caller says so.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/host_tensor.h"
+#include "graph/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::graph {
+
+// How one projection's weight is stored.
+struct WeightScheme {
+  std::string format;      // "pack-quantized" (integers in int32 words) or "float-quantized" (e4m3 bytes)
+  bool is_float = false;   // e4m3 values, else signed integers
+  int bits = 0;            // 1-8 (integers), 8 (e4m3)
+  bool symmetric = true;   // false: a zero point per scale
+  int group_size = 0;      // columns per scale; 0: one scale per row ("channel"); -1: one for the tensor
+  std::string Describe() const;  // e.g. "int4 weights, group 128, with zero points (pack-quantized)"
+};
+
+struct QuantizationConfig {
+  struct Group {
+    std::vector<std::string> targets;  // "Linear", module names, or "re:<regex>" (matched from the start)
+    WeightScheme scheme;
+  };
+  std::vector<Group> groups;
+  std::vector<std::string> ignore;  // modules kept unquantized, same patterns
+  // The scheme of a linear module (a projection's weight name without ".weight"), nullopt where it is stored
+  // unquantized; an error when two groups claim it.
+  absl::StatusOr<std::optional<WeightScheme>> SchemeOf(const std::string& module) const;
+};
+
+// config.json's `quantization_config` (`path` names the file in errors: `field 'quantization_config.<key>' ...`).
+absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const nlohmann::json& q, const std::string& path);
+
+// A stored tensor (the file that holds it and its header entry), found by name across a folder's files.
+struct StoredTensor {
+  const SafetensorsFile* file = nullptr;
+  const SafetensorsEntry* entry = nullptr;
+};
+using TensorLookup = std::function<std::optional<StoredTensor>(const std::string& name)>;
+
+// Checks the stored tensors of the quantized weight `weight` ("<module>.weight", `rows` x `cols` in the model)
+// under `scheme`: names, dtypes and shapes, each refusal naming the file, tensor and field. Returns the bytes a
+// read takes.
+absl::StatusOr<uint64_t> CheckQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
+                                              const WeightScheme& scheme, const TensorLookup& lookup);
+// The weight widened to bf16 (CheckQuantizedWeight first).
+absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
+                                               const WeightScheme& scheme, const TensorLookup& lookup);
+
+}  // namespace loom::graph

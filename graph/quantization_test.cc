@@ -1,0 +1,106 @@
+// Quantized checkpoints as compressed-tensors writes them (tests/data/quantized, written by the library itself:
+// tools/make_quantized_fixtures.py): every projection read back to exactly the bf16 bits the library's own
+// decompress gives, and every field or tensor Loom does not read refused by name.
+#include "graph/quantization.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <unistd.h>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "graph/decode_oracle.h"
+#include "graph/json_file.h"
+#include "graph/model.h"
+#include "gtest/gtest.h"
+
+namespace loom::graph {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kData = std::string(LOOM_SOURCE_DIR) + "/tests/data/quantized/";
+
+std::string Fnv1a64(const HostTensor& t) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(t.bf16.data());
+  for (size_t i = 0; i < t.bf16.size() * 2; ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
+  for (const char* scheme : {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel"}) {
+    absl::StatusOr<Model> m = LoadModel(kData + scheme);
+    ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
+    const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");
+    ASSERT_EQ(reference.size(), 7u) << scheme;
+    for (const auto& [name, hash] : reference.items()) {
+      ASSERT_TRUE(m->weights.contains(name)) << scheme << ": " << name;
+      EXPECT_EQ(Fnv1a64(m->weights.at(name)), hash.get<std::string>()) << scheme << ": " << name;
+    }
+    bool noted = false;
+    for (const std::string& note : m->notes) noted = noted || note.find("widened to bf16") != std::string::npos;
+    EXPECT_TRUE(noted) << scheme;
+    // The lm_head is in `ignore`: read as stored.
+    EXPECT_TRUE(m->weights.contains("lm_head.weight"));
+    absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
+    ASSERT_TRUE(run.ok()) << run.status();
+  }
+}
+
+// A copy of a fixture with its config.json's quantization_config changed by `edit`: the load's error.
+std::string LoadEdited(const std::string& scheme, const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_quantized_", scheme, "_", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kData + scheme + "/model.safetensors", dir / "model.safetensors");
+  nlohmann::json config = ReadJson(kData + scheme + "/config.json");
+  edit(config["quantization_config"]);
+  std::ofstream(dir / "config.json") << config.dump();
+  absl::StatusOr<Model> m = LoadModel(dir.string());
+  fs::remove_all(dir);
+  return m.ok() ? std::string("loaded") : std::string(m.status().message());
+}
+
+TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
+  auto group = [](nlohmann::json& q) -> nlohmann::json& { return q["config_groups"]["group_0"]; };
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[&](nlohmann::json& q) { group(q)["input_activations"] = {{"num_bits", 8}, {"type", "float"}}; },
+       "field 'quantization_config.config_groups.group_0.input_activations' = {\"num_bits\":8,\"type\":\"float\"}: "
+       "activation quantization changes the math"},
+      {[&](nlohmann::json& q) { group(q)["weights"]["actorder"] = "group"; },
+       "config_groups.group_0.weights.actorder' = \"group\": activation-ordered groups (g_idx) are not read"},
+      {[&](nlohmann::json& q) { group(q)["weights"]["strategy"] = "block"; }, "weights.strategy' = \"block\""},
+      {[&](nlohmann::json& q) { group(q)["weights"]["group_size"] = 48; },
+       "quantized weight 'model.layers.0.self_attn.q_proj.weight': group_size 48 does not divide its 128 columns"},
+      {[&](nlohmann::json& q) { group(q)["weights"]["group_size"] = 64; },
+       "tensor 'model.layers.0.self_attn.q_proj.weight_scale' BF16 [128, 4]: need [128, 2]"},
+      {[&](nlohmann::json& q) { group(q)["weights"]["num_bits"] = 8; },
+       "tensor 'model.layers.0.self_attn.q_proj.weight_packed' I32 [128, 16]: need I32 [128, 32]"},
+      {[&](nlohmann::json& q) { q["quant_method"] = "gptq"; },
+       "field 'quantization_config.quant_method' = \"gptq\": Loom reads compressed-tensors checkpoints"},
+      {[&](nlohmann::json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }, "kv_cache_scheme"},
+      {[&](nlohmann::json& q) { q["format"] = "marlin-24"; }, "field 'quantization_config.format' = \"marlin-24\""},
+      {[&](nlohmann::json& q) { group(q)["weights"]["symmetric"] = false; },
+       "tensor 'model.layers.0.self_attn.q_proj.weight_zero_point' is missing"},
+      {[&](nlohmann::json& q) { group(q)["weights"]["new_field"] = 1; },
+       "weights.new_field' = 1: not understood by Loom's reader"},
+      {[&](nlohmann::json& q) { q["ignore"] = {"re:.*"}; }, "weight 'model.layers.0.self_attn.q_proj.weight' is missing"},
+  };
+  for (const auto& [edit, want] : cases) {
+    const std::string got = LoadEdited("w4a16-g32", edit);
+    EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
+  }
+}
+
+}  // namespace
+}  // namespace loom::graph

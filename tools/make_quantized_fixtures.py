@@ -1,0 +1,104 @@
+"""Writes tests/data/quantized/<scheme>/: a one-layer Llama checkpoint whose projections are quantized and stored by
+the `compressed-tensors` library itself (its compressors write the tensors, its ModelCompressor the config), the way
+llmcompressor publishes checkpoints on the hub, plus `reference.json`: an FNV-1a 64 hash of the bf16 weights the
+library's own `decompress` gives back for every quantized projection, which Loom's reader must reproduce bit for bit.
+
+Regenerate (CPU; compressed-tensors pulls in torch):
+    python3 -m venv /tmp/ct && /tmp/ct/bin/pip install compressed-tensors
+    /tmp/ct/bin/python tools/make_quantized_fixtures.py
+"""
+import json
+import os
+import pathlib
+import shutil
+
+import torch
+from safetensors.torch import save_file
+from compressed_tensors.compressors import BaseCompressor, ModelCompressor
+from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+from compressed_tensors.quantization.utils import calculate_qparams
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "data" / "quantized"
+
+SCHEMES = {
+    # name: (format, QuantizationArgs)
+    "w4a16-g32": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=32, symmetric=True)),
+    "w4a16-asym-g64": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=64, symmetric=False)),
+    "w8a16-channel": ("pack-quantized", dict(num_bits=8, type="int", strategy="channel", symmetric=True)),
+    "fp8-channel": ("float-quantized", dict(num_bits=8, type="float", strategy="channel", symmetric=True)),
+}
+
+
+def base_model():
+    config = json.loads((ROOT / "tests/data/hf_configs/transformers5/llama-3.2-1b.json").read_text())
+    config.update(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                  num_hidden_layers=1, vocab_size=256, tie_word_embeddings=False, max_position_embeddings=512)
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    g = torch.Generator().manual_seed(44)
+    d, inter, kv = 128, 256, 64
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
+
+    weights = {"model.embed_tokens.weight": w(256, d), "lm_head.weight": w(256, d),
+               "model.norm.weight": (1 + torch.randn(d, generator=g) * 0.1).to(torch.bfloat16)}
+    p = "model.layers.0."
+    weights[p + "input_layernorm.weight"] = (1 + torch.randn(d, generator=g) * 0.1).to(torch.bfloat16)
+    weights[p + "post_attention_layernorm.weight"] = (1 + torch.randn(d, generator=g) * 0.1).to(torch.bfloat16)
+    for name, shape in [("self_attn.q_proj", (d, d)), ("self_attn.k_proj", (kv, d)), ("self_attn.v_proj", (kv, d)),
+                        ("self_attn.o_proj", (d, d)), ("mlp.gate_proj", (inter, d)), ("mlp.up_proj", (inter, d)),
+                        ("mlp.down_proj", (d, inter))]:
+        weights[p + name + ".weight"] = w(*shape)
+    return config, weights
+
+
+def fnv1a64(data: bytes) -> str:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def main():
+    config, weights = base_model()
+    for name, (fmt, args) in SCHEMES.items():
+        qargs = QuantizationArgs(**args)
+        scheme = QuantizationScheme(targets=["Linear"], weights=qargs)
+        compressor = BaseCompressor.load_from_registry(fmt)
+        out, reference = {}, {}
+        for tensor, value in weights.items():
+            module = tensor[: -len(".weight")]
+            if not module.endswith("_proj"):  # embeddings, norms and the ignored lm_head stay bf16
+                out[tensor] = value
+                continue
+            x = value.float()
+            if qargs.strategy == "group":
+                grouped = x.unflatten(-1, (x.shape[1] // qargs.group_size, qargs.group_size))
+                lo, hi = grouped.amin(-1), grouped.amax(-1)
+            else:
+                lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+            scale, zero_point = calculate_qparams(lo, hi, qargs)
+            state = {"weight": value, "weight_scale": scale.to(torch.bfloat16)}
+            if not qargs.symmetric:
+                state["weight_zero_point"] = zero_point
+            compressed = compressor.compress(state, scheme)
+            for key, t in compressed.items():
+                out[f"{module}.{key}"] = t.contiguous()
+            restored = compressor.decompress(dict(compressed), scheme)["weight"]
+            assert restored.dtype == torch.bfloat16, restored.dtype
+            reference[tensor] = fnv1a64(restored.contiguous().view(torch.int16).numpy().tobytes())
+        folder = OUT / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        qconfig = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, ignore=["lm_head"],
+                                     quantization_status="compressed")
+        ModelCompressor(quantization_config=qconfig).update_config(str(folder))
+        (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
+        print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
