@@ -267,7 +267,7 @@ absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t
   if (!scale.ok()) return scale.status();
   p.scale = *scale;
   const std::string& sd = p.scale.entry->dtype;
-  if (sd != "BF16" && sd != "F32") return bad(p.scale, "weight_scale", "scales must be BF16 or F32 (F16: not read yet)");
+  if (sd != "BF16" && sd != "F16" && sd != "F32") return bad(p.scale, "weight_scale", "scales must be BF16, F16 or F32");
   int64_t scales = 1;
   for (int64_t d : p.scale.entry->shape) scales *= d;
   const bool scale_ok = s.group_size < 0 ? scales == 1 : p.scale.entry->shape == std::vector<int64_t>{rows, p.groups};
@@ -323,6 +323,20 @@ uint32_t Field(const uint8_t* words, uint64_t bit, int bits) {
   return static_cast<uint32_t>((v >> (bit % 8)) & ((1u << bits) - 1));
 }
 
+// `f` rounded to the nearest float16 value (ties to even), as a float: what a float16 multiply stores.
+float RoundToHalf(float f) {
+  const float a = std::fabs(f);
+  if (!(a < 65520.0f)) return std::isnan(f) ? f : std::copysign(INFINITY, f);  // 65520 rounds up past the largest
+  if (a < 6.103515625e-05f) return std::copysign(std::nearbyint(a * 16777216.0f) / 16777216.0f, f);  // 2^-24 steps
+  uint32_t x;
+  std::memcpy(&x, &a, 4);
+  x += 0x0FFFu + ((x >> 13) & 1u);  // keep 10 mantissa bits, to nearest even (a carry moves the exponent up)
+  x &= ~0x1FFFu;
+  float r;
+  std::memcpy(&r, &x, 4);
+  return std::copysign(r, f);
+}
+
 float E4m3ToFloat(uint8_t b) {
   const int sign = b >> 7, exp = (b >> 3) & 15, mant = b & 7;
   float v;
@@ -355,17 +369,18 @@ absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_
   if (!p.ok()) return p.status();
   const uint8_t* values = p->values.file->Data(*p->values.entry);
   const uint8_t* scales = p->scale.file->Data(*p->scale.entry);
-  const bool f32_scales = p->scale.entry->dtype == "F32";
+  const std::string& scale_dtype = p->scale.entry->dtype;
   auto scale_at = [&](int64_t i) {
-    if (f32_scales) {
+    if (scale_dtype == "F32") {
       float f;
       std::memcpy(&f, scales + 4 * i, 4);
       return f;
     }
     uint16_t b;
     std::memcpy(&b, scales + 2 * i, 2);
-    return Bf16ToFloat(b);
+    return scale_dtype == "F16" ? HalfToFloat(b) : Bf16ToFloat(b);
   };
+  const bool half = scale_dtype == "F16";
   const int64_t words = (cols * s.bits + 31) / 32;
   const int32_t offset = 1 << (s.bits - 1);  // stored unsigned: value + 2^(bits-1)
   const uint8_t* zp = p->zero_point.entry != nullptr ? p->zero_point.file->Data(*p->zero_point.entry) : nullptr;
@@ -395,9 +410,11 @@ absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_
         }
         v = static_cast<float>(q - z);  // exact in the scale's dtype: |q - z| < 2^8
       }
-      // One rounding, as the library's multiply in the scale's dtype: the product of two bf16 values is exact
-      // in f32.
-      out.bf16[r * cols + c] = FloatToBf16(v * scale_at(si));
+      // The library multiplies in the scale's dtype: one rounding for bf16 (the product of two bf16 values is
+      // exact in f32); float16 rounds to float16 first (the product of a float16 and an int of at most 9 bits is
+      // exact in f32), then to bf16 as Loom stores it.
+      const float w = v * scale_at(si);
+      out.bf16[r * cols + c] = FloatToBf16(half ? RoundToHalf(w) : w);
     }
   }
   return out;

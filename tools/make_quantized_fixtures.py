@@ -27,6 +27,8 @@ SCHEMES = {
     "w4a16-asym-g64": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=64, symmetric=False)),
     "w8a16-channel": ("pack-quantized", dict(num_bits=8, type="int", strategy="channel", symmetric=True)),
     "fp8-channel": ("float-quantized", dict(num_bits=8, type="float", strategy="channel", symmetric=True)),
+    # a float16 model's checkpoint: F16 scales, the library's decompress rounding in float16
+    "w4a16-g32-f16": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=32, symmetric=True)),
 }
 
 
@@ -79,14 +81,17 @@ def main():
             else:
                 lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
             scale, zero_point = calculate_qparams(lo, hi, qargs)
-            state = {"weight": value, "weight_scale": scale.to(torch.bfloat16)}
+            dtype = torch.float16 if name.endswith("-f16") else torch.bfloat16
+            state = {"weight": value.to(dtype), "weight_scale": scale.to(dtype)}
             if not qargs.symmetric:
                 state["weight_zero_point"] = zero_point
             compressed = compressor.compress(state, scheme)
             for key, t in compressed.items():
                 out[f"{module}.{key}"] = t.contiguous()
             restored = compressor.decompress(dict(compressed), scheme)["weight"]
-            assert restored.dtype == torch.bfloat16, restored.dtype
+            assert restored.dtype == dtype, restored.dtype
+            # Loom computes from bf16: the library's weight rounded to nearest even, as torch's .to() does
+            restored = restored.to(torch.bfloat16)
             reference[tensor] = fnv1a64(restored.contiguous().view(torch.int16).numpy().tobytes())
         folder = OUT / name
         shutil.rmtree(folder, ignore_errors=True)
