@@ -3,6 +3,7 @@
 // decompress gives, and every field or tensor Loom does not read refused by name.
 #include "graph/quantization.h"
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "graph/decode_oracle.h"
 #include "graph/json_file.h"
 #include "graph/model.h"
+#include "graph/quantize.h"
 #include "gtest/gtest.h"
 
 namespace loom::graph {
@@ -100,6 +102,53 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
     const std::string got = LoadEdited("w4a16-g32", edit);
     EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
   }
+}
+
+// `loom quantize` writes what the reader reads back: every projection within half a step of the original (bf16
+// scales and results as the format has them), every other weight unchanged; bad settings refused.
+TEST(Quantized, QuantizeWritesWhatTheReaderReadsBack) {
+  absl::StatusOr<Model> tiny = LoadModel("random:tiny");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_quantize_", ::getpid());
+  for (const auto& [scheme, group] : std::vector<std::pair<std::string, int>>{
+           {"FP8", 0}, {"W4A16", 128}, {"W4A16", 32}, {"W8A16", 0}}) {
+    fs::remove_all(dir);
+    ASSERT_TRUE(QuantizeModel(*tiny, {scheme, group}, dir.string()).ok()) << scheme;
+    absl::StatusOr<Model> back = LoadModel(dir.string());
+    ASSERT_TRUE(back.ok()) << scheme << ": " << back.status();
+    ASSERT_TRUE(back->config.quantization.has_value());
+    int projections = 0;
+    for (const auto& [name, w] : tiny->weights) {
+      const HostTensor& r = back->weights.at(name);
+      if (name.find("_proj.weight") == std::string::npos) {
+        EXPECT_EQ(r.bf16, w.bf16) << name;
+        continue;
+      }
+      ++projections;
+      const int64_t cols = w.shape[1], g = group > 0 ? group : cols;
+      const float top = scheme == "FP8" ? 448.0f : scheme == "W4A16" ? 7.5f : 127.5f;
+      for (int64_t row = 0; row < w.shape[0]; ++row) {
+        for (int64_t c0 = 0; c0 < cols; c0 += g) {
+          float absmax = 0;
+          for (int64_t c = c0; c < c0 + g; ++c) absmax = std::max(absmax, std::fabs(w.Get(row * cols + c)));
+          const float step = absmax / top;
+          for (int64_t c = c0; c < c0 + g; ++c) {
+            const float x = w.Get(row * cols + c), err = std::fabs(r.Get(row * cols + c) - x);
+            const float bound = scheme == "FP8" ? std::fabs(x) / 16 + step * 0.002f + 1e-9f
+                                                : step * (0.5f + top / 256) + std::fabs(x) / 256 + 1e-9f;
+            ASSERT_LE(err, bound) << scheme << " " << name << " [" << row << ", " << c << "]";
+          }
+        }
+      }
+    }
+    EXPECT_EQ(projections, 14) << scheme;
+  }
+  fs::remove_all(dir);
+  EXPECT_NE(QuantizeModel(*tiny, {"INT3", 0}, dir.string()).message().find("one of FP8, W4A16, W8A16"),
+            std::string::npos);
+  EXPECT_NE(QuantizeModel(*tiny, {"W4A16", 96}, dir.string()).message().find("not a multiple of --group_size 96"),
+            std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -157,15 +157,13 @@ absl::StatusOr<HostTensor> SafetensorsFile::ReadBf16(const std::string& name) co
   return t;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
+absl::Status WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors) {
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    const char* dtype = t->dtype == BF16 ? "BF16" : t->dtype == I32 ? "I32" : "F32";
-    header[name] = {{"dtype", dtype}, {"shape", t->shape}, {"data_offsets", {offset, offset + t->bytes()}}};
-    offset += t->bytes();
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
@@ -177,7 +175,7 @@ absl::Status WriteSafetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
   out.write(len_bytes, 8);
   out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const auto& [name, t] : tensors) out.write(static_cast<const char*>(t->data()), t->bytes());
+  for (const RawTensor& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
   out.close();
   if (!out) {
     std::remove(temp.c_str());
@@ -188,6 +186,16 @@ absl::Status WriteSafetensors(const std::string& path,
     return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename into place"));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
+  std::vector<RawTensor> raw;
+  for (const auto& [name, t] : tensors) {
+    const char* dtype = t->dtype == BF16 ? "BF16" : t->dtype == I32 ? "I32" : "F32";
+    raw.push_back({name, dtype, t->shape, t->data(), static_cast<uint64_t>(t->bytes())});
+  }
+  return WriteSafetensors(path, raw);
 }
 
 }  // namespace loom::graph

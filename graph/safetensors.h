@@ -56,6 +56,15 @@ class SafetensorsFile {
   size_t size_ = 0;
 };
 
+// A tensor of any safetensors dtype as stored bytes (quantized checkpoints: I32 words, F8_E4M3, I64), not owned.
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+absl::Status WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors);
+
 // Writes tensors (bf16, f32 or i32) as a safetensors file, atomically.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, const HostTensor*>>& tensors);

@@ -27,6 +27,11 @@ expect_error() {
   pass "$name"
 }
 
+expect_error "quantize scheme" "--scheme=INT3: one of FP8, W4A16, W8A16" "$WORK/q_bad" -- \
+  "$LOOM" quantize --model="$WORK/tiny_hf" --out="$WORK/q_bad" --scheme=INT3
+expect_error "quantize group size" "--group_size is a W4A16 setting" "$WORK/q_bad" -- \
+  "$LOOM" quantize --model="$WORK/tiny_hf" --out="$WORK/q_bad" --scheme=FP8 --group_size=64
+
 # --- good paths -------------------------------------------------------------
 "$LOOM" compile --model=random:tiny --num_sms=8 --out="$WORK/tiny.pb" >/dev/null && pass "compile tiny" || fail "compile tiny"
 # The one-pass prefill of 20 rows, lowered, verified and written; inspect reads it back.
@@ -56,7 +61,14 @@ LONG=$(seq -s, 3 7 900)  # 129 tokens: two row tiles of the prefill pass
 "$LOOM" export --model=random:tiny --out="$WORK/tiny_hf" >/dev/null &&
   "$LOOM" run --model="$WORK/tiny_hf" --tokens=4 2>/dev/null | grep -q "^tokens:" && pass "export + run folder" ||
   fail "export + run folder"
-for c in compile inspect run export; do
+# loom quantize: a compressed-tensors folder that loads back and runs identical to the oracle (on its weights).
+for scheme in FP8 W4A16; do
+  "$LOOM" quantize --model="$WORK/tiny_hf" --out="$WORK/q_$scheme" --scheme=$scheme >/dev/null 2>&1 &&
+    "$LOOM" run --model="$WORK/q_$scheme" --prompt=1,2,3 --tokens=4 --check 2>/dev/null |
+    grep -q "identical to the op-by-op oracle" && pass "quantize $scheme + run --check" ||
+    fail "quantize $scheme + run --check"
+done
+for c in compile inspect run export quantize; do
   "$LOOM" $c --help | grep -q "usage: loom $c" && pass "$c --help" || fail "$c --help"
 done
 

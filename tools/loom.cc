@@ -1,8 +1,9 @@
-// loom: compile a model into a schedule, inspect it, run it, export models.
+// loom: compile a model into a schedule, inspect it, run it, export and quantize models.
 //   loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] --out=schedule.pb
 //   loom inspect schedule.pb [--instructions]
 //   loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]
 //   loom export --model=random:PRESET --out=DIR
+//   loom quantize --model=... --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]
 // Every error is one line on stderr naming the file and the reason, exit code 1.
 #include <algorithm>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "graph/decode_oracle.h"
 #include "graph/model.h"
+#include "graph/quantize.h"
 #include "graph/proto_file.h"
 #include "instructions/isa.h"
 #include "runtime/gpu_backend.h"
@@ -72,6 +74,8 @@ ABSL_FLAG(bool, check, false,
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
+ABSL_FLAG(std::string, scheme, "", "quantize: FP8 (e4m3, a scale per row), W4A16 (int4, a scale per group) or W8A16");
+ABSL_FLAG(int32_t, group_size, 128, "quantize --scheme=W4A16: columns per scale");
 ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
           "prompt token, without packing the prefill weights)");
@@ -99,6 +103,8 @@ const std::vector<Command>& Commands() {
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
         "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat"}},
       {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
+      {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
+       {"model", "out", "scheme", "group_size", "seed"}},
   };
   return commands;
 }
@@ -431,6 +437,29 @@ int ExportCommand() {
   return 0;
 }
 
+// Round-to-nearest quantization of a decoder into a compressed-tensors folder (graph/quantize.h).
+int QuantizeCommand() {
+  if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
+  graph::QuantizeOptions qo;
+  qo.scheme = absl::GetFlag(FLAGS_scheme);
+  qo.group_size = absl::GetFlag(FLAGS_group_size);
+  if (qo.scheme != "FP8" && qo.scheme != "W4A16" && qo.scheme != "W8A16") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--scheme=", qo.scheme, ": one of FP8, W4A16, W8A16")));
+  }
+  if (loom::Given("group_size") && qo.scheme != "W4A16") {
+    return Fail(absl::InvalidArgumentError("--group_size is a W4A16 setting (FP8 and W8A16 take a scale per row)"));
+  }
+  graph::ModelOptions mo;
+  mo.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  if (!model.ok()) return Fail(model.status());
+  for (const std::string& note : model->notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  if (absl::Status s = graph::QuantizeModel(*model, qo, absl::GetFlag(FLAGS_out)); !s.ok()) return Fail(s);
+  std::printf("quantized %s to %s as %s (config.json with its quantization_config, model.safetensors)\n",
+              absl::GetFlag(FLAGS_model).c_str(), absl::GetFlag(FLAGS_out).c_str(), qo.scheme.c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace loom
 
@@ -493,5 +522,6 @@ int main(int argc, char** argv) {
     return loom::InspectCommand(positional[0]);
   }
   if (name == "run") return loom::RunCommand();
+  if (name == "quantize") return loom::QuantizeCommand();
   return loom::ExportCommand();
 }

@@ -47,6 +47,16 @@ class Model(NativeWrapper):
         """Writes config.json and model.safetensors (random:<preset> models): a folder transformers loads."""
         self._native.export(os.fspath(folder))
 
+    def quantize(self, folder: str | os.PathLike[str], scheme: str, group_size: int = 128) -> None:
+        """Writes the model quantized into ``folder`` as a compressed-tensors checkpoint (``loom quantize``).
+
+        ``scheme``: "FP8" (e4m3, a scale per row), "W4A16" (int4, a scale per ``group_size`` columns) or "W8A16"
+        (int8, a scale per row); round to nearest, symmetric; the LM head, embeddings and norms stay bf16.
+        ``loom.load(folder)`` reads it back (widened to bf16: Loom has no quantized kernels yet).
+        """
+        check_int(group_size, "group_size", 1)
+        self._native.quantize(os.fspath(folder), scheme, group_size)
+
     @staticmethod
     def from_graph(graph: _loom.Graph, weights: Mapping[str, Any]) -> "Model":
         """A model of a graph built with ``loom.GraphBuilder`` (or read with ``loom.Graph.load``).

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "graph/model.h"
+#include "graph/quantize.h"
 #include "graph/progress.h"
 #include "graph/proto_file.h"
 #include "runtime/gpu_backend.h"
@@ -138,7 +139,15 @@ void BindModel(nb::module_& m) {
             nb::gil_scoped_release release;
             Check(graph::ExportModel(x, dir.string()));
           },
-          nb::arg("dir"), "Writes config.json and model.safetensors into `dir` (random:<preset> models).");
+          nb::arg("dir"), "Writes config.json and model.safetensors into `dir` (random:<preset> models).")
+      .def(
+          "quantize",
+          [](const graph::Model& x, const std::filesystem::path& dir, const std::string& scheme, int group_size) {
+            nb::gil_scoped_release release;
+            Check(graph::QuantizeModel(x, {scheme, group_size}, dir.string()));
+          },
+          nb::arg("dir"), nb::arg("scheme"), nb::arg("group_size") = 128,
+          "Writes the model quantized (FP8, W4A16, W8A16) as a compressed-tensors folder (loom quantize).");
 
   m.def("load_model", &LoadModel, nb::arg("spec"), nb::arg("max_seq") = 0, nb::arg("weights") = true,
         nb::arg("seed") = 0x10057u, "Loads random:<preset> or a Hugging Face folder (see loom.load).");

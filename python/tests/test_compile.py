@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -122,3 +123,16 @@ def test_export_writes_a_transformers_folder(tiny, tmp_path):
     assert (tmp_path / "tiny" / "model.safetensors").is_file()
     back = loom.load(tmp_path / "tiny", max_seq=64)
     assert back.num_layers == tiny.num_layers and back.text is None
+
+
+def test_quantize_writes_a_compressed_tensors_folder(tiny, tmp_path):
+    tiny.quantize(tmp_path / "w4", "W4A16", group_size=64)
+    config = json.loads((tmp_path / "w4" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 64
+    back = loom.load(tmp_path / "w4", max_seq=64)
+    assert any("widened to bf16" in note for note in back.notes)
+    with pytest.raises(loom.Error, match="one of FP8, W4A16, W8A16"):
+        tiny.quantize(tmp_path / "bad", "INT3")
+    with pytest.raises(loom.InvalidArgumentError, match="group_size"):
+        tiny.quantize(tmp_path / "bad", "W4A16", group_size=2.0)
