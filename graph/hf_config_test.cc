@@ -159,7 +159,7 @@ TEST(HfConfig, MathChangingFieldsAreHonouredOrRefused) {
   j = Llama4x();
   j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
   EXPECT_EQ(Error(j), "m/config.json: field 'quantization_config.quant_method' = \"gptq\": Loom reads "
-                      "compressed-tensors checkpoints (AWQ and GPTQ are not read yet)");
+                      "compressed-tensors and AWQ checkpoints (GPTQ is not read yet)");
   j = Llama4x();
   j["architectures"] = {"LlamaForSequenceClassification"};
   EXPECT_NE(Error(j).find("Loom runs causal language models"), std::string::npos);

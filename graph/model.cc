@@ -108,7 +108,8 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
         sources.push_back(std::move(source));
         total_bytes += *bytes;
         ++quantized[(*scheme)->Describe()];
-        for (const char* part : {"weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape"}) {
+        for (const char* part : {"weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
+                                 "qweight", "qzeros", "scales"}) {
           used.insert(absl::StrCat(module, ".", part));
         }
         continue;

@@ -40,7 +40,8 @@ nlohmann::json ReadJson(const std::string& path) {
 }
 
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
-  for (const char* scheme : {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16"}) {
+  for (const char* scheme :
+       {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32"}) {
     absl::StatusOr<Model> m = LoadModel(kData + scheme);
     ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
     const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");
@@ -89,7 +90,8 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
       {[&](nlohmann::json& q) { group(q)["weights"]["num_bits"] = 8; },
        "tensor 'model.layers.0.self_attn.q_proj.weight_packed' I32 [128, 16]: need I32 [128, 32]"},
       {[&](nlohmann::json& q) { q["quant_method"] = "gptq"; },
-       "field 'quantization_config.quant_method' = \"gptq\": Loom reads compressed-tensors checkpoints"},
+       "field 'quantization_config.quant_method' = \"gptq\": Loom reads compressed-tensors and AWQ checkpoints (GPTQ "
+       "is not read yet)"},
       {[&](nlohmann::json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }, "kv_cache_scheme"},
       {[&](nlohmann::json& q) { q["format"] = "marlin-24"; }, "field 'quantization_config.format' = \"marlin-24\""},
       {[&](nlohmann::json& q) { group(q)["weights"]["symmetric"] = false; },
@@ -100,6 +102,19 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
   };
   for (const auto& [edit, want] : cases) {
     const std::string got = LoadEdited("w4a16-g32", edit);
+    EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
+  }
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> awq = {
+      {[](nlohmann::json& q) { q["version"] = "gemv"; }, "'quantization_config.version' = \"gemv\": Loom reads AWQ's GEMM"},
+      {[](nlohmann::json& q) { q["zero_point"] = false; }, "AWQ's GEMM packing stores zero points"},
+      {[](nlohmann::json& q) { q["group_size"] = 64; },
+       "tensor 'model.layers.0.self_attn.q_proj.qzeros' I32 [4, 16]: need I32 [2, 16]"},
+      {[](nlohmann::json& q) { q["modules_to_not_convert"] = {"mlp"}; },
+       "weight 'model.layers.0.mlp.gate_proj.weight' is missing"},  // read as stored: it is not
+      {[](nlohmann::json& q) { q["do_fuse"] = true; }, "loaded"},  // how a runtime fuses, not the math
+  };
+  for (const auto& [edit, want] : awq) {
+    const std::string got = LoadEdited("awq-g32", edit);
     EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
   }
 }

@@ -3,9 +3,15 @@ the `compressed-tensors` library itself (its compressors write the tensors, its 
 llmcompressor publishes checkpoints on the hub, plus `reference.json`: an FNV-1a 64 hash of the bf16 weights the
 library's own `decompress` gives back for every quantized projection, which Loom's reader must reproduce bit for bit.
 
-Regenerate (CPU; compressed-tensors pulls in torch):
-    python3 -m venv /tmp/ct && /tmp/ct/bin/pip install compressed-tensors
-    /tmp/ct/bin/python tools/make_quantized_fixtures.py
+Also `awq-g32`: the same model quantized the way AutoAWQ 0.2.9 stores it (its own `pseudo_quantize_tensor` rule
+for scales and zero points, its `WQLinear_GEMM.from_linear` packing, `quant_method: "awq"` as its
+`to_transformers_dict` writes it), an fp16 checkpoint; the reference is its own `dequantize_gemm`.
+
+Regenerate (CPU; compressed-tensors pulls in torch; AutoAWQ's modules are imported from its source distribution,
+not installed, as its package __init__ needs a GPU stack):
+    python3 -m venv /tmp/ct && /tmp/ct/bin/pip install compressed-tensors accelerate
+    /tmp/ct/bin/pip download --no-deps -d /tmp/awq autoawq==0.2.9 && tar xzf /tmp/awq/autoawq-0.2.9.tar.gz -C /tmp/awq
+    AWQ_SRC=/tmp/awq/autoawq-0.2.9 /tmp/ct/bin/python tools/make_quantized_fixtures.py
 """
 import json
 import os
@@ -105,5 +111,54 @@ def main():
         print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
 
 
+def awq_fixture(config, weights, group_size=32):
+    import sys
+    import types
+
+    root = os.environ["AWQ_SRC"] + "/awq"
+    for name, path in [("awq", root), ("awq.modules", root + "/modules"), ("awq.modules.linear", root + "/modules/linear"),
+                       ("awq.utils", root + "/utils")]:
+        module = types.ModuleType(name)
+        module.__path__ = [path]
+        sys.modules[name] = module
+    from awq.modules.linear.gemm import WQLinear_GEMM
+    from awq.utils.packing_utils import dequantize_gemm
+
+    out, reference = {}, {}
+    for tensor, value in weights.items():
+        module = tensor[: -len(".weight")]
+        w = value.to(torch.float16)
+        if not module.endswith("_proj"):
+            out[tensor] = w
+            continue
+        # AutoAWQ's pseudo_quantize_tensor (zero_point, 4 bits), then its packing of the quantized weight.
+        rows, cols = w.shape
+        g = w.float().reshape(-1, group_size)
+        hi, lo = g.amax(dim=1, keepdim=True), g.amin(dim=1, keepdim=True)
+        scales = (hi - lo).clamp(min=1e-5) / 15
+        zeros = (-torch.round(lo / scales)).clamp_(0, 15)
+        quantized = ((torch.clamp(torch.round(g / scales) + zeros, 0, 15) - zeros) * scales).reshape(rows, cols)
+        linear = torch.nn.Linear(cols, rows, bias=False)
+        linear.weight.data = quantized.to(torch.float16)
+        q = WQLinear_GEMM.from_linear(linear, 4, group_size, scales=scales.view(rows, -1).t().contiguous(),
+                                      zeros=zeros.view(rows, -1).t().contiguous())
+        out[module + ".qweight"], out[module + ".qzeros"], out[module + ".scales"] = q.qweight, q.qzeros, q.scales
+        restored = dequantize_gemm(q.qweight, q.qzeros, q.scales, 4, group_size).t().contiguous()
+        assert restored.dtype == torch.float16, restored.dtype
+        reference[tensor] = fnv1a64(restored.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    folder = OUT / f"awq-g{group_size}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = dict(config, torch_dtype="float16", quantization_config={
+        "quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4, "version": "gemm",
+        "modules_to_not_convert": None})
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
+    print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+
+
 if __name__ == "__main__":
     main()
+    if os.environ.get("AWQ_SRC"):
+        awq_fixture(*base_model())
