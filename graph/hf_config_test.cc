@@ -157,9 +157,9 @@ TEST(HfConfig, MathChangingFieldsAreHonouredOrRefused) {
             std::string::npos);
   EXPECT_TRUE(c->CheckWindows(4).ok());
   j = Llama4x();
-  j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
-  EXPECT_EQ(Error(j), "m/config.json: field 'quantization_config.quant_method' = \"gptq\": Loom reads "
-                      "compressed-tensors and AWQ checkpoints (GPTQ is not read yet)");
+  j["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
+  EXPECT_EQ(Error(j), "m/config.json: field 'quantization_config.quant_method' = \"bitsandbytes\": Loom reads "
+                      "compressed-tensors, AWQ and GPTQ checkpoints");
   j = Llama4x();
   j["architectures"] = {"LlamaForSequenceClassification"};
   EXPECT_NE(Error(j).find("Loom runs causal language models"), std::string::npos);

@@ -1,5 +1,7 @@
 #include "graph/quantization.h"
 
+#include "graph/quantization_internal.h"
+
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -11,7 +13,7 @@
 #include "graph/dtype.h"
 
 namespace loom::graph {
-namespace {
+namespace quantization_internal {
 
 absl::Status Refuse(const std::string& path, const std::string& field, const nlohmann::json& value,
                     const std::string& why) {
@@ -38,6 +40,37 @@ bool IsNull(const nlohmann::json& object, const std::string& key) {
 bool IsEmpty(const nlohmann::json& object, const std::string& key) {
   return IsNull(object, key) || ((object[key].is_object() || object[key].is_array()) && object[key].empty());
 }
+
+std::string ContainsPattern(const std::string& part) {
+  std::string escaped;
+  for (char ch : part) {
+    if (std::strchr(".^$|()[]{}*+?\\", ch) != nullptr) escaped += '\\';
+    escaped += ch;
+  }
+  return "re:.*" + escaped;
+}
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
+
+// `f` rounded to the nearest float16 value (ties to even), as a float: what a float16 multiply stores.
+float RoundToHalf(float f) {
+  const float a = std::fabs(f);
+  if (!(a < 65520.0f)) return std::isnan(f) ? f : std::copysign(INFINITY, f);  // 65520 rounds up past the largest
+  if (a < 6.103515625e-05f) return std::copysign(std::nearbyint(a * 16777216.0f) / 16777216.0f, f);  // 2^-24 steps
+  uint32_t x;
+  std::memcpy(&x, &a, 4);
+  x += 0x0FFFu + ((x >> 13) & 1u);  // keep 10 mantissa bits, to nearest even (a carry moves the exponent up)
+  x &= ~0x1FFFu;
+  float r;
+  std::memcpy(&r, &x, 4);
+  return std::copysign(r, f);
+}
+
+}  // namespace quantization_internal
+
+using namespace quantization_internal;
+
+namespace {
 
 absl::StatusOr<WeightScheme> ParseWeights(const nlohmann::json& w, const std::string& format, const std::string& path,
                                           const std::string& prefix) {
@@ -104,54 +137,6 @@ bool Matches(const std::string& pattern, const std::string& module) {
   return pattern == module;
 }
 
-// A pattern matching module names that contain `part` (transformers' test for modules_to_not_convert).
-std::string ContainsPattern(const std::string& part) {
-  std::string escaped;
-  for (char ch : part) {
-    if (std::strchr(".^$|()[]{}*+?\\", ch) != nullptr) escaped += '\\';
-    escaped += ch;
-  }
-  return "re:.*" + escaped;
-}
-
-// AutoAWQ's config (`quant_method: "awq"`, as AwqConfig / to_transformers_dict write it): 4-bit weights with zero
-// points in the GEMM packing. Fusing options (do_fuse, fuse_max_seq_len, backend, exllama_config) change how a
-// runtime schedules the math, not the math: read and ignored.
-absl::StatusOr<QuantizationConfig> ParseAwqConfig(const nlohmann::json& q, const std::string& path) {
-  if (absl::Status s = OnlyKnownKeys(q,
-                                     {"quant_method", "bits", "group_size", "zero_point", "version",
-                                      "modules_to_not_convert", "backend", "do_fuse", "fuse_max_seq_len",
-                                      "exllama_config"},
-                                     path, "");
-      !s.ok()) {
-    return s;
-  }
-  const nlohmann::json version = q.value("version", nlohmann::json("gemm"));
-  if (!version.is_string() || (version != "gemm" && version != "GEMM")) {
-    return Refuse(path, "version", version, "Loom reads AWQ's GEMM packing (not gemv, marlin or exllama)");
-  }
-  if (q.value("bits", nlohmann::json(4)) != 4) return Refuse(path, "bits", q["bits"], "AWQ's GEMM packing is 4-bit");
-  if (q.value("zero_point", nlohmann::json(true)) != true) {
-    return Refuse(path, "zero_point", q["zero_point"], "AWQ's GEMM packing stores zero points");
-  }
-  const nlohmann::json group = q.value("group_size", nlohmann::json(128));
-  if (!group.is_number_integer() || group.get<int>() <= 0) {
-    return Refuse(path, "group_size", group, "must be a positive number of columns");
-  }
-  QuantizationConfig config;
-  config.groups.push_back({{"Linear"}, WeightScheme{"awq-gemm", false, 4, false, group.get<int>()}});
-  config.ignore.push_back("lm_head");  // never converted (transformers keeps the output projection as stored)
-  if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null()) {
-    const nlohmann::json& skip = q["modules_to_not_convert"];
-    if (!skip.is_array()) return Refuse(path, "modules_to_not_convert", skip, "must be a list");
-    for (const nlohmann::json& m : skip) {
-      if (!m.is_string()) return Refuse(path, "modules_to_not_convert", skip, "must be strings");
-      config.ignore.push_back(ContainsPattern(m.get<std::string>()));
-    }
-  }
-  return config;
-}
-
 }  // namespace
 
 std::string WeightScheme::Describe() const {
@@ -185,9 +170,10 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const nlohmann::json&
   if (!q.is_object()) return Refuse(path, "", q, "must be an object");
   const std::string method = q.value("quant_method", std::string());
   if (method == "awq") return ParseAwqConfig(q, path);
+  if (method == "gptq") return ParseGptqConfig(q, path);
   if (method != "compressed-tensors") {
     return Refuse(path, "quant_method", q.value("quant_method", nlohmann::json()),
-                  "Loom reads compressed-tensors and AWQ checkpoints (GPTQ is not read yet)");
+                  "Loom reads compressed-tensors, AWQ and GPTQ checkpoints");
   }
   if (absl::Status s = OnlyKnownKeys(q,
                                      {"quant_method", "format", "config_groups", "ignore", "quantization_status",
@@ -270,42 +256,6 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const nlohmann::json&
 
 namespace {
 
-std::string Shape(const std::vector<int64_t>& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
-
-struct Parts {
-  StoredTensor values, scale, zero_point, shape;
-  int64_t groups = 0;  // scales per row (1 for channel and tensor)
-};
-
-// AWQ's GEMM packing, transposed against the weight: qweight I32 [cols, rows / 8] (8 nibbles a word, of the rows
-// 0, 2, 4, 6, 1, 3, 5, 7 of its run of 8), qzeros I32 [cols / group, rows / 8] the same way, scales [cols / group,
-// rows].
-template <typename Need, typename Bad>
-absl::StatusOr<Parts> FindAwqParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
-                                   Need need, Bad bad) {
-  if (rows % 8 != 0 || cols % s.group_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("quantized weight '", weight, "' [", rows, ", ", cols,
-                                                   "]: AWQ packs rows by 8 and columns by group_size ", s.group_size));
-  }
-  Parts p;
-  p.groups = cols / s.group_size;
-  const std::pair<const char*, std::vector<int64_t>> shapes[] = {
-      {"qweight", {cols, rows / 8}}, {"qzeros", {p.groups, rows / 8}}, {"scales", {p.groups, rows}}};
-  StoredTensor* slots[] = {&p.values, &p.zero_point, &p.scale};
-  for (int i = 0; i < 3; ++i) {
-    absl::StatusOr<StoredTensor> t = need(shapes[i].first);
-    if (!t.ok()) return t.status();
-    *slots[i] = *t;
-    const std::string& dt = t->entry->dtype;
-    const bool dtype_ok = i < 2 ? dt == "I32" : (dt == "F16" || dt == "BF16" || dt == "F32");
-    if (!dtype_ok || t->entry->shape != shapes[i].second) {
-      return bad(*t, shapes[i].first, absl::StrCat("need ", i < 2 ? "I32 " : "F16 ", Shape(shapes[i].second)));
-    }
-  }
-  return p;
-}
 
 absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
                                 const TensorLookup& lookup) {
@@ -323,7 +273,7 @@ absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t
                                                    t.entry->dtype, " ", Shape(t.entry->shape), ": ", why));
   };
   Parts p;
-  if (s.format == "awq-gemm") return FindAwqParts(weight, rows, cols, s, need, bad);
+  if (IsHubFormat(s.format)) return FindHubParts(weight, rows, cols, s, need, bad);
   if (s.group_size > 0 && cols % s.group_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("quantized weight '", weight, "': group_size ", s.group_size,
                                                    " does not divide its ", cols, " columns"));
@@ -402,20 +352,6 @@ uint32_t Field(const uint8_t* words, uint64_t bit, int bits) {
   return static_cast<uint32_t>((v >> (bit % 8)) & ((1u << bits) - 1));
 }
 
-// `f` rounded to the nearest float16 value (ties to even), as a float: what a float16 multiply stores.
-float RoundToHalf(float f) {
-  const float a = std::fabs(f);
-  if (!(a < 65520.0f)) return std::isnan(f) ? f : std::copysign(INFINITY, f);  // 65520 rounds up past the largest
-  if (a < 6.103515625e-05f) return std::copysign(std::nearbyint(a * 16777216.0f) / 16777216.0f, f);  // 2^-24 steps
-  uint32_t x;
-  std::memcpy(&x, &a, 4);
-  x += 0x0FFFu + ((x >> 13) & 1u);  // keep 10 mantissa bits, to nearest even (a carry moves the exponent up)
-  x &= ~0x1FFFu;
-  float r;
-  std::memcpy(&r, &x, 4);
-  return std::copysign(r, f);
-}
-
 float E4m3ToFloat(uint8_t b) {
   const int sign = b >> 7, exp = (b >> 3) & 15, mant = b & 7;
   float v;
@@ -461,21 +397,8 @@ absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_
   };
   const bool half = scale_dtype == "F16";
   HostTensor out = HostTensor::Zeros(BF16, {rows, cols});
-  if (s.format == "awq-gemm") {  // w[r, c] = (q - z) * scale, in the scale's dtype (FindAwqParts has the layout)
-    constexpr int kNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // of row r % 8 in its word
-    const uint8_t* zeros = p->zero_point.file->Data(*p->zero_point.entry);
-    auto nibble = [&](const uint8_t* words, int64_t row, int64_t word_row) {
-      uint32_t w;
-      std::memcpy(&w, words + 4 * (word_row * (rows / 8) + row / 8), 4);
-      return static_cast<int32_t>((w >> (4 * kNibble[row % 8])) & 15u);
-    };
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t g = c / s.group_size;
-        const float w = static_cast<float>(nibble(values, r, c) - nibble(zeros, r, g)) * scale_at(g * rows + r);
-        out.bf16[r * cols + c] = FloatToBf16(half ? RoundToHalf(w) : w);
-      }
-    }
+  if (IsHubFormat(s.format)) {
+    ReadHubWeight(*p, rows, cols, s, scale_at, half, &out);
     return out;
   }
   const int64_t words = (cols * s.bits + 31) / 32;

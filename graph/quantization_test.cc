@@ -41,7 +41,8 @@ nlohmann::json ReadJson(const std::string& path) {
 
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
-       {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32"}) {
+       {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32", "gptq-g32-asym",
+        "gptq-v2-g64-sym", "gptq-8bit-channel"}) {
     absl::StatusOr<Model> m = LoadModel(kData + scheme);
     ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
     const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");
@@ -89,9 +90,9 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
        "tensor 'model.layers.0.self_attn.q_proj.weight_scale' BF16 [128, 4]: need [128, 2]"},
       {[&](nlohmann::json& q) { group(q)["weights"]["num_bits"] = 8; },
        "tensor 'model.layers.0.self_attn.q_proj.weight_packed' I32 [128, 16]: need I32 [128, 32]"},
-      {[&](nlohmann::json& q) { q["quant_method"] = "gptq"; },
-       "field 'quantization_config.quant_method' = \"gptq\": Loom reads compressed-tensors and AWQ checkpoints (GPTQ "
-       "is not read yet)"},
+      {[&](nlohmann::json& q) { q["quant_method"] = "bitsandbytes"; },
+       "field 'quantization_config.quant_method' = \"bitsandbytes\": Loom reads compressed-tensors, AWQ and GPTQ "
+       "checkpoints"},
       {[&](nlohmann::json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }, "kv_cache_scheme"},
       {[&](nlohmann::json& q) { q["format"] = "marlin-24"; }, "field 'quantization_config.format' = \"marlin-24\""},
       {[&](nlohmann::json& q) { group(q)["weights"]["symmetric"] = false; },
@@ -115,6 +116,20 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
   };
   for (const auto& [edit, want] : awq) {
     const std::string got = LoadEdited("awq-g32", edit);
+    EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
+  }
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> gptq = {
+      {[](nlohmann::json& q) { q["desc_act"] = true; }, "'quantization_config.desc_act' = true: activation order"},
+      {[](nlohmann::json& q) { q["bits"] = 3; }, "'quantization_config.bits' = 3: Loom reads GPTQ's 2-, 4- and 8-bit"},
+      {[](nlohmann::json& q) { q["checkpoint_format"] = "marlin"; }, "'quantization_config.checkpoint_format' = "},
+      {[](nlohmann::json& q) { q["dynamic"] = {{"-:.*down_proj", nlohmann::json::object()}}; },
+       "'quantization_config.dynamic'"},
+      {[](nlohmann::json& q) { q["group_size"] = 64; },
+       "tensor 'model.layers.0.self_attn.q_proj.qzeros' I32 [4, 16]: need I32 [2, 16]"},
+      {[](nlohmann::json& q) { q["damp_percent"] = 0.05; }, "loaded"},  // calibration only
+  };
+  for (const auto& [edit, want] : gptq) {
+    const std::string got = LoadEdited("gptq-g32-asym", edit);
     EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
   }
 }

@@ -105,7 +105,7 @@ hostile "layouts disagree" "field 'rope_parameters'" \
 hostile "sliding window" "hostile/config.json: sliding_window 4 (layer 0) is smaller than the KV cache of 512" \
   'c["sliding_window"]=4'
 hostile "partial rotary" "field 'partial_rotary_factor' = 0.5" 'c["partial_rotary_factor"]=0.5'
-hostile "quantized" "field 'quantization_config.quant_method' = \"gptq\": Loom reads compressed-tensors and AWQ" 'c["quantization_config"]={"quant_method":"gptq","bits":4}'
+hostile "quantized" "field 'quantization_config.quant_method' = \"bitsandbytes\": Loom reads compressed-tensors, AWQ and GPTQ" 'c["quantization_config"]={"quant_method":"bitsandbytes","load_in_4bit":True}'
 hostile "not a causal LM" "field 'architectures'" 'c["architectures"]=["LlamaForSequenceClassification"]'
 hostile "unknown family" "field 'model_type' = \"phi3\"" 'c["model_type"]="phi3"'
 hostile "missing vocab" "hostile/config.json: missing field 'vocab_size'" 'c.pop("vocab_size")'

@@ -7,10 +7,15 @@ Also `awq-g32`: the same model quantized the way AutoAWQ 0.2.9 stores it (its ow
 for scales and zero points, its `WQLinear_GEMM.from_linear` packing, `quant_method: "awq"` as its
 `to_transformers_dict` writes it), an fp16 checkpoint; the reference is its own `dequantize_gemm`.
 
+And `gptq-*`: packed by GPTQModel 7.7.0's `TorchLinear.pack` (round-to-nearest scales and zero points in GPTQ's
+rule, no calibration), saved in the v1 `gptq` format through its own `convert_gptq_v2_to_v1_format_module` or as
+`gptq_v2`; the reference is its own `dequantize_weight` after its v1-to-v2 conversion.
+
 Regenerate (CPU; compressed-tensors pulls in torch; AutoAWQ's modules are imported from its source distribution,
 not installed, as its package __init__ needs a GPU stack):
     python3 -m venv /tmp/ct && /tmp/ct/bin/pip install compressed-tensors accelerate
     /tmp/ct/bin/pip download --no-deps -d /tmp/awq autoawq==0.2.9 && tar xzf /tmp/awq/autoawq-0.2.9.tar.gz -C /tmp/awq
+    BUILD_CUDA_EXT=0 /tmp/ct/bin/pip install gptqmodel==7.7.0
     AWQ_SRC=/tmp/awq/autoawq-0.2.9 /tmp/ct/bin/python tools/make_quantized_fixtures.py
 """
 import json
@@ -158,7 +163,67 @@ def awq_fixture(config, weights, group_size=32):
     print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
 
 
+def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format):
+    from gptqmodel import QuantizeConfig
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module, convert_gptq_v2_to_v1_format_module
+
+    maxq = (1 << bits) - 1
+    qconfig = QuantizeConfig(bits=bits, group_size=group_size, desc_act=False, sym=sym)
+    out, reference = {}, {}
+    for tensor, value in weights.items():
+        module = tensor[: -len(".weight")]
+        w = value.to(torch.float16)
+        if not module.endswith("_proj"):
+            out[tensor] = w
+            continue
+        rows, cols = w.shape
+        g = cols if group_size == -1 else group_size
+        x = w.float().reshape(rows, cols // g, g)
+        lo, hi = x.amin(-1).clamp(max=0), x.amax(-1).clamp(min=0)
+        if sym:  # GPTQ's symmetric rule: the range +-absmax, zero point 2^(bits-1)
+            hi = torch.maximum(lo.abs(), hi)
+            lo = -hi
+        scale = ((hi - lo) / maxq).clamp(min=1e-8)
+        zero = torch.full_like(scale, (maxq + 1) // 2) if sym else torch.round(-lo / scale)
+        linear = torch.nn.Linear(cols, rows, bias=False)
+        linear.weight.data = w
+        args = dict(bits=bits, group_size=group_size, sym=sym, desc_act=False, in_features=cols, out_features=rows,
+                    bias=False)
+        q = TorchLinear(**args)
+        q.pack(linear, scale.half(), zero.to(torch.int32), torch.arange(cols, dtype=torch.int32) // g)
+        if checkpoint_format == "gptq":
+            convert_gptq_v2_to_v1_format_module(q, qconfig)
+        stored = {k: getattr(q, k).detach().clone() for k in ["qweight", "qzeros", "scales", "g_idx"]}
+        for k, v in stored.items():
+            out[f"{module}.{k}"] = v.contiguous()
+        back = TorchLinear(**args)
+        for k, v in stored.items():
+            getattr(back, k).data = v.clone()
+        if checkpoint_format == "gptq":
+            convert_gptq_v1_to_v2_format_module(back, bits=bits, pack_dtype=torch.int32)
+        back.post_init()
+        restored = back.dequantize_weight().t().contiguous()
+        assert restored.dtype == torch.float16, restored.dtype
+        reference[tensor] = fnv1a64(restored.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    folder = OUT / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    quantization = qconfig.to_dict()
+    quantization.pop("meta", None)  # calibration bookkeeping (a temporary path)
+    quantization["format"] = quantization["checkpoint_format"] = checkpoint_format
+    config = dict(config, torch_dtype="float16", quantization_config=quantization)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
+    print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+
+
 if __name__ == "__main__":
     main()
     if os.environ.get("AWQ_SRC"):
         awq_fixture(*base_model())
+    if os.environ.get("GPTQ", "1") == "1":
+        gptq_fixture(*base_model(), "gptq-g32-asym", 4, 32, False, "gptq")
+        gptq_fixture(*base_model(), "gptq-v2-g64-sym", 4, 64, True, "gptq_v2")
+        gptq_fixture(*base_model(), "gptq-8bit-channel", 8, -1, True, "gptq")
