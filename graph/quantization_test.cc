@@ -42,7 +42,7 @@ nlohmann::json ReadJson(const std::string& path) {
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
        {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32", "gptq-g32-asym",
-        "gptq-v2-g64-sym", "gptq-8bit-channel"}) {
+        "gptq-v2-g64-sym", "gptq-8bit-channel", "gptq-2bit-g32-asym"}) {
     absl::StatusOr<Model> m = LoadModel(kData + scheme);
     ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
     const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");

@@ -227,3 +227,4 @@ if __name__ == "__main__":
         gptq_fixture(*base_model(), "gptq-g32-asym", 4, 32, False, "gptq")
         gptq_fixture(*base_model(), "gptq-v2-g64-sym", 4, 64, True, "gptq_v2")
         gptq_fixture(*base_model(), "gptq-8bit-channel", 8, -1, True, "gptq")
+        gptq_fixture(*base_model(), "gptq-2bit-g32-asym", 2, 32, False, "gptq")
