@@ -116,6 +116,28 @@ def main():
         print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
 
 
+def fp16_split(weights):
+    """An fp16 checkpoint's tensors kept as stored, and its projections as (tensor, module, fp16 weight)."""
+    kept, projections = {}, []
+    for tensor, value in weights.items():
+        module = tensor[: -len(".weight")]
+        if module.endswith("_proj"):
+            projections.append((tensor, module, value.to(torch.float16)))
+        else:
+            kept[tensor] = value.to(torch.float16)
+    return kept, projections
+
+
+def write_fixture(name, out, reference, config):
+    folder = OUT / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
+    print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+
+
 def awq_fixture(config, weights, group_size=32):
     import sys
     import types
@@ -129,13 +151,9 @@ def awq_fixture(config, weights, group_size=32):
     from awq.modules.linear.gemm import WQLinear_GEMM
     from awq.utils.packing_utils import dequantize_gemm
 
-    out, reference = {}, {}
-    for tensor, value in weights.items():
-        module = tensor[: -len(".weight")]
-        w = value.to(torch.float16)
-        if not module.endswith("_proj"):
-            out[tensor] = w
-            continue
+    out, projections = fp16_split(weights)
+    reference = {}
+    for tensor, module, w in projections:
         # AutoAWQ's pseudo_quantize_tensor (zero_point, 4 bits), then its packing of the quantized weight.
         rows, cols = w.shape
         g = w.float().reshape(-1, group_size)
@@ -151,16 +169,9 @@ def awq_fixture(config, weights, group_size=32):
         restored = dequantize_gemm(q.qweight, q.qzeros, q.scales, 4, group_size).t().contiguous()
         assert restored.dtype == torch.float16, restored.dtype
         reference[tensor] = fnv1a64(restored.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
-    folder = OUT / f"awq-g{group_size}"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = dict(config, torch_dtype="float16", quantization_config={
+    write_fixture(f"awq-g{group_size}", out, reference, dict(config, torch_dtype="float16", quantization_config={
         "quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4, "version": "gemm",
-        "modules_to_not_convert": None})
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
-    print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+        "modules_to_not_convert": None}))
 
 
 def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format):
@@ -170,13 +181,9 @@ def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format
 
     maxq = (1 << bits) - 1
     qconfig = QuantizeConfig(bits=bits, group_size=group_size, desc_act=False, sym=sym)
-    out, reference = {}, {}
-    for tensor, value in weights.items():
-        module = tensor[: -len(".weight")]
-        w = value.to(torch.float16)
-        if not module.endswith("_proj"):
-            out[tensor] = w
-            continue
+    out, projections = fp16_split(weights)
+    reference = {}
+    for tensor, module, w in projections:
         rows, cols = w.shape
         g = cols if group_size == -1 else group_size
         x = w.float().reshape(rows, cols // g, g)
@@ -206,17 +213,10 @@ def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format
         restored = back.dequantize_weight().t().contiguous()
         assert restored.dtype == torch.float16, restored.dtype
         reference[tensor] = fnv1a64(restored.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
-    folder = OUT / name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
     quantization = qconfig.to_dict()
     quantization.pop("meta", None)  # calibration bookkeeping (a temporary path)
     quantization["format"] = quantization["checkpoint_format"] = checkpoint_format
-    config = dict(config, torch_dtype="float16", quantization_config=quantization)
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (folder / "reference.json").write_text(json.dumps(reference, indent=2, sort_keys=True) + "\n")
-    print(folder, sorted({str(t.dtype) for t in out.values()}), os.path.getsize(folder / "model.safetensors"))
+    write_fixture(name, out, reference, dict(config, torch_dtype="float16", quantization_config=quantization))
 
 
 if __name__ == "__main__":
