@@ -119,6 +119,14 @@ absl::Status Session::RunSteps(int n, double* ms) {
 }
 
 absl::Status Session::Start(const std::vector<int32_t>& prompt, const StartOptions& options) {
+  const auto entered = std::chrono::steady_clock::now();
+  ttft_ms_ = 0;
+  absl::Status started = StartPrompt(prompt, options);
+  if (started.ok()) ttft_ms_ = MsSince(entered);
+  return started;
+}
+
+absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const StartOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt needs at least one token");
   if (prompt.size() >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("a prompt of ", prompt.size(),

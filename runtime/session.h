@@ -88,10 +88,16 @@ class Session {
   // on the CPU).
   double prompt_ms() const { return prompt_ms_; }
   double step_ms() const { return step_ms_; }
+  // Time to first token as a caller feels it: wall clock of the last Start, from the prompt's ids to the first new
+  // token on the host, everything counted (lowering the pass for a prompt length not seen before, its upload and
+  // launch, the kernel, reading the token back; token by token, every step).
+  double ttft_ms() const { return ttft_ms_; }
 
  private:
   Session() = default;
   absl::StatusOr<const scheduler::Schedule*> PassFor(uint32_t rows, bool all_logits, bool verify);
+  // Start without its timing.
+  absl::Status StartPrompt(const std::vector<int32_t>& prompt, const StartOptions& options);
   // Runs n decode steps, one launch (or one a step when keeping logits); adds their kernel (GPU) or wall (CPU) ms.
   absl::Status RunSteps(int n, double* ms);
   // Appends the last step's logits to kept_logits_.
@@ -124,7 +130,7 @@ class Session {
   bool started_ = false;  // a Start succeeded: the state holds a prompt and logits
   bool used_prefill_ = false;
   std::string prefill_note_;
-  double prompt_ms_ = 0, step_ms_ = 0;
+  double prompt_ms_ = 0, step_ms_ = 0, ttft_ms_ = 0;
 };
 
 // OK when every logit is finite; else DataLoss naming the position of the token they chose (argmax) and how many

@@ -405,6 +405,8 @@ int RunCommand() {
   if (run.used_prefill()) {
     std::printf("%s backend: prefill of %zu tokens %.3f ms, then %.3f ms/token over %d decode steps\n",
                 backend.c_str(), prompt->size(), run.prompt_ms(), ms_per_token, decode_steps);
+    std::printf("time to first token: %.3f ms wall clock, lowering the pass %.1f ms of it\n", run.ttft_ms(),
+                run.pass_lower_ms());
   } else {
     std::printf("%s backend: %.3f ms/token over %d steps\n", backend.c_str(), (run.prompt_ms() + decode_ms) / steps,
                 steps);

@@ -25,6 +25,10 @@ class Generation:
     prompt_ms: float  # consuming the prompt: the prefill pass (or steps), kernel time on the GPU
     ms_per_token: float  # the decode steps after the first new token
     used_prefill: bool  # whether one prefill pass consumed the prompt (else why not: Session.prefill_note)
+    # Time to first token as felt: wall clock from the prompt's ids to the first new token on the host, the pass's
+    # lowering (a prompt length not seen before: ``lower_ms``), its upload, launch and kernel all counted.
+    ttft_ms: float = 0.0
+    lower_ms: float = 0.0
 
     @property
     def ids(self) -> list[int]:
@@ -161,7 +165,7 @@ class Session:
         steps = max_new_tokens - 1
         with self._lock:
             native.start(ids, prefill)
-            prompt_ms = native.prompt_ms
+            prompt_ms, ttft_ms, lower_ms = native.prompt_ms, native.ttft_ms, native.pass_lower_ms
             new = list(native.tokens)[len(ids):]
             stepped = steps > 0 and not (stops and new[0] in stops)
             if stepped:
@@ -174,7 +178,7 @@ class Session:
                 new = new[: i + 1]
                 break
         text = self.model.text.decode(new) if self.model.text is not None else None
-        return Generation(ids, new, text, prompt_ms, ms_per_token, used_prefill)
+        return Generation(ids, new, text, prompt_ms, ms_per_token, used_prefill, ttft_ms, lower_ms)
 
     def stream(self, prompt: Any, max_new_tokens: int = 32, *, chat: bool = False,
                stop: Sequence[int] | None = None, prefill: bool = True) -> Iterator[Token]:

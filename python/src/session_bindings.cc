@@ -124,6 +124,13 @@ void BindSession(nb::module_& m) {
       .def_prop_ro("prompt_ms",
                    [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.prompt_ms(); }); })
       .def_prop_ro("step_ms", [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.step_ms(); }); })
+      .def_prop_ro(
+          "ttft_ms", [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.ttft_ms(); }); },
+          "Wall clock of the last start(): the prompt's ids to the first new token on the host, everything counted.")
+      .def_prop_ro(
+          "pass_lower_ms",
+          [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.pass_lower_ms(); }); },
+          "Lowering the last start()'s prefill pass, in ms (0 when its prompt length was lowered before).")
       .def(
           "logits_host",
           [](PySession& s) {

@@ -72,6 +72,18 @@ def test_stop_tokens_end_generation(tiny_schedule):
     assert streamed == cut
 
 
+def test_generation_reports_time_to_first_token(tiny_schedule):
+    session = loom.Session(tiny_schedule, backend="cpu")
+    cold = session.generate([5, 6, 7, 8, 9, 10, 11], max_new_tokens=2)  # a prompt length not lowered before
+    warm = session.generate([4, 3, 2, 1, 5, 6, 7], max_new_tokens=2)   # the same length: its pass is kept
+    assert cold.used_prefill and warm.used_prefill
+    assert cold.lower_ms > 0 and warm.lower_ms == 0
+    for g in (cold, warm):
+        assert g.ttft_ms >= g.prompt_ms + g.lower_ms > 0
+    token_by_token = session.generate([5, 6, 7], max_new_tokens=1, prefill=False)
+    assert token_by_token.lower_ms == 0 and token_by_token.ttft_ms >= token_by_token.prompt_ms > 0
+
+
 def test_start_and_step(tiny_schedule):
     session = loom.Session(tiny_schedule, backend="cpu")
     want = session.generate([2, 4, 6], max_new_tokens=5).new_ids
