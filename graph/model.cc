@@ -323,7 +323,12 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     }
     if (absl::Status s = read_config(config_path); !s.ok()) return s;
   }
-  const int max_seq = options.max_seq > 0 ? options.max_seq : std::min(model.config.max_position_embeddings, 4096);
+  // The KV cache: as asked, else 4096 positions or as many as the request holds (rounded up to 256), within the
+  // positions the model was trained for.
+  const int requested = (options.request + 255) / 256 * 256;
+  const int max_seq = options.max_seq > 0
+                          ? options.max_seq
+                          : std::min(model.config.max_position_embeddings, std::max(4096, requested));
   if (absl::Status s = model.config.CheckWindows(max_seq); !s.ok()) {
     return random ? s : absl::UnimplementedError(absl::StrCat(config_path, ": ", s.message()));
   }

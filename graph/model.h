@@ -17,7 +17,10 @@
 namespace loom::graph {
 
 struct ModelOptions {
-  int max_seq = 0;           // KV-cache capacity; 0: min(max_position_embeddings, 4096)
+  int max_seq = 0;           // KV-cache capacity; 0: min(max_position_embeddings, 4096), or `request` if larger
+  // Tokens a run will hold (prompt + generated): with max_seq 0, the KV cache grows to hold them, up to
+  // max_position_embeddings (a decoder's; 0: no request).
+  int request = 0;
   bool load_weights = true;  // false: config and graph only (compiling needs no weights)
   uint64_t seed = 0x10057u;  // for random: models
   // Packed images of the weights the caller will build to run the model (1: a decode schedule, 2: with its

@@ -87,6 +87,15 @@ cp -r "$WORK/tiny_hf" "$WORK/lying" && printf '\xff\xff\xff\xff\x00\x00\x00\x00'
 expect_error "lying header length" "lying/model.safetensors" "" -- "$LOOM" run --model="$WORK/lying" --tokens=2
 cp -r "$WORK/tiny_hf" "$WORK/shape" && sed -i 's/"intermediate_size": 512/"intermediate_size": 640/' "$WORK/shape/config.json"
 expect_error "shape vs config" "config.json implies [640,256]" "" -- "$LOOM" run --model="$WORK/shape" --tokens=2
+# The KV cache sized from the request: a prompt past the default 4096 positions runs without --max_seq where
+# max_position_embeddings allows, and is refused naming that limit where it does not.
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c.update(max_position_embeddings=8192, num_hidden_layers=1); json.dump(c, open(sys.argv[2],'w'))" \
+  "$WORK/tiny_hf/config.json" "$WORK/long.json"
+LONG=$(python3 -c "print(','.join(str(i * 7919 % 1000) for i in range(4200)))")
+"$LOOM" run --model="random:$WORK/long.json" --prompt="$LONG" --tokens=2 2>/dev/null | grep -q "^tokens:" &&
+  pass "a 4200-token prompt sizes the KV cache" || fail "a 4200-token prompt sizes the KV cache"
+expect_error "request past max_position_embeddings" "exceed the KV cache of 512 (the model's max_position_embeddings, 512)" "" -- \
+  "$LOOM" run --model="$WORK/tiny_hf" --prompt="$LONG" --tokens=2
 # Hostile or unsupported config.json fields: refused by `loom compile` (no weights read, nothing on a GPU),
 # one line naming the file and the field. hostile NAME WANT PYTHON-EDIT-OF-c [extra loom flags]
 hostile() {

@@ -56,7 +56,9 @@ ABSL_FLAG(std::string, policy, "", "SM assignment policy: round-robin, lpt or cr
 ABSL_FLAG(std::string, granularity, "", "barrier granularity: op or chunk");
 ABSL_FLAG(std::string, unfuse, "",
           "comma-separated fusions to turn off: norm, qkv, residual, silu, argmax, embed");
-ABSL_FLAG(int32_t, max_seq, 0, "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096))");
+ABSL_FLAG(int32_t, max_seq, 0,
+          "KV-cache capacity in tokens (0: min(max_position_embeddings, 4096); run: grown to hold the prompt and "
+          "--tokens, up to max_position_embeddings)");
 ABSL_FLAG(int32_t, repeat, 1,
           "compile: compile this many times and print the median time; run on a general graph: run the pass this many "
           "times and print the median");
@@ -145,11 +147,12 @@ absl::StatusOr<scheduler::CompileOptions> OptionsFromFlags() {
   return scheduler::OptionsFromSettings(settings, "--");
 }
 
-absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options) {
+absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options, int request = 0) {
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
   graph::ModelOptions mo;
   mo.load_weights = weights;
   mo.max_seq = static_cast<int>(options.max_seq());
+  mo.request = request;
   mo.seed = absl::GetFlag(FLAGS_seed);
   // Loaded to run: the host must also hold the packed weights (the prefill pass's images too, unless prefill is
   // off) and the KV cache.
@@ -330,7 +333,9 @@ int RunCommand() {
   const int new_tokens = absl::GetFlag(FLAGS_tokens);
   if (new_tokens < 1) return Fail(absl::InvalidArgumentError("--tokens must be >= 1"));
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
-  absl::StatusOr<graph::Model> model = ModelFromFlags(true, *options);
+  // Without --max_seq the KV cache holds the request: the prompt, the new tokens and the slot past them.
+  absl::StatusOr<graph::Model> model =
+      ModelFromFlags(true, *options, static_cast<int>(std::min<size_t>(prompt->size() + new_tokens + 1, 1 << 30)));
   if (!model.ok()) return Fail(model.status());
   absl::StatusOr<scheduler::Schedule> schedule =
       scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
@@ -348,8 +353,11 @@ int RunCommand() {
   }
   const int steps = static_cast<int>(prompt->size()) - 1 + new_tokens;
   if (steps >= static_cast<int>(schedule->max_seq())) {
-    return Fail(absl::OutOfRangeError(absl::StrCat("prompt + tokens (", steps + 1, ") exceed the KV cache of ",
-                                                   schedule->max_seq(), "; raise --max_seq")));
+    return Fail(absl::OutOfRangeError(
+        absl::StrCat("prompt + tokens (", steps + 1, ") exceed the KV cache of ", schedule->max_seq(),
+                     Given("max_seq") ? "; raise --max_seq"
+                                      : absl::StrCat(" (the model's max_position_embeddings, ",
+                                                     model->config.max_position_embeddings, ")"))));
   }
   // A decoder runs through runtime::Session, as Python's loom.Session does: the prompt (one prefill pass, lowered
   // for its exact length, or token by token), then the other new tokens as decode steps.
