@@ -10,6 +10,11 @@ bf16 safetensors folder, and then
   3. transformers (float32 weights widened from the same bf16, eager attention), teacher-forced over the same
      sequence: per step the relative error ||loom - hf|| / ||hf|| and top-1 agreement; then transformers' own
      greedy generate() from the prompt against Loom's tokens.
+With --scheme FP8|W4A16|W8A16 the entry is quantized first: `loom quantize` writes a compressed-tensors folder,
+Loom runs that folder, and transformers runs its weights as Loom reads them back (`loom export` of it: the
+dequantized weights in bf16, widened to float32), the reference the issue allows where transformers' own
+compressed-tensors integration is not installed; the reading itself is checked bit for bit against the library on
+the CPU (graph/quantization_test.cc).
 One line per entry (stdout; progress on stderr). Exit status 0 only if every entry agrees (--allow-refused: or is
 refused by Loom with its own one-line error).
 
@@ -150,7 +155,7 @@ def free():
 def check(args, e, row, log):  # fills row, params first: a failure later still shows them
     config = make_config(e, args.layers)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    folder = os.path.join(args.workdir, e["name"])
+    folder = base = os.path.join(args.workdir, e["name"])
     shutil.rmtree(folder, ignore_errors=True)
     try:
         log("creating with transformers")
@@ -166,6 +171,18 @@ def check(args, e, row, log):  # fills row, params first: a failure later still 
         log(f"saved {sum(f.endswith('.safetensors') for f in os.listdir(folder))} safetensors file(s)")
         rng = np.random.default_rng(7)
         prompt = [int(t) for t in rng.integers(0, config.vocab_size, args.prompt_len)]
+        reference = folder  # what transformers runs
+        if args.scheme:
+            log(f"loom quantize --scheme={args.scheme}, and its weights as read back for transformers")
+            quantized, reference = folder + ".q", folder + ".dequantized"
+            group = [f"--group_size={args.group_size}"] if args.scheme == "W4A16" else []
+            for cmd in ([args.loom, "quantize", f"--model={folder}", f"--out={quantized}", f"--scheme={args.scheme}"]
+                        + group,
+                        [args.loom, "export", f"--model={quantized}", f"--out={reference}"]):
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode != 0:
+                    return dict(verdict=f"FAILED: {' '.join(cmd[1:3])}: {out.stderr.strip().splitlines()[-1:]}")
+            folder = quantized
         log("loom: logits of every step")
         logits_path = os.path.join(folder, "loom_logits.bin")
         loom_new, _, err = run_loom(args, folder, prompt, args.tokens, logits_path)  # the generated tokens
@@ -179,7 +196,7 @@ def check(args, e, row, log):  # fills row, params first: a failure later still 
             return dict(verdict=err.replace("REFUSED", "FAILED", 1))  # the first run went through
         ms, load_s = timing
         log("transformers: float32 teacher forcing")
-        hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", **{DTYPE: torch.float32})
+        hf = AutoModelForCausalLM.from_pretrained(reference, attn_implementation="eager", **{DTYPE: torch.float32})
         hf = hf.to(device).eval()
         hf.generation_config.eos_token_id = None  # Loom never stops early: neither may generate()
         with torch.no_grad():
@@ -198,7 +215,8 @@ def check(args, e, row, log):  # fills row, params first: a failure later still 
         return dict(agree=f"{agree}/{steps}", rel=max(rel), greedy=f"{same}/{args.tokens}", ms=ms, load=load_s,
                     std=float(hf_logits.std()), top1p=probs, verdict="AGREE" if ok else "DISAGREE")
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        for f in (base, base + ".q", base + ".dequantized"):
+            shutil.rmtree(f, ignore_errors=True)
 
 
 def main():
@@ -219,6 +237,9 @@ def main():
                     "of 50GB would never shard; 2GB shards every model from ~1B up)")
     ap.add_argument("--markdown", default="", help="also write the table here")
     ap.add_argument("--allow-refused", action="store_true", help="entries Loom refuses do not fail the run")
+    ap.add_argument("--scheme", default="", choices=["", "FP8", "W4A16", "W8A16"],
+                    help="quantize each entry with loom quantize first (see above)")
+    ap.add_argument("--group-size", type=int, default=128, help="--scheme W4A16's columns per scale")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     entries = ENTRIES
@@ -237,7 +258,8 @@ def main():
     if not os.access(args.loom, os.X_OK):
         sys.exit(f"no loom binary at {args.loom}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, loom --backend={args.backend}",
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, loom --backend={args.backend}"
+          + (f", weights {args.scheme}" if args.scheme else ""),
           flush=True)
     header = ("| model | family | params (B) | layers | top-1 agreement | worst rel. error | greedy identical "
               "| Loom ms/token | Loom load s | logits std | mean top-1 p | verdict |\n|" + "---|" * 12)

@@ -2,7 +2,7 @@
 //   loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] --out=schedule.pb
 //   loom inspect schedule.pb [--instructions]
 //   loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]
-//   loom export --model=random:PRESET --out=DIR
+//   loom export --model=<random:PRESET|HF-FOLDER> --out=DIR   (a quantized folder: its weights widened to bf16)
 //   loom quantize --model=... --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]
 // Every error is one line on stderr naming the file and the reason, exit code 1.
 #include <algorithm>
@@ -104,7 +104,7 @@ const std::vector<Command>& Commands() {
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
         "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat"}},
-      {"export", "loom export --model=random:PRESET --out=DIR", {"model", "out", "seed"}},
+      {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed"}},
       {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
        {"model", "out", "scheme", "group_size", "seed"}},
   };
@@ -433,9 +433,9 @@ int RunCommand() {
 
 int ExportCommand() {
   if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
-  if (absl::GetFlag(FLAGS_model).rfind("random:", 0) != 0) {
-    return Fail(absl::InvalidArgumentError(
-        "export writes random:<preset> and random:<config.json> models; --model must start with random:"));
+  if (IsGeneralGraph(absl::GetFlag(FLAGS_model))) {
+    return Fail(absl::InvalidArgumentError("export writes decoders (random:<preset>, random:<config.json>, a model "
+                                           "folder); an ONNX file is already a file"));
   }
   graph::ModelOptions mo;
   mo.seed = absl::GetFlag(FLAGS_seed);
