@@ -383,57 +383,66 @@ absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_
   absl::StatusOr<Parts> p = FindParts(weight, rows, cols, s, lookup);
   if (!p.ok()) return p.status();
   const uint8_t* values = p->values.file->Data(*p->values.entry);
-  const uint8_t* scales = p->scale.file->Data(*p->scale.entry);
+  // Every scale as a float, read once (a weight of a billion values has a few million of them).
   const std::string& scale_dtype = p->scale.entry->dtype;
-  auto scale_at = [&](int64_t i) {
+  const uint8_t* stored = p->scale.file->Data(*p->scale.entry);
+  std::vector<float> scales((p->scale.entry->end - p->scale.entry->begin) / (scale_dtype == "F32" ? 4 : 2));
+  for (size_t i = 0; i < scales.size(); ++i) {
     if (scale_dtype == "F32") {
-      float f;
-      std::memcpy(&f, scales + 4 * i, 4);
-      return f;
+      std::memcpy(&scales[i], stored + 4 * i, 4);
+      continue;
     }
     uint16_t b;
-    std::memcpy(&b, scales + 2 * i, 2);
-    return scale_dtype == "F16" ? HalfToFloat(b) : Bf16ToFloat(b);
-  };
+    std::memcpy(&b, stored + 2 * i, 2);
+    scales[i] = scale_dtype == "F16" ? HalfToFloat(b) : Bf16ToFloat(b);
+  }
+  // The library multiplies in the scale's dtype: one rounding for bf16 (the product of two bf16 values is exact in
+  // f32); float16 rounds to float16 first (the product of a float16 and an int of at most 9 bits is exact in f32),
+  // then to bf16 as Loom stores it.
   const bool half = scale_dtype == "F16";
   HostTensor out = HostTensor::Zeros(BF16, {rows, cols});
   if (IsHubFormat(s.format)) {
-    ReadHubWeight(*p, rows, cols, s, scale_at, half, &out);
+    ReadHubWeight(*p, rows, cols, s, scales, half, &out);
     return out;
   }
   const int64_t words = (cols * s.bits + 31) / 32;
   const int32_t offset = 1 << (s.bits - 1);  // stored unsigned: value + 2^(bits-1)
   const uint8_t* zp = p->zero_point.entry != nullptr ? p->zero_point.file->Data(*p->zero_point.entry) : nullptr;
-  const int64_t zp_words = (rows * s.bits + 31) / 32;
+  const int64_t zp_words = (rows * s.bits + 31) / 32, groups = s.group_size < 0 ? 1 : p->groups;
+  const int64_t group = s.group_size > 0 ? s.group_size : cols;
+  std::vector<float> row_scale(groups);
+  std::vector<int32_t> row_zero(groups, 0);
   for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      row_scale[g] = scales[s.group_size < 0 ? 0 : r * p->groups + g];
+      if (zp == nullptr) continue;
+      if (s.group_size < 0) {
+        std::memcpy(&row_zero[g], zp, 4);
+        continue;
+      }
+      // Column g of [zp_words, groups] words, bit r * bits down the column.
+      const uint64_t bit = uint64_t(r) * s.bits;
+      uint32_t w0, w1 = 0;
+      std::memcpy(&w0, zp + 4 * ((bit / 32) * p->groups + g), 4);
+      if (bit / 32 + 1 < static_cast<uint64_t>(zp_words)) std::memcpy(&w1, zp + 4 * ((bit / 32 + 1) * p->groups + g), 4);
+      const uint64_t pair = (uint64_t{w1} << 32) | w0;
+      row_zero[g] = static_cast<int32_t>((pair >> (bit % 32)) & ((1u << s.bits) - 1)) - offset;
+    }
+    const uint8_t* row = s.is_float ? values + r * cols : values + 4 * r * words;
+    uint16_t* dst = out.bf16.data() + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
-      const int64_t g = s.group_size > 0 ? c / s.group_size : 0;
-      const int64_t si = s.group_size < 0 ? 0 : r * p->groups + g;
+      const int64_t g = c / group;
       float v;
       if (s.is_float) {
-        v = E4m3ToFloat(values[r * cols + c]);
-      } else {
-        const int32_t q = static_cast<int32_t>(Field(values + 4 * r * words, uint64_t(c) * s.bits, s.bits)) - offset;
-        int32_t z = 0;
-        if (zp != nullptr) {
-          if (s.group_size < 0) {
-            std::memcpy(&z, zp, 4);
-          } else {  // column g of [zp_words, groups] words, bit r * bits down the column
-            const uint64_t bit = uint64_t(r) * s.bits;
-            uint32_t w0, w1 = 0;
-            std::memcpy(&w0, zp + 4 * ((bit / 32) * p->groups + g), 4);
-            if (bit / 32 + 1 < static_cast<uint64_t>(zp_words)) std::memcpy(&w1, zp + 4 * ((bit / 32 + 1) * p->groups + g), 4);
-            const uint64_t pair = (uint64_t{w1} << 32) | w0;
-            z = static_cast<int32_t>((pair >> (bit % 32)) & ((1u << s.bits) - 1)) - offset;
-          }
-        }
-        v = static_cast<float>(q - z);  // exact in the scale's dtype: |q - z| < 2^8
+        v = E4m3ToFloat(row[c]);
+      } else {  // 4 and 8 bits sit whole in bytes (low nibble first); others across them
+        const uint32_t u = s.bits == 8   ? row[c]
+                           : s.bits == 4 ? (row[c / 2] >> (4 * (c & 1))) & 15u
+                                         : Field(row, uint64_t(c) * s.bits, s.bits);
+        v = static_cast<float>(static_cast<int32_t>(u) - offset - row_zero[g]);  // exact: |q - z| < 2^8
       }
-      // The library multiplies in the scale's dtype: one rounding for bf16 (the product of two bf16 values is
-      // exact in f32); float16 rounds to float16 first (the product of a float16 and an int of at most 9 bits is
-      // exact in f32), then to bf16 as Loom stores it.
-      const float w = v * scale_at(si);
-      out.bf16[r * cols + c] = FloatToBf16(half ? RoundToHalf(w) : w);
+      const float w = v * row_scale[g];
+      dst[c] = FloatToBf16(half ? RoundToHalf(w) : w);
     }
   }
   return out;

@@ -168,7 +168,7 @@ absl::StatusOr<Parts> FindHubParts(const std::string& weight, int64_t rows, int6
   return p;
 }
 
-void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const ScaleFn& scale_at,
+void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const std::vector<float>& scales,
                    bool half, HostTensor* out) {
   const uint8_t* values = p.values.file->Data(*p.values.entry);
   const uint8_t* zeros = p.zero_point.file->Data(*p.zero_point.entry);
@@ -194,7 +194,7 @@ void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightSchem
         word += v1_offset;
         z = static_cast<int32_t>((word >> ((r % per) * s.bits)) & ((1u << s.bits) - 1));
       }
-      const float w = static_cast<float>(q - z) * scale_at(g * rows + r);
+      const float w = static_cast<float>(q - z) * scales[g * rows + r];
       out->bf16[r * cols + c] = FloatToBf16(half ? RoundToHalf(w) : w);
     }
   }

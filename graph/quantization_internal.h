@@ -42,9 +42,9 @@ absl::StatusOr<QuantizationConfig> ParseGptqConfig(const nlohmann::json& q, cons
 bool IsHubFormat(const std::string& format);
 absl::StatusOr<Parts> FindHubParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
                                    const NeedFn& need, const BadFn& bad);
-// Element (r, c) of the weight before its rounding to the scale's dtype: (q - z) * scale.
-using ScaleFn = std::function<float(int64_t index)>;
-void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const ScaleFn& scale_at,
+// The weight, (q - z) * scale rounded in the scale's dtype (float16 where `half`), then to bf16; `scales` are the
+// stored [groups, rows] as floats.
+void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const std::vector<float>& scales,
                    bool half, HostTensor* out);
 
 }  // namespace loom::graph::quantization_internal
