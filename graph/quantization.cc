@@ -144,7 +144,8 @@ std::string WeightScheme::Describe() const {
   const std::string scales = group_size > 0    ? absl::StrCat("group ", group_size)
                              : group_size == 0 ? std::string("a scale per row")
                                                : std::string("one scale");
-  return absl::StrCat(values, " weights, ", scales, symmetric ? "" : ", with zero points", " (", format, ")");
+  return absl::StrCat(values, " weights, ", scales, act_order ? " in activation order" : "",
+                      symmetric ? "" : ", with zero points", " (", format, ")");
 }
 
 absl::StatusOr<std::optional<WeightScheme>> QuantizationConfig::SchemeOf(const std::string& module) const {

@@ -6,7 +6,7 @@
 // Read: weight-only schemes, `pack-quantized` integers of 1-8 bits (dense int32 packing; strategy group, channel or
 // tensor; symmetric or with packed zero points) and `float-quantized` FP8 e4m3 (channel or tensor). Every field that
 // changes the math is honoured or refused by name: activation quantization (`input_activations`), a quantized KV
-// cache, sparsity, transforms, block strategies, act-order groups (`g_idx`), dynamic weight scales. Loom has no
+// cache, sparsity, transforms, block strategies, compressed-tensors' act-order groups, dynamic weight scales. Loom has no
 // quantized kernels yet: the weights are widened to bf16 as they are read, and the caller says so.
 #pragma once
 
@@ -30,6 +30,7 @@ struct WeightScheme {
   int bits = 0;            // 1-8 (integers), 8 (e4m3)
   bool symmetric = true;   // false: a zero point per scale
   int group_size = 0;      // columns per scale; 0: one scale per row ("channel"); -1: one for the tensor
+  bool act_order = false;  // GPTQ's desc_act: each column's group is g_idx[column], not column / group_size
   std::string Describe() const;  // e.g. "int4 weights, group 128, with zero points (pack-quantized)"
 };
 

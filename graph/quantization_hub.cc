@@ -67,8 +67,9 @@ absl::StatusOr<QuantizationConfig> ParseAwqConfig(const nlohmann::json& q, const
 
 // GPTQ's config: bits, group_size (-1: a scale per output channel), sym, desc_act, checkpoint_format ("gptq": zero
 // points stored minus one, a word-wide subtraction; "gptq_v2": as they are), lm_head. Activation order (desc_act)
-// permutes the columns into groups through g_idx: refused. What only steered the calibration or a runtime's kernel
-// choice is read and ignored; per-module overrides (`dynamic`), adapters and a partial module list are refused.
+// quantized the columns in another order: each column's group is then g_idx[column], which the reading follows.
+// What only steered the calibration or a runtime's kernel choice is read and ignored; per-module overrides
+// (`dynamic`), adapters and a partial module list are refused.
 absl::StatusOr<QuantizationConfig> ParseGptqConfig(const nlohmann::json& q, const std::string& path) {
   static const std::set<std::string> kIgnored = {
       "damp_percent", "damp_auto_increment", "true_sequential", "static_groups", "model_name_or_path",
@@ -88,10 +89,8 @@ absl::StatusOr<QuantizationConfig> ParseGptqConfig(const nlohmann::json& q, cons
   }
   absl::StatusOr<int> group = GroupSize(q, path, true);
   if (!group.ok()) return group.status();
-  if (q.value("desc_act", nlohmann::json(false)) != false) {
-    return Refuse(path, "desc_act", q["desc_act"],
-                  "activation order permutes the columns into groups (g_idx): not read (quantize with desc_act false)");
-  }
+  const nlohmann::json desc_act = q.value("desc_act", nlohmann::json(false));
+  if (!desc_act.is_boolean()) return Refuse(path, "desc_act", desc_act, "must be true or false");
   // checkpoint_format, or format as GPTQModel also writes it: the zero points' convention.
   std::string format = "gptq";
   for (const char* key : {"format", "checkpoint_format"}) {
@@ -113,7 +112,7 @@ absl::StatusOr<QuantizationConfig> ParseGptqConfig(const nlohmann::json& q, cons
   // sym only says the zero points are all 2^(bits-1): they are stored either way.
   config.groups.push_back(
       {{"Linear"}, WeightScheme{format == "gptq" ? "gptq" : "gptq-v2", false, bits.get<int>(), false,
-                                *group == -1 ? 0 : *group}});
+                                *group == -1 ? 0 : *group, desc_act.get<bool>()}});
   if (q.value("lm_head", nlohmann::json(false)) != true) config.ignore.push_back("lm_head");
   return config;
 }
@@ -152,17 +151,22 @@ absl::StatusOr<Parts> FindHubParts(const std::string& weight, int64_t rows, int6
       return bad(*t, shapes[i].first, absl::StrCat("need ", i < 2 ? "I32 " : "F16 ", Shape(shapes[i].second)));
     }
   }
-  if (!awq) {  // g_idx, where present, must be the plain grouping desc_act false writes
+  if (!awq) {  // g_idx: each column's group, column / group_size unless desc_act (then needed)
     absl::StatusOr<StoredTensor> g_idx = need("g_idx");
+    if (!g_idx.ok() && s.act_order) return g_idx.status();
     if (g_idx.ok()) {
-      bool plain = g_idx->entry->dtype == "I32" && g_idx->entry->shape == std::vector<int64_t>{cols};
-      const uint8_t* d = plain ? g_idx->file->Data(*g_idx->entry) : nullptr;
-      for (int64_t c = 0; plain && c < cols; ++c) {
+      bool ok = g_idx->entry->dtype == "I32" && g_idx->entry->shape == std::vector<int64_t>{cols};
+      const uint8_t* d = ok ? g_idx->file->Data(*g_idx->entry) : nullptr;
+      for (int64_t c = 0; ok && c < cols; ++c) {
         int32_t v;
         std::memcpy(&v, d + 4 * c, 4);
-        plain = v == c / group;
+        ok = s.act_order ? v >= 0 && v < p.groups : v == c / group;
       }
-      if (!plain) return bad(*g_idx, "g_idx", "not column / group_size: activation-ordered groups are not read");
+      if (!ok) {
+        return bad(*g_idx, "g_idx", s.act_order ? absl::StrCat("need I32 [", cols, "] of groups below ", p.groups)
+                                                : "not column / group_size, and desc_act is false");
+      }
+      p.g_idx = *g_idx;
     }
   }
   return p;
@@ -180,9 +184,13 @@ void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightSchem
   uint32_t v1_offset = 0;
   for (int i = 0; s.format == "gptq" && i < per; ++i) v1_offset |= 1u << (i * s.bits);
   const int64_t zero_words = rows / per;
+  // Each column's group: g_idx (checked by FindHubParts) in activation order, else column / group_size.
+  std::vector<int32_t> group_of(cols);
+  for (int64_t c = 0; c < cols; ++c) group_of[c] = static_cast<int32_t>(c / group);
+  if (s.act_order) std::memcpy(group_of.data(), p.g_idx.file->Data(*p.g_idx.entry), 4 * cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      const int64_t g = c / group;
+      const int64_t g = group_of[c];
       int32_t q, z;
       if (s.format == "awq-gemm") {
         q = static_cast<int32_t>(Bits(values, c * zero_words + r / 8, 4 * kAwqNibble[r % 8], 4));

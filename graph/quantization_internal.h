@@ -29,7 +29,7 @@ float RoundToHalf(float f);
 
 // The stored tensors of one quantized weight.
 struct Parts {
-  StoredTensor values, scale, zero_point, shape;
+  StoredTensor values, scale, zero_point, shape, g_idx;
   int64_t groups = 0;  // scales per row (1 for channel and tensor)
 };
 using NeedFn = std::function<absl::StatusOr<StoredTensor>(const std::string& suffix)>;

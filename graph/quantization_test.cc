@@ -42,7 +42,7 @@ nlohmann::json ReadJson(const std::string& path) {
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
        {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32", "gptq-g32-asym",
-        "gptq-v2-g64-sym", "gptq-8bit-channel", "gptq-2bit-g32-asym"}) {
+        "gptq-v2-g64-sym", "gptq-8bit-channel", "gptq-2bit-g32-asym", "gptq-desc-act-g32"}) {
     absl::StatusOr<Model> m = LoadModel(kData + scheme);
     ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
     const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");
@@ -119,7 +119,8 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
     EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
   }
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> gptq = {
-      {[](nlohmann::json& q) { q["desc_act"] = true; }, "'quantization_config.desc_act' = true: activation order"},
+      {[](nlohmann::json& q) { q["desc_act"] = "yes"; }, "'quantization_config.desc_act' = \"yes\": must be true or false"},
+      {[](nlohmann::json& q) { q["desc_act"] = true; }, "loaded"},  // the plain g_idx is one activation order
       {[](nlohmann::json& q) { q["bits"] = 3; }, "'quantization_config.bits' = 3: Loom reads GPTQ's 2-, 4- and 8-bit"},
       {[](nlohmann::json& q) { q["checkpoint_format"] = "marlin"; }, "'quantization_config.checkpoint_format' = "},
       {[](nlohmann::json& q) { q["dynamic"] = {{"-:.*down_proj", nlohmann::json::object()}}; },
@@ -132,6 +133,12 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
     const std::string got = LoadEdited("gptq-g32-asym", edit);
     EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
   }
+  // A permuted g_idx under desc_act false: the checkpoint contradicts its config.
+  const std::string got = LoadEdited("gptq-desc-act-g32", [](nlohmann::json& q) { q["desc_act"] = false; });
+  EXPECT_NE(got.find("tensor 'model.layers.0.self_attn.q_proj.g_idx' I32 [128]: not column / group_size, and "
+                     "desc_act is false"),
+            std::string::npos)
+      << got;
 }
 
 // `loom quantize` writes what the reader reads back: every projection within half a step of the original (bf16

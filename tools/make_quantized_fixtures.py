@@ -8,7 +8,7 @@ for scales and zero points, its `WQLinear_GEMM.from_linear` packing, `quant_meth
 `to_transformers_dict` writes it), an fp16 checkpoint; the reference is its own `dequantize_gemm`.
 
 And `gptq-*`: packed by GPTQModel 7.7.0's `TorchLinear.pack` (round-to-nearest scales and zero points in GPTQ's
-rule, no calibration), saved in the v1 `gptq` format through its own `convert_gptq_v2_to_v1_format_module` or as
+rule, no calibration; `gptq-desc-act-g32` with activation order: the columns grouped in a fixed permutation, g_idx), saved in the v1 `gptq` format through its own `convert_gptq_v2_to_v1_format_module` or as
 `gptq_v2`; the reference is its own `dequantize_weight` after its v1-to-v2 conversion.
 
 Regenerate (CPU; compressed-tensors pulls in torch; AutoAWQ's modules are imported from its source distribution,
@@ -174,19 +174,23 @@ def awq_fixture(config, weights, group_size=32):
         "modules_to_not_convert": None}))
 
 
-def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format):
+def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format, desc_act=False):
     from gptqmodel import QuantizeConfig
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module, convert_gptq_v2_to_v1_format_module
 
     maxq = (1 << bits) - 1
-    qconfig = QuantizeConfig(bits=bits, group_size=group_size, desc_act=False, sym=sym)
+    qconfig = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=sym)
     out, projections = fp16_split(weights)
     reference = {}
     for tensor, module, w in projections:
         rows, cols = w.shape
         g = cols if group_size == -1 else group_size
-        x = w.float().reshape(rows, cols // g, g)
+        # desc_act: the columns quantized in another order (here a fixed permutation), grouped in that order
+        order = torch.randperm(cols, generator=torch.Generator().manual_seed(cols)) if desc_act else torch.arange(cols)
+        g_idx = torch.empty(cols, dtype=torch.int32)
+        g_idx[order] = torch.arange(cols, dtype=torch.int32) // g
+        x = w.float()[:, order].reshape(rows, cols // g, g)
         lo, hi = x.amin(-1).clamp(max=0), x.amax(-1).clamp(min=0)
         if sym:  # GPTQ's symmetric rule: the range +-absmax, zero point 2^(bits-1)
             hi = torch.maximum(lo.abs(), hi)
@@ -195,10 +199,10 @@ def gptq_fixture(config, weights, name, bits, group_size, sym, checkpoint_format
         zero = torch.full_like(scale, (maxq + 1) // 2) if sym else torch.round(-lo / scale)
         linear = torch.nn.Linear(cols, rows, bias=False)
         linear.weight.data = w
-        args = dict(bits=bits, group_size=group_size, sym=sym, desc_act=False, in_features=cols, out_features=rows,
-                    bias=False)
+        args = dict(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, in_features=cols,
+                    out_features=rows, bias=False)
         q = TorchLinear(**args)
-        q.pack(linear, scale.half(), zero.to(torch.int32), torch.arange(cols, dtype=torch.int32) // g)
+        q.pack(linear, scale.half(), zero.to(torch.int32), g_idx)
         if checkpoint_format == "gptq":
             convert_gptq_v2_to_v1_format_module(q, qconfig)
         stored = {k: getattr(q, k).detach().clone() for k in ["qweight", "qzeros", "scales", "g_idx"]}
@@ -228,3 +232,4 @@ if __name__ == "__main__":
         gptq_fixture(*base_model(), "gptq-v2-g64-sym", 4, 64, True, "gptq_v2")
         gptq_fixture(*base_model(), "gptq-8bit-channel", 8, -1, True, "gptq")
         gptq_fixture(*base_model(), "gptq-2bit-g32-asym", 2, 32, False, "gptq")
+        gptq_fixture(*base_model(), "gptq-desc-act-g32", 4, 32, False, "gptq", desc_act=True)
