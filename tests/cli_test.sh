@@ -27,6 +27,12 @@ expect_error() {
   pass "$name"
 }
 
+# loom export of a quantized folder writes its weights widened to bf16: the same tokens as the folder itself.
+QFIX="$(dirname "$0")/data/quantized/gptq-g32-asym"
+"$LOOM" export --model="$QFIX" --out="$WORK/widened" >/dev/null 2>&1 &&
+  [ "$("$LOOM" run --model="$WORK/widened" --prompt=1,2,3 --tokens=4 2>/dev/null | grep '^tokens:')" = \
+    "$("$LOOM" run --model="$QFIX" --prompt=1,2,3 --tokens=4 2>/dev/null | grep '^tokens:')" ] &&
+  pass "export of a quantized folder" || fail "export of a quantized folder"
 expect_error "quantize scheme" "--scheme=INT3: one of FP8, W4A16, W8A16" "$WORK/q_bad" -- \
   "$LOOM" quantize --model="$WORK/tiny_hf" --out="$WORK/q_bad" --scheme=INT3
 expect_error "quantize group size" "--group_size is a W4A16 setting" "$WORK/q_bad" -- \
