@@ -54,7 +54,6 @@ absl::Status DecoderPrefill::LowerEmbedding(const OpDef& op) {
     b_.Emit(isa::Opcode::EMBED, e, stage.Of(r / isa::kGemmTileM), std::nullopt, op.name());
   }
   current_ = op.outputs(0);
-  stream_.insert(current_);
   ready_[current_] = stage;
   return absl::OkStatus();
 }
@@ -279,7 +278,6 @@ absl::Status DecoderPrefill::LowerResidual(const OpDef& linear, const OpDef& add
                               tiled_ && !OnlyLmHeadReads(add.outputs(0)));
   Consume({&add});
   current_ = add.outputs(0);
-  stream_.insert(current_);
   ready_[current_] = stage;
   return absl::OkStatus();
 }

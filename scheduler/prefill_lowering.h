@@ -127,7 +127,6 @@ class DecoderPrefill {
 
   // Walk state.
   absl::flat_hash_set<std::string> consumed_;           // ops another op's rule lowered
-  absl::flat_hash_set<std::string> stream_;             // graph tensors held in x (the latest one is x's value)
   absl::flat_hash_map<std::string, StageRef> ready_;    // graph tensor -> the stage after which it is written
   absl::flat_hash_map<std::string, uint32_t> images_;   // graph tensor -> its operand image (a rule's output)
   absl::flat_hash_map<std::string, const OpDef*> deferred_norms_;  // normed tensor -> its RMS_NORM
