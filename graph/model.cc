@@ -30,6 +30,7 @@ struct HfWeightPlan {
     const SafetensorsFile* file;
     std::optional<WeightScheme> scheme;  // stored quantized: read back to bf16 (graph/quantization.h)
     int64_t rows = 0, cols = 0;
+    uint64_t bytes = 0;  // stored (quantized sources)
   };
   std::string dir;
   absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;  // owns the files of `sources`
@@ -104,7 +105,7 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
       if (*scheme) {
         absl::StatusOr<uint64_t> bytes = CheckQuantizedWeight(name, shape[0], shape[1], **scheme, plan.Lookup());
         if (!bytes.ok()) return bytes.status();
-        HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1]};
+        HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1], *bytes};
         sources.push_back(std::move(source));
         total_bytes += *bytes;
         ++quantized[(*scheme)->Describe()];
@@ -180,7 +181,7 @@ absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
           ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
       if (!t.ok()) return t.status();
       weights->emplace(source.name, *std::move(t));
-      progress.Add(*CheckQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup()));
+      progress.Add(source.bytes);
       continue;
     }
     absl::StatusOr<HostTensor> t = source.file->ReadBf16(source.name);
