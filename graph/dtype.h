@@ -28,6 +28,12 @@ inline Bf16Bits FloatToBf16(float f) {
   return static_cast<Bf16Bits>(u >> 16);
 }
 
+// FP8 e4m3 ("fn": no infinities, 0x7f / 0xff are NaN) <-> float. FloatToE4m3 rounds to nearest, ties to even,
+// saturating at +-448 (what a quantizer clamps to anyway).
+float E4m3ToFloat(uint8_t b);
+uint8_t FloatToE4m3(float f);
+inline constexpr float kE4m3Max = 448.0f;
+
 // IEEE half -> float (safetensors "F16" weights are converted to bf16 on load).
 float HalfToFloat(uint16_t h);
 

@@ -20,6 +20,9 @@ float Dot(const float* x, const HostTensor& w, int64_t w_offset, int64_t k) {
   if (w.dtype == BF16) {
     const uint16_t* row = w.bf16.data() + w_offset;
     for (int64_t i = 0; i < k; ++i) acc += x[i] * Bf16ToFloat(row[i]);
+  } else if (w.dtype == F8E4M3) {  // unscaled: the caller multiplies the row's sum by its scale
+    const uint8_t* row = w.f8.data() + w_offset;
+    for (int64_t i = 0; i < k; ++i) acc += x[i] * E4m3ToFloat(row[i]);
   } else {
     const float* row = w.f32.data() + w_offset;
     for (int64_t i = 0; i < k; ++i) acc += x[i] * row[i];
@@ -114,9 +117,12 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
       const HostTensor& x = In(op, 0);
       const HostTensor& w = In(op, 1);
       const int64_t tokens = x.shape[0], k = x.shape[1], n = w.shape[0];
+      // An FP8 weight: each row's sum times the row's scale (in f32), as the device's MATVEC_FP8.
+      const float* scale = w.dtype == F8E4M3 ? w.f32.data() : nullptr;
       for (int64_t t = 0; t < tokens; ++t) {
         for (int64_t r = 0; r < n; ++r) {
           float v = Dot(x.f32.data() + t * k, w, r * k, k);
+          if (scale != nullptr) v *= scale[r];
           if (op.inputs_size() == 3) v += In(op, 2).Get(r);
           out.f32[t * n + r] = v;
         }

@@ -16,6 +16,10 @@ HostTensor HostTensor::Zeros(DType dtype, std::vector<int64_t> shape) {
   switch (dtype) {
     case BF16: t.bf16.assign(n, 0); break;
     case graph::I32: t.i32.assign(n, 0); break;
+    case F8E4M3:
+      t.f8.assign(n, 0);
+      t.f32.assign(t.shape.empty() ? 0 : t.shape[0], 1.0f);
+      break;
     default: t.f32.assign(n, 0.0f); break;
   }
   return t;
@@ -45,6 +49,7 @@ const void* HostTensor::data() const {
   switch (dtype) {
     case BF16: return bf16.data();
     case I32: return i32.data();
+    case F8E4M3: return f8.data();
     default: return f32.data();
   }
 }

@@ -15,9 +15,11 @@ namespace loom::graph {
 struct HostTensor {
   DType dtype = DTYPE_UNSPECIFIED;
   std::vector<int64_t> shape;
-  std::vector<float> f32;      // dtype F32
+  std::vector<float> f32;      // dtype F32; F8E4M3: the scale of each row (shape[0] of them)
   std::vector<uint16_t> bf16;  // dtype BF16
   std::vector<int32_t> i32;    // dtype I32
+  // dtype F8E4M3 (a LINEAR weight [N, K]): e4m3 bits; element (n, k) is e4m3(f8[n * K + k]) * f32[n], in f32.
+  std::vector<uint8_t> f8;
 
   static HostTensor Zeros(DType dtype, std::vector<int64_t> shape);
   static HostTensor Zeros(const TensorDef& def);
@@ -30,6 +32,7 @@ struct HostTensor {
     switch (dtype) {
       case BF16: return Bf16ToFloat(bf16[i]);
       case I32: return static_cast<float>(i32[i]);
+      case F8E4M3: return E4m3ToFloat(f8[i]) * f32[i / (static_cast<int64_t>(f8.size()) / shape[0])];
       default: return f32[i];
     }
   }

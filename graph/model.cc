@@ -28,7 +28,7 @@ struct HfWeightPlan {
   struct Source {
     std::string name;
     const SafetensorsFile* file;
-    std::optional<WeightScheme> scheme;  // stored quantized: read back to bf16 (graph/quantization.h)
+    std::optional<WeightScheme> scheme;  // stored quantized (graph/quantization.h)
     int64_t rows = 0, cols = 0;
     uint64_t bytes = 0;  // stored (quantized sources)
   };
@@ -49,7 +49,7 @@ struct HfWeightPlan {
 // Checks every weight the config implies against the files' headers, reading no weight: a folder that does not
 // hold the model (a wrong folder, a config naming more layers than the files have) fails in a second, before the
 // graph is built or any weight is read.
-absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const DecoderConfig& config,
+absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const DecoderConfig& config, bool widen,
                                            std::vector<std::string>* notes) {
   HfWeightPlan plan;
   plan.dir = dir;
@@ -94,7 +94,7 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
   uint64_t& total_bytes = plan.file_bytes;
   std::set<std::string> converted;  // dtypes rounded to bf16
   std::set<std::string> used;       // stored tensors read
-  std::map<std::string, int> quantized;  // scheme -> projections stored so
+  std::map<std::pair<std::string, bool>, int> quantized;  // (scheme, kept as stored) -> projections stored so
   for (const auto& [name, shape] : DecoderWeightShapes(config)) {
     // A projection the checkpoint stores quantized: its parts checked now, read back to bf16 later.
     if (config.quantization && shape.size() == 2 &&
@@ -108,7 +108,7 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
         HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1], *bytes};
         sources.push_back(std::move(source));
         total_bytes += *bytes;
-        ++quantized[(*scheme)->Describe()];
+        ++quantized[{(*scheme)->Describe(), !widen && KeptQuantized(**scheme)}];
         for (const char* part : {"weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
                                  "qweight", "qzeros", "scales"}) {
           used.insert(absl::StrCat(module, ".", part));
@@ -151,8 +151,11 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
     notes->push_back(absl::StrCat("weights stored as ", dtype, " are rounded to bf16 (Loom computes from bf16 weights)"));
   }
   for (const auto& [scheme, count] : quantized) {
-    notes->push_back(absl::StrCat(count, " projections stored as ", scheme,
-                                  " are widened to bf16 as they are read (Loom has no quantized kernels yet)"));
+    notes->push_back(absl::StrCat(count, " projections stored as ", scheme.first,
+                                  scheme.second ? " are computed with as stored (FP8 matvec)"
+                                  : widen       ? " are widened to bf16 as they are read (--widen_quantized)"
+                                                : " are widened to bf16 as they are read (Loom has no kernels for "
+                                                  "them yet)"));
   }
   // Tensors the config does not use (transformers skips them too, with a warning): say so, never silently.
   std::vector<std::string> unused;
@@ -172,13 +175,15 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
   return plan;
 }
 
-// Reads the weights of a plan, rounded to bf16.
-absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
+// Reads the weights of a plan, rounded to bf16, but for quantized ones Loom computes with as stored (unless `widen`).
+absl::Status ReadHfWeights(const HfWeightPlan& plan, bool widen, WeightStore* weights) {
   Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
   for (const HfWeightPlan::Source& source : plan.sources) {
     if (source.scheme) {
       absl::StatusOr<HostTensor> t =
-          ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
+          !widen && KeptQuantized(*source.scheme)
+              ? ReadFp8Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
+              : ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
       if (!t.ok()) return t.status();
       weights->emplace(source.name, *std::move(t));
       progress.Add(source.bytes);
@@ -240,6 +245,24 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
                           max_seq);
   }
   return CheckHostMemory(static_cast<uint64_t>(weights + packed + kv), spec, detail);
+}
+
+// The graph's WEIGHT tensors take the dtype their weights are stored in where that is FP8 (the decoder graph is
+// built bf16 before any weight is read).
+absl::Status DeclareStoredDtypes(Model* model) {
+  GraphDef def = model->graph.def();
+  bool changed = false;
+  for (TensorDef& t : *def.mutable_tensors()) {
+    auto w = model->weights.find(t.name());
+    if (t.kind() != WEIGHT || w == model->weights.end() || w->second.dtype != F8E4M3) continue;
+    t.set_dtype(F8E4M3);
+    changed = true;
+  }
+  if (!changed) return absl::OkStatus();
+  absl::StatusOr<Graph> graph = Graph::Create(std::move(def));
+  if (!graph.ok()) return graph.status();
+  model->graph = *std::move(graph);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -337,7 +360,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   // running them takes), all checked before the graph is built or a weight is read.
   std::optional<HfWeightPlan> plan;
   if (!random) {
-    absl::StatusOr<HfWeightPlan> p = PlanHfWeights(spec, model.config, &model.notes);
+    absl::StatusOr<HfWeightPlan> p = PlanHfWeights(spec, model.config, options.widen_quantized, &model.notes);
     if (!p.ok()) return p.status();
     plan = *std::move(p);
   }
@@ -350,9 +373,20 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   if (!options.load_weights) return model;
   if (random) {
     model.weights = RandomDecoderWeights(model.config, options.seed);
-  } else if (absl::Status s = ReadHfWeights(*plan, &model.weights); !s.ok()) {
+    if (!options.scheme.empty() && options.scheme != "FP8") {
+      return absl::InvalidArgumentError(absl::StrCat("--scheme=", options.scheme,
+                                                     ": random weights are generated as FP8 or bf16 (no scheme)"));
+    }
+    if (options.scheme == "FP8") {  // every projection but the LM head, as checkpoints of the scheme hold them
+      for (auto& [name, w] : model.weights) {
+        if (w.shape.size() == 2 && absl::EndsWith(name, "_proj.weight")) w = QuantizeRowsToFp8(w);
+      }
+      model.notes.push_back("random projections quantized to FP8 (e4m3, a power-of-two scale per row)");
+    }
+  } else if (absl::Status s = ReadHfWeights(*plan, options.widen_quantized, &model.weights); !s.ok()) {
     return s;
   }
+  if (absl::Status s = DeclareStoredDtypes(&model); !s.ok()) return s;
   return model;
 }
 

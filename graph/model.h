@@ -27,6 +27,12 @@ struct ModelOptions {
   // prefill pass's), counted with the KV cache in the host-memory check made before any weight is loaded; 0
   // checks the weights alone (PackWeights checks its own region before allocating it).
   int packed_copies = 0;
+  // Random decoders: "FP8" quantizes every projection (not the LM head) to e4m3 with a scale per row
+  // (QuantizeRowsToFp8), as a checkpoint of that scheme would hold; "" keeps them bf16.
+  std::string scheme;
+  // Checkpoints: widen every quantized weight to bf16 as it is read, even those Loom computes with as stored (FP8
+  // with a scale per row or tensor).
+  bool widen_quantized = false;
 };
 
 struct Model {

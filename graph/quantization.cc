@@ -2,6 +2,7 @@
 
 #include "graph/quantization_internal.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -353,19 +354,6 @@ uint32_t Field(const uint8_t* words, uint64_t bit, int bits) {
   return static_cast<uint32_t>((v >> (bit % 8)) & ((1u << bits) - 1));
 }
 
-float E4m3ToFloat(uint8_t b) {
-  const int sign = b >> 7, exp = (b >> 3) & 15, mant = b & 7;
-  float v;
-  if (exp == 15 && mant == 7) {
-    v = NAN;
-  } else if (exp == 0) {
-    v = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant / 8 * 2^-6
-  } else {
-    v = std::ldexp(1.0f + mant / 8.0f, exp - 7);
-  }
-  return sign ? -v : v;
-}
-
 }  // namespace
 
 absl::StatusOr<uint64_t> CheckQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
@@ -445,6 +433,48 @@ absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_
       const float w = v * row_scale[g];
       dst[c] = FloatToBf16(half ? RoundToHalf(w) : w);
     }
+  }
+  return out;
+}
+
+absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
+                                         const TensorLookup& lookup) {
+  if (!KeptQuantized(s)) {
+    return absl::InvalidArgumentError(absl::StrCat(weight, ": ", s.Describe(), " is widened, not read as FP8"));
+  }
+  absl::StatusOr<Parts> p = FindParts(weight, rows, cols, s, lookup);
+  if (!p.ok()) return p.status();
+  HostTensor out = HostTensor::Zeros(F8E4M3, {rows, cols});
+  const uint8_t* values = p->values.file->Data(*p->values.entry);
+  std::memcpy(out.f8.data(), values, out.f8.size());
+  const std::string& scale_dtype = p->scale.entry->dtype;
+  const uint8_t* stored = p->scale.file->Data(*p->scale.entry);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = s.group_size < 0 ? 0 : r;  // a tensor's one scale, or the row's
+    if (scale_dtype == "F32") {
+      std::memcpy(&out.f32[r], stored + 4 * i, 4);
+      continue;
+    }
+    uint16_t b;
+    std::memcpy(&b, stored + 2 * i, 2);
+    out.f32[r] = scale_dtype == "F16" ? HalfToFloat(b) : Bf16ToFloat(b);
+  }
+  return out;
+}
+
+HostTensor QuantizeRowsToFp8(const HostTensor& w) {
+  const int64_t rows = w.shape[0], cols = w.size() / std::max<int64_t>(rows, 1);
+  HostTensor out = HostTensor::Zeros(F8E4M3, w.shape);
+  for (int64_t r = 0; r < rows; ++r) {
+    float absmax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) absmax = std::max(absmax, std::fabs(w.Get(r * cols + c)));
+    // The least power of two with absmax / scale <= 448 (2^-126 for an all-zero row).
+    int e = 0;
+    std::frexp(absmax / kE4m3Max, &e);  // absmax / 448 = f * 2^e, f in [0.5, 1)
+    float scale = absmax > 0 ? std::ldexp(1.0f, e) : std::ldexp(1.0f, -126);
+    if (absmax > 0 && absmax / (scale / 2) <= kE4m3Max) scale /= 2;  // an exact power of two
+    out.f32[r] = scale;
+    for (int64_t c = 0; c < cols; ++c) out.f8[r * cols + c] = FloatToE4m3(w.Get(r * cols + c) / scale);
   }
   return out;
 }

@@ -6,8 +6,9 @@
 // Read: weight-only schemes, `pack-quantized` integers of 1-8 bits (dense int32 packing; strategy group, channel or
 // tensor; symmetric or with packed zero points) and `float-quantized` FP8 e4m3 (channel or tensor). Every field that
 // changes the math is honoured or refused by name: activation quantization (`input_activations`), a quantized KV
-// cache, sparsity, transforms, block strategies, compressed-tensors' act-order groups, dynamic weight scales. Loom has no
-// quantized kernels yet: the weights are widened to bf16 as they are read, and the caller says so.
+// cache, sparsity, transforms, block strategies, compressed-tensors' act-order groups, dynamic weight scales. FP8
+// weights with a scale per row or tensor are kept as stored (MATVEC_FP8 reads them); every other scheme is widened
+// to bf16 as it is read, and the caller says so.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,17 @@ using TensorLookup = std::function<std::optional<StoredTensor>(const std::string
 // read takes.
 absl::StatusOr<uint64_t> CheckQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
                                               const WeightScheme& scheme, const TensorLookup& lookup);
+// Whether Loom computes with the scheme's weights as stored (not widened): FP8 e4m3 with a scale per row or per
+// tensor (MATVEC_FP8).
+inline bool KeptQuantized(const WeightScheme& s) { return s.is_float && s.bits == 8 && s.group_size <= 0; }
+// The weight as stored, for a scheme KeptQuantized: an F8E4M3 HostTensor (e4m3 values, each row's scale in f32:
+// a tensor scale repeated; bf16 and f16 scales are exact in f32).
+absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows, int64_t cols,
+                                         const WeightScheme& scheme, const TensorLookup& lookup);
+// Round-to-nearest FP8 of a 2-D weight, a scale per row: the power of two at least absmax / 448 (so every q * scale
+// is exact in bf16 as well: the same weight widened, for the prefill's tensor cores, loses nothing).
+HostTensor QuantizeRowsToFp8(const HostTensor& w);
+
 // The weight widened to bf16 (CheckQuantizedWeight first).
 absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
                                                const WeightScheme& scheme, const TensorLookup& lookup);

@@ -43,7 +43,9 @@ TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
        {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32", "gptq-g32-asym",
         "gptq-v2-g64-sym", "gptq-8bit-channel", "gptq-2bit-g32-asym", "gptq-desc-act-g32"}) {
-    absl::StatusOr<Model> m = LoadModel(kData + scheme);
+    ModelOptions widened;
+    widened.widen_quantized = true;  // (FP8 is otherwise kept as stored: below)
+    absl::StatusOr<Model> m = LoadModel(kData + scheme, widened);
     ASSERT_TRUE(m.ok()) << scheme << ": " << m.status();
     const nlohmann::json reference = ReadJson(kData + scheme + "/reference.json");
     ASSERT_EQ(reference.size(), 7u) << scheme;
@@ -59,6 +61,28 @@ TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
     absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
     ASSERT_TRUE(run.ok()) << run.status();
   }
+}
+
+// FP8 with a scale per row is kept as stored: e4m3 values and f32 scales whose products, rounded to bf16, are the
+// library's decompressed bits; the graph declares those weights FP8 and the oracle computes with them.
+TEST(Quantized, Fp8WeightsAreKeptAsStored) {
+  absl::StatusOr<Model> m = LoadModel(kData + "fp8-channel");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const nlohmann::json reference = ReadJson(kData + "fp8-channel/reference.json");
+  for (const auto& [name, hash] : reference.items()) {
+    const HostTensor& w = m->weights.at(name);
+    ASSERT_EQ(w.dtype, F8E4M3) << name;
+    EXPECT_EQ(m->graph.tensor(name).dtype(), F8E4M3) << name;
+    HostTensor widened = HostTensor::Zeros(BF16, w.shape);
+    for (int64_t i = 0; i < w.size(); ++i) widened.bf16[i] = FloatToBf16(w.Get(i));
+    EXPECT_EQ(Fnv1a64(widened), hash.get<std::string>()) << name;
+  }
+  EXPECT_EQ(m->weights.at("lm_head.weight").dtype, BF16);
+  bool noted = false;
+  for (const std::string& note : m->notes) noted = noted || note.find("computed with as stored") != std::string::npos;
+  EXPECT_TRUE(noted);
+  absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
+  ASSERT_TRUE(run.ok()) << run.status();
 }
 
 // A copy of a fixture with its config.json's quantization_config changed by `edit`: the load's error.

@@ -21,21 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr float kE4m3Max = 448.0f;
-
-// Nearest e4m3 (fn: no infinities) of a value already clamped to [-448, 448], ties to even.
-uint8_t FloatToE4m3(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  const float a = std::min(std::fabs(f), kE4m3Max);
-  if (a < 0.015625f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));  // 2^-9 steps; 8 is 2^-6
-  int e = 0;
-  const float fraction = std::frexp(a, &e);  // a = fraction * 2^e, fraction in [0.5, 1)
-  int exponent = e - 1 + 7;
-  int mantissa = static_cast<int>(std::nearbyint((2 * fraction - 1) * 8));
-  if (mantissa == 8) mantissa = 0, ++exponent;
-  return sign | static_cast<uint8_t>(exponent << 3 | mantissa);  // 448 is exponent 15, mantissa 6: the largest
-}
-
 struct Scheme {
   bool is_float;
   int bits;

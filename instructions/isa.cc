@@ -79,6 +79,11 @@ absl::Status ValidateInstruction(const Instruction& inst, const std::vector<Tens
 }
 
 absl::Status CheckPageBytes(const Instruction& inst, uint32_t page_bytes) {
+  if (inst.op() == Opcode::MATVEC_FP8 && page_bytes != kDecodePageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an FP8 matvec streams ", kDecodePageBytes,
+                                                   "-byte pages only (its kernel variant's); smem.page_bytes is ",
+                                                   page_bytes));
+  }
   if (inst.op() != Opcode::MATVEC) return absl::OkStatus();
   const uint32_t k = inst.as<MatvecArgs>().k;
   if (MatvecSlotsFitPages(k, page_bytes)) return absl::OkStatus();

@@ -16,7 +16,13 @@ enum KernelVariant : uint32_t {
   // 128-column path their 128 accumulator registers per thread cost it 2-7% (gemm_bench, H100), and the graph
   // variant's spills doubled. Not with the general-graph opcodes (GpuMachine refuses the mix).
   kWideKernel = 3,
+  // The decode opcodes + MATVEC_FP8 (decode programs with FP8 weights), in a variant of their own so the bf16
+  // decode variant's code and registers stay as they are.
+  kDecodeFp8Kernel = 4,
 };
+inline constexpr uint32_t kNumKernelVariants = 5;
+// The variants decode programs run in: step tags, early hand-offs and decode pages (their opcodes' decode forms).
+LOOM_HD constexpr bool IsDecodeVariant(uint32_t v) { return v == kDecodeKernel || v == kDecodeFp8Kernel; }
 // The least variant that compiles `op`'s consumer code: the decode opcodes run in every variant, the tensor-core ones
 // (and PACK_ROWS, a GEMM's operand) from kTensorKernel up, the general-graph ones in kGraphKernel alone. The device
 // switch gates each case on VariantCompiles, so this is the one place that says which variant compiles what.
@@ -25,6 +31,7 @@ LOOM_HD constexpr KernelVariant KernelVariantOf(Opcode op) {
       op == Opcode::SOFTMAX || op == Opcode::NORM_ROWS || op == Opcode::DWCONV || op == Opcode::NHWC_BF16) {
     return kGraphKernel;
   }
+  if (op == Opcode::MATVEC_FP8) return kDecodeFp8Kernel;
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::SUM_SPLITS || op == Opcode::PACK_ROWS
              ? kTensorKernel
              : kDecodeKernel;
@@ -66,6 +73,7 @@ LOOM_HD KernelVariant KernelVariantOfPages(uint32_t page_bytes) {
 }
 // Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.
 LOOM_HD bool UsesTensorCores(Opcode op) {
+  if (op == Opcode::MATVEC_FP8) return kDecodeFp8Kernel;
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::CONV_GEMM;
 }
 

@@ -49,6 +49,41 @@ struct MatvecArgs {
 template <>
 inline constexpr uint32_t kFloatWords<MatvecArgs> = FloatWord(offsetof(MatvecArgs, norm_eps));
 
+// MATVEC_FP8: MATVEC over an FP8 weight, y[r] = scales[row_begin + r] * dot(e4m3 W[row_begin + r, 0:k], x) (+ bias):
+// rows of MatvecFp8RowStride(k) bytes (zeros past k), one f32 scale per row in the weight's row order. The fields
+// are MatvecArgs' (the device shares the prologue and epilogues), but for `scales` where MATVEC has `partials`: an
+// FP8 tile has no argmax epilogue (the LM head stays bf16).
+struct MatvecFp8Args {
+  uint32_t weight;  // F8E4M3 bytes [total_rows, MatvecFp8RowStride(k)]
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t k;
+  uint32_t input;
+  uint32_t prologue;
+  uint32_t norm_weight;
+  float norm_eps;
+  uint32_t epilogue;  // kEpilogueStore, kEpilogueResidualAdd, kEpilogueRopeKvAppend or kEpilogueSiluMul
+  uint32_t out;
+  uint32_t residual;
+  uint32_t k_cache;
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t rope_table;
+  uint32_t heads_per_group;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
+  uint32_t scales;  // f32 [total_rows]
+  uint32_t tile_index;
+  uint32_t bias;
+  static constexpr const char* kFields[] = {
+      "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
+      "residual", "k_cache", "v_cache", "step_state", "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
+      "scales", "tile_index", "bias"};
+};
+template <>
+inline constexpr uint32_t kFloatWords<MatvecFp8Args> = FloatWord(offsetof(MatvecFp8Args, norm_eps));
+
 // A matvec weight row holds k elements padded with zeros to a multiple of
 // kMatvecRowAlign (the 256 columns a warp multiplies at once on the device), so
 // every k a checkpoint has streams through the same page loop. The input x is
@@ -73,6 +108,28 @@ inline constexpr uint32_t kMatvecPageSegmentBytes = 8 * kMatvecRowAlign * 2;  //
 LOOM_HD bool MatvecSlotsFitPages(uint32_t k, uint32_t page_bytes) {
   const uint32_t warp_columns = page_bytes / kMatvecPageSegmentBytes * kMatvecRowAlign;
   return warp_columns > 0 && warp_columns % MatvecSlotElems(MatvecRowStride(k)) == 0;
+}
+
+// An FP8 row: k bytes padded with zeros to a multiple of kMatvecFp8RowAlign, the 512 columns a warp's 16-byte loads
+// cover. A warp's share of a decode page (16 KB) is 2048 columns; partial sums are kept per 2048 columns where the
+// padded row allows (a warp's whole share: one reduction a page), else per 512. MATVEC_FP8 runs with decode pages
+// only (isa::CheckPageBytes).
+inline constexpr uint32_t kMatvecFp8RowAlign = 512;
+inline constexpr uint32_t kMatvecFp8WarpColumns = 2048;
+LOOM_HD uint32_t MatvecFp8RowStride(uint32_t k) {
+  return (k + kMatvecFp8RowAlign - 1) / kMatvecFp8RowAlign * kMatvecFp8RowAlign;
+}
+LOOM_HD uint32_t MatvecFp8SlotElems(uint32_t stride) {
+  return stride % kMatvecFp8WarpColumns == 0 ? kMatvecFp8WarpColumns : kMatvecFp8RowAlign;
+}
+// Inside each 512-column run of a packed FP8 row, lane l's 16 bytes hold columns 128 q + 4 l + e at byte 16 l + 4 q
+// + e (q, e in 0..3): the x values of its 4-byte word q are then one float4, and 8 lanes reading theirs read 128
+// consecutive bytes of shared memory (no bank conflict; lanes 64 bytes apart, as plain order gives, would
+// conflict 4-way). The byte of a run that holds column c of the run:
+LOOM_HD uint32_t MatvecFp8Position(uint32_t c) { return (c % 128) / 4 * 16 + c / 128 * 4 + c % 4; }
+LOOM_HD uint64_t MatvecFp8ActivationBytes(uint32_t rows, uint32_t k) {
+  const uint32_t stride = MatvecFp8RowStride(k);
+  return 4ull * stride + 4ull * rows * (stride / MatvecFp8SlotElems(stride));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of

@@ -27,4 +27,5 @@
   V(DWCONV, DwConvArgs) \
   V(CONV_GEMM, ConvGemmArgs) \
   V(NHWC_BF16, NhwcBf16Args) \
-  V(SUM_SPLITS, SumSplitsArgs)
+  V(SUM_SPLITS, SumSplitsArgs) \
+  V(MATVEC_FP8, MatvecFp8Args)

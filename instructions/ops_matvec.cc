@@ -1,20 +1,24 @@
-// Host side of MATVEC: validation, footprint, float32 reference (every prologue and epilogue).
+// Host side of MATVEC and MATVEC_FP8: validation, footprint, float32 reference (every prologue and epilogue).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 #include "instructions/opcode_host.h"
 
 namespace loom::isa::ref {
+namespace {
 
-void Validate(const MatvecArgs& a, Checker& c) {
+// What MATVEC and MATVEC_FP8 share: everything but the weight (its dtype and row stride) and the argmax epilogue.
+template <typename Args>
+void ValidateMatvec(const Args& a, graph::DType weight_dtype, uint32_t stride, Checker& c) {
   c.Require(a.rows > 0 && a.k > 0, "rows and k must be positive");
   // x arrives by bulk copy (16-byte multiples) and is read as float4.
   c.Require(a.k % 4 == 0, absl::StrCat("k = ", a.k, " must be a multiple of 4"));
-  c.Require(U(a.rows) * MatvecRowStride(a.k) < (uint64_t{1} << 32),
+  c.Require(U(a.rows) * stride < (uint64_t{1} << 32),
             absl::StrCat("a tile of ", a.rows, " x ", a.k, " is too large (32-bit element indices)"));
   c.Require(a.prologue <= kPrologueRmsNorm, absl::StrCat("unknown prologue ", a.prologue));
   c.Require(a.epilogue < kNumEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
-  c.Tensor("weight", a.weight, BF16, (U(a.row_begin) + a.rows) * MatvecRowStride(a.k));
+  c.Tensor("weight", a.weight, weight_dtype, (U(a.row_begin) + a.rows) * stride);
   c.Tensor("input", a.input, F32, a.k);
   if (a.bias != kNoTensor) c.Tensor("bias", a.bias, BF16, U(a.row_begin) + a.rows);
   if (a.prologue == kPrologueRmsNorm) {
@@ -26,7 +30,11 @@ void Validate(const MatvecArgs& a, Checker& c) {
     case kEpilogueStore:
     case kEpilogueArgmaxPartial:
       c.Tensor("out", a.out, F32, end);
-      if (a.epilogue == kEpilogueArgmaxPartial) c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
+      if constexpr (std::is_same_v<Args, MatvecArgs>) {
+        if (a.epilogue == kEpilogueArgmaxPartial) c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
+      } else {
+        c.Require(a.epilogue != kEpilogueArgmaxPartial, "an FP8 matvec has no argmax epilogue");
+      }
       break;
     case kEpilogueResidualAdd:
       c.Tensor("out", a.out, F32, end);
@@ -52,27 +60,17 @@ void Validate(const MatvecArgs& a, Checker& c) {
   }
 }
 
-Footprint Cost(const MatvecArgs& a, uint32_t) {
-  Footprint f;
-  f.weight_bytes = 2ull * a.rows * MatvecRowStride(a.k) + (a.bias != kNoTensor ? 2ull * a.rows : 0);
-  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
-  f.smem_bytes = MatvecActivationBytes(a.rows, a.k);
-  f.flops = 2ull * a.rows * a.k;
-  return f;
-}
-
-void Reference(const MatvecArgs& a, const MachineView& m) {
+// The input of a tile: x, or RMSNorm(x) * norm_weight with the prologue.
+template <typename Args>
+std::vector<float> MatvecInput(const Args& a, const MachineView& m) {
   std::vector<float> x(m.ptr<float>(a.input), m.ptr<float>(a.input) + a.k);
   if (a.prologue == kPrologueRmsNorm) RmsNormInto(x.data(), m.ptr<uint16_t>(a.norm_weight), a.k, a.norm_eps, x.data());
-  std::vector<float> y(a.rows);
-  const uint64_t stride = MatvecRowStride(a.k);
-  const uint16_t* w = m.ptr<uint16_t>(a.weight) + a.row_begin * stride;
-  for (uint32_t r = 0; r < a.rows; ++r) {
-    float acc = 0.0f;
-    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[r * stride + j]);
-    y[r] = acc;
-    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
-  }
+  return x;
+}
+
+// The epilogue of every tile, on its rows' sums y (bias added).
+template <typename Args>
+void MatvecEpilogue(const Args& a, const MachineView& m, std::vector<float>& y) {
   float* out = m.ptr<float>(a.out);
   switch (a.epilogue) {
     case kEpilogueStore:
@@ -87,14 +85,17 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
       for (uint32_t r = 0; r < a.rows; r += 2) out[(a.row_begin + r) / 2] = Silu(y[r]) * y[r + 1];
       break;
     case kEpilogueArgmaxPartial: {
+      if constexpr (!std::is_same_v<Args, MatvecArgs>) break;  // (refused by validation)
       float best = -INFINITY;
       uint32_t best_row = a.row_begin;
       for (uint32_t r = 0; r < a.rows; ++r) {
         out[a.row_begin + r] = y[r];
         if (y[r] > best) best = y[r], best_row = a.row_begin + r;
       }
-      m.ptr<float>(a.partials)[2 * a.tile_index] = best;
-      m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
+      if constexpr (std::is_same_v<Args, MatvecArgs>) {
+        m.ptr<float>(a.partials)[2 * a.tile_index] = best;
+        m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
+      }
       break;
     }
     case kEpilogueRopeKvAppend: {
@@ -119,6 +120,68 @@ void Reference(const MatvecArgs& a, const MachineView& m) {
       break;
     }
   }
+}
+
+}  // namespace
+
+void Validate(const MatvecArgs& a, Checker& c) {
+  ValidateMatvec(a, BF16, MatvecRowStride(a.k), c);
+}
+
+void Validate(const MatvecFp8Args& a, Checker& c) {
+  ValidateMatvec(a, graph::F8E4M3, MatvecFp8RowStride(a.k), c);
+  c.Tensor("scales", a.scales, F32, U(a.row_begin) + a.rows);
+}
+
+Footprint Cost(const MatvecArgs& a, uint32_t) {
+  Footprint f;
+  f.weight_bytes = 2ull * a.rows * MatvecRowStride(a.k) + (a.bias != kNoTensor ? 2ull * a.rows : 0);
+  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
+  f.smem_bytes = MatvecActivationBytes(a.rows, a.k);
+  f.flops = 2ull * a.rows * a.k;
+  return f;
+}
+
+Footprint Cost(const MatvecFp8Args& a, uint32_t) {
+  Footprint f;
+  f.weight_bytes = 1ull * a.rows * MatvecFp8RowStride(a.k) + 4ull * a.rows + (a.bias != kNoTensor ? 2ull * a.rows : 0);
+  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
+  f.smem_bytes = MatvecFp8ActivationBytes(a.rows, a.k);
+  f.flops = 2ull * a.rows * a.k;
+  return f;
+}
+
+void Reference(const MatvecArgs& a, const MachineView& m) {
+  const std::vector<float> x = MatvecInput(a, m);
+  std::vector<float> y(a.rows);
+  const uint64_t stride = MatvecRowStride(a.k);
+  const uint16_t* w = m.ptr<uint16_t>(a.weight) + a.row_begin * stride;
+  for (uint32_t r = 0; r < a.rows; ++r) {
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) acc += x[j] * graph::Bf16ToFloat(w[r * stride + j]);
+    y[r] = acc;
+    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
+  }
+  MatvecEpilogue(a, m, y);
+}
+
+// The row's sum of e4m3 values times x, then times the row's scale (in f32): the graph evaluator's order.
+void Reference(const MatvecFp8Args& a, const MachineView& m) {
+  const std::vector<float> x = MatvecInput(a, m);
+  std::vector<float> y(a.rows);
+  const uint64_t stride = MatvecFp8RowStride(a.k);
+  const uint8_t* w = m.ptr<uint8_t>(a.weight) + a.row_begin * stride;
+  const float* scales = m.ptr<float>(a.scales) + a.row_begin;
+  for (uint32_t r = 0; r < a.rows; ++r) {
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) {
+      acc += x[j] * graph::E4m3ToFloat(w[r * stride + j / kMatvecFp8RowAlign * kMatvecFp8RowAlign +
+                                          MatvecFp8Position(j % kMatvecFp8RowAlign)]);
+    }
+    y[r] = acc * scales[r];
+    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
+  }
+  MatvecEpilogue(a, m, y);
 }
 
 }  // namespace loom::isa::ref

@@ -33,9 +33,14 @@ __device__ __forceinline__ void HookPlan(const isa::Instruction& inst, const Ker
                                          StepLength& length, ActivationPlan& plan) {
   if constexpr (kHasActivationHook<Args>) PlanActivation<kChunks>(inst.as<Args>(), p, step, length, plan);
 }
-#define LOOM_IF_HOOKED(name, args, ...) \
-  if (kHasActivationHook<isa::args> && inst.op() == isa::Opcode::name) __VA_ARGS__;
+// Only the opcodes kVariant compiles are tested (the others' tests compile away).
+#define LOOM_IF_HOOKED(name, args, ...)                                                                      \
+  if (kHasActivationHook<isa::args> &&                                                                      \
+      isa::VariantCompiles(static_cast<isa::KernelVariant>(kVariant), isa::Opcode::name) &&                 \
+      inst.op() == isa::Opcode::name)                                                                       \
+    __VA_ARGS__;
 
+template <uint32_t kVariant>
 __device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
 #define LOOM_READS_POSITION(name, args) LOOM_IF_HOOKED(name, args, return HookReadsPosition<isa::args>(inst))
   LOOM_OPCODE_LIST(LOOM_READS_POSITION)
@@ -43,19 +48,21 @@ __device__ __forceinline__ bool ReadsPosition(const isa::Instruction& inst) {
   return false;
 }
 // The KV-cache capacity of an instruction that reads the position (ReadsPosition).
+template <uint32_t kVariant>
 __device__ __forceinline__ uint32_t MaxSeqOf(const isa::Instruction& inst) {
 #define LOOM_MAX_SEQ(name, args) LOOM_IF_HOOKED(name, args, return HookMaxSeq<isa::args>(inst))
   LOOM_OPCODE_LIST(LOOM_MAX_SEQ)
 #undef LOOM_MAX_SEQ
   return 0;
 }
-// kChunks: ATTN_PARTIAL's rows that do not fit the slot may come through it in chunks (the decode variant's form:
-// the others read them from the caches, their consumers' registers spent elsewhere).
-template <bool kChunks>
+// kChunks (the decode variants): ATTN_PARTIAL's rows that do not fit the slot may come through it in chunks (the
+// others read them from the caches, their consumers' registers spent elsewhere).
+template <uint32_t kVariant>
 __device__ __forceinline__ ActivationPlan PlanActivations(const isa::Instruction& inst, const KernelParams& p,
                                                           uint32_t step, StepLength& length) {
+  constexpr bool kChunks = isa::IsDecodeVariant(kVariant);
   ActivationPlan plan;
-  plan.bytes = isa::ActivationBytes(inst);
+  plan.bytes = isa::ActivationBytes<kVariant>(inst);
 #define LOOM_PLAN(name, args) LOOM_IF_HOOKED(name, args, HookPlan<kChunks, isa::args>(inst, p, step, length, plan))
   LOOM_OPCODE_LIST(LOOM_PLAN)
 #undef LOOM_PLAN
@@ -122,17 +129,18 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     ActivationPlan plan;
     // A wait observed in the data is skipped below unless the plan must read the position after it: in a decode
     // program, only in the launch's first step (StepLength::Follow; the step's first RoPE tile on each SM).
-    const bool early = !ReadsPosition(inst) || (kVariant == isa::kDecodeKernel ? length.Follow(step, MaxSeqOf(inst))
-                                                                                : length.step == step);
-    if (early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
-    if (kVariant == isa::kDecodeKernel && early) CountEmptySplit(plan, s);
+    const bool early = !ReadsPosition<kVariant>(inst) ||
+                       (isa::IsDecodeVariant(kVariant) ? length.Follow(step, MaxSeqOf<kVariant>(inst))
+                                                       : length.step == step);
+    if (early) plan = PlanActivations<kVariant>(inst, p, step, length);
+    if (isa::IsDecodeVariant(kVariant) && early) CountEmptySplit(plan, s);
     // ATTN_PARTIAL with its rows (or chunks of them) in the slot, its position known: handed over before the waits,
     // so the consumers copy the rows earlier steps wrote (final: this SM's wait in the step before acquired them)
     // while the waits are polled (of a chunked split, its first chunk's); they copy q and this step's row after
     // `act_waited`.
     // (Only ATTN_PARTIAL's plan puts rows in the slot.)
     uint32_t slot = kMaxActivationSlots;
-    if (kVariant == isa::kDecodeKernel && early && (plan.flags & (kActivationKv | kActivationChunked)) &&
+    if (isa::IsDecodeVariant(kVariant) && early && (plan.flags & (kActivationKv | kActivationChunked)) &&
         inst.num_waits > 0) {
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
@@ -146,10 +154,10 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
       // ARGMAX_REDUCE wrote, and the plain wait is one (on each SM, the first RoPE instruction of a launch's first
       // step; later steps follow the position from the step before: StepLength::Follow).
       // (Decode programs only: the other variants observe every wait on its barrier and ignore the tags.)
-      if (kVariant == isa::kDecodeKernel && inst.waits[k].in_data() && early) continue;
+      if (isa::IsDecodeVariant(kVariant) && inst.waits[k].in_data() && early) continue;
       // An empty split reads nothing its waits order (its outputs and pairs are no longer read by the step before's
       // reduce: the SM's earlier instructions waited for that step to end).
-      if (kVariant == isa::kDecodeKernel && early && (plan.flags & kActivationEmpty)) continue;
+      if (isa::IsDecodeVariant(kVariant) && early && (plan.flags & kActivationEmpty)) continue;
       // Spinning, no backoff: a poll is one thread's round trip, and detecting the barrier up to 256 ns late cost
       // 1.4% ms/token (docs/history/performance_log.md).
       WaitGlobal(p.counters, inst.waits[k], step, p.error, sm, w.i - w.begin, inst.opcode, /*backoff=*/false);
@@ -157,8 +165,8 @@ __device__ void ActivationLoader(const KernelParams& p, const SharedLayout& s, u
     const uint64_t ready = p.trace != nullptr ? GlobalTimer() : 0;
     if (slot == kMaxActivationSlots) {
       // A plan that reads the position is made after the waits.
-      if (!early) plan = PlanActivations<kVariant == isa::kDecodeKernel>(inst, p, step, length);
-      if (kVariant == isa::kDecodeKernel && !early) CountEmptySplit(plan, s);
+      if (!early) plan = PlanActivations<kVariant>(inst, p, step, length);
+      if (isa::IsDecodeVariant(kVariant) && !early) CountEmptySplit(plan, s);
       slot = ring.Allocate(p, s, plan.bytes, w.Where(p, sm, inst.opcode, ring.made % p.activation_slots,
                                                      kStuckActivationWait));
       s.act_offset[slot] = ring.begin[slot];

@@ -117,11 +117,12 @@ __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 LOOM_DEVICE_ENTRY(EmbedArgs, RunEmbed(a, ctx))
 LOOM_DEVICE_ENTRY(RmsNormArgs, RunRmsNorm(a, ctx))
-LOOM_DEVICE_ENTRY(MatvecArgs, RunMatvec<kVariant == isa::kDecodeKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(MatvecArgs, RunMatvec<isa::IsDecodeVariant(kVariant)>(a, ctx))
+LOOM_DEVICE_ENTRY(MatvecFp8Args, RunMatvecFp8(a, ctx))
 LOOM_DEVICE_ENTRY(RopeAppendArgs, RunRopeAppend(a, ctx))
 LOOM_DEVICE_ENTRY(AttnPartialArgs,
-                  RunAttnPartial<kVariant == isa::kDecodeKernel, kVariant != isa::kDecodeKernel>(a, ctx))
-LOOM_DEVICE_ENTRY(AttnReduceArgs, RunAttnReduce<kVariant != isa::kDecodeKernel>(a, ctx))
+                  RunAttnPartial<isa::IsDecodeVariant(kVariant), kVariant != isa::kDecodeKernel>(a, ctx))
+LOOM_DEVICE_ENTRY(AttnReduceArgs, RunAttnReduce<!isa::IsDecodeVariant(kVariant)>(a, ctx))
 LOOM_DEVICE_ENTRY(SiluMulArgs, RunSiluMul(a, ctx))
 LOOM_DEVICE_ENTRY(AddArgs, RunAdd(a, ctx))
 LOOM_DEVICE_ENTRY(ArgmaxPartialArgs, RunArgmaxPartial(a, ctx))
@@ -176,12 +177,12 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     // Written now, not kept in a register across the opcode (the graph variant spills).
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
-    ctx.act_waited = kVariant == isa::kDecodeKernel ? &s.act_waited[act.index] : nullptr;  // (decode only)
+    ctx.act_waited = isa::IsDecodeVariant(kVariant) ? &s.act_waited[act.index] : nullptr;  // (decode only)
     ctx.act_phase = (waited_phases >> act.index) & 1u;
     // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
     // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
-    ctx.flags = kVariant == isa::kDecodeKernel ? inst.flags : 0;
-    ctx.ready = kVariant == isa::kDecodeKernel && p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
+    ctx.flags = isa::IsDecodeVariant(kVariant) ? inst.flags : 0;
+    ctx.ready = isa::IsDecodeVariant(kVariant) && p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
     ctx.act_length = static_cast<uint32_t>(info >> 32);
@@ -282,13 +283,14 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
 }  // namespace
 
 cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
-  static uint32_t configured_smem[4] = {0, 0, 0, 0};
+  static uint32_t configured_smem[isa::kNumKernelVariants] = {};
   const uint32_t variant = params.kernel_variant;
-  if (variant > isa::kWideKernel) return cudaErrorInvalidValue;
-  void* const kernels[4] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
-                            reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
-                            reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>),
-                            reinterpret_cast<void*>(Megakernel<isa::kWideKernel>)};
+  if (variant >= isa::kNumKernelVariants) return cudaErrorInvalidValue;
+  void* const kernels[isa::kNumKernelVariants] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
+                                                  reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
+                                                  reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>),
+                                                  reinterpret_cast<void*>(Megakernel<isa::kWideKernel>),
+                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeFp8Kernel>)};
   void* kernel = kernels[variant];
   if (configured_smem[variant] < smem_bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);

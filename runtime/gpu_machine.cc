@@ -109,6 +109,7 @@ std::array<uint32_t, 2> TaggedOutputs(const isa::Instruction& inst) {
   if ((inst.flags & isa::kFlagTagOut) == 0) return {kNone, kNone};
   switch (inst.op()) {
     case isa::Opcode::MATVEC: return {inst.as<isa::MatvecArgs>().out, kNone};
+    case isa::Opcode::MATVEC_FP8: return {inst.as<isa::MatvecFp8Args>().out, kNone};
     case isa::Opcode::ATTN_PARTIAL: {  // the fused merge's output, else the partials (ATTN_REDUCE reads them)
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
       return a.out != kNone ? std::array<uint32_t, 2>{a.out, kNone} : std::array<uint32_t, 2>{a.partial_o, a.partial_ml};
@@ -143,7 +144,7 @@ std::vector<std::pair<uint64_t, uint64_t>> TaggedRanges(const GpuProgram& p) {
 }
 
 const char* VariantName(isa::KernelVariant v) {
-  constexpr const char* kNames[] = {"decode", "tensor-core", "general-graph", "wide-tile"};
+  constexpr const char* kNames[] = {"decode", "tensor-core", "general-graph", "wide-tile", "FP8 decode"};
   return v < std::size(kNames) ? kNames[v] : "unknown";
 }
 

@@ -1,6 +1,7 @@
 #include "scheduler/data_waits.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -62,35 +63,46 @@ class StepUses {
     if (t < uses_.size()) uses_[t].writes.push_back({begin, end, inst, merge});
   }
 
+  // A MATVEC's or MATVEC_FP8's uses: its input read whole (taggable), its epilogue's writes.
+  template <typename Args>
+  void AddMatvec(const Args& a, size_t i) {
+    Other(a.weight);
+    if (a.prologue == isa::kPrologueRmsNorm) Other(a.norm_weight);
+    if (a.bias != isa::kNoTensor) Other(a.bias);
+    if (a.input < uses_.size()) {
+      if (a.k == elements_[a.input] && a.k % 4 == 0) uses_[a.input].input_readers.push_back(i);
+      else Other(a.input);
+    }
+    switch (a.epilogue) {
+      case isa::kEpilogueStore: Write(a.out, a.row_begin, uint64_t{a.row_begin} + a.rows, i); break;
+      case isa::kEpilogueResidualAdd:
+        Write(a.out, a.row_begin, uint64_t{a.row_begin} + a.rows, i);
+        if (a.residual < uses_.size()) uses_[a.residual].residual_readers.push_back(i);
+        break;
+      case isa::kEpilogueSiluMul:
+        if (a.row_begin % 2 == 0 && a.rows % 2 == 0) {
+          Write(a.out, a.row_begin / 2, (uint64_t{a.row_begin} + a.rows) / 2, i);
+        } else {
+          Other(a.out);
+        }
+        break;
+      case isa::kEpilogueRopeKvAppend:
+        Other(a.out), Other(a.k_cache), Other(a.v_cache), Other(a.step_state), Other(a.rope_table);
+        break;
+      default:
+        Other(a.out);
+        if constexpr (std::is_same_v<Args, isa::MatvecArgs>) Other(a.partials);
+        break;
+    }
+  }
+
   void Add(const Inst& inst, size_t i) {
     switch (inst.op()) {
-      case Opcode::MATVEC: {
-        const isa::MatvecArgs& a = inst.as<isa::MatvecArgs>();
-        Other(a.weight);
-        if (a.prologue == isa::kPrologueRmsNorm) Other(a.norm_weight);
-        if (a.bias != isa::kNoTensor) Other(a.bias);
-        if (a.input < uses_.size()) {
-          if (a.k == elements_[a.input] && a.k % 4 == 0) uses_[a.input].input_readers.push_back(i);
-          else Other(a.input);
-        }
-        switch (a.epilogue) {
-          case isa::kEpilogueStore: Write(a.out, a.row_begin, uint64_t{a.row_begin} + a.rows, i); break;
-          case isa::kEpilogueResidualAdd:
-            Write(a.out, a.row_begin, uint64_t{a.row_begin} + a.rows, i);
-            if (a.residual < uses_.size()) uses_[a.residual].residual_readers.push_back(i);
-            break;
-          case isa::kEpilogueSiluMul:
-            if (a.row_begin % 2 == 0 && a.rows % 2 == 0) {
-              Write(a.out, a.row_begin / 2, (uint64_t{a.row_begin} + a.rows) / 2, i);
-            } else {
-              Other(a.out);
-            }
-            break;
-          case isa::kEpilogueRopeKvAppend:
-            Other(a.out), Other(a.k_cache), Other(a.v_cache), Other(a.step_state), Other(a.rope_table);
-            break;
-          default: Other(a.out), Other(a.partials); break;
-        }
+      case Opcode::MATVEC: AddMatvec(inst.as<isa::MatvecArgs>(), i); break;
+      case Opcode::MATVEC_FP8: {
+        const isa::MatvecFp8Args& a = inst.as<isa::MatvecFp8Args>();
+        Other(a.scales);
+        AddMatvec(a, i);
         break;
       }
       case Opcode::ATTN_PARTIAL: {

@@ -49,18 +49,23 @@ uint32_t Lowering::ArenaTensorFor(const std::string& name) {
 }
 
 uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowOrder order, uint32_t head_dim,
-                                   uint32_t num_kv_heads) {
-  const std::string key = absl::StrCat(RowOrder_Name(order), ":", absl::StrJoin(sources, "+"));
+                                   uint32_t num_kv_heads, bool allow_fp8) {
+  // FP8 sources stay FP8 where every source is one (and the reader has an FP8 form: allow_fp8); otherwise they are
+  // widened to bf16 as they are packed.
+  bool fp8 = allow_fp8;
+  for (const std::string& s : sources) fp8 = fp8 && graph_.tensor(s).dtype() == graph::F8E4M3;
+  const std::string key = absl::StrCat(RowOrder_Name(order), fp8 ? ":fp8:" : ":", absl::StrJoin(sources, "+"));
   if (auto it = packed_ids_.find(key); it != packed_ids_.end()) return it->second;
   // A vector [n] packs as a column (cols 1); a matrix's rows are padded to the matvec row stride.
   int64_t rows = 0;
   const graph::TensorDef& first = graph_.tensor(sources[0]);
   const int64_t cols = first.shape_size() == 1 ? 1 : first.shape(first.shape_size() - 1);
-  const int64_t stride = first.shape_size() == 1 ? 1 : isa::MatvecRowStride(static_cast<uint32_t>(cols));
+  const int64_t stride = first.shape_size() == 1 ? 1
+                         : fp8                   ? isa::MatvecFp8RowStride(static_cast<uint32_t>(cols))
+                                                 : isa::MatvecRowStride(static_cast<uint32_t>(cols));
   for (const std::string& s : sources) rows += graph::NumElements(graph_.tensor(s)) / cols;
-  const std::string name =
-      sources.size() == 1 ? absl::StrCat("packed:", sources[0]) : absl::StrCat("packed:", absl::StrJoin(sources, "+"));
-  const uint32_t id = AddTensor(name, graph::BF16, {rows, stride}, WEIGHTS);
+  const std::string name = absl::StrCat("packed", fp8 ? "-fp8:" : ":", absl::StrJoin(sources, "+"));
+  const uint32_t id = AddTensor(name, fp8 ? graph::F8E4M3 : graph::BF16, {rows, stride}, WEIGHTS);
   PackedWeight pw;
   pw.set_tensor(name);
   for (const std::string& s : sources) pw.add_sources(s);
@@ -69,8 +74,20 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
   pw.set_row_stride(stride);
   pw.set_head_dim(head_dim);
   pw.set_num_kv_heads(num_kv_heads);
+  if (fp8) pw.set_dtype(graph::F8E4M3);
   p_.packing.push_back(pw);
   packed_ids_[key] = id;
+  if (fp8) {  // the rows' scales beside them, in the same order
+    const std::string scales = absl::StrCat("scales:", absl::StrJoin(sources, "+"));
+    fp8_scales_[id] = AddTensor(scales, graph::F32, {rows}, WEIGHTS);
+    PackedWeight ps = pw;
+    ps.set_tensor(scales);
+    ps.set_dtype(graph::F32);
+    ps.set_row_scales(true);
+    ps.set_cols(1);
+    ps.set_row_stride(1);
+    p_.packing.push_back(ps);
+  }
   return id;
 }
 

@@ -67,8 +67,10 @@ class Lowering {
   // ---- tables ----
   uint32_t AddTensor(const std::string& name, graph::DType dtype, std::vector<int64_t> shape, Region region);
   uint32_t ArenaTensorFor(const std::string& graph_tensor);
+  // The sources packed as one tensor in `order` (rows padded to the matvec row stride). FP8 weights stay FP8 when
+  // every source is one and allow_fp8 (their scales in fp8_scales_), else they are widened to bf16.
   uint32_t PackedWeightFor(const std::vector<std::string>& sources, RowOrder order, uint32_t head_dim = 0,
-                           uint32_t num_kv_heads = 0);
+                           uint32_t num_kv_heads = 0, bool allow_fp8 = true);
   uint32_t RopeTable(const graph::RopeAttrs& rope);
 
   // ---- barriers and waits ----
@@ -135,6 +137,7 @@ class Lowering {
   Program p_;
   absl::flat_hash_map<std::string, uint32_t> tensor_ids_;
   absl::flat_hash_map<std::string, uint32_t> packed_ids_;
+  absl::flat_hash_map<uint32_t, uint32_t> fp8_scales_;      // FP8 packed weight -> its rows' scales (f32)
   absl::flat_hash_map<std::string, uint32_t> rope_tables_;  // by serialized RopeAttrs
   absl::Status error_;                                      // first problem found while emitting
   absl::flat_hash_map<std::string, Producer> ready_;

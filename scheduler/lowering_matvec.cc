@@ -9,6 +9,21 @@
 
 namespace loom::scheduler::lowering_internal {
 
+namespace {
+
+// A tile of an FP8 weight: MATVEC's fields, the rows' scales for its argmax partials (which FP8 tiles never have).
+isa::MatvecFp8Args Fp8Tile(const isa::MatvecArgs& a, uint32_t scales) {
+  isa::MatvecFp8Args f{};
+  f.weight = a.weight, f.row_begin = a.row_begin, f.rows = a.rows, f.k = a.k, f.input = a.input;
+  f.prologue = a.prologue, f.norm_weight = a.norm_weight, f.norm_eps = a.norm_eps, f.epilogue = a.epilogue;
+  f.out = a.out, f.residual = a.residual, f.k_cache = a.k_cache, f.v_cache = a.v_cache, f.step_state = a.step_state;
+  f.rope_table = a.rope_table, f.heads_per_group = a.heads_per_group, f.num_kv_heads = a.num_kv_heads;
+  f.head_dim = a.head_dim, f.max_seq = a.max_seq, f.scales = scales, f.tile_index = a.tile_index, f.bias = a.bias;
+  return f;
+}
+
+}  // namespace
+
 void Lowering::SetMatvecInput(const std::string& x, isa::MatvecArgs* args, std::vector<uint32_t>* ready) {
   if (auto it = deferred_norms_.find(x); it != deferred_norms_.end()) {
     args->input = ArenaTensorFor(it->second.x);
@@ -29,10 +44,21 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
                                                    " columns; the input vector is copied in 16-byte units, so the "
                                                    "column count must be a multiple of 4"));
   }
-  if (isa::MatvecActivationBytes(g.granule, g.k) > o_.smem().activation_bytes() && error_.ok()) {
+  // An FP8 weight (PackedWeightFor kept it so): MATVEC_FP8 tiles, the rows' scales beside the weight.
+  const auto fp8 = fp8_scales_.find(g.weight);
+  const bool is_fp8 = fp8 != fp8_scales_.end();
+  auto activation_bytes = [&](uint64_t rows) {
+    return is_fp8 ? isa::MatvecFp8ActivationBytes(static_cast<uint32_t>(rows), g.k)
+                  : isa::MatvecActivationBytes(static_cast<uint32_t>(rows), g.k);
+  };
+  if (activation_bytes(g.granule) > o_.smem().activation_bytes() && error_.ok()) {
     error_ = absl::UnimplementedError(absl::StrCat(
-        "'", g.op, "': its input of ", g.k, " floats needs ", isa::MatvecActivationBytes(g.granule, g.k),
+        "'", g.op, "': its input of ", g.k, " floats needs ", activation_bytes(g.granule),
         " bytes of activation ring; smem.activation_bytes is ", o_.smem().activation_bytes()));
+  }
+  if (is_fp8 && o_.smem().page_bytes() != isa::kDecodePageBytes && error_.ok()) {
+    error_ = absl::UnimplementedError(absl::StrCat("'", g.op, "': an FP8 matvec streams ", isa::kDecodePageBytes,
+                                                   "-byte pages only; smem.page_bytes is ", o_.smem().page_bytes()));
   }
   const int group = NewGroup(g.name);
   const std::vector<isa::Wait> waits = WaitsFor(g.ready);
@@ -44,9 +70,9 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
   }
   rows_per_tile = std::max<uint64_t>(g.granule, (rows_per_tile + g.granule - 1) / g.granule * g.granule);
   // A tile's input vector and partial sums must fit an SM's activation buffer.
-  const uint64_t per_row = isa::MatvecActivationBytes(1, g.k) - isa::MatvecActivationBytes(0, g.k);
-  const uint64_t fit = o_.smem().activation_bytes() > isa::MatvecActivationBytes(0, g.k)
-                           ? (o_.smem().activation_bytes() - isa::MatvecActivationBytes(0, g.k)) / per_row
+  const uint64_t per_row = activation_bytes(1) - activation_bytes(0);
+  const uint64_t fit = o_.smem().activation_bytes() > activation_bytes(0)
+                           ? (o_.smem().activation_bytes() - activation_bytes(0)) / per_row
                            : 0;
   rows_per_tile = std::min(rows_per_tile, std::max<uint64_t>(g.granule, fit / g.granule * g.granule));
 
@@ -72,7 +98,8 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
       a.row_begin = static_cast<uint32_t>(bounds[t]);
       a.rows = static_cast<uint32_t>(bounds[t + 1] - bounds[t]);
       a.tile_index = tile_index++;
-      Emit(Make(Opcode::MATVEC, a), barrier, waits, g.op, group);
+      Emit(is_fp8 ? Make(Opcode::MATVEC_FP8, Fp8Tile(a, fp8->second)) : Make(Opcode::MATVEC, a), barrier, waits,
+           g.op, group);
     }
   }
   return barriers;
@@ -112,8 +139,10 @@ std::optional<absl::Status> Lowering::TryGateUp(const OpDef& linear) {
 
 absl::Status Lowering::LowerLinear(const OpDef& op) {
   if (graph_.tensor(op.inputs(0)).shape(0) != 1) return Unsupported(op, "only batch-1 (decode) LINEARs are lowered");
-  if (graph_.tensor(op.inputs(1)).kind() != graph::WEIGHT || graph_.tensor(op.inputs(1)).dtype() != graph::BF16) {
-    return Unsupported(op, "the matvec weight must be a bf16 weight");
+  const graph::DType weight_dtype = graph_.tensor(op.inputs(1)).dtype();
+  if (graph_.tensor(op.inputs(1)).kind() != graph::WEIGHT ||
+      (weight_dtype != graph::BF16 && weight_dtype != graph::F8E4M3)) {
+    return Unsupported(op, "the matvec weight must be a bf16 or FP8 weight");
   }
   if (std::optional<absl::Status> s = TryQkv(op)) return *s;
   if (consumed_.contains(op.name())) return absl::OkStatus();
@@ -123,7 +152,16 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
   MatvecGroup g;
   g.name = op.name();
   g.op = op.name();
-  g.weight = PackedWeightFor({op.inputs(1)}, ROWS_IDENTITY);
+  const std::vector<const OpDef*> consumers = graph_.consumers(out);
+  const OpDef* argmax = nullptr;
+  for (const OpDef* c : consumers) {
+    if (c->type() == graph::ARGMAX) argmax = c;
+  }
+  const bool residual_add = o_.fusion().residual_add() && consumers.size() == 1 &&
+                            consumers[0]->type() == graph::ADD && !graph_.tensor(out).is_output();
+  const bool argmax_head = !residual_add && o_.fusion().lm_head_argmax() && argmax != nullptr && consumers.size() == 1;
+  // The argmax epilogue is MATVEC's alone: an FP8 LM head read so is widened to bf16.
+  g.weight = PackedWeightFor({op.inputs(1)}, ROWS_IDENTITY, 0, 0, !argmax_head);
   g.rows = static_cast<uint64_t>(graph_.tensor(op.inputs(1)).shape(0));
   g.k = static_cast<uint32_t>(graph_.tensor(op.inputs(1)).shape(1));
   if (op.inputs_size() == 3) g.args.bias = PackedWeightFor({op.inputs(2)}, ROWS_IDENTITY);
@@ -131,13 +169,7 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
   g.args.epilogue = isa::kEpilogueStore;
   std::string result = out;
 
-  const std::vector<const OpDef*> consumers = graph_.consumers(out);
-  const OpDef* argmax = nullptr;
-  for (const OpDef* c : consumers) {
-    if (c->type() == graph::ARGMAX) argmax = c;
-  }
-  if (o_.fusion().residual_add() && consumers.size() == 1 && consumers[0]->type() == graph::ADD &&
-      !graph_.tensor(out).is_output()) {
+  if (residual_add) {
     const OpDef& add = *consumers[0];
     const std::string& residual = add.inputs(0) == out ? add.inputs(1) : add.inputs(0);
     g.args.epilogue = isa::kEpilogueResidualAdd;
@@ -147,7 +179,7 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
     g.op = absl::StrCat(op.name(), ",", add.name());
     result = add.outputs(0);
     consumed_.insert(add.name());
-  } else if (o_.fusion().lm_head_argmax() && argmax != nullptr && consumers.size() == 1) {
+  } else if (argmax_head) {
     g.args.epilogue = isa::kEpilogueArgmaxPartial;
     g.op = absl::StrCat(op.name(), ",", argmax->name(), ".partial");
   }

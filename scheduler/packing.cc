@@ -45,9 +45,19 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
     if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
     const bool f32 = p.dtype() == graph::F32;
-    const uint64_t elem = f32 ? 4 : 2;
-    if (f32 && (p.tile_rows() != 0 || p.order() != ROWS_IDENTITY)) {
+    const bool fp8 = p.dtype() == graph::F8E4M3;    // e4m3 bytes of FP8 sources
+    const bool row_scales = p.row_scales();         // the FP8 sources' row scales, one f32 a row
+    const uint64_t elem = f32 ? 4 : fp8 ? 1 : 2;
+    if (f32 && (p.tile_rows() != 0 || (p.order() != ROWS_IDENTITY && !row_scales))) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
+    }
+    if ((fp8 || row_scales) &&
+        (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || (row_scales && !f32) ||
+         (row_scales && (cols != 1 || stride != 1)) ||
+         (fp8 && (stride % isa::kMatvecFp8RowAlign != 0 || stride != isa::MatvecFp8RowStride(cols))))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("packing '", p.tensor(), "': FP8 rows and their scales are matvec rows (stride ",
+                       isa::MatvecFp8RowStride(static_cast<uint32_t>(cols)), ", scales f32 [rows])"));
     }
     const bool transposed = p.order() == ROWS_TRANSPOSED;
     // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
@@ -57,7 +67,8 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': columns in runs of ", run,
                                                      " padded to ", padded, " do not fit ", cols, " bf16 columns"));
     }
-    const uint64_t src_width = grouped ? cols / padded * run : cols;
+    // The FP8 sources' row scales: one per row of each source (a [rows, K] weight).
+    const uint64_t src_width = grouped ? cols / padded * run : row_scales ? 0 : cols;
     auto column = [&](uint64_t c) { return grouped ? c / run * padded + c % run : c; };
     std::vector<const graph::HostTensor*> src;
     std::vector<const std::string*> src_names;
@@ -72,15 +83,20 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       const int64_t size = w->second.size();
       const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
                                : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
-      if ((w->second.dtype != graph::BF16 && w->second.dtype != graph::F32) ||
-          src_cols != static_cast<int64_t>(src_width)) {
+      const graph::DType d = w->second.dtype;
+      if ((fp8 || row_scales) && (d != graph::F8E4M3 || (fp8 && src_cols != static_cast<int64_t>(cols)))) {
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
-                                                       "' is not bf16 or f32 with ", src_width,
+                                                       "' is not an FP8 weight with ", cols, " columns"));
+      }
+      if (!fp8 && !row_scales &&
+          ((d != graph::BF16 && d != graph::F32 && d != graph::F8E4M3) || src_cols != static_cast<int64_t>(src_width))) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                       "' is not bf16, f32 or FP8 with ", src_width,
                                                        transposed ? " rows (transposed)" : " columns"));
       }
       src.push_back(&w->second);
       src_names.push_back(&name);
-      rows += static_cast<uint64_t>(w->second.size()) / src_width;
+      rows += row_scales ? static_cast<uint64_t>(shape[0]) : static_cast<uint64_t>(w->second.size()) / src_width;
     }
     const bool ranged = p.source_rows() > 0;
     if (ranged) {
@@ -101,7 +117,7 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     }
     if (!image && rows * stride * elem != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
-                                                     " rows, the tensor has room for ", dst.bytes() / (stride * 2)));
+                                                     " rows, the tensor has room for ", dst.bytes() / (stride * elem)));
     }
     // Row-major rows go straight to the region (zero-filled: the padding stays zero); an image's rows are
     // ordered first, then swizzled.
@@ -116,6 +132,21 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
       uint8_t* to = out + packed_row * stride * elem;
+      if (row_scales) {  // the row's scale
+        const float scale = t->f32[row];
+        if (!std::isfinite(scale)) refuse(t);
+        std::memcpy(to, &scale, 4);
+        return;
+      }
+      if (fp8) {  // e4m3 bytes, each 512-column run in the device's lane order
+        const uint8_t* from = t->f8.data() + row * cols;
+        for (uint64_t c = 0; c < cols; ++c) {
+          if ((from[c] & 0x7f) == 0x7f) refuse(t);  // e4m3's NaN
+          to[c / isa::kMatvecFp8RowAlign * isa::kMatvecFp8RowAlign +
+             isa::MatvecFp8Position(static_cast<uint32_t>(c % isa::kMatvecFp8RowAlign))] = from[c];
+        }
+        return;
+      }
       if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
         const uint16_t* from = t->bf16.data() + row * cols;
         if (AnyNonFinite(from, cols)) refuse(t);
@@ -146,12 +177,13 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         }
         uint64_t r = 0;
         for (const graph::HostTensor* t : src) {
-          for (uint64_t i = 0; i < static_cast<uint64_t>(t->size()) / src_width; ++i) copy_row(r++, t, i);
+          const uint64_t n = row_scales ? static_cast<uint64_t>(t->shape[0]) : static_cast<uint64_t>(t->size()) / src_width;
+          for (uint64_t i = 0; i < n; ++i) copy_row(r++, t, i);
         }
         break;
       }
       case ROWS_INTERLEAVE_PAIRS: {
-        if (src.size() != 2 || src[0]->size() != src[1]->size()) {
+        if (src.size() != 2 || src[0]->size() != src[1]->size() || src[0]->shape != src[1]->shape) {
           return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': interleaving needs two equal sources"));
         }
         for (uint64_t i = 0; i < rows / 2; ++i) {
@@ -162,12 +194,13 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       }
       case ROWS_QKV_GROUPED: {
         const uint64_t hd = p.head_dim(), kv = p.num_kv_heads();
-        if (src.size() != 3 || hd == 0 || kv == 0 || src[1]->size() != static_cast<int64_t>(kv * hd * cols) ||
-            src[2]->size() != src[1]->size() || (src[0]->size() / cols) % (kv * hd) != 0) {
+        auto src_rows = [&](int i) { return static_cast<uint64_t>(src[i]->shape.empty() ? 0 : src[i]->shape[0]); };
+        if (src.size() != 3 || hd == 0 || kv == 0 || src_rows(1) != kv * hd || src_rows(2) != kv * hd ||
+            src[2]->size() != src[1]->size() || src_rows(0) % (kv * hd) != 0) {
           return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': q, k, v do not fit ", kv,
                                                          " KV heads of dimension ", hd));
         }
-        const uint32_t group = static_cast<uint32_t>(src[0]->size() / cols / (kv * hd));
+        const uint32_t group = static_cast<uint32_t>(src_rows(0) / (kv * hd));
         for (uint64_t r = 0; r < rows; ++r) {
           const isa::QkvRow row = isa::QkvGroupedRow(static_cast<uint32_t>(r), group, static_cast<uint32_t>(hd));
           copy_row(r, src[row.kind], uint64_t{row.head} * hd + row.dim);

@@ -109,7 +109,7 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
   };
   for (const PackedWeight& p : s.packing()) {
     const int id = find(p.tensor());
-    const graph::DType dtype = p.dtype() == graph::F32 ? graph::F32 : graph::BF16;
+    const graph::DType dtype = p.dtype() == graph::F32 || p.dtype() == graph::F8E4M3 ? p.dtype() : graph::BF16;
     if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != dtype) {
       return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a ", graph::DTypeName(dtype),
                                " tensor in WEIGHTS"));

@@ -115,6 +115,27 @@ Settings Build_MATVEC(OpBench& b, Queue& queue) {
   return {.partial = {a.out}};
 }
 
+// The same over an FP8 weight of 1536 columns (x read from shared memory, 512-column slots), the SiLU-mul epilogue.
+Settings Build_MATVEC_FP8(OpBench& b, Queue& queue) {
+  constexpr uint32_t kRows = 24, kK = 1536, kTotal = kRows + 2;
+  isa::MatvecFp8Args a{};
+  a.weight = RandomWeight(b, uint64_t{kTotal} * isa::MatvecFp8RowStride(kK), graph::F8E4M3);
+  a.scales = RandomWeight(b, kTotal, graph::F32, 0.01f, 0.1f);
+  a.row_begin = 2;
+  a.rows = kRows;
+  a.k = kK;
+  a.input = RandomArena(b, kK);
+  a.prologue = isa::kPrologueRmsNorm;
+  a.norm_weight = RandomWeight(b, kK, graph::BF16, 0.5f, 1.5f);
+  a.norm_eps = 1e-5f;
+  a.epilogue = isa::kEpilogueSiluMul;
+  a.out = b.Output(kTotal / 2);
+  a.bias = RandomWeight(b, kTotal);
+  a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = kNoTensor;
+  Push(queue, Op::MATVEC_FP8, a);
+  return {.partial = {a.out}};  // the first pair is not the tile's
+}
+
 // 4 query heads on 2 KV heads of 32 with Qwen3's per-head norms, appended at position 5 of 8.
 Settings Build_ROPE_KV_APPEND(OpBench& b, Queue& queue) {
   constexpr uint32_t kHeads = 4, kKv = 2, kDim = 32, kSeq = 8;

@@ -112,6 +112,70 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   }
 }
 
+// MATVEC_FP8's three streaming forms (x in registers: rows that tile a 16 KB page in 2048-column slots; x read per
+// run with 2048- or 512-column slots), every prologue and epilogue, rows padded to 512 columns (k 600, 100: random
+// bytes in the padding, so an input that is not zero-padded shows), tiles ending inside a page.
+TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t rows, k, total_rows; };
+  const std::vector<Case> cases = {{24, 2048, 60}, {64, 4096, 200}, {30, 8192, 64},  {9, 16384, 12}, {12, 1536, 40},
+                                   {10, 6144, 30}, {5, 14336, 12},  {7, 600, 20},    {3, 100, 8},    {334, 1024, 1000}};
+  for (const Case& c : cases) {
+    for (uint32_t epilogue : {isa::kEpilogueStore, isa::kEpilogueResidualAdd, isa::kEpilogueSiluMul,
+                              isa::kEpilogueRopeKvAppend}) {
+      for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
+        const uint32_t seed = Seed();
+        OpBench b(seed);
+        isa::MatvecFp8Args a{};
+        a.rows = c.rows + (c.rows % 2);  // pairs for the RoPE and SiLU epilogues
+        a.k = c.k;
+        a.row_begin = 2;
+        uint32_t total = c.total_rows + a.rows + 2;
+        const uint64_t stride = isa::MatvecFp8RowStride(c.k);
+        const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;  // every epilogue with and without
+        a.input = b.Arena(c.k);
+        b.FillRandom(a.input);
+        a.prologue = prologue;
+        a.norm_weight = b.Weight(c.k);
+        b.FillRandom(a.norm_weight, 0.5f, 1.5f);
+        a.norm_eps = 1e-5f;
+        a.epilogue = epilogue;
+        a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
+        std::string what = absl::StrCat("MATVEC_FP8 rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
+                                        epilogue, biased ? " bias" : "", " seed ", seed);
+        if (epilogue == isa::kEpilogueRopeKvAppend) {  // 2 KV heads of dim 16 with 3 query heads each: 160 rows
+          a.head_dim = 16;
+          a.heads_per_group = 3;
+          a.num_kv_heads = 2;
+          a.max_seq = 8;
+          a.row_begin = 0;
+          a.rows = total = 160;
+          a.out = b.Output(3 * 2 * 16);
+          a.k_cache = b.Output(2 * 8 * 16);
+          a.v_cache = b.Output(2 * 8 * 16);
+          a.step_state = b.Arena(4, graph::I32);
+          b.SetState(a.step_state, 5, 1);
+          a.rope_table = b.Weight(8 + 1, graph::F32);
+          b.FillRandom(a.rope_table, 0.001f, 1.0f);
+          what += " (rope)";
+        } else if (epilogue == isa::kEpilogueSiluMul) {
+          a.out = b.Output(total / 2 + 1);
+        } else {
+          a.out = b.Output(total);
+          a.residual = b.Arena(total);
+          b.FillRandom(a.residual);
+        }
+        a.weight = b.Weight(uint64_t{total} * stride, graph::F8E4M3);
+        b.FillRandom(a.weight);
+        a.scales = b.Weight(total, graph::F32);
+        b.FillRandom(a.scales, 0.001f, 0.1f);
+        a.bias = biased ? b.Weight(total) : isa::kNoTensor;
+        if (biased) b.FillRandom(a.bias);
+        b.RunAndCompare({Make(isa::Opcode::MATVEC_FP8, a)}, what);
+      }
+    }
+  }
+}
 
 // Split-KV decode attention, the reduce as ATTN_REDUCE instructions or folded into the last split of each KV head
 // (an arrival counter per KV head, zero again afterwards: compared too), in activation slots of 48, 30 (what twelve

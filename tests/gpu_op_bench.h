@@ -233,6 +233,8 @@ class OpBench {
     std::uniform_real_distribution<float> d(lo, hi);
     if (table_[id].dtype == graph::BF16) {
       for (uint64_t i = 0; i < table_[id].bytes / 2; ++i) Data<uint16_t>(id)[i] = graph::FloatToBf16(d(rng_));
+    } else if (table_[id].dtype == graph::F8E4M3) {  // the nearest e4m3 values (subnormals and zeros among them)
+      for (uint64_t i = 0; i < table_[id].bytes; ++i) Data<uint8_t>(id)[i] = graph::FloatToE4m3(d(rng_));
     } else {
       for (uint64_t i = 0; i < table_[id].bytes / 4; ++i) Data<float>(id)[i] = d(rng_);
     }

@@ -648,7 +648,7 @@ std::string DepthwiseConvolution() {
 
 // Every opcode of the table is emitted by some lowering (an opcode none emits is dead code in the table and the
 // kernel): a decode step of random:tiny with every fusion on and with every fusion off, its prefill pass (20 rows:
-// split projections, sliced folds), a gated-conv decode step, and general-graph passes (convolutions whole, by
+// split projections, sliced folds), a decode step of its FP8 form, a gated-conv decode step, and general-graph passes (convolutions whole, by
 // IM2COL and depthwise, a pool, a padded image copy, an encoder block). tests/every_opcode_test.cc runs each opcode.
 TEST(GraphPass, EveryOpcodeIsEmittedBySomeLowering) {
   std::set<std::string> emitted;
@@ -674,6 +674,15 @@ TEST(GraphPass, EveryOpcodeIsEmittedBySomeLowering) {
         add(*pass);
       }
     }
+  }
+  {
+    graph::ModelOptions fp8 = mo;
+    fp8.scheme = "FP8";
+    absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", fp8);
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    add(*s);
   }
   struct Onnx {
     std::string bytes;

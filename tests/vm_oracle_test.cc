@@ -192,6 +192,61 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
   }
 }
 
+// Projections stored FP8 (random:<preset> --scheme=FP8: e4m3 with a power-of-two scale per row): decode runs them
+// as MATVEC_FP8 tiles (the LM head stays a bf16 MATVEC) and matches the oracle on the same weights (1e-5, identical
+// tokens); a one-pass prefill reads them widened to bf16 (exact with power-of-two scales), then decode, likewise.
+TEST(VmOracleFp8, Fp8ProjectionsDecodeAndPrefillMatchTheOracle) {
+  // (qwen2: q/k/v biases, head_dim 32, which the prefill pass does not cover)
+  for (const auto& [spec, prefill] : std::vector<std::pair<std::string, bool>>{{"random:tiny", true},
+                                                                               {"random:tiny-qwen2", false}}) {
+    graph::ModelOptions mo;
+    mo.max_seq = 128;
+    mo.scheme = "FP8";
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
+    int fp8_weights = 0;
+    for (const graph::TensorDef& t : m->graph.def().tensors()) fp8_weights += t.dtype() == graph::F8E4M3 ? 1 : 0;
+    EXPECT_EQ(fp8_weights, 7 * m->config.num_layers) << spec;  // q, k, v, o, gate, up, down
+    const std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    scheduler::CompileOptions o;
+    o.set_num_sms(6);
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*s);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    int fp8_tiles = 0, bf16_tiles = 0;
+    for (const auto& queue : decoded->queues) {
+      for (const isa::Instruction& inst : queue) {
+        fp8_tiles += inst.op() == isa::Opcode::MATVEC_FP8 ? 1 : 0;
+        bf16_tiles += inst.op() == isa::Opcode::MATVEC ? 1 : 0;
+      }
+    }
+    EXPECT_GT(fp8_tiles, 0) << spec;
+    EXPECT_GT(bf16_tiles, 0) << spec << ": the LM head";
+    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> steps = runtime::ReferenceVm::Create(*s, m->weights);
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    ASSERT_TRUE((*steps)->Reset(prompt).ok());
+    for (size_t step = 0; step + 1 < prompt.size() + 16; ++step) {
+      ASSERT_TRUE((*steps)->Run(1).ok());
+      ASSERT_LE(RelativeError((*steps)->logits(), oracle->logits[step]), kLogitTolerance) << spec << " step " << step;
+    }
+    EXPECT_EQ((*steps)->tokens(), oracle->tokens) << spec;
+    if (!prefill) continue;
+
+    // The prompt as one pass, then decode.
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, static_cast<int>(prompt.size()));
+    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
+    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
+    ASSERT_TRUE(vm.ok()) << vm.status();
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+    ASSERT_TRUE((*vm)->Run(15).ok());
+    EXPECT_EQ((*vm)->tokens(), oracle->tokens) << spec << " after a prefill pass";
+  }
+}
+
 // The gated depthwise-conv LM (no attention): decode steps carry each layer's conv state from token to token
 // (CONV1D on the VM against the oracle, 1e-5), and a one-pass prefill (the general graph lowering over the prompt's
 // rows, continuing from and leaving the conv states) matches the oracle consuming the prompt token by token: the

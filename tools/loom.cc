@@ -76,7 +76,12 @@ ABSL_FLAG(bool, check, false,
 ABSL_FLAG(std::string, trace, "", "run --backend=gpu: write a Chrome trace JSON of every instruction here");
 ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per kernel launch (0: all in one)");
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
-ABSL_FLAG(std::string, scheme, "", "quantize: FP8 (e4m3, a scale per row), W4A16 (int4, a scale per group) or W8A16");
+ABSL_FLAG(std::string, scheme, "",
+          "quantize: FP8 (e4m3, a scale per row), W4A16 (int4, a scale per group) or W8A16; compile / run of "
+          "random:<preset>: FP8 generates the projections as FP8 (a power-of-two scale per row)");
+ABSL_FLAG(bool, widen_quantized, false,
+          "widen every quantized weight of a checkpoint to bf16 as it is read, FP8 ones too (they are computed with "
+          "as stored otherwise)");
 ABSL_FLAG(int32_t, group_size, 128, "quantize --scheme=W4A16: columns per scale");
 ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
@@ -99,11 +104,11 @@ const std::vector<Command>& Commands() {
       {"compile",
        "loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] [--prefill_rows=N] --out=schedule.pb",
        {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed",
-        "prefill_rows", "verify"}},
+        "prefill_rows", "verify", "scheme", "widen_quantized"}},
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
-        "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat"}},
+        "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat", "scheme", "widen_quantized"}},
       {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed"}},
       {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
        {"model", "out", "scheme", "group_size", "seed"}},
@@ -154,6 +159,12 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   mo.max_seq = static_cast<int>(options.max_seq());
   mo.request = request;
   mo.seed = absl::GetFlag(FLAGS_seed);
+  mo.scheme = absl::GetFlag(FLAGS_scheme);
+  mo.widen_quantized = absl::GetFlag(FLAGS_widen_quantized);
+  if (!mo.scheme.empty() && !absl::StartsWith(absl::GetFlag(FLAGS_model), "random:")) {
+    return absl::InvalidArgumentError(absl::StrCat("--scheme=", mo.scheme, " generates random weights; a folder's ",
+                                                   "weights are as its config.json's quantization_config says"));
+  }
   // Loaded to run: the host must also hold the packed weights (the prefill pass's images too, unless prefill is
   // off) and the KV cache.
   mo.packed_copies = weights ? (!options.has_prefill() || options.prefill() ? 2 : 1) : 0;
@@ -439,6 +450,7 @@ int ExportCommand() {
   }
   graph::ModelOptions mo;
   mo.seed = absl::GetFlag(FLAGS_seed);
+  mo.widen_quantized = true;  // an exported folder holds bf16 weights
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return Fail(model.status());
   if (absl::Status s = graph::ExportModel(*model, absl::GetFlag(FLAGS_out)); !s.ok()) return Fail(s);

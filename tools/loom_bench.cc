@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, contexts, "128,1024", "comma-separated context lengths to
 ABSL_FLAG(int32_t, tokens, 128, "tokens generated per timed run");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per context (median reported)");
 ABSL_FLAG(int32_t, max_seq, 2048, "KV-cache capacity");
+ABSL_FLAG(std::string, scheme, "", "random models: FP8 generates the projections as FP8 (a scale per row)");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace of one run at the last context here (with --models: one file per model, its index "
@@ -167,6 +168,7 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   if (!options.has_prefill()) options.set_prefill(false);
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
+  mo.scheme = absl::GetFlag(FLAGS_scheme);
   std::fprintf(stderr, "loading %s...\n", spec.c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(spec, mo);
   if (!model.ok()) return model.status();

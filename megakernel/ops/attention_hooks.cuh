@@ -20,7 +20,7 @@ template <uint32_t kVariant>
 __device__ __forceinline__ void LoadPages(const isa::AttnPartialArgs&, const isa::Instruction& inst,
                                           LoaderContext& l) {
   l.InstructionRead();
-  if constexpr (kVariant == isa::kDecodeKernel) {
+  if constexpr (isa::IsDecodeVariant(kVariant)) {
     ++l.splits;
     const StuckWhere where = l.Where(inst.opcode, l.splits, kStuckSplitRows);
     for (uint64_t spins = 0; atomicOr(l.s.split_rows, 0u) < l.splits;) {

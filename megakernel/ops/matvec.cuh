@@ -15,6 +15,8 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "megakernel/block_reduce.cuh"
 #include "megakernel/ops/consumer_context.cuh"
 #include "megakernel/tile/smem_tile.cuh"
@@ -333,6 +335,7 @@ __device__ __forceinline__ void LoadNormWeights(const uint2* w4, uint32_t base, 
 struct MatvecEpilogueInputs {
   float* out;
   float bias0 = 0.0f, bias1 = 0.0f;  // bias of the first row (pair)
+  float scale0 = 1.0f, scale1 = 1.0f;  // MATVEC_FP8: the scale of the first row (pair)
   float residual = 0.0f;             // kEpilogueResidualAdd: the first row's residual
   // kEpilogueRopeKvAppend, the first pair: where its two values go (q's output row or the K / V cache row at this
   // step's position), and its rotation (cos and sin already scaled by the table's factor).
@@ -340,14 +343,16 @@ struct MatvecEpilogueInputs {
   float cos = 1.0f, sin = 0.0f;
 };
 
-// The thread's first row (or pair, for epilogues on row pairs).
-__device__ __forceinline__ uint32_t FirstEpilogueRow(const isa::MatvecArgs& a, uint32_t tid) {
+// The thread's first row (or pair, for epilogues on row pairs). Args: isa::MatvecArgs or isa::MatvecFp8Args (the
+// prologue and the epilogue are theirs alike).
+template <typename Args>
+__device__ __forceinline__ uint32_t FirstEpilogueRow(const Args& a, uint32_t tid) {
   return a.epilogue == isa::kEpilogueSiluMul || a.epilogue == isa::kEpilogueRopeKvAppend ? 2 * tid : tid;
 }
 
 // Issues the epilogue's loads (see MatvecEpilogueInputs); their values are used after the prologue's wait.
-__device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::MatvecArgs& a,
-                                                                   const ConsumerContext& ctx) {
+template <typename Args>
+__device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const Args& a, const ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   MatvecEpilogueInputs in;
   in.out = m.ptr<float>(a.out);
@@ -358,13 +363,19 @@ __device__ __forceinline__ MatvecEpilogueInputs LoadEpilogueInputs(const isa::Ma
     in.bias0 = __bfloat162float(bias[0]);
     if (r + 1 < a.rows) in.bias1 = __bfloat162float(bias[1]);
   }
+  if constexpr (std::is_same_v<Args, isa::MatvecFp8Args>) {
+    const float* scales = m.ptr<float>(a.scales) + a.row_begin + r;
+    in.scale0 = __ldg(scales);  // a weight: constant for the kernel's lifetime
+    if (r + 1 < a.rows) in.scale1 = __ldg(scales + 1);
+  }
   if (a.epilogue == isa::kEpilogueResidualAdd) in.residual = __ldcg(m.ptr<float>(a.residual) + a.row_begin + r);
   return in;
 }
 
 // RoPE's row pair: where its values go and its rotation, worked out beside the input's load (the epilogue issues
 // no load for it).
-__device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const ConsumerContext& ctx, uint32_t r,
+template <typename Args>
+__device__ __forceinline__ void LoadRopeInputs(const Args& a, const ConsumerContext& ctx, uint32_t r,
                                                MatvecEpilogueInputs* in) {
   const isa::MachineView& m = ctx.machine;
   const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
@@ -383,8 +394,9 @@ __device__ __forceinline__ void LoadRopeInputs(const isa::MatvecArgs& a, const C
 // x (f32[k]) into the slot, its padding zeroed, and with the RMSNorm prologue x <- x * rsqrt(mean(x^2) + eps) *
 // norm_weight in place; each thread touches the same float4s in every pass. The epilogue's inputs are loaded in the
 // same round trip and returned.
-__device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::MatvecArgs& a, uint32_t k,
-                                                               ConsumerContext& ctx, float* x) {
+template <typename Args>
+__device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const Args& a, uint32_t k, ConsumerContext& ctx,
+                                                               float* x) {
   const isa::MachineView& m = ctx.machine;
   IssueMatvecInput(m.ptr<float>(a.input), x, a.k, ctx.tid);
   const bool norm = a.prologue == isa::kPrologueRmsNorm;
@@ -430,11 +442,87 @@ __device__ __forceinline__ MatvecEpilogueInputs MatvecPrologue(const isa::Matvec
   return epilogue;
 }
 
+// The epilogue, after the tile's partial sums are in the slot: each thread sums the slots of its row (or row pair),
+// scales it (MATVEC_FP8), adds the bias and finishes it. The first row's inputs were loaded in the prologue; later
+// rows (tiles of more rows than threads) load theirs here.
+template <typename Args>
+__device__ __forceinline__ void FinishMatvec(const Args& a, ConsumerContext& ctx, const MatvecEpilogueInputs& in,
+                                             const float* partial, uint32_t slots_per_row) {
+  constexpr bool kFp8 = std::is_same_v<Args, isa::MatvecFp8Args>;
+  const isa::MachineView& m = ctx.machine;
+  const uint32_t rows = a.rows;
+  const __nv_bfloat16* bias = a.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.bias) + a.row_begin : nullptr;
+  const uint32_t first = FirstEpilogueRow(a, ctx.tid);
+  auto slots_sum = [&](uint32_t r) {
+    float sum = 0.0f;
+    for (uint32_t s = 0; s < slots_per_row; ++s) sum += partial[r * slots_per_row + s];
+    return sum;
+  };
+  auto row_sum = [&](uint32_t r) {
+    float sum = slots_sum(r);
+    if constexpr (kFp8) {
+      sum *= r == first ? in.scale0 : r == first + 1 ? in.scale1 : __ldg(m.ptr<float>(a.scales) + a.row_begin + r);
+    }
+    if (bias == nullptr) return sum;
+    return sum + (r == first ? in.bias0 : r == first + 1 ? in.bias1 : __bfloat162float(bias[r]));
+  };
+  float* out = in.out;
+  const uint32_t tag = OutputTag(ctx.flags, ctx.step);  // stores, residual adds and SiLU-muls may be tagged
+  switch (a.epilogue) {
+    case isa::kEpilogueStore:
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = MaybeTag(row_sum(r), tag);
+      break;
+    case isa::kEpilogueResidualAdd: {
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
+        const float* p = m.ptr<float>(a.residual) + a.row_begin + r;
+        const float residual = TaggedResidual(a.residual, r == first ? in.residual : __ldcg(p), p, ctx);
+        out[a.row_begin + r] = MaybeTag(residual + row_sum(r), tag);
+      }
+      break;
+    }
+    case isa::kEpilogueSiluMul:
+      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
+        out[(a.row_begin + r) / 2] = MaybeTag(Silu(row_sum(r)) * row_sum(r + 1), tag);
+      }
+      break;
+    case isa::kEpilogueRopeKvAppend: {
+      const uint32_t half = a.head_dim / 2;
+      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
+        const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
+        MatvecEpilogueInputs pair = in;
+        if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
+        float v0 = row_sum(r), v1 = row_sum(r + 1);
+        if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
+        pair.row_out[row.dim] = v0;
+        pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
+      }
+      break;
+    }
+    case isa::kEpilogueArgmaxPartial: {
+      if constexpr (kFp8) break;  // (refused by validation: the LM head stays bf16)
+      float best = -INFINITY;
+      uint32_t best_row = a.row_begin;
+      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
+        const float y = row_sum(r);
+        out[a.row_begin + r] = y;
+        if (Better(y, a.row_begin + r, best, best_row)) best = y, best_row = a.row_begin + r;
+      }
+      ConsumerArgmax(&best, &best_row, ctx.tid, ctx.scratch);
+      if constexpr (!kFp8) {
+        if (ctx.tid == 0) {
+          m.ptr<float>(a.partials)[2 * a.tile_index] = best;
+          m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
+        }
+      }
+      break;
+    }
+  }
+}
+
 // kDecodePages: pages are isa::kDecodePageBytes (the decode variant's: isa::KernelVariantOfPages), so only the
 // forms of four segments a warp are compiled.
 template <bool kDecodePages>
 __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerContext& ctx) {
-  const isa::MachineView& m = ctx.machine;
   const uint32_t k = isa::MatvecRowStride(a.k), rows = a.rows;  // the padded row from here on
   float* x = ctx.act;
   const uint32_t slot_elems = MatvecSlotElems(k);
@@ -496,68 +584,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 
-  // Epilogue: each thread sums the slots of its row (or row pair), adds the bias and finishes it. The first row's
-  // inputs were loaded in the prologue; later rows (tiles of more rows than threads) load theirs here.
-  const __nv_bfloat16* bias = a.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.bias) + a.row_begin : nullptr;
-  const uint32_t first = FirstEpilogueRow(a, ctx.tid);
-  auto slots_sum = [&](uint32_t r) {
-    float sum = 0.0f;
-    for (uint32_t s = 0; s < slots_per_row; ++s) sum += partial[r * slots_per_row + s];
-    return sum;
-  };
-  auto row_sum = [&](uint32_t r) {
-    const float sum = slots_sum(r);
-    if (bias == nullptr) return sum;
-    return sum + (r == first ? in.bias0 : r == first + 1 ? in.bias1 : __bfloat162float(bias[r]));
-  };
-  float* out = in.out;
-  const uint32_t tag = OutputTag(ctx.flags, ctx.step);  // stores, residual adds and SiLU-muls may be tagged
-  switch (a.epilogue) {
-    case isa::kEpilogueStore:
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) out[a.row_begin + r] = MaybeTag(row_sum(r), tag);
-      break;
-    case isa::kEpilogueResidualAdd: {
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        const float* p = m.ptr<float>(a.residual) + a.row_begin + r;
-        const float residual = TaggedResidual(a.residual, r == first ? in.residual : __ldcg(p), p, ctx);
-        out[a.row_begin + r] = MaybeTag(residual + row_sum(r), tag);
-      }
-      break;
-    }
-    case isa::kEpilogueSiluMul:
-      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
-        out[(a.row_begin + r) / 2] = MaybeTag(Silu(row_sum(r)) * row_sum(r + 1), tag);
-      }
-      break;
-    case isa::kEpilogueRopeKvAppend: {
-      const uint32_t half = a.head_dim / 2;
-      for (uint32_t r = 2 * ctx.tid; r < rows; r += 2 * kConsumerThreads) {
-        const isa::QkvRow row = isa::QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
-        MatvecEpilogueInputs pair = in;
-        if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
-        float v0 = row_sum(r), v1 = row_sum(r + 1);
-        if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
-        pair.row_out[row.dim] = v0;
-        pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
-      }
-      break;
-    }
-    case isa::kEpilogueArgmaxPartial: {
-      float best = -INFINITY;
-      uint32_t best_row = a.row_begin;
-      for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
-        const float y = row_sum(r);
-        out[a.row_begin + r] = y;
-        if (Better(y, a.row_begin + r, best, best_row)) best = y, best_row = a.row_begin + r;
-      }
-      ConsumerArgmax(&best, &best_row, ctx.tid, ctx.scratch);
-      if (ctx.tid == 0) {
-        m.ptr<float>(a.partials)[2 * a.tile_index] = best;
-        m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);
-      }
-      break;
-    }
-  }
+  FinishMatvec(a, ctx, in, partial, slots_per_row);
 }
 
 }  // namespace loom::megakernel

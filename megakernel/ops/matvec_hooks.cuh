@@ -1,26 +1,43 @@
-// MATVEC's loader hooks (ops/loader_context.cuh): its pages for the weight loader, its activation plan (the RoPE
-// epilogue's position) for the activation loader. Its consumer code: ops/matvec.cuh.
+// MATVEC's and MATVEC_FP8's loader hooks (ops/loader_context.cuh): their pages for the weight loader, their
+// activation plan (the RoPE epilogue's position) for the activation loader. Their consumer code: ops/matvec.cuh,
+// ops/matvec_fp8.cuh.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "megakernel/ops/loader_context.cuh"
 #include "megakernel/ops/matvec.cuh"
+#include "megakernel/ops/matvec_fp8.cuh"
 
 namespace loom::megakernel {
 
 // MATVEC's pages (its loader hook): the tile's rows of W, a page at a time, held back while max_in_flight of its
 // pages are in flight: an SM with the whole ring in flight ran ahead of the others, and every other load of the SM
 // (a barrier poll, the activations) queued behind its pages.
+// The tile's bytes: rows of MatvecRowStride(k) bf16 values, or of MatvecFp8RowStride(k) e4m3 bytes.
+__device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecArgs& a) {
+  return uint64_t{isa::MatvecRowStride(a.k)} * 2;
+}
+__device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecFp8Args& a) { return isa::MatvecFp8RowStride(a.k); }
+template <typename Args>
+inline constexpr bool kIsMatvec = std::is_same_v<Args, isa::MatvecArgs> || std::is_same_v<Args, isa::MatvecFp8Args>;
+template <typename Args>
+__device__ __forceinline__ constexpr isa::Opcode MatvecOpcode() {
+  return std::is_same_v<Args, isa::MatvecFp8Args> ? isa::Opcode::MATVEC_FP8 : isa::Opcode::MATVEC;
+}
+
 template <>
 inline constexpr bool kHasPageHook<isa::MatvecArgs> = true;
-template <uint32_t kVariant>
-__device__ __forceinline__ void LoadPages(const isa::MatvecArgs& a, const isa::Instruction&, LoaderContext& l) {
-  const uint64_t row_bytes = uint64_t{isa::MatvecRowStride(a.k)} * 2;
+template <>
+inline constexpr bool kHasPageHook<isa::MatvecFp8Args> = true;
+template <uint32_t kVariant, typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
+__device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&, LoaderContext& l) {
+  const uint64_t row_bytes = MatvecRowBytes(a);
   const uint64_t total = a.rows * row_bytes;
   const uint8_t* tile = l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
   l.InstructionRead();
-  constexpr uint32_t kOpcode = static_cast<uint32_t>(isa::Opcode::MATVEC);
+  constexpr uint32_t kOpcode = static_cast<uint32_t>(MatvecOpcode<Args>());
   for (uint64_t offset = 0; offset < total; offset += l.p.page_bytes) {
     const uint32_t bytes = static_cast<uint32_t>(total - offset < l.p.page_bytes ? total - offset : l.p.page_bytes);
     uint8_t* page = l.EmptyPage(kOpcode);
@@ -45,12 +62,16 @@ __device__ __forceinline__ void LoadPages(const isa::MatvecArgs& a, const isa::I
 // MATVEC's activation hook: the RoPE epilogue needs this step's position (for the consumers' prologue).
 template <>
 inline constexpr bool kHasActivationHook<isa::MatvecArgs> = true;
-__device__ __forceinline__ bool ActivationReadsPosition(const isa::MatvecArgs& a) {
+template <>
+inline constexpr bool kHasActivationHook<isa::MatvecFp8Args> = true;
+template <typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
+__device__ __forceinline__ bool ActivationReadsPosition(const Args& a) {
   return a.epilogue == isa::kEpilogueRopeKvAppend;
 }
-__device__ __forceinline__ uint32_t ActivationMaxSeq(const isa::MatvecArgs& a) { return a.max_seq; }
-template <bool kChunks>
-__device__ __forceinline__ void PlanActivation(const isa::MatvecArgs& a, const KernelParams& p, uint32_t step,
+template <typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
+__device__ __forceinline__ uint32_t ActivationMaxSeq(const Args& a) { return a.max_seq; }
+template <bool kChunks, typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
+__device__ __forceinline__ void PlanActivation(const Args& a, const KernelParams& p, uint32_t step,
                                                StepLength& length, ActivationPlan& plan) {
   if (a.epilogue == isa::kEpilogueRopeKvAppend) plan.length = length.Get(p.machine, a.step_state, step);
 }
