@@ -409,8 +409,17 @@ absl::Status ExportModel(const Model& model, const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   std::vector<std::pair<std::string, const HostTensor*>> tensors;
+  std::vector<HostTensor> widened;  // FP8 weights as f32: each e4m3 value times its row's scale, exact
+  widened.reserve(DecoderWeightShapes(model.config).size());
   for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
-    tensors.emplace_back(name, &model.weights.at(name));
+    const HostTensor& w = model.weights.at(name);
+    if (w.dtype != F8E4M3) {
+      tensors.emplace_back(name, &w);
+      continue;
+    }
+    HostTensor& f = widened.emplace_back(HostTensor::Zeros(F32, w.shape));
+    for (int64_t i = 0; i < w.size(); ++i) f.f32[i] = w.Get(i);
+    tensors.emplace_back(name, &f);
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;
   return WriteFileAtomically((fs::path(dir) / "config.json").string(), config->dump(2) + "\n");

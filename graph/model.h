@@ -52,7 +52,8 @@ struct Model {
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options = {});
 
 // Writes config.json and model.safetensors into `dir` (created if missing), a
-// folder transformers loads as the config's family.
+// folder transformers loads as the config's family. FP8 weights are written as float32, each value times its row's
+// scale (exact): the weights Loom computes with, unrounded.
 absl::Status ExportModel(const Model& model, const std::string& dir);
 
 }  // namespace loom::graph

@@ -83,6 +83,23 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   EXPECT_TRUE(noted);
   absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
   ASSERT_TRUE(run.ok()) << run.status();
+
+  // Exported (transformers' reference), the FP8 projections are float32: each value times its row's scale.
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_fp8_export_", ::getpid());
+  ASSERT_TRUE(ExportModel(*m, dir.string()).ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / "model.safetensors").string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& [name, hash] : reference.items()) {
+    const SafetensorsEntry& e = (*file)->header().tensors.at(name);
+    const HostTensor& w = m->weights.at(name);
+    ASSERT_EQ(e.dtype, "F32") << name;
+    ASSERT_EQ(e.end - e.begin, 4u * w.size()) << name;
+    const float* values = reinterpret_cast<const float*>((*file)->Data(e));
+    for (int64_t i = 0; i < w.size(); i += 97) {
+      ASSERT_EQ(values[i], E4m3ToFloat(w.f8[i]) * w.f32[i / w.shape[1]]) << name << " element " << i;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // A copy of a fixture with its config.json's quantization_config changed by `edit`: the load's error.

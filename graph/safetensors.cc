@@ -192,6 +192,10 @@ absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, const HostTensor*>>& tensors) {
   std::vector<RawTensor> raw;
   for (const auto& [name, t] : tensors) {
+    if (t->dtype != BF16 && t->dtype != I32 && t->dtype != F32) {  // (an FP8 weight's scales are not its bytes)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' is ", DTypeName(t->dtype),
+                                                     "; written are bf16, f32 and i32 tensors"));
+    }
     const char* dtype = t->dtype == BF16 ? "BF16" : t->dtype == I32 ? "I32" : "F32";
     raw.push_back({name, dtype, t->shape, t->data(), static_cast<uint64_t>(t->bytes())});
   }

@@ -138,13 +138,17 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         std::memcpy(to, &scale, 4);
         return;
       }
-      if (fp8) {  // e4m3 bytes, each 512-column run in the device's lane order
+      if (fp8) {  // e4m3 bytes; each 512-column run in the device's lane order, which keeps runs of 4 columns whole
         const uint8_t* from = t->f8.data() + row * cols;
-        for (uint64_t c = 0; c < cols; ++c) {
-          if ((from[c] & 0x7f) == 0x7f) refuse(t);  // e4m3's NaN
-          to[c / isa::kMatvecFp8RowAlign * isa::kMatvecFp8RowAlign +
-             isa::MatvecFp8Position(static_cast<uint32_t>(c % isa::kMatvecFp8RowAlign))] = from[c];
+        bool nan = false;
+        for (uint64_t c = 0; c < cols; c += 4) {
+          const uint64_t n = std::min<uint64_t>(4, cols - c);
+          uint8_t* dst = to + c / isa::kMatvecFp8RowAlign * isa::kMatvecFp8RowAlign +
+                         isa::MatvecFp8Position(static_cast<uint32_t>(c % isa::kMatvecFp8RowAlign));
+          std::memcpy(dst, from + c, n);
+          for (uint64_t i = 0; i < n; ++i) nan |= (from[c + i] & 0x7f) == 0x7f;  // e4m3's NaN
         }
+        if (nan) refuse(t);
         return;
       }
       if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {

@@ -109,7 +109,7 @@ const std::vector<Command>& Commands() {
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
         "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat", "scheme", "widen_quantized"}},
-      {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed"}},
+      {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed", "widen_quantized"}},
       {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
        {"model", "out", "scheme", "group_size", "seed"}},
   };
@@ -450,7 +450,7 @@ int ExportCommand() {
   }
   graph::ModelOptions mo;
   mo.seed = absl::GetFlag(FLAGS_seed);
-  mo.widen_quantized = true;  // an exported folder holds bf16 weights
+  mo.widen_quantized = absl::GetFlag(FLAGS_widen_quantized);  // FP8 weights are written as f32 otherwise
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return Fail(model.status());
   if (absl::Status s = graph::ExportModel(*model, absl::GetFlag(FLAGS_out)); !s.ok()) return Fail(s);

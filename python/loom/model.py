@@ -91,19 +91,26 @@ class Oracle:
 
 
 def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057, weights: bool = True,
-         progress: bool = True) -> Model:
+         progress: bool = True, scheme: str = "", widen_quantized: bool = False) -> Model:
     """Loads ``random:<preset>`` (``llama-3.2-1b``, ``tiny``, ``tiny-mistral``, ``tiny-qwen2``, ``tiny-qwen3``:
     deterministic random weights) or a Hugging Face folder of a llama, mistral, qwen2 or qwen3 model
     (config.json and one or sharded safetensors; tokenizer.json and the chat template when present).
 
     ``max_seq`` is the KV-cache capacity in tokens (0: min(max_position_embeddings, 4096)); ``weights=False``
     reads the configuration and graph only (compiling needs no weights). A progress bar shows loading a large
-    model when ``progress``.
+    model when ``progress``. ``scheme="FP8"`` (``random:`` models) generates every projection as FP8 (e4m3, a
+    power-of-two scale per row); a folder's FP8 weights (a scale per row or tensor) are computed with as stored
+    unless ``widen_quantized``, which widens every quantized weight to bf16 as it is read.
     """
     spec = os.fspath(spec)
     max_seq, seed = check_int(max_seq, "max_seq"), check_int(seed, "seed", high=2**64 - 1)
+    if scheme not in ("", "FP8"):
+        raise ValueError(f"scheme={scheme!r}: random weights are generated as 'FP8' or bf16 ('')")
+    if scheme and not spec.startswith("random:"):
+        raise ValueError(f"scheme={scheme!r} generates random weights; a folder's weights are as its "
+                         "config.json's quantization_config says")
     with progress_bars(progress):
-        native = _loom.load_model(spec, max_seq, weights, seed)
+        native = _loom.load_model(spec, max_seq, weights, seed, scheme, bool(widen_quantized))
     text = None if spec.startswith("random:") else TextCodec.from_folder(spec)
     return Model(native, native.max_seq, text)
 

@@ -49,6 +49,11 @@ graph::HostTensor ToHost(const graph::TensorDef& def, const nb::handle& value) {
     Invalid(
         absl::StrCat("tensor '", def.name(), "': shape ", ShapeText(shape), ", the graph declares ", ShapeText(want)));
   }
+  if (def.dtype() != graph::BF16 && def.dtype() != graph::F32 && def.dtype() != graph::I32) {
+    Invalid(absl::StrCat("tensor '", def.name(), "' is ", graph::DType_Name(def.dtype()),
+                         ": arrays are taken for BF16, F32 and I32 tensors (FP8 weights come from a checkpoint or "
+                         "loom.load(..., scheme='FP8'))"));
+  }
   graph::HostTensor t = graph::HostTensor::Zeros(def);
   const bool is_int = def.dtype() == graph::I32;
   if (is_int ? a.dtype() != nb::dtype<int32_t>() : a.dtype() != nb::dtype<float>()) {

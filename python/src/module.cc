@@ -71,12 +71,15 @@ void SetProgress(nb::object callback) {
   });
 }
 
-graph::Model LoadModel(const std::string& spec, int max_seq, bool weights, uint64_t seed) {
+graph::Model LoadModel(const std::string& spec, int max_seq, bool weights, uint64_t seed, const std::string& scheme,
+                       bool widen_quantized) {
   if (max_seq < 0) Invalid("max_seq must be >= 0");
   graph::ModelOptions o;
   o.max_seq = max_seq;
   o.load_weights = weights;
   o.seed = seed;
+  o.scheme = scheme;
+  o.widen_quantized = widen_quantized;
   nb::gil_scoped_release release;
   return Unwrap(graph::LoadModel(spec, o));
 }
@@ -150,7 +153,7 @@ void BindModel(nb::module_& m) {
           "Writes the model quantized (FP8, W4A16, W8A16) as a compressed-tensors folder (loom quantize).");
 
   m.def("load_model", &LoadModel, nb::arg("spec"), nb::arg("max_seq") = 0, nb::arg("weights") = true,
-        nb::arg("seed") = 0x10057u, "Loads random:<preset> or a Hugging Face folder (see loom.load).");
+        nb::arg("seed") = 0x10057u, nb::arg("scheme") = "", nb::arg("widen_quantized") = false, "Loads random:<preset> or a Hugging Face folder (see loom.load).");
   m.def("compile", &Compile, nb::arg("model"), nb::arg("options_file") = "", nb::arg("num_sms") = 0,
         nb::arg("policy") = "", nb::arg("granularity") = "", nb::arg("unfuse") = std::vector<std::string>{},
         nb::arg("max_seq") = 0, nb::arg("prefill") = nb::none(), "Compiles a model's decode graph (see loom.compile).");
