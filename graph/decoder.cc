@@ -289,7 +289,8 @@ absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq) {
   return std::move(b).Build();
 }
 
-WeightStore RandomDecoderWeights(const DecoderConfig& c, uint64_t seed) {
+WeightStore RandomDecoderWeights(const DecoderConfig& c, uint64_t seed,
+                                 const std::function<HostTensor(const std::string&, HostTensor)>& transform) {
   WeightStore weights;
   constexpr float kStd = 0.02f;
   const float half_width = kStd * std::sqrt(3.0f);  // uniform with this std
@@ -302,7 +303,7 @@ WeightStore RandomDecoderWeights(const DecoderConfig& c, uint64_t seed) {
                                   : is_bias                                ? 0.1f
                                                                            : half_width;
     FillUniform(t, SplitMix64(seed ^ HashName(name)), is_norm ? 1.0f : 0.0f, width);
-    weights.emplace(name, std::move(t));
+    weights.emplace(name, transform ? transform(name, std::move(t)) : std::move(t));
   }
   return weights;
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,10 @@ HostTensor RandomBf16Weight(const std::string& name, std::vector<int64_t> shape,
 absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& config, int max_seq);
 
 // Deterministic random bf16 weights: the same (config, seed) gives the same bits
-// on every machine. Linear weights are uniform with std 0.02, norms near 1, biases small.
-WeightStore RandomDecoderWeights(const DecoderConfig& config, uint64_t seed);
+// on every machine. Linear weights are uniform with std 0.02, norms near 1, biases small. `transform` (if set) is
+// applied to each weight as it is made (name, bf16 tensor -> the tensor kept), so a quantized model never holds
+// every weight in bf16 at once.
+WeightStore RandomDecoderWeights(const DecoderConfig& config, uint64_t seed,
+                                 const std::function<HostTensor(const std::string&, HostTensor)>& transform = {});
 
 }  // namespace loom::graph

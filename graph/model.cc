@@ -235,16 +235,29 @@ absl::Status LoadGraphWeights(const std::string& dir, const Graph& graph, bool l
 
 // What loading a decoder takes of host memory (its weights as bf16) and, with `packed_copies`, running it: that
 // many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (f32 at most).
-absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies) {
-  const double weights = 2 * c.Parameters();
+absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies,
+                                bool fp8_projections) {
+  double projection_parameters = 0;  // one byte each when FP8
+  if (fp8_projections) {
+    for (const auto& [name, shape] : DecoderWeightShapes(c)) {
+      if (shape.size() == 2 && absl::EndsWith(name, "_proj.weight")) projection_parameters += double(shape[0]) * shape[1];
+    }
+  }
+  const double weights = 2 * c.Parameters() - projection_parameters;
   const double packed = packed_copies * weights;
   const double kv = packed_copies > 0 ? 2.0 * 4 * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
-  std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of bf16 weights", c.Parameters() / 1e9, weights / 1e9);
+  std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of %s weights", c.Parameters() / 1e9, weights / 1e9,
+                                       fp8_projections ? "FP8 and bf16" : "bf16");
   if (packed_copies > 0) {
     absl::StrAppendFormat(&detail, ", %.1f GB packed, %.1f GB of KV cache at %d positions", packed / 1e9, kv / 1e9,
                           max_seq);
   }
   return CheckHostMemory(static_cast<uint64_t>(weights + packed + kv), spec, detail);
+}
+
+// A projection a random FP8 model holds as FP8: a 2-D "*_proj.weight" (the LM head and embeddings stay bf16).
+bool IsProjection(const std::string& name, const HostTensor& w) {
+  return w.shape.size() == 2 && absl::EndsWith(name, "_proj.weight");
 }
 
 // The graph's WEIGHT tensors take the dtype their weights are stored in where that is FP8 (the decoder graph is
@@ -347,6 +360,12 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     }
     if (absl::Status s = read_config(config_path); !s.ok()) return s;
   }
+  if (!options.scheme.empty() && (options.scheme != "FP8" || !random)) {
+    return absl::InvalidArgumentError(absl::StrCat("--scheme=", options.scheme,
+                                                   random ? ": random weights are generated as FP8 or bf16 (no scheme)"
+                                                          : " generates random weights (random:<preset>); a folder's "
+                                                            "weights are as its config.json's quantization_config says"));
+  }
   // The KV cache: as asked, else 4096 positions or as many as the request holds (rounded up to 256), within the
   // positions the model was trained for.
   const int requested = (options.request + 255) / 256 * 256;
@@ -365,24 +384,26 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     plan = *std::move(p);
   }
   if (options.load_weights) {
-    if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies); !s.ok()) return s;
+    if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies,
+                                            random && options.scheme == "FP8");
+        !s.ok()) {
+      return s;
+    }
   }
   absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
   if (!options.load_weights) return model;
   if (random) {
-    model.weights = RandomDecoderWeights(model.config, options.seed);
-    if (!options.scheme.empty() && options.scheme != "FP8") {
-      return absl::InvalidArgumentError(absl::StrCat("--scheme=", options.scheme,
-                                                     ": random weights are generated as FP8 or bf16 (no scheme)"));
-    }
-    if (options.scheme == "FP8") {  // every projection but the LM head, as checkpoints of the scheme hold them
-      for (auto& [name, w] : model.weights) {
-        if (w.shape.size() == 2 && absl::EndsWith(name, "_proj.weight")) w = QuantizeRowsToFp8(w);
-      }
+    // FP8: every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
+    std::function<HostTensor(const std::string&, HostTensor)> fp8;
+    if (options.scheme == "FP8") {
+      fp8 = [](const std::string& name, HostTensor w) {
+        return IsProjection(name, w) ? QuantizeRowsToFp8(w) : std::move(w);
+      };
       model.notes.push_back("random projections quantized to FP8 (e4m3, a power-of-two scale per row)");
     }
+    model.weights = RandomDecoderWeights(model.config, options.seed, fp8);
   } else if (absl::Status s = ReadHfWeights(*plan, options.widen_quantized, &model.weights); !s.ok()) {
     return s;
   }

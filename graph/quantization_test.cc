@@ -102,6 +102,39 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   fs::remove_all(dir);
 }
 
+// random:<preset> --scheme=FP8: each projection is the bf16 model's rounded per row (a power-of-two scale, every
+// value within half an e4m3 step of the bf16 one), every other weight the bf16 model's bits; the graph says FP8.
+TEST(Quantized, RandomFp8ProjectionsAreTheBf16OnesRoundedPerRow) {
+  ModelOptions bf16, fp8;
+  bf16.max_seq = fp8.max_seq = 64;
+  fp8.scheme = "FP8";
+  absl::StatusOr<Model> a = LoadModel("random:tiny", bf16), b = LoadModel("random:tiny", fp8);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  int projections = 0;
+  for (const auto& [name, w] : a->weights) {
+    const HostTensor& q = b->weights.at(name);
+    if (q.dtype != F8E4M3) {
+      EXPECT_EQ(q.bf16, w.bf16) << name;
+      continue;
+    }
+    ++projections;
+    EXPECT_EQ(b->graph.tensor(name).dtype(), F8E4M3) << name;
+    const HostTensor again = QuantizeRowsToFp8(w);
+    EXPECT_EQ(q.f8, again.f8) << name;
+    EXPECT_EQ(q.f32, again.f32) << name;
+    const int64_t cols = w.shape[1];
+    for (int64_t i = 0; i < w.size(); ++i) {
+      const float scale = q.f32[i / cols];
+      int e = 0;
+      ASSERT_EQ(std::frexp(scale, &e), 0.5f) << name << ": row scale " << scale << " is not a power of two";
+      // e4m3 has 3 mantissa bits: the rounding error is at most 2^-4 of the value (2^-10 of the scale below 2^-6).
+      const float v = w.Get(i), back = q.Get(i);
+      ASSERT_LE(std::fabs(back - v), std::max(std::fabs(v) / 16, scale / 1024)) << name << " element " << i;
+    }
+  }
+  EXPECT_EQ(projections, 7 * a->config.num_layers);
+}
+
 // A copy of a fixture with its config.json's quantization_config changed by `edit`: the load's error.
 std::string LoadEdited(const std::string& scheme, const std::function<void(nlohmann::json&)>& edit) {
   const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_quantized_", scheme, "_", ::getpid());
