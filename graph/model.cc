@@ -233,6 +233,11 @@ absl::Status LoadGraphWeights(const std::string& dir, const Graph& graph, bool l
   return absl::OkStatus();
 }
 
+// A projection a random FP8 model holds as FP8: a 2-D "*_proj.weight" (the LM head and embeddings stay bf16).
+bool IsProjection(const std::string& name, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && absl::EndsWith(name, "_proj.weight");
+}
+
 // What loading a decoder takes of host memory (its weights as bf16) and, with `packed_copies`, running it: that
 // many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (f32 at most).
 absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies,
@@ -240,7 +245,7 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
   double projection_parameters = 0;  // one byte each when FP8
   if (fp8_projections) {
     for (const auto& [name, shape] : DecoderWeightShapes(c)) {
-      if (shape.size() == 2 && absl::EndsWith(name, "_proj.weight")) projection_parameters += double(shape[0]) * shape[1];
+      if (IsProjection(name, shape)) projection_parameters += double(shape[0]) * shape[1];
     }
   }
   const double weights = 2 * c.Parameters() - projection_parameters;
@@ -255,23 +260,16 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
   return CheckHostMemory(static_cast<uint64_t>(weights + packed + kv), spec, detail);
 }
 
-// A projection a random FP8 model holds as FP8: a 2-D "*_proj.weight" (the LM head and embeddings stay bf16).
-bool IsProjection(const std::string& name, const HostTensor& w) {
-  return w.shape.size() == 2 && absl::EndsWith(name, "_proj.weight");
-}
 
-// The graph's WEIGHT tensors take the dtype their weights are stored in where that is FP8 (the decoder graph is
-// built bf16 before any weight is read).
-absl::Status DeclareStoredDtypes(Model* model) {
+// The graph's WEIGHT tensors named in `fp8` are declared FP8 (the decoder graph is built bf16): decided from the
+// config and the checkpoint's scheme before any weight is read, so a graph loaded without weights (loom compile)
+// is the one its weights will run.
+absl::Status DeclareFp8(const std::set<std::string>& fp8, Model* model) {
+  if (fp8.empty()) return absl::OkStatus();
   GraphDef def = model->graph.def();
-  bool changed = false;
   for (TensorDef& t : *def.mutable_tensors()) {
-    auto w = model->weights.find(t.name());
-    if (t.kind() != WEIGHT || w == model->weights.end() || w->second.dtype != F8E4M3) continue;
-    t.set_dtype(F8E4M3);
-    changed = true;
+    if (t.kind() == WEIGHT && fp8.contains(t.name())) t.set_dtype(F8E4M3);
   }
-  if (!changed) return absl::OkStatus();
   absl::StatusOr<Graph> graph = Graph::Create(std::move(def));
   if (!graph.ok()) return graph.status();
   model->graph = *std::move(graph);
@@ -393,13 +391,25 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
+  // The weights that stay FP8: a random model's projections with --scheme=FP8, a checkpoint's FP8 ones kept as stored.
+  std::set<std::string> fp8;
+  if (random && options.scheme == "FP8") {
+    for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
+      if (IsProjection(name, shape)) fp8.insert(name);
+    }
+  } else if (plan) {
+    for (const HfWeightPlan::Source& source : plan->sources) {
+      if (source.scheme && !options.widen_quantized && KeptQuantized(*source.scheme)) fp8.insert(source.name);
+    }
+  }
+  if (absl::Status s = DeclareFp8(fp8, &model); !s.ok()) return s;
   if (!options.load_weights) return model;
   if (random) {
     // FP8: every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
     std::function<HostTensor(const std::string&, HostTensor)> fp8;
     if (options.scheme == "FP8") {
       fp8 = [](const std::string& name, HostTensor w) {
-        return IsProjection(name, w) ? QuantizeRowsToFp8(w) : std::move(w);
+        return IsProjection(name, w.shape) ? QuantizeRowsToFp8(w) : std::move(w);
       };
       model.notes.push_back("random projections quantized to FP8 (e4m3, a power-of-two scale per row)");
     }
@@ -407,7 +417,9 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   } else if (absl::Status s = ReadHfWeights(*plan, options.widen_quantized, &model.weights); !s.ok()) {
     return s;
   }
-  if (absl::Status s = DeclareStoredDtypes(&model); !s.ok()) return s;
+  for (const std::string& name : fp8) {  // (the readers above make exactly these FP8)
+    if (model.weights.at(name).dtype != F8E4M3) return absl::InternalError(absl::StrCat(name, ": not read as FP8"));
+  }
   return model;
 }
 

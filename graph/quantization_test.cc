@@ -78,6 +78,12 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
     EXPECT_EQ(Fnv1a64(widened), hash.get<std::string>()) << name;
   }
   EXPECT_EQ(m->weights.at("lm_head.weight").dtype, BF16);
+  // Loaded without weights (loom compile), the graph is already the one the weights will run.
+  ModelOptions config_only;
+  config_only.load_weights = false;
+  absl::StatusOr<Model> graph_only = LoadModel(kData + "fp8-channel", config_only);
+  ASSERT_TRUE(graph_only.ok()) << graph_only.status();
+  for (const auto& [name, hash] : reference.items()) EXPECT_EQ(graph_only->graph.tensor(name).dtype(), F8E4M3) << name;
   bool noted = false;
   for (const std::string& note : m->notes) noted = noted || note.find("computed with as stored") != std::string::npos;
   EXPECT_TRUE(noted);
@@ -133,6 +139,10 @@ TEST(Quantized, RandomFp8ProjectionsAreTheBf16OnesRoundedPerRow) {
     }
   }
   EXPECT_EQ(projections, 7 * a->config.num_layers);
+  fp8.load_weights = false;  // the graph alone says the same
+  absl::StatusOr<Model> c = LoadModel("random:tiny", fp8);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& [name, w] : b->weights) EXPECT_EQ(c->graph.tensor(name).dtype(), w.dtype) << name;
 }
 
 // A copy of a fixture with its config.json's quantization_config changed by `edit`: the load's error.
