@@ -30,6 +30,8 @@ ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or 
 ABSL_FLAG(std::string, prompts, "128,512,2048", "comma-separated prompt lengths for time to first token");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per measurement (median reported)");
 ABSL_FLAG(int32_t, max_seq, 4096, "KV-cache capacity");
+ABSL_FLAG(std::string, scheme, "", "random models: FP8 generates the projections as FP8 (decode reads them so; the pass "
+          "widened to bf16)");
 ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
 ABSL_FLAG(int32_t, e2e_tokens, 128, "end to end: tokens generated");
 ABSL_FLAG(std::string, row_tile_barriers, "auto",
@@ -87,6 +89,7 @@ int Main() {
   if (!runtime::GpuAvailable(&why)) return Fail(absl::UnavailableError(why));
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
+  mo.scheme = absl::GetFlag(FLAGS_scheme);
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return Fail(model.status());

@@ -33,6 +33,7 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the case generator");
 ABSL_FLAG(double, seconds, 0, "stop starting cases after this many seconds (0: run them all)");
 ABSL_FLAG(std::string, report, "", "write one line per case here");
 ABSL_FLAG(std::string, dir, "/tmp", "where each case's config.json is written");
+ABSL_FLAG(std::string, scheme, "", "FP8: every case's projections FP8 (MATVEC_FP8 in decode; the cases are the same)");
 ABSL_FLAG(bool, compile_only, false, "compile each case and lower its pass, no GPU or VM (the case mix, the refusals)");
 
 namespace loom {
@@ -162,6 +163,7 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
   std::ofstream(path) << ConfigJson(c);
   graph::ModelOptions mo;
   mo.max_seq = static_cast<int>(c.max_seq);
+  mo.scheme = absl::GetFlag(FLAGS_scheme);
   absl::StatusOr<graph::Model> model = graph::LoadModel("random:" + path, mo);
   if (!model.ok()) {
     *detail = std::string(model.status().message());
