@@ -4,6 +4,8 @@
 #include "graph/quantization.h"
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +108,41 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
     }
   }
   fs::remove_all(dir);
+}
+
+// FloatToE4m3 (on the float's bits) against the definition (frexp, round to nearest even, saturating at 448) for
+// every bf16 value scaled by powers of two and a million random floats; E4m3ToFloat inverts it on every code.
+TEST(Quantized, FloatToE4m3RoundsToNearestEven) {
+  auto reference = [](float f) -> uint8_t {
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    if (std::isnan(f)) return sign | 0x7f;
+    const float a = std::fmin(std::fabs(f), kE4m3Max);
+    if (a < 0.015625f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+    int e = 0;
+    const float fraction = std::frexp(a, &e);
+    int exponent = e - 1 + 7, mantissa = static_cast<int>(std::nearbyint((2 * fraction - 1) * 8));
+    if (mantissa == 8) mantissa = 0, ++exponent;
+    return sign | static_cast<uint8_t>(exponent << 3 | mantissa);
+  };
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    for (float scale : {1.0f, 0.5f, 1.0f / 64, 1.0f / 4096, 3.0f}) {
+      const float f = Bf16ToFloat(static_cast<Bf16Bits>(b)) * scale;
+      if (std::isnan(f)) continue;
+      ASSERT_EQ(FloatToE4m3(f), reference(f)) << f;
+    }
+  }
+  std::mt19937 rng(3);
+  for (int i = 0; i < 1000000; ++i) {
+    uint32_t u = rng();
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToE4m3(f), reference(f)) << f << " (bits " << u << ")";
+  }
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;  // NaN
+    ASSERT_EQ(FloatToE4m3(E4m3ToFloat(static_cast<uint8_t>(b))), b == 0x80 ? 0x80 : b) << b;
+  }
 }
 
 // random:<preset> --scheme=FP8: each projection is the bf16 model's rounded per row (a power-of-two scale, every
