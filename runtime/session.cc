@@ -60,19 +60,20 @@ uint32_t Session::max_seq() const { return schedule_.max_seq(); }
 
 absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool all_logits, bool verify) {
   for (const LoweredPass& p : passes_) {
-    if (p.rows == rows && p.all_logits == all_logits) return &p.pass;
+    if (p.rows == rows && p.all_logits == all_logits) return p.pass;
   }
   const auto start = std::chrono::steady_clock::now();
   scheduler::PrefillOptions options;
   options.all_logits = all_logits;
   options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
-  absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(graph_, schedule_, rows, options);
-  if (!pass.ok()) return pass.status();
+  auto arena = std::make_unique<google::protobuf::Arena>();
+  scheduler::Schedule* pass = google::protobuf::Arena::Create<scheduler::Schedule>(arena.get());
+  if (absl::Status s = scheduler::LowerPrefillInto(graph_, schedule_, rows, options, pass); !s.ok()) return s;
   pass_lower_ms_ = MsSince(start);
   constexpr size_t kKeptPasses = 8;
   if (passes_.size() >= kKeptPasses) passes_.erase(passes_.begin());
-  passes_.push_back({rows, all_logits, *std::move(pass)});
-  return &passes_.back().pass;
+  passes_.push_back({rows, all_logits, std::move(arena), pass});
+  return pass;
 }
 
 absl::Status Session::KeepLastLogits() {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "google/protobuf/arena.h"
+
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "graph/host_tensor.h"
@@ -120,7 +122,8 @@ class Session {
   struct LoweredPass {
     uint32_t rows;
     bool all_logits;
-    scheduler::Schedule pass;
+    std::unique_ptr<google::protobuf::Arena> arena;  // holds `pass`: its messages cost no allocation each
+    scheduler::Schedule* pass;
   };
   std::vector<LoweredPass> passes_;
   bool keep_logits_ = false;

@@ -17,9 +17,15 @@
 namespace loom::scheduler {
 
 Schedule AssembleSchedule(Program& program, const CompileOptions& options, const std::string& model) {
+  Schedule s;
+  AssembleScheduleInto(program, options, model, &s);
+  return s;
+}
+
+void AssembleScheduleInto(Program& program, const CompileOptions& options, const std::string& model, Schedule* out) {
   for (Node& node : program.nodes) node.cost_ns = CostOf(node.inst, options.cost()).total_ns();
   const std::vector<std::vector<int>> queues = AssignToSms(program, options);
-  Schedule s;
+  Schedule& s = *out;
   s.set_format_version(kScheduleFormatVersion);
   s.set_model(model);
   *s.mutable_options() = options;
@@ -47,7 +53,6 @@ Schedule AssembleSchedule(Program& program, const CompileOptions& options, const
   s.set_arena_bytes(program.arena_bytes);
   s.set_max_seq(program.max_seq);
   s.set_vocab_size(program.vocab_size);
-  return s;
 }
 
 absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& model, const CompileOptions& options) {

@@ -29,6 +29,9 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
 // Costs a lowered program, assigns it to SMs and assembles the Schedule (queues, barriers, tensors, packing,
 // constants, io, sizes). Consumes the program; the caller verifies.
 Schedule AssembleSchedule(Program& program, const CompileOptions& options, const std::string& model);
+// The same into `out` (empty; it may live on a protobuf Arena, where a pass's tens of thousands of instruction
+// messages cost no heap allocation each).
+void AssembleScheduleInto(Program& program, const CompileOptions& options, const std::string& model, Schedule* out);
 
 // Reads a .pb / .pbtxt schedule and verifies it; errors name the file.
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path);

@@ -228,11 +228,21 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& 
 
 absl::StatusOr<Schedule> LowerPrefill(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                                         const PrefillOptions& prefill_options) {
+  Schedule s;
+  if (absl::Status st = LowerPrefillInto(graph, decode, rows, prefill_options, &s); !st.ok()) return st;
+  return s;
+}
+
+absl::Status LowerPrefillInto(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
+                              const PrefillOptions& prefill_options, Schedule* out) {
   if (!HasAttention(graph)) {
     if (prefill_options.all_logits) {
       return absl::UnimplementedError("prefill: all_logits needs a decoder with attention");
     }
-    return LowerGeneralPrefill(graph, decode, rows, prefill_options.verify);
+    absl::StatusOr<Schedule> general = LowerGeneralPrefill(graph, decode, rows, prefill_options.verify);
+    if (!general.ok()) return general.status();
+    *out = *std::move(general);
+    return absl::OkStatus();
   }
   const uint32_t asked = prefill_options.page_bytes;
   if (asked != 0 && asked != isa::kGemmSlabBytes && asked != 2 * isa::kGemmSlabBytes &&
@@ -267,15 +277,15 @@ absl::StatusOr<Schedule> LowerPrefill(const graph::Graph& graph, const Schedule&
   p.io = decode.io();
   p.max_seq = decode.max_seq();
   p.vocab_size = decode.vocab_size();
-  Schedule s = AssembleSchedule(p, options, absl::StrCat(decode.model(), " prefill of ", rows, " rows"));
-  s.mutable_prefill()->set_rows(rows);
-  s.mutable_prefill()->set_state(lowering.pass_state());
+  AssembleScheduleInto(p, options, absl::StrCat(decode.model(), " prefill of ", rows, " rows"), out);
+  out->mutable_prefill()->set_rows(rows);
+  out->mutable_prefill()->set_state(lowering.pass_state());
   if (prefill_options.verify) {
-    if (absl::Status st = VerifySchedule(s); !st.ok()) {
+    if (absl::Status st = VerifySchedule(*out); !st.ok()) {
       return absl::InternalError(absl::StrCat("prefill pass failed verification: ", st.message()));
     }
   }
-  return s;
+  return absl::OkStatus();
 }
 
 }  // namespace loom::scheduler
