@@ -43,7 +43,8 @@ nlohmann::json ReadJson(const std::string& path) {
 
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
-       {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "w4a16-g32-f16", "awq-g32", "gptq-g32-asym",
+       {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "fp8-tensor", "w4a16-g32-f16", "awq-g32",
+        "gptq-g32-asym",
         "gptq-v2-g64-sym", "gptq-8bit-channel", "gptq-2bit-g32-asym", "gptq-desc-act-g32"}) {
     ModelOptions widened;
     widened.widen_quantized = true;  // (FP8 is otherwise kept as stored: below)
@@ -68,9 +69,11 @@ TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
 // FP8 with a scale per row is kept as stored: e4m3 values and f32 scales whose products, rounded to bf16, are the
 // library's decompressed bits; the graph declares those weights FP8 and the oracle computes with them.
 TEST(Quantized, Fp8WeightsAreKeptAsStored) {
-  absl::StatusOr<Model> m = LoadModel(kData + "fp8-channel");
+  for (const std::string fixture : {"fp8-channel", "fp8-tensor"}) {
+  SCOPED_TRACE(fixture);
+  absl::StatusOr<Model> m = LoadModel(kData + fixture);
   ASSERT_TRUE(m.ok()) << m.status();
-  const nlohmann::json reference = ReadJson(kData + "fp8-channel/reference.json");
+  const nlohmann::json reference = ReadJson(kData + fixture + "/reference.json");
   for (const auto& [name, hash] : reference.items()) {
     const HostTensor& w = m->weights.at(name);
     ASSERT_EQ(w.dtype, F8E4M3) << name;
@@ -83,7 +86,7 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   // Loaded without weights (loom compile), the graph is already the one the weights will run.
   ModelOptions config_only;
   config_only.load_weights = false;
-  absl::StatusOr<Model> graph_only = LoadModel(kData + "fp8-channel", config_only);
+  absl::StatusOr<Model> graph_only = LoadModel(kData + fixture, config_only);
   ASSERT_TRUE(graph_only.ok()) << graph_only.status();
   for (const auto& [name, hash] : reference.items()) EXPECT_EQ(graph_only->graph.tensor(name).dtype(), F8E4M3) << name;
   bool noted = false;
@@ -108,6 +111,7 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
     }
   }
   fs::remove_all(dir);
+  }
 }
 
 // FloatToE4m3 (on the float's bits) against the definition (frexp, round to nearest even, saturating at 448) for

@@ -38,6 +38,8 @@ SCHEMES = {
     "w4a16-asym-g64": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=64, symmetric=False)),
     "w8a16-channel": ("pack-quantized", dict(num_bits=8, type="int", strategy="channel", symmetric=True)),
     "fp8-channel": ("float-quantized", dict(num_bits=8, type="float", strategy="channel", symmetric=True)),
+    # one scale for the whole tensor (the hub's static FP8 checkpoints store weights so)
+    "fp8-tensor": ("float-quantized", dict(num_bits=8, type="float", strategy="tensor", symmetric=True)),
     # a float16 model's checkpoint: F16 scales, the library's decompress rounding in float16
     "w4a16-g32-f16": ("pack-quantized", dict(num_bits=4, type="int", strategy="group", group_size=32, symmetric=True)),
 }
@@ -89,6 +91,8 @@ def main():
             if qargs.strategy == "group":
                 grouped = x.unflatten(-1, (x.shape[1] // qargs.group_size, qargs.group_size))
                 lo, hi = grouped.amin(-1), grouped.amax(-1)
+            elif qargs.strategy == "tensor":
+                lo, hi = x.amin().reshape(1), x.amax().reshape(1)
             else:
                 lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
             scale, zero_point = calculate_qparams(lo, hi, qargs)
