@@ -41,6 +41,25 @@ TEST(GpuOpcodes, MatvecAtEveryPageSize) {
   }
 }
 
+// The RoPE epilogue's layout for a matvec test (MatvecArgs or MatvecFp8Args): 2 KV heads of dim 16 with 3 query
+// heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions, position 5.
+template <typename Args>
+void SetRopeLayout(OpBench& b, Args& a) {
+  a.head_dim = 16;
+  a.heads_per_group = 3;
+  a.num_kv_heads = 2;
+  a.max_seq = 8;
+  a.row_begin = 0;
+  a.rows = 160;
+  a.out = b.Output(3 * 2 * 16);
+  a.k_cache = b.Output(2 * 8 * 16);
+  a.v_cache = b.Output(2 * 8 * 16);
+  a.step_state = b.Arena(4, graph::I32);
+  b.SetState(a.step_state, 5, 1);
+  a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
+  b.FillRandom(a.rope_table, 0.001f, 1.0f);
+}
+
 TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, total_rows; };
@@ -76,26 +95,13 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
         std::string what = absl::StrCat("MATVEC rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
         if (epilogue == isa::kEpilogueRopeKvAppend) {
-          // A grouped q|k|v layout: 2 KV heads of dim 16 with 3 query heads each -> 160 rows.
-          a.head_dim = 16;
-          a.heads_per_group = 3;
-          a.num_kv_heads = 2;
-          a.max_seq = 8;
-          a.row_begin = 0;
-          a.rows = 160;
+          SetRopeLayout(b, a);
           a.weight = b.Weight(160ull * stride);
           b.FillRandom(a.weight);
           if (biased) {
             a.bias = b.Weight(160);
             b.FillRandom(a.bias);
           }
-          a.out = b.Output(3 * 2 * 16);
-          a.k_cache = b.Output(2 * 8 * 16);
-          a.v_cache = b.Output(2 * 8 * 16);
-          a.step_state = b.Arena(4, graph::I32);
-          b.SetState(a.step_state, 5, 1);
-          a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
-          b.FillRandom(a.rope_table, 0.001f, 1.0f);
           what += " (rope)";
         } else if (epilogue == isa::kEpilogueSiluMul) {
           a.out = b.Output(total / 2 + 1);
@@ -143,20 +149,9 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
         a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
         std::string what = absl::StrCat("MATVEC_FP8 rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
-        if (epilogue == isa::kEpilogueRopeKvAppend) {  // 2 KV heads of dim 16 with 3 query heads each: 160 rows
-          a.head_dim = 16;
-          a.heads_per_group = 3;
-          a.num_kv_heads = 2;
-          a.max_seq = 8;
-          a.row_begin = 0;
-          a.rows = total = 160;
-          a.out = b.Output(3 * 2 * 16);
-          a.k_cache = b.Output(2 * 8 * 16);
-          a.v_cache = b.Output(2 * 8 * 16);
-          a.step_state = b.Arena(4, graph::I32);
-          b.SetState(a.step_state, 5, 1);
-          a.rope_table = b.Weight(8 + 1, graph::F32);
-          b.FillRandom(a.rope_table, 0.001f, 1.0f);
+        if (epilogue == isa::kEpilogueRopeKvAppend) {
+          SetRopeLayout(b, a);
+          total = a.rows;
           what += " (rope)";
         } else if (epilogue == isa::kEpilogueSiluMul) {
           a.out = b.Output(total / 2 + 1);
