@@ -477,6 +477,7 @@ HostTensor QuantizeRowsToFp8(const HostTensor& w) {
     std::frexp(absmax / kE4m3Max, &e);  // absmax / 448 = f * 2^e, f in [0.5, 1)
     float scale = absmax > 0 ? std::ldexp(1.0f, e) : std::ldexp(1.0f, -126);
     if (absmax > 0 && absmax / (scale / 2) <= kE4m3Max) scale /= 2;  // an exact power of two
+    if (!std::isfinite(absmax)) scale = NAN;  // a non-finite weight stays one (packing refuses it by name)
     out.f32[r] = scale;
     const float inverse = 1.0f / scale;  // exact: a power of two
     for (int64_t c = 0; c < cols; ++c) out.f8[r * cols + c] = FloatToE4m3(row[c] * inverse);

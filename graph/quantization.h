@@ -70,7 +70,8 @@ inline bool KeptQuantized(const WeightScheme& s) { return s.is_float && s.bits =
 absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows, int64_t cols,
                                          const WeightScheme& scheme, const TensorLookup& lookup);
 // Round-to-nearest FP8 of a 2-D weight, a scale per row: the power of two at least absmax / 448 (so every q * scale
-// is exact in bf16 as well: the same weight widened, for the prefill's tensor cores, loses nothing).
+// is exact in bf16 as well: the same weight widened, for the prefill's tensor cores, loses nothing). A row holding
+// a NaN or an infinity gets a NaN scale, so the weight is refused where every weight is checked (packing).
 HostTensor QuantizeRowsToFp8(const HostTensor& w);
 
 // The weight widened to bf16 (CheckQuantizedWeight first).

@@ -11,7 +11,8 @@ namespace loom::scheduler::lowering_internal {
 
 namespace {
 
-// A tile of an FP8 weight: MATVEC's fields, the rows' scales for its argmax partials (which FP8 tiles never have).
+// A tile of an FP8 weight: MATVEC's fields, the rows' scales in the word MATVEC keeps for its argmax partials (an
+// FP8 tile has no argmax epilogue).
 isa::MatvecFp8Args Fp8Tile(const isa::MatvecArgs& a, uint32_t scales) {
   isa::MatvecFp8Args f{};
   f.weight = a.weight, f.row_begin = a.row_begin, f.rows = a.rows, f.k = a.k, f.input = a.input;
