@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+
+#include "absl/strings/numbers.h"
 
 #include "graph/layout_pass.h"
 #include "graph/onnx_importer.h"
@@ -42,8 +46,9 @@ absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::
   Constant c;
   c.shape.assign(t.dims().begin(), t.dims().end());
   const int64_t n = Elements(c.shape);
-  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    return absl::UnimplementedError(absl::StrCat(what, ": external tensor data is not supported"));
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {  // (ImportOnnx reads it in before this)
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": external tensor data is read only for a model loaded from its file (its folder)"));
   }
   switch (t.data_type()) {
     case onnx::TensorProto::FLOAT:
@@ -342,6 +347,112 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   return absl::OkStatus();
 }
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// Bytes per element of the tensor types FromTensorProto reads (0: another type, refused there).
+uint64_t ElementBytes(int32_t data_type) {
+  switch (data_type) {
+    case onnx::TensorProto::FLOAT:
+    case onnx::TensorProto::INT32: return 4;
+    case onnx::TensorProto::INT64: return 8;
+    default: return 0;
+  }
+}
+
+// Reads every tensor the model stores outside its file (initializers and Constant nodes' `value`, as exporters
+// write them for models past 2 GB or with opset 18's default) into raw_data. A location is a path relative to the
+// model's folder and must stay inside it (no absolute path, no "..", no link out of it); offset and length are
+// checked against the file and the tensor's size before anything is read.
+absl::Status ReadExternalData(const std::string& model_path, onnx::ModelProto* m) {
+  const fs::path dir = fs::path(model_path).parent_path().empty() ? fs::path(".") : fs::path(model_path).parent_path();
+  std::error_code ec;
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(model_path, ": cannot resolve its folder: ", ec.message()));
+  std::map<std::string, std::string> files;  // location -> its bytes (read once)
+  auto resolve = [&](onnx::TensorProto* t, const std::string& what) -> absl::Status {
+    if (t->data_location() != onnx::TensorProto::EXTERNAL) return absl::OkStatus();
+    std::string location;
+    uint64_t offset = 0, length = 0;
+    bool has_length = false;
+    for (const onnx::StringStringEntryProto& e : t->external_data()) {
+      if (e.key() == "location") {
+        location = e.value();
+      } else if (e.key() == "offset" || e.key() == "length") {
+        uint64_t v = 0;
+        if (!absl::SimpleAtoi(e.value(), &v)) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": external_data ", e.key(), " '", e.value(),
+                                                         "' is not a byte count"));
+        }
+        (e.key() == "offset" ? offset : length) = v;
+        has_length = has_length || e.key() == "length";
+      } else if (e.key() != "checksum") {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": external_data key '", e.key(), "' is not read"));
+      }
+    }
+    const fs::path rel(location);
+    if (location.empty() || rel.is_absolute() || rel.has_root_name()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": external_data location '", location,
+                                                     "' must be a file name relative to the model's folder"));
+    }
+    const fs::path path = fs::weakly_canonical(root / rel, ec);
+    const auto [mismatch, unused] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+    if (ec || mismatch != root.end() || path == root) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": external_data location '", location,
+                                                     "' leads out of the model's folder ", root.string()));
+    }
+    auto file = files.find(location);
+    if (file == files.end()) {
+      absl::StatusOr<std::string> bytes = ReadFile(path.string());
+      if (!bytes.ok()) {
+        return absl::NotFoundError(absl::StrCat(what, ": external_data file '", location, "': ",
+                                                bytes.status().message()));
+      }
+      file = files.emplace(location, *std::move(bytes)).first;
+    }
+    const uint64_t size = file->second.size();
+    const uint64_t element = ElementBytes(t->data_type());
+    uint64_t expected = element;
+    for (int64_t d : t->dims()) {
+      if (d < 0 || (d > 0 && expected > (uint64_t{1} << 40) / static_cast<uint64_t>(d))) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": dimension ", d, " is out of range"));
+      }
+      expected *= static_cast<uint64_t>(d);
+    }
+    if (!has_length) length = offset <= size ? size - offset : 0;
+    if (offset > size || length > size - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": external_data bytes [", offset, ", +", length,
+                                                     ") run past the end of '", location, "' (", size, " bytes)"));
+    }
+    if (element != 0 && length != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": external_data holds ", length, " bytes, the tensor's ",
+                                                     "shape and type need ", expected));
+    }
+    t->set_raw_data(file->second.substr(offset, length));
+    t->clear_external_data();
+    t->set_data_location(onnx::TensorProto::DEFAULT);
+    return absl::OkStatus();
+  };
+  onnx::GraphProto* g = m->mutable_graph();
+  for (onnx::TensorProto& t : *g->mutable_initializer()) {
+    if (absl::Status s = resolve(&t, absl::StrCat(model_path, ": initializer '", t.name(), "'")); !s.ok()) return s;
+  }
+  for (onnx::NodeProto& n : *g->mutable_node()) {
+    for (onnx::AttributeProto& a : *n.mutable_attribute()) {
+      if (!a.has_t()) continue;
+      if (absl::Status s = resolve(a.mutable_t(), absl::StrCat(model_path, ": node '", n.name(), "' attribute '",
+                                                               a.name(), "'"));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 }  // namespace onnx_internal
 
 using onnx_internal::Importer;
@@ -353,20 +464,30 @@ std::vector<std::string> OnnxSupportedOps() {
   return ops;
 }
 
-absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {
-  onnx::ModelProto m;
+namespace onnx_internal {
+absl::Status ParseModel(const std::string& bytes, const std::string& name, onnx::ModelProto* m) {
   if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": empty file, not an ONNX model"));
-  if (!m.ParseFromString(bytes)) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file"));
+  if (!m->ParseFromString(bytes)) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file"));
   // Bytes that happen to parse as a protobuf (a file of zeros, another message) are not a model: a model has a
   // graph.
-  if (!m.has_graph()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file (no graph)"));
+  if (!m->has_graph()) return absl::InvalidArgumentError(absl::StrCat(name, ": not an ONNX model file (no graph)"));
+  return absl::OkStatus();
+}
+}  // namespace onnx_internal
+
+absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name, bool cancel_transposes) {
+  onnx::ModelProto m;
+  if (absl::Status s = onnx_internal::ParseModel(bytes, name, &m); !s.ok()) return s;
   return Importer(name, cancel_transposes).Run(m);
 }
 
 absl::StatusOr<OnnxModel> ImportOnnx(const std::string& path) {
   absl::StatusOr<std::string> bytes = onnx_internal::ReadFile(path);
   if (!bytes.ok()) return bytes.status();
-  return ImportOnnxBytes(*bytes, path);
+  onnx::ModelProto m;
+  if (absl::Status s = onnx_internal::ParseModel(*bytes, path, &m); !s.ok()) return s;
+  if (absl::Status s = onnx_internal::ReadExternalData(path, &m); !s.ok()) return s;
+  return Importer(path, true).Run(m);
 }
 
 absl::StatusOr<HostTensor> ReadOnnxTensor(const std::string& path) {

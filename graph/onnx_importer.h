@@ -34,6 +34,8 @@ struct Constant {
   bool is_int = false;
 };
 absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::string& what);
+// Parses a ModelProto, refusing bytes that are not a model (empty, unparsable, no graph); `name` is the file.
+absl::Status ParseModel(const std::string& bytes, const std::string& name, onnx::ModelProto* m);
 
 // A node's attributes, read by name and type; what is left unread is refused by Done().
 class Attrs {

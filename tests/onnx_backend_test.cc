@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unistd.h>
+#include <tuple>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -524,6 +526,99 @@ TEST(OnnxImport, ManyIdentitiesOfOneInitializer) {
   absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "ids.onnx");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({4}, {10, 20, 30, 40}), 0), (std::vector<float>{11, 22, 33, 44}));
+}
+
+// Weights outside the model file (what torch.onnx.export writes with opset 18 or past 2 GB): an initializer and a
+// Constant's value in `w.data` beside the model, at offsets; the same results as the weights inline. Every way a
+// location or a byte range can lie is refused naming the tensor, before anything is read out of the folder.
+TEST(OnnxImport, ExternalDataBesideTheModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_onnx_external_", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "m");
+  const std::vector<float> b = {1, 2, 3, 4}, c = {0.5f, 0.25f, 2, 4};
+  std::string data(16, '\x7f');  // 16 bytes of padding, then b, then c
+  data.append(reinterpret_cast<const char*>(b.data()), 16);
+  data.append(reinterpret_cast<const char*>(c.data()), 16);
+  std::ofstream(dir / "m" / "w.data", std::ios::binary) << data;
+  auto external = [](onnx::TensorProto* t, const std::string& location, const std::string& offset,
+                     const std::string& length) {
+    t->clear_float_data();
+    t->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const char* key, const std::string& value) {
+      if (value.empty()) return;
+      onnx::StringStringEntryProto* e = t->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    };
+    add("location", location);
+    add("offset", offset);
+    add("length", length);
+  };
+  // y = (x + b) * c, b an initializer, c a Constant node's value.
+  auto model = [&](const std::string& b_location, const std::string& b_offset, const std::string& b_length) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(18);
+    onnx::GraphProto* g = proto.mutable_graph();
+    onnx::TensorProto* bt = g->add_initializer();
+    *bt = FloatTensor("b", {4}, b);
+    if (!b_location.empty()) external(bt, b_location, b_offset, b_length);
+    AddValue(g->add_input(), "x", {4});
+    onnx::NodeProto* k = g->add_node();
+    k->set_op_type("Constant");
+    k->set_name("c");
+    k->add_output("c");
+    onnx::AttributeProto* v = k->add_attribute();
+    v->set_name("value");
+    v->set_type(onnx::AttributeProto::TENSOR);
+    *v->mutable_t() = FloatTensor("c", {4}, c);
+    external(v->mutable_t(), "w.data", "32", "");
+    onnx::NodeProto* add = g->add_node();
+    add->set_op_type("Add");
+    add->add_input("x");
+    add->add_input("b");
+    add->add_output("s");
+    onnx::NodeProto* mul = g->add_node();
+    mul->set_op_type("Mul");
+    mul->add_input("s");
+    mul->add_input("c");
+    mul->add_output("y");
+    AddValue(g->add_output(), "y", {4});
+    const fs::path path = dir / "m" / "model.onnx";
+    std::ofstream(path, std::ios::binary) << proto.SerializeAsString();
+    return graph::ImportOnnx(path.string());
+  };
+  absl::StatusOr<graph::OnnxModel> m = model("w.data", "16", "16");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({4}, {10, 20, 30, 40}), 0), (std::vector<float>{5.5f, 5.5f, 66, 176}));
+  // The same bytes from the model's bytes alone (no folder): refused, not guessed.
+  {
+    onnx::ModelProto proto;
+    std::ifstream in(dir / "m" / "model.onnx", std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    absl::StatusOr<graph::OnnxModel> bytes_only = graph::ImportOnnxBytes(ss.str(), "bytes.onnx");
+    ASSERT_FALSE(bytes_only.ok());
+    EXPECT_NE(bytes_only.status().message().find("loaded from its file"), std::string::npos) << bytes_only.status();
+  }
+  std::ofstream(dir / "outside.data", std::ios::binary) << data;
+  fs::create_symlink(dir / "outside.data", dir / "m" / "link.data");
+  const std::vector<std::tuple<std::string, std::string, std::string, std::string>> bad = {
+      {"../outside.data", "16", "16", "leads out of the model's folder"},
+      {(dir / "outside.data").string(), "16", "16", "relative to the model's folder"},
+      {"link.data", "16", "16", "leads out of the model's folder"},
+      {"w.data", "40", "16", "run past the end of 'w.data' (48 bytes)"},
+      {"w.data", "0", "12", "holds 12 bytes, the tensor's shape and type need 16"},
+      {"w.data", "-4", "16", "offset '-4' is not a byte count"},
+      {"missing.data", "0", "16", "external_data file 'missing.data'"},
+  };
+  for (const auto& [location, offset, length, why] : bad) {
+    absl::StatusOr<graph::OnnxModel> r = model(location, offset, length);
+    ASSERT_FALSE(r.ok()) << location;
+    EXPECT_NE(r.status().message().find("initializer 'b'"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
