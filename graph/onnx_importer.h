@@ -105,10 +105,14 @@ class Importer {
     return name;
   }
   // A float constant as a WEIGHT tensor of the graph (declared once).
+  // A float constant as a weight. A rank-0 one (what exporters write for every Python scalar: `x / sqrt(2)`,
+  // `1 / sqrt(d)`) is a one-element vector [1]: under numpy broadcasting it is the same operand, and every IR tensor
+  // has a shape.
   std::string WeightOf(const std::string& name, const Constant& c) {
     if (index_.contains(name)) return name;
-    Declare(name, c.shape, WEIGHT);
-    weights_[name] = HostTensor::FromF32(c.shape, c.f);
+    const Shape shape = c.shape.empty() ? Shape{1} : c.shape;
+    Declare(name, shape, WEIGHT);
+    weights_[name] = HostTensor::FromF32(shape, c.f);
     return name;
   }
   std::string NewWeight(const std::string& base, const Shape& shape, std::vector<float> values) {

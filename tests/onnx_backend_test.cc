@@ -621,5 +621,37 @@ TEST(OnnxImport, ExternalDataBesideTheModel) {
   fs::remove_all(dir);
 }
 
+// Rank-0 constants (an exporter's Python scalars: GELU's `x / sqrt(2)`, attention's `1 / sqrt(d)`), as an
+// initializer and as a Constant node's value, broadcast as scalars.
+TEST(OnnxImport, RankZeroConstantsAreScalars) {
+  onnx::ModelProto proto;
+  proto.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = proto.mutable_graph();
+  *g->add_initializer() = FloatTensor("two", {}, {2.0f});
+  AddValue(g->add_input(), "x", {2, 3});
+  onnx::NodeProto* k = g->add_node();
+  k->set_op_type("Constant");
+  k->add_output("half");
+  onnx::AttributeProto* v = k->add_attribute();
+  v->set_name("value");
+  v->set_type(onnx::AttributeProto::TENSOR);
+  *v->mutable_t() = FloatTensor("half", {}, {0.5f});
+  onnx::NodeProto* div = g->add_node();
+  div->set_op_type("Div");
+  div->add_input("x");
+  div->add_input("two");
+  div->add_output("d");
+  onnx::NodeProto* add = g->add_node();
+  add->set_op_type("Add");
+  add->add_input("half");
+  add->add_input("d");
+  add->add_output("y");
+  AddValue(g->add_output(), "y", {2, 3});
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "scalars.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({2, 3}, {2, 4, 6, 8, 10, 12}), 0),
+            (std::vector<float>{1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f}));
+}
+
 }  // namespace
 }  // namespace loom
