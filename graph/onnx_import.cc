@@ -110,6 +110,7 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
                              kMaxOpset));
   }
   const onnx::GraphProto& g = m.graph();
+  if (absl::Status s = RefuseUnsupportedOps(g); !s.ok()) return s;
   for (const onnx::TensorProto& t : g.initializer()) {
     absl::StatusOr<Constant> c = FromTensorProto(t, absl::StrCat(file_, ": initializer '", t.name(), "'"));
     if (!c.ok()) return c.status();
@@ -165,6 +166,37 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
   out.weights = std::move(weights_);
   out.opset = opset_;
   return out;
+}
+
+absl::Status Importer::RefuseUnsupportedOps(const onnx::GraphProto& g) const {
+  // Every op type (or domain) the importer does not map, named at once before any node is imported: a file is
+  // refused once with all that it lacks, not one op at a time. Per type: how many nodes, and the first.
+  const std::vector<std::string> supported = OnnxSupportedOps();
+  std::map<std::string, std::pair<int, std::string>> missing;
+  for (int i = 0; i < g.node_size(); ++i) {
+    const onnx::NodeProto& n = g.node(i);
+    const bool other_domain = !n.domain().empty() && n.domain() != "ai.onnx";
+    if (!other_domain && std::binary_search(supported.begin(), supported.end(), n.op_type())) continue;
+    auto [it, first] = missing.try_emplace(other_domain ? absl::StrCat(n.domain(), ".", n.op_type()) : n.op_type(),
+                                           0, n.name().empty() ? absl::StrCat("#", i, n.output_size() ? " -> " + n.output(0)
+                                                                                                       : "")
+                                                               : n.name());
+    ++it->second.first;
+  }
+  if (missing.empty()) return absl::OkStatus();
+  const std::string list = absl::StrJoin(supported, ", ");
+  if (missing.size() == 1 && missing.begin()->second.first == 1) {  // one node: named as every node refusal is
+    const auto& [type, node] = *missing.begin();
+    return absl::UnimplementedError(absl::StrCat(file_, ": node '", node.second, "' (", type,
+                                                 "): op type not supported (supported: ", list, ")"));
+  }
+  std::vector<std::string> parts;
+  for (const auto& [type, node] : missing) {
+    parts.push_back(node.first == 1 ? absl::StrCat(type, " (node '", node.second, "')")
+                                    : absl::StrCat(type, " (", node.first, " nodes, the first '", node.second, "')"));
+  }
+  return absl::UnimplementedError(absl::StrCat(file_, ": ", missing.size(), " op types are not supported: ",
+                                               absl::StrJoin(parts, ", "), " (supported: ", list, ")"));
 }
 
 absl::Status Importer::Node(const onnx::NodeProto& n, int index) {

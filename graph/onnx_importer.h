@@ -172,6 +172,8 @@ class Importer {
   }
 
   absl::Status Node(const onnx::NodeProto& n, int index);
+  // Refuses a graph with op types the importer does not map, naming every one of them (see onnx_import.cc).
+  absl::Status RefuseUnsupportedOps(const onnx::GraphProto& g) const;
   absl::Status Spatial(const onnx::NodeProto& n, Attrs& a);
   absl::Status Gemm(const onnx::NodeProto& n, Attrs& a);
   absl::Status LayerNorm(const onnx::NodeProto& n, Attrs& a);

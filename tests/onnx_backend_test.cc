@@ -653,5 +653,37 @@ TEST(OnnxImport, RankZeroConstantsAreScalars) {
             (std::vector<float>{1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f}));
 }
 
+// A file with several op types Loom does not map is refused once, naming every one (how many nodes, the first),
+// other domains included, before any node is imported.
+TEST(OnnxImport, EveryUnsupportedOpTypeIsNamedAtOnce) {
+  onnx::ModelProto proto;
+  proto.add_opset_import()->set_version(17);
+  onnx::GraphProto* g = proto.mutable_graph();
+  AddValue(g->add_input(), "x", {4});
+  auto node = [&](const std::string& type, const std::string& name, const std::string& in, const std::string& out,
+                  const std::string& domain = "") {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(type);
+    n->set_name(name);
+    n->set_domain(domain);
+    n->add_input(in);
+    n->add_output(out);
+  };
+  node("Cos", "c1", "x", "a");
+  node("Relu", "r", "a", "b");
+  node("Cos", "c2", "b", "c");
+  node("Pow", "", "c", "d");
+  node("FusedGelu", "f", "d", "y", "com.microsoft");
+  AddValue(g->add_output(), "y", {4});
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "many.onnx");
+  ASSERT_FALSE(m.ok());
+  const std::string why(m.status().message());
+  EXPECT_NE(why.find("many.onnx: 3 op types are not supported: Cos (2 nodes, the first 'c1'), Pow (node '#3 -> d'), "
+                     "com.microsoft.FusedGelu (node 'f') (supported: "),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace loom
