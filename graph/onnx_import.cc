@@ -38,7 +38,8 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
                                         "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
-                                        "LayerNormalization", "MaxPool", "Reshape", "Softmax", "Transpose"};
+                                        "LayerNormalization", "MaxPool", "Reshape", "Softmax", "Squeeze",
+                                        "Transpose", "Unsqueeze"};
 
 }  // namespace
 
@@ -345,6 +346,42 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
         shape[infer] = Elements(in) / known;
       }
     }
+    absl::StatusOr<std::string> y = Reshape(*x, shape, out);
+    if (!y.ok()) return y.status();
+    alias_[out] = *y;
+  } else if (t == "Squeeze" || t == "Unsqueeze") {
+    // Static shapes: a RESHAPE. Axes: an attribute before opset 13, then a constant int64 input (Squeeze's
+    // optional: every dimension of size 1).
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    const Shape in = Shapes(*x);
+    std::vector<int64_t> axes;
+    if (opset_ < 13) {
+      axes = a.Ints("axes");
+    } else if (n.input_size() > 1 && !n.input(1).empty()) {
+      const Constant* c = ConstantOf(n.input(1));
+      if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
+      axes = c->i;
+    }
+    const bool unsqueeze = t == "Unsqueeze";
+    const int64_t rank = static_cast<int64_t>(in.size()) + (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
+    if (unsqueeze && axes.empty()) return Refuse("needs its axes");
+    std::vector<bool> marked(rank, false);
+    for (int64_t axis : axes) {
+      const int64_t at = axis < 0 ? axis + rank : axis;
+      if (at < 0 || at >= rank || marked[at]) return Refuse(absl::StrCat("axis ", axis, " is out of range or repeated"));
+      if (!unsqueeze && in[at] != 1) return Refuse(absl::StrCat("axis ", axis, " has size ", in[at], ", not 1"));
+      marked[at] = true;
+    }
+    Shape shape;
+    for (int64_t d = 0, from = 0; d < rank; ++d) {
+      if (unsqueeze) {
+        shape.push_back(marked[d] ? 1 : in[from++]);
+      } else if (!(axes.empty() ? in[d] == 1 : marked[d])) {
+        shape.push_back(in[d]);
+      }
+    }
+    if (shape.empty()) shape.push_back(1);  // a rank-0 result is a one-element vector (as rank-0 constants are)
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();
     alias_[out] = *y;

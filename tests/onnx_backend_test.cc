@@ -685,5 +685,54 @@ TEST(OnnxImport, EveryUnsupportedOpTypeIsNamedAtOnce) {
   EXPECT_EQ(why.find('\n'), std::string::npos) << why;
 }
 
+// Squeeze / Unsqueeze with constant axes (opset 13's inputs; opset 11's attributes) are reshapes of static shapes:
+// [2, 1, 3] -> Unsqueeze(0, -1) -> [1, 2, 1, 3, 1] -> Squeeze() -> [2, 3]; a Squeeze of a dimension that is not 1
+// is refused naming it.
+TEST(OnnxImport, SqueezeAndUnsqueezeWithConstantAxes) {
+  for (int opset : {11, 13}) {
+    for (bool bad : {false, true}) {
+      onnx::ModelProto proto;
+      proto.add_opset_import()->set_version(opset);
+      onnx::GraphProto* g = proto.mutable_graph();
+      AddValue(g->add_input(), "x", {2, 1, 3});
+      auto axes = [&](onnx::NodeProto* n, const std::string& name, std::vector<int64_t> values) {
+        if (opset >= 13) {
+          *g->add_initializer() = Int64Tensor(name, {static_cast<int64_t>(values.size())}, values);
+          n->add_input(name);
+          return;
+        }
+        onnx::AttributeProto* a = n->add_attribute();
+        a->set_name("axes");
+        a->set_type(onnx::AttributeProto::INTS);
+        for (int64_t v : values) a->add_ints(v);
+      };
+      onnx::NodeProto* u = g->add_node();
+      u->set_op_type("Unsqueeze");
+      u->set_name("u");
+      u->add_input("x");
+      axes(u, "u_axes", {0, -1});
+      u->add_output("u");
+      onnx::NodeProto* q = g->add_node();
+      q->set_op_type("Squeeze");
+      q->set_name("q");
+      q->add_input("u");
+      if (bad) axes(q, "q_axes", {1});  // a dimension of 2
+      q->add_output("y");
+      AddValue(g->add_output(), "y", {2, 3});
+      absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "sq.onnx");
+      if (bad) {
+        ASSERT_FALSE(m.ok()) << opset;
+        EXPECT_NE(m.status().message().find("node 'q' (Squeeze): axis 1 has size 2, not 1"), std::string::npos)
+            << m.status();
+        continue;
+      }
+      ASSERT_TRUE(m.ok()) << opset << ": " << m.status();
+      EXPECT_EQ(m->graph.tensor(m->outputs[0]).shape_size(), 2) << opset;
+      EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({2, 1, 3}, {1, 2, 3, 4, 5, 6}), 0),
+                (std::vector<float>{1, 2, 3, 4, 5, 6}));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom
