@@ -38,8 +38,8 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
                                         "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
-                                        "LayerNormalization", "MaxPool", "Reshape", "Softmax", "Squeeze",
-                                        "Transpose", "Unsqueeze"};
+                                        "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "Reshape",
+                                        "Softmax", "Squeeze", "Transpose", "Unsqueeze"};
 
 }  // namespace
 
@@ -347,6 +347,37 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
       }
     }
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
+    if (!y.ok()) return y.status();
+    alias_[out] = *y;
+  } else if (t == "Neg" || t == "Reciprocal") {  // -x as x * -1 (exact, signed zeros too), 1 / x as a DIV
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    absl::StatusOr<std::string> y =
+        t == "Neg" ? Emit(MUL, {*x, NewWeight(out + "/minus_one", {1}, {-1.0f})}, out, [](OpDef&) {})
+                   : Emit(DIV, {NewWeight(out + "/one", {1}, {1.0f}), *x}, out, [](OpDef&) {});
+    if (!y.ok()) return y.status();
+    alias_[out] = *y;
+  } else if (t == "Pow") {
+    // A constant exponent of one element (what exporters write: GELU's tanh form cubes, norms square): 1, 2, 3 and
+    // -1 as products and a quotient; any other is refused naming it (the IR has no log, exp of products only).
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    const Constant* c = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+    if (c == nullptr || Elements(c->shape) != 1 || c->shape.size() > Shapes(*x).size()) {
+      return Refuse("the exponent must be a constant of one element");
+    }
+    const double e = c->is_int ? static_cast<double>(c->i[0]) : c->f[0];
+    absl::StatusOr<std::string> y;
+    if (e == 1) {
+      y = Reshape(*x, Shapes(*x), out);
+    } else if (e == 2 || e == 3) {
+      y = Emit(MUL, {*x, *x}, e == 2 ? out : out + "/square", [](OpDef&) {});
+      if (y.ok() && e == 3) y = Emit(MUL, {*y, *x}, out, [](OpDef&) {});
+    } else if (e == -1) {
+      y = Emit(DIV, {NewWeight(out + "/one", {1}, {1.0f}), *x}, out, [](OpDef&) {});
+    } else {
+      return Refuse(absl::StrCat("exponent ", e, " (Loom raises to the powers 1, 2, 3 and -1)"));
+    }
     if (!y.ok()) return y.status();
     alias_[out] = *y;
   } else if (t == "Squeeze" || t == "Unsqueeze") {
