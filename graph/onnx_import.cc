@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 
 #include "graph/layout_pass.h"
 #include "graph/onnx_importer.h"
@@ -38,8 +39,8 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
                                         "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
-                                        "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "Reshape",
-                                        "Softmax", "Squeeze", "Transpose", "Unsqueeze"};
+                                        "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "ReduceMean",
+                                        "Reshape", "Softmax", "Squeeze", "Transpose", "Unsqueeze"};
 
 }  // namespace
 
@@ -349,6 +350,47 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();
     alias_[out] = *y;
+  } else if (t == "ReduceMean") {
+    // The mean over every spatial axis of NCHW / NCL (what AdaptiveAvgPool2d(1) exports to) is GlobalAveragePool,
+    // then a reshape without keepdims; other axes are refused naming them. Axes: an attribute before opset 18, then
+    // a constant input.
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    const Shape in = Shapes(*x);
+    std::vector<int64_t> axes;
+    if (opset_ < 18) {
+      axes = a.Ints("axes");
+    } else if (n.input_size() > 1 && !n.input(1).empty()) {
+      const Constant* c = ConstantOf(n.input(1));
+      if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
+      axes = c->i;
+    }
+    const bool keepdims = a.Int("keepdims", 1) != 0;
+    if (opset_ >= 18 && a.Int("noop_with_empty_axes", 0) != 0) return Refuse("noop_with_empty_axes");
+    const int64_t rank = static_cast<int64_t>(in.size());
+    std::vector<int64_t> sorted;
+    for (int64_t axis : axes) sorted.push_back(axis < 0 ? axis + rank : axis);
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int64_t> spatial;
+    for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
+    if ((rank != 3 && rank != 4) || sorted != spatial) {
+      return Refuse(absl::StrCat("the mean over axes [", absl::StrJoin(axes, ","), "] of a rank-", rank,
+                                 " input (Loom reduces every spatial axis of NCHW or NCL: a global average pool)"));
+    }
+    onnx::NodeProto pool;
+    pool.set_op_type("GlobalAveragePool");
+    pool.set_name(n.name());
+    pool.add_input(n.input(0));
+    pool.add_output(keepdims ? out : out + "/keepdims");
+    Attrs none(pool);
+    if (absl::Status s = Spatial(pool, none); !s.ok()) return s;
+    if (!keepdims) {
+      absl::StatusOr<std::string> kept = Activation(out + "/keepdims", "input");
+      if (!kept.ok()) return kept.status();
+      absl::StatusOr<std::string> y = Reshape(*kept, {in[0], in[1]}, out);
+      if (!y.ok()) return y.status();
+      alias_[out] = *y;
+    }
   } else if (t == "Neg" || t == "Reciprocal") {  // -x as x * -1 (exact, signed zeros too), 1 / x as a DIV
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();

@@ -763,5 +763,55 @@ TEST(OnnxImport, PowWithAConstantExponent) {
   }
 }
 
+// ReduceMean over every spatial axis (AdaptiveAvgPool2d(1) as exporters write it: axes [2, 3] or [-1, -2], an
+// attribute before opset 18 and a constant input from it, with and without keepdims) is a global average pool;
+// the mean over the channels is refused naming the axes.
+TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
+  struct Case {
+    int opset;
+    std::vector<int64_t> axes;
+    bool keepdims;
+    bool refused;
+  };
+  for (const Case& c : {Case{13, {2, 3}, true, false}, Case{18, {-1, -2}, false, false}, Case{18, {3, 2}, true, false},
+                        Case{13, {1}, true, true}}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(c.opset);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {1, 3, 2, 2});
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("ReduceMean");
+    n->set_name("m");
+    n->add_input("x");
+    if (c.opset >= 18) {
+      *g->add_initializer() = Int64Tensor("axes", {static_cast<int64_t>(c.axes.size())}, c.axes);
+      n->add_input("axes");
+    } else {
+      onnx::AttributeProto* a = n->add_attribute();
+      a->set_name("axes");
+      a->set_type(onnx::AttributeProto::INTS);
+      for (int64_t v : c.axes) a->add_ints(v);
+    }
+    onnx::AttributeProto* k = n->add_attribute();
+    k->set_name("keepdims");
+    k->set_type(onnx::AttributeProto::INT);
+    k->set_i(c.keepdims ? 1 : 0);
+    n->add_output("y");
+    AddValue(g->add_output(), "y", c.keepdims ? std::vector<int64_t>{1, 3, 1, 1} : std::vector<int64_t>{1, 3});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "mean.onnx");
+    if (c.refused) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find("node 'm' (ReduceMean): the mean over axes [1] of a rank-4 input"),
+                std::string::npos)
+          << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << c.opset << ": " << m.status();
+    EXPECT_EQ(m->graph.tensor(m->outputs[0]).shape_size(), c.keepdims ? 4 : 2);
+    EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({1, 3, 2, 2}, {1, 2, 3, 4, 10, 20, 30, 40, -1, -1, -1, -1}), 0),
+              (std::vector<float>{2.5f, 25.0f, -1.0f}));
+  }
+}
+
 }  // namespace
 }  // namespace loom
