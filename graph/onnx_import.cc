@@ -40,7 +40,9 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
                                         "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
                                         "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "ReduceMean",
-                                        "Reshape", "Softmax", "Squeeze", "Transpose", "Unsqueeze"};
+                                        "Reshape", "Softmax", "Squeeze", "Transpose", "Unsqueeze",
+                                        // shape arithmetic on constants (Importer::FoldShapeArithmetic)
+                                        "Cast", "Gather", "Shape"};
 
 }  // namespace
 
@@ -201,6 +203,136 @@ absl::Status Importer::RefuseUnsupportedOps(const onnx::GraphProto& g) const {
                                                absl::StrJoin(parts, ", "), " (supported: ", list, ")"));
 }
 
+// The shape Squeeze (`unsqueeze` false) or Unsqueeze gives `in` with `axes` (normalized against the output's rank
+// for Unsqueeze, the input's for Squeeze; Squeeze without axes drops every dimension of size 1), or why not.
+absl::StatusOr<Shape> SqueezedShape(const Shape& in, const std::vector<int64_t>& axes, bool unsqueeze) {
+  const int64_t rank = static_cast<int64_t>(in.size()) + (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
+  if (unsqueeze && axes.empty()) return absl::InvalidArgumentError("needs its axes");
+  std::vector<bool> marked(rank, false);
+  for (int64_t axis : axes) {
+    const int64_t at = axis < 0 ? axis + rank : axis;
+    if (at < 0 || at >= rank || marked[at]) {
+      return absl::InvalidArgumentError(absl::StrCat("axis ", axis, " is out of range or repeated"));
+    }
+    if (!unsqueeze && in[at] != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("axis ", axis, " has size ", in[at], ", not 1"));
+    }
+    marked[at] = true;
+  }
+  Shape shape;
+  for (int64_t d = 0, from = 0; d < rank; ++d) {
+    if (unsqueeze) {
+      shape.push_back(marked[d] ? 1 : in[from++]);
+    } else if (!(axes.empty() ? in[d] == 1 : marked[d])) {
+      shape.push_back(in[d]);
+    }
+  }
+  return shape;
+}
+
+absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a) {
+  // Shape arithmetic on static shapes, as exporters write a view or a flatten (Shape -> Gather -> Unsqueeze ->
+  // Concat -> Reshape): folded to int64 constants here, so the Reshape after it reads a constant shape.
+  const std::string& t = n.op_type();
+  const std::string& out = n.output(0);
+  auto int_const = [&](int k) -> const Constant* {
+    if (k >= n.input_size() || n.input(k).empty()) return nullptr;
+    const Constant* c = ConstantOf(n.input(k));
+    return c != nullptr && c->is_int ? c : nullptr;
+  };
+  if (t == "Shape") {
+    Shape in;
+    if (const Constant* c = ConstantOf(n.input(0)); c != nullptr) {
+      in = c->shape;
+    } else {
+      absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+      if (!x.ok()) return x.status();
+      in = Shapes(*x);
+    }
+    const int64_t rank = static_cast<int64_t>(in.size());
+    int64_t start = a.Int("start", 0), end = a.Int("end", rank);  // (opset 15; clamped as the spec says)
+    start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
+    end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
+    Constant c;
+    c.is_int = true;
+    for (int64_t d = start; d < end; ++d) c.i.push_back(in[d]);
+    c.shape = {static_cast<int64_t>(c.i.size())};
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Gather" && int_const(0) != nullptr) {
+    const Constant& data = *int_const(0);
+    const Constant* idx = int_const(1);
+    if (idx == nullptr) return Refuse("shape arithmetic: the indices must be a constant int tensor");
+    if (data.shape.size() != 1 || a.Int("axis", 0) != 0) return Refuse("shape arithmetic: gathers from a 1-D shape only");
+    Constant c;
+    c.is_int = true;
+    c.shape = idx->shape;
+    const int64_t size = static_cast<int64_t>(data.i.size());
+    for (int64_t i : idx->i) {
+      const int64_t at = i < 0 ? i + size : i;
+      if (at < 0 || at >= size) return Refuse(absl::StrCat("shape arithmetic: index ", i, " of a shape of rank ", size));
+      c.i.push_back(data.i[at]);
+    }
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Gather") {
+    return Refuse("a gather from a float tensor (an embedding lookup): Loom gathers from constant shapes only");
+  }
+  if ((t == "Unsqueeze" || t == "Squeeze") && int_const(0) != nullptr) {
+    std::vector<int64_t> axes;
+    if (opset_ < 13) {
+      axes = a.Ints("axes");
+    } else if (const Constant* c = int_const(1); c != nullptr) {
+      axes = c->i;
+    } else if (n.input_size() > 1 && !n.input(1).empty()) {
+      return Refuse("the axes must be a constant int64 tensor (an initializer)");
+    }
+    absl::StatusOr<Shape> shape = SqueezedShape(int_const(0)->shape, axes, t == "Unsqueeze");
+    if (!shape.ok()) return Refuse(std::string(shape.status().message()));
+    Constant c = *int_const(0);
+    c.shape = *shape;
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Concat" && n.input_size() > 0) {
+    bool all = true;
+    for (int k = 0; k < n.input_size(); ++k) all = all && int_const(k) != nullptr;
+    if (!all) return false;
+    Constant c;
+    c.is_int = true;
+    for (int k = 0; k < n.input_size(); ++k) {
+      if (int_const(k)->shape.size() != 1) return Refuse("shape arithmetic: concatenates 1-D shapes only");
+      c.i.insert(c.i.end(), int_const(k)->i.begin(), int_const(k)->i.end());
+    }
+    a.Int("axis", 0);
+    c.shape = {static_cast<int64_t>(c.i.size())};
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Cast") {  // int64 / int32 shapes stay what they are; a float tensor cast to float is itself
+    const int64_t to = a.Int("to", 0);
+    if (int_const(0) != nullptr && (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32)) {
+      consts_[out] = *int_const(0);
+      return true;
+    }
+    if (int_const(0) == nullptr && to == onnx::TensorProto::FLOAT) {
+      if (const Constant* c = ConstantOf(n.input(0)); c != nullptr) {
+        consts_[out] = *c;
+        return true;
+      }
+      absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+      if (!x.ok()) return x.status();
+      alias_[out] = *x;
+      return true;
+    }
+    return Refuse(absl::StrCat("a cast to ", onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to)),
+                               " (Loom casts float to float and integer shapes to integers)"));
+  }
+  return false;
+}
+
 absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   node_type_ = n.op_type();
   node_name_ = n.name().empty() ? absl::StrCat("#", index, n.output_size() ? " -> " + n.output(0) : "") : n.name();
@@ -213,6 +345,14 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
   absl::Status s = absl::OkStatus();
+  absl::StatusOr<bool> folded = FoldShapeArithmetic(n, a);
+  if (!folded.ok()) return folded.status();
+  if (*folded) {
+    if (const std::string unread = a.Unread(); !unread.empty()) {
+      return Refuse(absl::StrCat("attribute '", unread, "' is not supported"));
+    }
+    return absl::OkStatus();
+  }
   auto unary = [&](OpType type) -> absl::Status {
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
@@ -436,24 +576,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
       if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
       axes = c->i;
     }
-    const bool unsqueeze = t == "Unsqueeze";
-    const int64_t rank = static_cast<int64_t>(in.size()) + (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
-    if (unsqueeze && axes.empty()) return Refuse("needs its axes");
-    std::vector<bool> marked(rank, false);
-    for (int64_t axis : axes) {
-      const int64_t at = axis < 0 ? axis + rank : axis;
-      if (at < 0 || at >= rank || marked[at]) return Refuse(absl::StrCat("axis ", axis, " is out of range or repeated"));
-      if (!unsqueeze && in[at] != 1) return Refuse(absl::StrCat("axis ", axis, " has size ", in[at], ", not 1"));
-      marked[at] = true;
-    }
-    Shape shape;
-    for (int64_t d = 0, from = 0; d < rank; ++d) {
-      if (unsqueeze) {
-        shape.push_back(marked[d] ? 1 : in[from++]);
-      } else if (!(axes.empty() ? in[d] == 1 : marked[d])) {
-        shape.push_back(in[d]);
-      }
-    }
+    absl::StatusOr<Shape> squeezed = SqueezedShape(in, axes, t == "Unsqueeze");
+    if (!squeezed.ok()) return Refuse(std::string(squeezed.status().message()));
+    Shape shape = *squeezed;
     if (shape.empty()) shape.push_back(1);  // a rank-0 result is a one-element vector (as rank-0 constants are)
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();

@@ -172,6 +172,8 @@ class Importer {
   }
 
   absl::Status Node(const onnx::NodeProto& n, int index);
+  // Shape, and Gather / Unsqueeze / Squeeze / Concat / Cast on integer constants, folded to constants (true: done).
+  absl::StatusOr<bool> FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a);
   // Refuses a graph with op types the importer does not map, naming every one of them (see onnx_import.cc).
   absl::Status RefuseUnsupportedOps(const onnx::GraphProto& g) const;
   absl::Status Spatial(const onnx::NodeProto& n, Attrs& a);

@@ -813,5 +813,57 @@ TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
   }
 }
 
+// A view as exporters write it: y = x.reshape(x.shape[0], -1) through Shape -> Gather -> Unsqueeze -> Concat -> Cast
+// -> Reshape, folded at import to a constant shape (a float Cast to float is the tensor itself); a Gather from a
+// float tensor is refused naming what it is.
+TEST(OnnxImport, ShapeArithmeticFoldsToConstants) {
+  for (bool embedding : {false, true}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(13);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {2, 3, 4});
+    *g->add_initializer() = Int64Tensor("zero", {}, {0});
+    *g->add_initializer() = Int64Tensor("axes0", {1}, {0});
+    *g->add_initializer() = Int64Tensor("minus_one", {1}, {-1});
+    auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
+      onnx::NodeProto* n = g->add_node();
+      n->set_op_type(type);
+      n->set_name(out);
+      for (const std::string& i : in) n->add_input(i);
+      n->add_output(out);
+      return n;
+    };
+    node("Shape", {"x"}, "shape");
+    node("Gather", {embedding ? "x" : "shape", "zero"}, "batch");
+    node("Unsqueeze", {"batch", "axes0"}, "batch1");
+    node("Concat", {"batch1", "minus_one"}, "view")->add_attribute()->set_name("axis");
+    onnx::AttributeProto* to = node("Cast", {"view"}, "view64")->add_attribute();
+    to->set_name("to");
+    to->set_type(onnx::AttributeProto::INT);
+    to->set_i(onnx::TensorProto::INT64);
+    onnx::AttributeProto* to_float = node("Cast", {"x"}, "xf")->add_attribute();
+    to_float->set_name("to");
+    to_float->set_type(onnx::AttributeProto::INT);
+    to_float->set_i(onnx::TensorProto::FLOAT);
+    node("Reshape", {"xf", "view64"}, "y");
+    AddValue(g->add_output(), "y", {2, 12});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "view.onnx");
+    if (embedding) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find("node 'batch' (Gather): a gather from a float tensor"), std::string::npos)
+          << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << m.status();
+    const graph::TensorDef& y = m->graph.tensor(m->outputs[0]);
+    ASSERT_EQ(y.shape_size(), 2);
+    EXPECT_EQ(y.shape(0), 2);
+    EXPECT_EQ(y.shape(1), 12);
+    std::vector<float> x(24);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({2, 3, 4}, x), 0), x);
+  }
+}
+
 }  // namespace
 }  // namespace loom
