@@ -230,6 +230,14 @@ absl::StatusOr<Shape> SqueezedShape(const Shape& in, const std::vector<int64_t>&
   return shape;
 }
 
+absl::StatusOr<std::vector<int64_t>> Importer::AxesOf(const onnx::NodeProto& n, Attrs& a, int64_t input_from_opset) {
+  if (opset_ < input_from_opset) return a.Ints("axes");
+  if (n.input_size() < 2 || n.input(1).empty()) return std::vector<int64_t>{};
+  const Constant* c = ConstantOf(n.input(1));
+  if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
+  return c->i;
+}
+
 absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a) {
   // Shape arithmetic on static shapes, as exporters write a view or a flatten (Shape -> Gather -> Unsqueeze ->
   // Concat -> Reshape): folded to int64 constants here, so the Reshape after it reads a constant shape.
@@ -281,15 +289,9 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
     return Refuse("a gather from a float tensor (an embedding lookup): Loom gathers from constant shapes only");
   }
   if ((t == "Unsqueeze" || t == "Squeeze") && int_const(0) != nullptr) {
-    std::vector<int64_t> axes;
-    if (opset_ < 13) {
-      axes = a.Ints("axes");
-    } else if (const Constant* c = int_const(1); c != nullptr) {
-      axes = c->i;
-    } else if (n.input_size() > 1 && !n.input(1).empty()) {
-      return Refuse("the axes must be a constant int64 tensor (an initializer)");
-    }
-    absl::StatusOr<Shape> shape = SqueezedShape(int_const(0)->shape, axes, t == "Unsqueeze");
+    absl::StatusOr<std::vector<int64_t>> axes = AxesOf(n, a, 13);
+    if (!axes.ok()) return axes.status();
+    absl::StatusOr<Shape> shape = SqueezedShape(int_const(0)->shape, *axes, t == "Unsqueeze");
     if (!shape.ok()) return Refuse(std::string(shape.status().message()));
     Constant c = *int_const(0);
     c.shape = *shape;
@@ -497,14 +499,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
     const Shape in = Shapes(*x);
-    std::vector<int64_t> axes;
-    if (opset_ < 18) {
-      axes = a.Ints("axes");
-    } else if (n.input_size() > 1 && !n.input(1).empty()) {
-      const Constant* c = ConstantOf(n.input(1));
-      if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
-      axes = c->i;
-    }
+    absl::StatusOr<std::vector<int64_t>> axes_or = AxesOf(n, a, 18);
+    if (!axes_or.ok()) return axes_or.status();
+    const std::vector<int64_t>& axes = *axes_or;
     const bool keepdims = a.Int("keepdims", 1) != 0;
     if (opset_ >= 18 && a.Int("noop_with_empty_axes", 0) != 0) return Refuse("noop_with_empty_axes");
     const int64_t rank = static_cast<int64_t>(in.size());
@@ -568,15 +565,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
     const Shape in = Shapes(*x);
-    std::vector<int64_t> axes;
-    if (opset_ < 13) {
-      axes = a.Ints("axes");
-    } else if (n.input_size() > 1 && !n.input(1).empty()) {
-      const Constant* c = ConstantOf(n.input(1));
-      if (c == nullptr || !c->is_int) return Refuse("the axes must be a constant int64 tensor (an initializer)");
-      axes = c->i;
-    }
-    absl::StatusOr<Shape> squeezed = SqueezedShape(in, axes, t == "Unsqueeze");
+    absl::StatusOr<std::vector<int64_t>> axes = AxesOf(n, a, 13);
+    if (!axes.ok()) return axes.status();
+    absl::StatusOr<Shape> squeezed = SqueezedShape(in, *axes, t == "Unsqueeze");
     if (!squeezed.ok()) return Refuse(std::string(squeezed.status().message()));
     Shape shape = *squeezed;
     if (shape.empty()) shape.push_back(1);  // a rank-0 result is a one-element vector (as rank-0 constants are)

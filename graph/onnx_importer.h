@@ -174,6 +174,9 @@ class Importer {
   absl::Status Node(const onnx::NodeProto& n, int index);
   // Shape, and Gather / Unsqueeze / Squeeze / Concat / Cast on integer constants, folded to constants (true: done).
   absl::StatusOr<bool> FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a);
+  // A node's axes: its `axes` attribute before `input_from_opset`, then its constant int64 second input (empty when
+  // it has none).
+  absl::StatusOr<std::vector<int64_t>> AxesOf(const onnx::NodeProto& n, Attrs& a, int64_t input_from_opset);
   // Refuses a graph with op types the importer does not map, naming every one of them (see onnx_import.cc).
   absl::Status RefuseUnsupportedOps(const onnx::GraphProto& g) const;
   absl::Status Spatial(const onnx::NodeProto& n, Attrs& a);
