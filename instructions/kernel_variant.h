@@ -73,7 +73,6 @@ LOOM_HD KernelVariant KernelVariantOfPages(uint32_t page_bytes) {
 }
 // Opcodes that stream GEMM slabs (16 KB) through the page ring on the tensor cores: their pages must hold one.
 LOOM_HD bool UsesTensorCores(Opcode op) {
-  if (op == Opcode::MATVEC_FP8) return kDecodeFp8Kernel;
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::CONV_GEMM;
 }
 
