@@ -121,7 +121,7 @@ LOOM_DEVICE_ENTRY(MatvecArgs, RunMatvec<isa::IsDecodeVariant(kVariant)>(a, ctx))
 LOOM_DEVICE_ENTRY(MatvecFp8Args, RunMatvecFp8(a, ctx))
 LOOM_DEVICE_ENTRY(RopeAppendArgs, RunRopeAppend(a, ctx))
 LOOM_DEVICE_ENTRY(AttnPartialArgs,
-                  RunAttnPartial<isa::IsDecodeVariant(kVariant), kVariant != isa::kDecodeKernel>(a, ctx))
+                  RunAttnPartial<isa::IsDecodeVariant(kVariant), !isa::IsDecodeVariant(kVariant)>(a, ctx))
 LOOM_DEVICE_ENTRY(AttnReduceArgs, RunAttnReduce<!isa::IsDecodeVariant(kVariant)>(a, ctx))
 LOOM_DEVICE_ENTRY(SiluMulArgs, RunSiluMul(a, ctx))
 LOOM_DEVICE_ENTRY(AddArgs, RunAdd(a, ctx))
