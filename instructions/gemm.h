@@ -11,7 +11,7 @@
 namespace loom::isa {
 
 // One output tile of C = A · Wᵀ on the tensor cores: rows [m_tile * 128, +128)
-// and columns [n_tile * w, +w) of C, w the tile's `width` (fewer at the edges; `tile` holds both, GemmTileOf), K streamed in
+// and columns [n_tile * 128, +128) of C (fewer at the edges; `tile` holds both, GemmTileOf), K streamed in
 // 64-wide slabs. A [m, k] (activations) and W [n, k] (weights) are bf16 images
 // in the 128-byte swizzled K-major layout (isa::PackSwizzled with 128-row
 // tiles: for each 128-row tile, its ceil(k / 64) slabs of 16 KB, zeros past m,
@@ -39,7 +39,7 @@ struct GemmArgs {
   uint32_t step_state;  // row r is the token at position state[position] + r
   uint32_t rope_table;  // f32 [head_dim / 2 + 1]
   // bf16 [2, head_dim]: per-head RMSNorm weights of q then k, applied before RoPE (Qwen3), or kNoTensor. Each
-  // tile holds whole heads (head_dim divides its width), so a head's norm is a reduction inside the tile.
+  // 128-column tile holds whole heads (head_dim divides 128), so a head's norm is a reduction inside the tile.
   uint32_t qk_norm;
   uint32_t num_kv_heads;  // query heads per KV head: n / (num_kv_heads * head_dim) - 2 (GemmHeadsPerGroup)
   uint32_t head_dim;
@@ -48,13 +48,11 @@ struct GemmArgs {
   // (count 0: all of them from begin; GemmSlabsOf), for kGemmPartialF32, which stores its part of the product.
   uint32_t slabs;
   float norm_eps;  // qk_norm's epsilon
-  // The tile's columns, a GemmWidth: 128; 256 (kGemmWidth256: W's 128-row tiles 2 n_tile and 2 n_tile + 1 side by
-  // side in one ring page with the A slab, pages of kGemmWideStepBytes or more, one m64n256 wgmma per k16 step and
-  // warpgroup: half the L2 traffic of W per FLOP, docs/history/performance_log.md "GEMM opcode"; the f32 and
-  // SiLU-image epilogues only); or 64 (kGemmWidth64: half of a 128-row W tile's slab, its first or second 64 rows,
-  // 8 KB a K step; twice the tiles of a product whose 128-column tiles leave SMs idle). n_tile counts tiles of the
-  // width.
-  uint32_t width;
+  // 1: the tile is kGemmWideTileN (256) columns wide, n_tile counting such tiles: W's 128-row tiles 2 n_tile and
+  // 2 n_tile + 1 side by side in one ring page with the A slab (pages of kGemmWideStepBytes or more), one
+  // m64n256 wgmma per k16 step and warpgroup. Half the L2 traffic of W per FLOP (docs/history/performance_log.md "GEMM
+  // opcode"). The f32 and SiLU-image epilogues only. 0: 128 columns.
+  uint32_t wide;
   // f32 [m, kRowNormSlots] or kNoTensor: A is the image of a deferred RMSNorm's rows, x * w unscaled (PACK_ROWS
   // with its own row_norm), and row r of the product is scaled by RowNormScale(row_norm[r]) before any epilogue:
   // the norm's scale is one number per row, so (x * scale * w) · Wᵀ = scale * ((x * w) · Wᵀ).
@@ -62,7 +60,7 @@ struct GemmArgs {
   static constexpr const char* kFields[] = {"a", "weight", "out", "m", "n", "k", "tile", "bias", "residual",
                                             "epilogue", "k_cache", "v_cache", "step_state", "rope_table",
                                             "qk_norm", "num_kv_heads", "head_dim", "max_seq", "slabs", "norm_eps",
-                                            "width", "row_norm"};
+                                            "wide", "row_norm"};
 };
 template <>
 inline constexpr uint32_t kFloatWords<GemmArgs> = FloatWord(offsetof(GemmArgs, norm_eps));
@@ -84,22 +82,12 @@ LOOM_HD float RowNormScale(const float* slots) {
   return 1.0f / sqrtf(total);
 }
 inline constexpr uint32_t kGemmWideTileN = 2 * kGemmTileN;
-inline constexpr uint32_t kGemmNarrowTileN = kGemmTileN / 2;
 inline constexpr uint32_t kGemmWideStepBytes = 3 * kGemmSlabBytes;  // a K step's A slab and two W slabs
-enum GemmWidth : uint32_t {
-  kGemmWidth128 = 0,
-  kGemmWidth256 = 1,  // kWideKernel's
-  kGemmWidth64 = 2,
-  kNumGemmWidths = 3,
-};
-LOOM_HD uint32_t GemmWidthColumns(uint32_t width) {
-  return width == kGemmWidth256 ? kGemmWideTileN : width == kGemmWidth64 ? kGemmNarrowTileN : kGemmTileN;
-}
-LOOM_HD uint32_t GemmTileColumns(const GemmArgs& g) { return GemmWidthColumns(g.width); }
-// Output tiles of an n-column product in tiles of a GemmWidth.
-LOOM_HD uint32_t GemmColumnTiles(uint32_t n, uint32_t width) {
-  const uint32_t columns = GemmWidthColumns(width);
-  return (n + columns - 1) / columns;
+LOOM_HD uint32_t GemmTileColumns(const GemmArgs& g) { return g.wide ? kGemmWideTileN : kGemmTileN; }
+// Output tiles of an n-column product `wide` or not.
+LOOM_HD uint32_t GemmColumnTiles(uint32_t n, bool wide) {
+  const uint32_t width = wide ? kGemmWideTileN : kGemmTileN;
+  return (n + width - 1) / width;
 }
 LOOM_HD uint32_t GemmPackSlabs(uint32_t begin, uint32_t count) { return begin | count << 16; }
 template <typename Args>

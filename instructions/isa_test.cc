@@ -283,15 +283,9 @@ TEST(KernelVariants, EveryOpcodeIsCompiledWhereItsInstructionsRun) {
 
   Instruction wide{};
   wide.opcode = static_cast<uint8_t>(Opcode::GEMM);
-  wide.as<GemmArgs>().width = kGemmWidth256;
+  wide.as<GemmArgs>().wide = 1;
   EXPECT_TRUE(VariantRuns(kWideKernel, wide));
   EXPECT_FALSE(VariantRuns(kTensorKernel, wide)) << "a wide tile in the 128-column variant";
-  Instruction narrow = wide;
-  narrow.as<GemmArgs>().width = kGemmWidth64;
-  EXPECT_TRUE(VariantRuns(kTensorKernel, narrow)) << "64-column tiles run in the tensor variant alone";
-  EXPECT_FALSE(VariantRuns(kWideKernel, narrow));
-  EXPECT_FALSE(VariantRuns(kGraphKernel, narrow));
-  EXPECT_FALSE(VariantRuns(kDecodeKernel, narrow));
   Instruction fused{};
   fused.opcode = static_cast<uint8_t>(Opcode::ATTN_PARTIAL);
   fused.as<AttnPartialArgs>().out = 5;
@@ -338,12 +332,11 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
   g = {ta, tw, out, kM, kN, kK, 0, tb, tr, kGemmStoreF32};
   std::vector<TensorInfo> infos;
   for (const TensorDesc& t : tm.table) infos.push_back({"t", static_cast<graph::DType>(t.dtype), t.bytes / (t.dtype == graph::BF16 ? 2 : 4)});
-  // 128-column tiles, 64-column ones (the last of 8 columns), then 256-column ones (one for 200 columns).
-  for (uint32_t width : {kGemmWidth128, kGemmWidth64, kGemmWidth256}) {
+  for (uint32_t wide : {0u, 1u}) {  // 128-column tiles, then 256-column ones (one for 200 columns)
     std::fill(m.ptr<float>(out), m.ptr<float>(out) + kM * kN, -1e30f);
-    g.width = width;
+    g.wide = wide;
     for (uint32_t mt = 0; mt < GemmTiles(kM); ++mt) {
-      for (uint32_t nt = 0; nt < GemmColumnTiles(kN, width); ++nt) {
+      for (uint32_t nt = 0; nt < GemmColumnTiles(kN, wide); ++nt) {
         g.tile = GemmTileOf(mt, nt);
         ASSERT_TRUE(ValidateInstruction(inst, infos).ok()) << ValidateInstruction(inst, infos);
         ExecuteReference(inst, m);
@@ -354,7 +347,7 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
         float want = 0.0f;
         for (uint32_t x = 0; x < kK; ++x) want += graph::Bf16ToFloat(a[r * kK + x]) * graph::Bf16ToFloat(w[c * kK + x]);
         want += graph::Bf16ToFloat(bias[c]) + m.ptr<float>(tr)[r * kN + c];
-        ASSERT_NEAR(m.ptr<float>(out)[r * kN + c], want, 1e-4) << r << "," << c << " width " << width;
+        ASSERT_NEAR(m.ptr<float>(out)[r * kN + c], want, 1e-4) << r << "," << c << " wide " << wide;
       }
     }
   }
@@ -363,19 +356,14 @@ TEST(IsaReference, GemmOverImagesIsThePlainProduct) {
             "GEMM: tile (1, 1) outside the 2 x 1 output tiles of 256 columns");
   g.tile = GemmTileOf(0, 0);
   g.epilogue = kGemmRopeKvAppend;
-  EXPECT_NE(ValidateInstruction(inst, infos).message().find("the RoPE epilogue takes tiles of 64 or 128 columns, not 256"),
+  EXPECT_NE(ValidateInstruction(inst, infos).message().find("the RoPE epilogue takes 128-column tiles only"),
             std::string::npos);
   g.epilogue = kGemmStoreF32;
-  g.width = 3;
-  EXPECT_NE(ValidateInstruction(inst, infos).message().find("width must be 0 (128 columns), 1 (256) or 2 (64), not 3"),
-            std::string::npos);
-  g.width = kGemmWidth64;
-  g.tile = GemmTileOf(0, 4);  // 200 columns: tiles 0..3 of 64
-  EXPECT_EQ(ValidateInstruction(inst, infos).message(), "GEMM: tile (0, 4) outside the 2 x 4 output tiles of 64 columns");
-  g.width = kGemmWidth128;
+  g.wide = 2;
+  EXPECT_NE(ValidateInstruction(inst, infos).message().find("wide must be 0 or 1, not 2"), std::string::npos);
+  g.wide = 0;
   g.tile = GemmTileOf(2, 1);  // only tiles 0..1 exist for 130 rows
-  EXPECT_EQ(ValidateInstruction(inst, infos).message(),
-            "GEMM: tile (2, 1) outside the 2 x 2 output tiles of 128 columns");
+  EXPECT_EQ(ValidateInstruction(inst, infos).message(), "GEMM: tile (2, 1) outside the 2 x 2 output tiles");
   g.tile = GemmTileOf(0, 1);
   g.epilogue = kGemmSiluMulToImage;  // 200 / 2 = 100 is not a whole slab: its image would need zero padding
   EXPECT_NE(ValidateInstruction(inst, infos).message().find("SiLU-mul pairs need n a multiple of 128"),

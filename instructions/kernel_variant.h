@@ -12,7 +12,7 @@ enum KernelVariant : uint32_t {
   kTensorKernel = 1,  // + GEMM and FLASH_ATTN (prefill passes)
   kGraphKernel = 2,   // + CONV_GEMM, IM2COL, POOL, ELEMENTWISE, SOFTMAX, NORM_ROWS, DWCONV, NHWC_BF16 (general
                       //   graphs' passes)
-  // kTensorKernel's opcodes + GEMM's 128 x 256 tiles (GemmArgs::width kGemmWidth256), in a variant of their own: beside the
+  // kTensorKernel's opcodes + GEMM's 128 x 256 tiles (GemmArgs::wide), in a variant of their own: beside the
   // 128-column path their 128 accumulator registers per thread cost it 2-7% (gemm_bench, H100), and the graph
   // variant's spills doubled. Not with the general-graph opcodes (GpuMachine refuses the mix).
   kWideKernel = 3,
@@ -50,7 +50,7 @@ LOOM_HD constexpr bool VariantCompiles(KernelVariant v, Opcode op) {
 // lowering's are kAttnThreads: AttnReduceHeads). Code the decode steps never run cost them 0.5-0.8% twice
 // (docs/history/performance_log.md, "the decode variant's code size").
 LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
-  if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().width == kGemmWidth256) return kWideKernel;
+  if (inst.op() == Opcode::GEMM && inst.as<GemmArgs>().wide) return kWideKernel;
   if (inst.op() == Opcode::ATTN_PARTIAL && inst.as<AttnPartialArgs>().out != kNoTensor) return kTensorKernel;
   if (inst.op() == Opcode::ATTN_REDUCE) {
     const AttnReduceArgs& a = inst.as<AttnReduceArgs>();
@@ -58,18 +58,10 @@ LOOM_HD KernelVariant KernelVariantOf(const Instruction& inst) {
   }
   return KernelVariantOf(inst.op());
 }
-// GEMM's 64-column tiles (GemmArgs::width kGemmWidth64, a short prompt's) compile in kTensorKernel alone: beside the
-// wide path and the general-graph opcodes their code grew those variants' spills (wide 124 / 224 -> 152 / 448
-// bytes, graph 472 / 1344 -> 548 / 1592), and the passes that take them have no wide tiles (the prefill lowering
-// narrows only where wide tiles are off) and no general-graph opcodes.
-LOOM_HD bool IsNarrowGemm(const Instruction& inst) {
-  return inst.op() == Opcode::GEMM && inst.as<GemmArgs>().width == kGemmWidth64;
-}
 // Whether a program running in variant `v` runs `inst` as written: its opcode compiled there, and its form (above)
-// too (the forms kTensorKernel compiles, every variant from it up does, but 64-column GEMM tiles).
+// too (the forms kTensorKernel compiles, every variant from it up does).
 LOOM_HD bool VariantRuns(KernelVariant v, const Instruction& inst) {
   if (!VariantCompiles(v, inst.op())) return false;
-  if (IsNarrowGemm(inst)) return v == kTensorKernel;
   const KernelVariant needs = KernelVariantOf(inst);
   return needs == kDecodeKernel || needs == v || (needs == kTensorKernel && VariantCompiles(v, Opcode::GEMM));
 }

@@ -11,10 +11,10 @@ namespace loom::isa::ref {
 
 void Validate(const GemmArgs& a, Checker& c) {
   c.Require(a.m > 0 && a.n > 0 && a.k > 0, "m, n and k must be positive");
-  c.Require(a.width < kNumGemmWidths, absl::StrCat("width must be 0 (128 columns), 1 (256) or 2 (64), not ", a.width));
-  c.Require(GemmMTile(a) < GemmTiles(a.m) && GemmNTile(a) < GemmColumnTiles(a.n, a.width),
+  c.Require(a.wide <= 1, absl::StrCat("wide must be 0 or 1, not ", a.wide));
+  c.Require(GemmMTile(a) < GemmTiles(a.m) && GemmNTile(a) < GemmColumnTiles(a.n, a.wide),
             absl::StrCat("tile (", GemmMTile(a), ", ", GemmNTile(a), ") outside the ", GemmTiles(a.m), " x ",
-                         GemmColumnTiles(a.n, a.width), " output tiles of ", GemmTileColumns(a), " columns"));
+                         GemmColumnTiles(a.n, a.wide), " output tiles", a.wide ? " of 256 columns" : ""));
   c.Tensor("a", a.a, BF16, GemmImageBytes(a.m, a.k) / 2);
   c.Tensor("weight", a.weight, BF16, GemmImageBytes(a.n, a.k) / 2);
   c.Require(a.epilogue < kNumGemmEpilogues, absl::StrCat("unknown epilogue ", a.epilogue));
@@ -24,8 +24,7 @@ void Validate(const GemmArgs& a, Checker& c) {
   c.Require(a.epilogue == kGemmPartialF32 || a.slabs == 0, "only the partial epilogue may take part of K");
   c.Require(a.slabs == 0 || GemmSlabs(a.k) <= 0xffffu,  // (the range's two 16-bit halves)
             absl::StrCat("k ", a.k, ": a split of more than 65535 K slabs"));
-  c.Require(a.width != kGemmWidth256 || a.epilogue != kGemmRopeKvAppend,
-            "the RoPE epilogue takes tiles of 64 or 128 columns, not 256");
+  c.Require(!a.wide || a.epilogue != kGemmRopeKvAppend, "the RoPE epilogue takes 128-column tiles only");
   if (a.epilogue == kGemmPartialF32) c.Require(a.residual == kNoTensor, "a part of a split product: SUM_SPLITS adds the residual");
   if (a.epilogue == kGemmRopeKvAppend) {
     const uint64_t kv_rows = U(a.num_kv_heads) * a.head_dim;
@@ -36,9 +35,8 @@ void Validate(const GemmArgs& a, Checker& c) {
     c.Require(a.residual == kNoTensor, "no residual with the RoPE epilogue");
     c.Tensor("out", a.out, F32, U(a.m) * group * kv_rows);
     if (a.qk_norm != kNoTensor) {
-      c.Require(a.head_dim >= 64 && GemmTileColumns(a) % a.head_dim == 0,
-                absl::StrCat("per-head norms need whole heads in a tile of ", GemmTileColumns(a), " columns; head_dim ",
-                             a.head_dim));
+      c.Require(a.head_dim >= 64 && kGemmTileN % a.head_dim == 0,
+                absl::StrCat("per-head norms need whole heads in a 128-column tile; head_dim ", a.head_dim));
       c.Require(a.norm_eps > 0, "norm_eps must be positive");
       c.Tensor("qk_norm", a.qk_norm, BF16, 2ull * a.head_dim);
     }
@@ -218,7 +216,7 @@ void Reference(const GemmArgs& a, const MachineView& m) {
   const std::vector<float> tile_w = unswizzle(m.ptr<uint16_t>(a.weight), col0, col_end - col0);
   float* out = m.ptr<float>(a.out);
   uint16_t* image = m.ptr<uint16_t>(a.out);
-  std::vector<float> row_values(columns);
+  std::vector<float> row_values(kGemmTileN);
   for (uint32_t r = m_tile * kGemmTileM; r < std::min(a.m, (m_tile + 1) * kGemmTileM); ++r) {
     float gate = 0.0f;
     const float scale = a.row_norm != kNoTensor ? RowNormScale(m.ptr<float>(a.row_norm) + uint64_t{r} * kRowNormSlots) : 1.0f;
@@ -230,7 +228,7 @@ void Reference(const GemmArgs& a, const MachineView& m) {
       if (a.row_norm != kNoTensor) acc *= scale;
       if (a.bias != kNoTensor && slabs.begin == 0) acc += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[col]);
       if (a.epilogue == kGemmRopeKvAppend) {
-        row_values[col - col0] = acc;
+        row_values[col - n_tile * kGemmTileN] = acc;
         continue;
       }
       if (a.epilogue == kGemmSiluMulToImage) {
@@ -252,21 +250,21 @@ void Reference(const GemmArgs& a, const MachineView& m) {
       const uint32_t half = a.head_dim / 2, q_width = group * a.num_kv_heads * a.head_dim;
       if (a.qk_norm != kNoTensor) {  // each q and k head of the tile RMS-normed over its head_dim first
         const uint16_t* w = m.ptr<uint16_t>(a.qk_norm);
-        for (uint32_t h0 = col0; h0 < col_end; h0 += a.head_dim) {
+        for (uint32_t h0 = n_tile * kGemmTileN; h0 < std::min(a.n, (n_tile + 1) * kGemmTileN); h0 += a.head_dim) {
           const QkvRow head = QkvGroupedRow(h0, group, a.head_dim);
           if (head.kind == kQkvV) continue;
           float sum_sq = 0.0f;
-          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) sum_sq += row_values[c - col0] * row_values[c - col0];
+          for (uint32_t c = h0; c < h0 + a.head_dim; ++c) sum_sq += row_values[c - n_tile * kGemmTileN] * row_values[c - n_tile * kGemmTileN];
           const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(a.head_dim) + a.norm_eps);
           for (uint32_t c = h0; c < h0 + a.head_dim; ++c) {
             const QkvRow q = QkvGroupedRow(c, group, a.head_dim);
-            row_values[c - col0] *=
+            row_values[c - n_tile * kGemmTileN] *=
                 scale * graph::Bf16ToFloat(w[(head.kind == kQkvK ? a.head_dim : 0) + q.dim]);
           }
         }
       }
-      for (uint32_t col = col0; col < col_end; col += 2) {
-        float v0 = row_values[col - col0], v1 = row_values[col + 1 - col0];
+      for (uint32_t col = n_tile * kGemmTileN; col < std::min(a.n, (n_tile + 1) * kGemmTileN); col += 2) {
+        float v0 = row_values[col - n_tile * kGemmTileN], v1 = row_values[col + 1 - n_tile * kGemmTileN];
         const QkvRow q = QkvGroupedRow(col, group, a.head_dim);
         if (q.kind != kQkvV) RotatePair(&v0, &v1, q.dim, pos, table, half);
         if (q.kind == kQkvQ) {

@@ -132,7 +132,7 @@ LOOM_DEVICE_ENTRY(Conv1dArgs, RunConv1d(a, ctx))
 // in their own variant: in the decode one they measured 11% slower decode (their code changes its register
 // allocation), in the tensor one they doubled its spills.
 LOOM_DEVICE_ENTRY(PackRowsArgs, RunPackRows(a, ctx))
-LOOM_DEVICE_ENTRY(GemmArgs, RunGemm<kVariant>(a, ctx))
+LOOM_DEVICE_ENTRY(GemmArgs, RunGemm<kVariant == isa::kWideKernel>(a, ctx))
 LOOM_DEVICE_ENTRY(FlashAttnArgs, RunFlashAttn(a, ctx))
 LOOM_DEVICE_ENTRY(SumSplitsArgs, RunSumSplits(a, ctx))
 LOOM_DEVICE_ENTRY(ConvGemmArgs, RunConvGemm(a, ctx))

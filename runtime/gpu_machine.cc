@@ -82,7 +82,7 @@ absl::Status CheckProgramForDevice(const GpuProgram& p) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its pages hold ", isa::kGemmSlabBytes, " bytes, a page ", p.page_bytes));
       }
-      if (inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().width == isa::kGemmWidth256 && p.page_bytes < isa::kGemmWideStepBytes) {
+      if (inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().wide && p.page_bytes < isa::kGemmWideStepBytes) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": a wide tile's K step takes a page of ",
                                                        isa::kGemmWideStepBytes, " bytes, a page is ", p.page_bytes));
       }

@@ -203,7 +203,7 @@ class PassBuilder {
 template <typename EmitFn>
 void ForEachGemmTile(isa::GemmArgs g, uint32_t splits, EmitFn emit, const std::vector<uint32_t>& parts = {}) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
-  for (uint32_t n = 0; n < isa::GemmColumnTiles(g.n, g.width); ++n) {
+  for (uint32_t n = 0; n < isa::GemmColumnTiles(g.n, g.wide); ++n) {
     for (uint32_t m = 0; m < isa::GemmTiles(g.m); ++m) {
       for (uint32_t s = 0; s < splits; ++s) {
         g.tile = isa::GemmTileOf(m, n);

@@ -77,11 +77,6 @@ struct PrefillOptions {
   // The most ways a residual projection with few tiles is split over K (0: kMaxKSplits): fewer splits trade the K
   // loop's spread for fewer parts to add.
   uint32_t max_splits = 0;
-  // Which GEMMs take 64-column tiles where their 128-column tiles would leave more than half the SMs idle (a short
-  // prompt's): twice the tiles, so the QKV projection's weights stream from twice the SMs, and a residual
-  // projection split over K needs half the splits (the next fold reads half the parts). A NarrowTiles mask.
-  enum NarrowTiles : uint32_t { kNarrowNone = 0, kNarrowUnsplit = 1, kNarrowSplit = 2, kNarrowAll = 3 };
-  uint32_t narrow_tiles = kNarrowAll;
 };
 inline constexpr uint64_t kFoldBytesPerInstruction = 128 * 1024;
 inline constexpr uint32_t kMinWideTileWaves = 3;

@@ -175,23 +175,14 @@ StageRef DecoderPrefill::Pack(const OpDef& norm) {
 StageRef DecoderPrefill::Gemm(const std::string& name, const std::string& ops, isa::GemmArgs g, StageRef after,
                               bool tiled_stage) {
   const StageRef stage = b_.Stages(name, tiles_m_, tiled_stage);
-  g.width = wide_ && g.epilogue != isa::kGemmRopeKvAppend ? isa::kGemmWidth256 : isa::kGemmWidth128;
-  const bool residual = g.residual == x_ && g.out == x_;
-  // 64-column tiles where 128-column ones leave more than half the SMs idle (PrefillOptions::narrow_tiles); a per-head
-  // norm needs whole heads in a tile.
-  const bool narrow = (o_.narrow_tiles & (residual ? PrefillOptions::kNarrowSplit : PrefillOptions::kNarrowUnsplit)) &&
-                      !wide_ && g.width == isa::kGemmWidth128 &&
-                      2 * isa::GemmTiles(g.m) * isa::GemmColumnTiles(g.n, isa::kGemmWidth128) <= d_.num_sms &&
-                      (g.epilogue != isa::kGemmRopeKvAppend || g.qk_norm == isa::kNoTensor ||
-                       isa::kGemmNarrowTileN % g.head_dim == 0);
-  if (narrow) g.width = isa::kGemmWidth64;
-  const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmColumnTiles(g.n, g.width), slabs = isa::GemmSlabs(g.k);
+  g.wide = wide_ && g.epilogue != isa::kGemmRopeKvAppend ? 1 : 0;
+  const uint32_t tiles = isa::GemmTiles(g.m) * isa::GemmColumnTiles(g.n, g.wide), slabs = isa::GemmSlabs(g.k);
   auto emit = [&](const isa::GemmArgs& tile, uint32_t m) {
     b_.Emit(isa::Opcode::GEMM, tile, stage.Of(m), after.Of(m), ops);
   };
   // As many ways as keep every instruction in one wave (rounding up left some SMs two tiles' worth).
   const uint32_t splits =
-      !residual || 2 * tiles > d_.num_sms || slabs < 2
+      g.residual != x_ || g.out != x_ || 2 * tiles > d_.num_sms || slabs < 2
           ? 1
           : std::min({slabs, d_.num_sms / tiles, o_.max_splits != 0 ? o_.max_splits : kMaxKSplits});
   if (splits < 2) {

@@ -1,5 +1,5 @@
 // GPU tests (ctest label gpu, binary gpu_test) of the tensor-core opcodes on the megakernel against their
-// float32 CPU references: GEMM tiles (128 x 128, 128 x 64, wide, split over K), CONV_GEMM, POOL, NHWC_BF16, PACK_ROWS,
+// float32 CPU references: GEMM tiles (128 x 128, wide, split over K), CONV_GEMM, POOL, NHWC_BF16, PACK_ROWS,
 // the GEMM's RoPE append, FLASH_ATTN and a prefill MLP block.
 #include "tests/gpu_op_bench.h"
 
@@ -12,8 +12,7 @@ using namespace gpu_bench;  // NOLINT: the bench's helpers and tolerances
 // GEMM output tiles on wgmma, every tile of C at ragged M, N and K (zero padding in the swizzled images), with
 // and without bias and residual, and with the residual being the output itself (added in place by reductions, as
 // the prefill's O- and down-projections run; odd N takes the scalar path); the tiles of one C share an SM's page
-// ring, so slabs of consecutive instructions follow each other through it. 128-column tiles in 16 KB pages (a page
-// for A, one for W), then 64-column tiles (half a W slab) in 16 KB pages.
+// ring, so slabs of consecutive instructions follow each other through it.
 TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
@@ -21,13 +20,10 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
                                    {200, 130, 64}, {128, 256, 640}, {33, 17, 8},   {1000, 200, 320}};
   enum Extras { kNone, kBiasAndResidual, kInPlace };
   for (const Case& c : cases) {
-    for (uint32_t x = 0; x < 6; ++x) {
-      const Extras extras = static_cast<Extras>(x % 3);
-      const uint32_t width = x < 3 ? isa::kGemmWidth128 : isa::kGemmWidth64;
+    for (Extras extras : {kNone, kBiasAndResidual, kInPlace}) {
       const uint32_t seed = Seed();
       OpBench b(seed);
       isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
-      g.width = width;
       if (extras != kNone) {
         g.bias = b.Weight(c.n);
         b.FillRandom(g.bias);
@@ -41,13 +37,12 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
       }
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(c.m); ++mt) {
-        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, width); ++nt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(c.n); ++nt) {
           g.tile = isa::GemmTileOf(mt, nt);
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
-      b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k, " of ", isa::GemmTileColumns(g),
-                                          " columns",
+      b.RunAndCompare(queue, absl::StrCat("GEMM M ", c.m, " N ", c.n, " K ", c.k,
                                           extras == kBiasAndResidual ? " bias+residual"
                                           : extras == kInPlace       ? " bias+residual in place"
                                                                      : "",
@@ -56,30 +51,25 @@ TEST(GpuOpcodes, GemmTilesAtRaggedShapes) {
   }
 }
 
-// Wide tiles (isa::kGemmWidth256: 128 x 256, the A slab and two W slabs of a K step in one 48 KB page), then
-// 64-column tiles (kGemmWidth64: half a W slab, in 32 KB pages with the A slab) at ragged M, N and K: for wide
-// tiles N with a missing second W tile (N <= 128 in a tile), for 64-column ones the second half of a W tile and
-// N past it; every f32 epilogue, split-K, and the SiLU-mul image of the prefill's gate/up projection (a bf16
-// output: 4-6e-3 from elements on the other side of a rounding boundary, the same with 128-column tiles, which the
-// last form runs for comparison).
-TEST(GpuOpcodes, GemmWideAndNarrowTilesAtRaggedShapes) {
+// Wide tiles (isa::GemmArgs::wide: 128 x 256, the A slab and two W slabs of a K step in one 48 KB page) at ragged
+// M, N and K: N with a missing second W tile (N <= 128 in a tile), every f32 epilogue, split-K, and the SiLU-mul
+// image of the prefill's gate/up projection (a bf16 output: 4-6e-3 from elements on the other side of a rounding
+// boundary, the same with 128-column tiles, which the last form runs for comparison).
+TEST(GpuOpcodes, GemmWideTilesAtRaggedShapes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t m, n, k; };
   const std::vector<Case> cases = {{1, 64, 64},     {7, 300, 100},   {129, 256, 1000}, {200, 520, 64},
                                    {1000, 384, 320}, {33, 17, 8},    {64, 640, 200}};
   enum Form { kPlain, kBiasAndResidual, kInPlace, kRelu, kSplitK, kSiluImage };
   for (const Case& c : cases) {
-    for (int f = 0; f <= 2 * kSiluImage + 2; ++f) {  // the last: the SiLU image of 128-column tiles, for comparison
-      const Form form = static_cast<Form>(std::min<int>(f % (kSiluImage + 1), kSiluImage));
-      const uint32_t wide = f <= kSiluImage          ? isa::kGemmWidth256
-                            : f <= 2 * kSiluImage + 1 ? isa::kGemmWidth64
-                                                      : isa::kGemmWidth128;
-      if (f == 2 * kSiluImage + 2 && form != kSiluImage) continue;
+    for (int f = 0; f <= kSiluImage + 1; ++f) {  // the last: the SiLU image of 128-column tiles, for comparison
+      const Form form = static_cast<Form>(std::min<int>(f, kSiluImage));
+      const uint32_t wide = f <= kSiluImage ? 1 : 0;
       if (form == kSiluImage && c.n % (2 * isa::kGemmSlabK) != 0) continue;
       const uint32_t seed = Seed();
       OpBench b(seed);
       isa::GemmArgs g = b.RandomGemm(c.m, c.n, c.k);
-      g.width = wide;
+      g.wide = wide;
       if (form != kPlain && form != kSiluImage) {
         g.bias = b.Weight(c.n);
         b.FillRandom(g.bias);
@@ -119,10 +109,9 @@ TEST(GpuOpcodes, GemmWideAndNarrowTilesAtRaggedShapes) {
       }
       if (splits > 1) AppendSums(queue, parts.first, sum_out, sum_out, c.m * c.n, splits, 1000);
       b.RunAndCompare(queue,
-                      absl::StrCat(isa::GemmTileColumns(g), "-column GEMM M ", c.m, " N ", c.n, " K ", c.k, " form ",
+                      absl::StrCat(wide ? "wide" : "128-column", " GEMM M ", c.m, " N ", c.n, " K ", c.k, " form ",
                                    form, " seed ", seed),
-                      form == kSiluImage ? kBf16OutputTolerance : kTolerance,
-                      wide == isa::kGemmWidth64 ? 32768 : isa::kGemmWideStepBytes);
+                      form == kSiluImage ? kBf16OutputTolerance : kTolerance, isa::kGemmWideStepBytes);
     }
   }
 }
@@ -146,7 +135,7 @@ TEST(GpuOpcodes, WideTilesAreRefusedWhereTheyCannotRun) {
   SKIP_WITHOUT_GPU();
   OpBench b(Seed());
   isa::GemmArgs g = b.RandomGemm(64, 256, 128);
-  g.width = isa::kGemmWidth256;
+  g.wide = 1;
   const isa::Instruction wide = Make(isa::Opcode::GEMM, g);
   EXPECT_TRUE(b.CreateStatus({wide}, isa::kGemmWideStepBytes).ok());
   const absl::Status small_pages = b.CreateStatus({wide}, 32768);
@@ -456,9 +445,9 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       g.k = c.k;
       g.bias = g.residual = isa::kNoTensor;
       g.row_norm = row_norm;
-      g.width = form == 5 ? isa::kGemmWidth256 : isa::kGemmWidth128;
+      g.wide = form == 5 ? 1 : 0;
       for (uint32_t mt = 0; mt < m_tiles; ++mt) {
-        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, g.width); ++nt) {
+        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(c.n, g.wide); ++nt) {
           g.tile = isa::GemmTileOf(mt, nt);
           isa::Instruction inst = Make(isa::Opcode::GEMM, g);
           inst.num_waits = 1;
@@ -468,27 +457,24 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
       }
       b.RunAndCompare(queue,
                       absl::StrCat("PACK_ROWS", norm ? " (RMSNorm)" : "", sliced ? " (deferred, slices)" : "",
-                                   parts ? " (parts)" : "", g.width == isa::kGemmWidth256 ? " + wide GEMM" : " + GEMM", ", M ", c.m, " N ", c.n,
+                                   parts ? " (parts)" : "", g.wide ? " + wide GEMM" : " + GEMM", ", M ", c.m, " N ", c.n,
                                    " K ", c.k, " seed ", seed),
-                      kBf16ChainTolerance, g.width == isa::kGemmWidth256 ? isa::kGemmWideStepBytes : 16384);
+                      kBf16ChainTolerance, g.wide ? isa::kGemmWideStepBytes : 16384);
     }
   }
 }
 
 // The QKV projection of a prefill on the tensor cores: GEMM over the grouped q|k|v rows with the RoPE +
 // KV-append epilogue (token row r at position state + r), with and without q/k/v biases, and with Qwen3's
-// per-head q/k RMSNorm (head_dim 64: two heads per 128-column tile; 128: one), in 128- and 64-column tiles (the
-// latter: half a head of 128 without norms, a whole head of 64 with them).
+// per-head q/k RMSNorm (head_dim 64: two heads per 128-column tile; 128: one).
 TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
   SKIP_WITHOUT_GPU();
   for (uint32_t m : {7u, 200u}) {
-    for (uint32_t variant = 0; variant < 8; ++variant) {
-      const bool biased = variant % 2 == 1, normed = variant % 4 >= 2;
-      const uint32_t width = variant < 4 ? isa::kGemmWidth128 : isa::kGemmWidth64;
+    for (uint32_t variant = 0; variant < 4; ++variant) {
+      const bool biased = variant % 2 == 1, normed = variant >= 2;
       const uint32_t seed = Seed();
       OpBench b(seed);
-      const uint32_t kGroup = 4, kKv = 2, kHidden = 256, kSeq = 256;
-      const uint32_t kDim = width == isa::kGemmWidth128 ? (normed && biased ? 128 : 64) : (normed ? 64 : 128);
+      const uint32_t kGroup = 4, kKv = 2, kDim = normed && biased ? 128 : 64, kHidden = 256, kSeq = 256;
       const uint32_t kN = (kGroup + 2) * kKv * kDim;
       isa::GemmArgs g{};
       g.a = b.RandomOperandImage(isa::kArenaRegion, m, kHidden);
@@ -516,17 +502,15 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       g.num_kv_heads = kKv;
       g.head_dim = kDim;
       g.max_seq = kSeq;
-      g.width = width;
       std::vector<isa::Instruction> queue;
       for (uint32_t mt = 0; mt < isa::GemmTiles(m); ++mt) {
-        for (uint32_t nt = 0; nt < isa::GemmColumnTiles(kN, width); ++nt) {
+        for (uint32_t nt = 0; nt < isa::GemmTiles(kN); ++nt) {
           g.tile = isa::GemmTileOf(mt, nt);
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
       b.RunAndCompare(queue, absl::StrCat("GEMM RoPE + KV append, ", m, " tokens", biased ? ", biases" : "",
-                                          normed ? ", head norms" : "", ", head_dim ", kDim, ", ",
-                                          isa::GemmTileColumns(g), "-column tiles, seed ", seed));
+                                          normed ? ", head norms" : "", ", head_dim ", kDim, " seed ", seed));
     }
   }
 }

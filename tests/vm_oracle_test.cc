@@ -147,7 +147,7 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
     absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
     ASSERT_TRUE(oracle.ok()) << oracle.status();
     // On 3 SMs with one barrier per stage, on 132 with one per 128-row tile and stage (auto, for these sizes), and
-    // on 132 with 48 KB pages: 128 x 256 GEMM tiles (isa::kGemmWidth256) but the QKV projection's.
+    // on 132 with 48 KB pages: 128 x 256 GEMM tiles (isa::GemmArgs::wide) but the QKV projection's.
     for (const auto& [sms, page_bytes] : std::vector<std::pair<uint32_t, uint32_t>>{
              {3, 0}, {132, 0}, {132, isa::kGemmWideStepBytes}}) {
       const std::string what = absl::StrCat(spec, ", ", rows, " rows on ", sms, " SMs, pages ", page_bytes);
@@ -166,7 +166,7 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
       uint32_t wide = 0;  // the wide tiles are there
       for (const auto& queue : decoded->queues) {
         for (const isa::Instruction& inst : queue) {
-          wide += inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().width == isa::kGemmWidth256 ? 1 : 0;
+          wide += inst.op() == isa::Opcode::GEMM && inst.as<isa::GemmArgs>().wide ? 1 : 0;
         }
       }
       EXPECT_EQ(wide > 0, page_bytes != 0) << what;

@@ -26,8 +26,7 @@ ABSL_FLAG(int32_t, num_sms, 132, "SMs to deal the tiles to");
 ABSL_FLAG(int32_t, pages, 11, "pages in each SM's ring (the prefill pass has 7 to 11 of 16 KB)");
 ABSL_FLAG(int32_t, page_kb, 16,
           "page size in KB: 16 (a K slab of A or W per page), 32 (A and W together) or 48 (--wide: A and two W slabs)");
-ABSL_FLAG(bool, wide, false, "128 x 256 output tiles (isa::kGemmWidth256; pages of 48 KB)");
-ABSL_FLAG(bool, narrow, false, "128 x 64 output tiles (isa::kGemmWidth64: half of each W slab)");
+ABSL_FLAG(bool, wide, false, "128 x 256 output tiles (isa::GemmArgs::wide; pages of 48 KB)");
 ABSL_FLAG(bool, residual, false,
           "C += A·Wᵀ in place (the residual epilogue of the prefill's O- and down-projections), not C = A·Wᵀ");
 ABSL_FLAG(bool, skip_loads, false,
@@ -66,10 +65,8 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
   p.num_pages = static_cast<uint32_t>(absl::GetFlag(FLAGS_pages));
   p.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   p.activation_bytes = 1024;  // GEMM without the RoPE epilogue takes no activation slot
-  const uint32_t width = absl::GetFlag(FLAGS_wide)     ? isa::kGemmWidth256
-                         : absl::GetFlag(FLAGS_narrow) ? isa::kGemmWidth64
-                                                       : isa::kGemmWidth128;
-  const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmColumnTiles(n, width);
+  const bool wide = absl::GetFlag(FLAGS_wide);
+  const uint32_t mtiles = isa::GemmTiles(m), ntiles = isa::GemmColumnTiles(n, wide);
   const bool grouped = absl::GetFlag(FLAGS_group_m) > 0;
   const uint32_t group = grouped ? static_cast<uint32_t>(absl::GetFlag(FLAGS_group_m)) : 1;
   for (uint32_t tile = 0; tile < mtiles * ntiles; ++tile) {
@@ -85,7 +82,7 @@ absl::Status Bench(uint32_t m, uint32_t n, uint32_t k) {
     inst.signal = isa::kNoBarrier;
     isa::GemmArgs& g = inst.as<isa::GemmArgs>();
     g = {0, 1, 2, m, n, k, isa::GemmTileOf(mt, nt), isa::kNoTensor, absl::GetFlag(FLAGS_residual) ? 2u : isa::kNoTensor};
-    g.width = width;
+    g.wide = wide ? 1 : 0;
     p.queues[tile % sms].push_back(inst);
   }
   std::vector<uint8_t> weights(w_image.size() * 2);
@@ -143,9 +140,6 @@ int Main() {
   if (absl::GetFlag(FLAGS_skip_loads) && !absl::GetFlag(FLAGS_wide)) {
     return Fail(absl::InvalidArgumentError("--skip_loads takes --wide (the loader skips wide tiles' pages only)"));
   }
-  if (absl::GetFlag(FLAGS_wide) && absl::GetFlag(FLAGS_narrow)) {
-    return Fail(absl::InvalidArgumentError("--wide and --narrow: one tile width"));
-  }
   if (absl::GetFlag(FLAGS_wide) != (page_kb == 48)) {
     return Fail(absl::InvalidArgumentError("--wide takes --page_kb=48, and 48 KB pages are for --wide"));
   }
@@ -154,7 +148,7 @@ int Main() {
   }
   std::printf("GEMM opcode in the megakernel (128x%d tiles, bf16 -> f32%s, %d pages of %d KB), median of %d "
               "launches\n",
-              absl::GetFlag(FLAGS_wide) ? 256 : absl::GetFlag(FLAGS_narrow) ? 64 : 128, absl::GetFlag(FLAGS_residual) ? ", added in place" : "",
+              absl::GetFlag(FLAGS_wide) ? 256 : 128, absl::GetFlag(FLAGS_residual) ? ", added in place" : "",
               absl::GetFlag(FLAGS_pages),
               absl::GetFlag(FLAGS_page_kb), absl::GetFlag(FLAGS_repeats));
   for (absl::string_view shape : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ';', absl::SkipEmpty())) {

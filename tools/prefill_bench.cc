@@ -40,9 +40,6 @@ ABSL_FLAG(int32_t, fold_rows, 0,
           "prompt rows per PACK_ROWS that adds a split projection's parts (PrefillOptions.fold_rows; 0: auto)");
 ABSL_FLAG(bool, slice_folds, true,
           "spread a fold over the SMs by column slices, its norm deferred to the next GEMM (PrefillOptions.slice_folds)");
-ABSL_FLAG(int32_t, narrow_tiles, 3,
-          "GEMMs taking 64-column tiles where 128-column ones leave half the SMs idle (PrefillOptions.narrow_tiles: 0 "
-          "none, 1 those not split over K, 2 residual projections split over K, 3 both)");
 ABSL_FLAG(int32_t, max_splits, 0,
           "most ways a residual projection is split over K (PrefillOptions.max_splits; 0: auto)");
 ABSL_FLAG(int32_t, page_kb, 0,
@@ -64,7 +61,6 @@ scheduler::PrefillOptions NoVerify() {
   o.page_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_page_kb)) * 1024;
   o.fold_rows = static_cast<uint32_t>(absl::GetFlag(FLAGS_fold_rows));
   o.max_splits = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_splits));
-  o.narrow_tiles = static_cast<uint32_t>(absl::GetFlag(FLAGS_narrow_tiles));
   o.slice_folds = absl::GetFlag(FLAGS_slice_folds);
   return o;
 }

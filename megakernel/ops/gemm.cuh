@@ -1,5 +1,5 @@
-// GEMM on the device: one output tile of C = A · Wᵀ on the tensor cores, 128 rows by 64, 128 or 256 columns
-// (isa::GemmArgs). The weight loader streams the tile's K slabs through
+// GEMM on the device: one 128 x 128 output tile of C = A · Wᵀ on the tensor
+// cores (isa::GemmArgs). The weight loader streams the tile's K slabs through
 // the page ring, A slab then W slab (each one 16 KB bulk copy of the swizzled
 // image into one page), after the instruction's waits are met (A is an
 // activation). Consumer warpgroup g multiplies rows [64g, 64g + 64) of each A
@@ -21,9 +21,7 @@
 
 namespace loom::megakernel {
 
-// What a GEMM streams. 128- and 64-column tiles: `count` slabs in ring order, for each K step its A slab, then its
-// W slab (w_bytes of it: 16 KB, or the 8 KB half of a 128-row W tile's slab a 64-column tile reads, its 64 rows
-// whole 8-row swizzle atoms, so the copy lands in the page as a 64-row slab in the same swizzle phase).
+// What a GEMM streams. 128-column tiles: `count` slabs in ring order, for each K step its A slab, then its W slab.
 // A wide tile: `wide_steps` K steps, each one page of its A slab, its W slab and the W slab of the next 128-row W
 // tile, w2 (nullptr when n has none: that third of the page is left as it is, and only output columns past n read
 // it). The loader walks them with adds and shifts only: it runs on few registers, and its arithmetic and spills
@@ -38,31 +36,25 @@ struct GemmPages {
   const uint8_t* w2;
   uint32_t wide_steps;
   uint32_t a_bytes;
-  uint32_t w_bytes;
 
   __device__ __forceinline__ const uint8_t* Source(uint32_t i) const {
     return (i % 2 == 0 ? a : w) + static_cast<uint64_t>(i / 2) * isa::kGemmSlabBytes;
   }
-  __device__ __forceinline__ uint32_t Bytes(uint32_t i) const { return i % 2 == 0 ? a_bytes : w_bytes; }
+  __device__ __forceinline__ uint32_t Bytes(uint32_t i) const { return i % 2 == 0 ? a_bytes : isa::kGemmSlabBytes; }
 };
 
 __device__ __forceinline__ GemmPages GemmPagesOf(const isa::GemmArgs& g, const isa::MachineView& m) {
   const uint32_t slabs = isa::GemmSlabs(g.k);
   const isa::GemmSlabRange range = isa::GemmSlabsOf(g);
-  // W's 128-row tile: a wide tile's first of two, a 64-column tile's half.
-  const uint32_t n_tile = isa::GemmNTile(g);
-  const uint32_t w_tile = g.width == isa::kGemmWidth256 ? 2 * n_tile : g.width == isa::kGemmWidth64 ? n_tile / 2 : n_tile;
+  const uint32_t w_tile = g.wide ? 2 * isa::GemmNTile(g) : isa::GemmNTile(g);
   const uint8_t* a =
       m.ptr<uint8_t>(g.a) + (static_cast<uint64_t>(isa::GemmMTile(g)) * slabs + range.begin) * isa::kGemmSlabBytes;
   const uint8_t* w =
       m.ptr<uint8_t>(g.weight) + (static_cast<uint64_t>(w_tile) * slabs + range.begin) * isa::kGemmSlabBytes;
   const uint32_t a_bytes = isa::GemmSlabRowsLoaded(g) * (isa::kGemmSlabBytes / isa::kGemmTileM);
-  constexpr uint32_t kHalf = isa::kGemmSlabBytes / 2;
-  if (g.width == isa::kGemmWidth64) return {a, w + (n_tile % 2) * kHalf, 2 * range.count, nullptr, 0, a_bytes, kHalf};
-  if (g.width != isa::kGemmWidth256) return {a, w, 2 * range.count, nullptr, 0, a_bytes, isa::kGemmSlabBytes};
+  if (!g.wide) return {a, w, 2 * range.count, nullptr, 0, a_bytes};
   const bool second = w_tile + 1 < isa::GemmTiles(g.n);
-  return {a, w, 0, second ? w + static_cast<uint64_t>(slabs) * isa::kGemmSlabBytes : nullptr, range.count, a_bytes,
-          isa::kGemmSlabBytes};
+  return {a, w, 0, second ? w + static_cast<uint64_t>(slabs) * isa::kGemmSlabBytes : nullptr, range.count, a_bytes};
 }
 
 // Ring pages per K slab: 1 when a page holds the A and the W slab (pages of 32 KB or more), else 2.
@@ -185,28 +177,24 @@ __device__ __forceinline__ void GemmStoreF32Tile(const Args& g, const isa::Machi
 }
 
 // The QKV projection's epilogue (kGemmRopeKvAppend): bias, Qwen3's per-head q/k RMSNorm, RoPE, KV-cache append.
-// Bias and norms work on the accumulator registers; then the warpgroup's 64 x kCols f32 tile goes through its half
+// Bias and norms work on the accumulator registers; then the warpgroup's 64 x 128 f32 tile goes through its half
 // of the activation slot (stage, kGemmStageStride floats per row), so the rotation and the stores run as a short
 // loop over (row, column pair) with a thread's pair fixed: fully unrolled over the fragment, the sincos and the
-// QKV layout arithmetic of 32 pairs made the code too large for the instruction cache. The grouped QKV layout keeps
-// each rotation pair in adjacent columns, so a tile of any even width holds whole pairs.
-template <uint32_t kCols>
-__device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const isa::MachineView& m,
-                                                   tile::Accumulator<kCols>& acc, uint32_t warpgroup, uint32_t t,
-                                                   uint32_t row0, uint32_t col0, float* stage) {
-  using Acc = tile::Accumulator<kCols>;
-  static_assert(kCols <= isa::kGemmTileN, "the stage holds rows of at most 128 floats");
+// QKV layout arithmetic of 32 pairs made the code too large for the instruction cache.
+__device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const isa::MachineView& m, GemmAcc& acc,
+                                                   uint32_t warpgroup, uint32_t t, uint32_t row0, uint32_t col0,
+                                                   float* stage) {
   const uint32_t group = isa::GemmHeadsPerGroup(g);
   GemmAddBias(acc, g.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(g.bias) : nullptr, g.n, t, col0);
   if (g.qk_norm != isa::kNoTensor) {
     // Per-head RMSNorm of q and k heads (Qwen3), before RoPE. The tile holds whole heads (head_dim divides
     // 128); a thread's registers cover two rows (register pairs (i/2)%2) and, in each head, the columns of its
     // quad lane: a sum of squares per (row, head slot), then over the quad's 4 lanes.
-    constexpr uint32_t kMaxSlots = kCols / 64;  // head_dim 64 or 128 (validated: whole heads in the tile)
+    constexpr uint32_t kMaxSlots = isa::kGemmTileN / 64;  // head_dim 64 or 128 (validated)
     float sum_sq[2][kMaxSlots] = {};
 #pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-      const uint32_t slot = Acc::Col(t, i) / g.head_dim;
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
+      const uint32_t slot = GemmAcc::Col(t, i) / g.head_dim;
       const float v = acc.d[i];
 #pragma unroll
       for (uint32_t s = 0; s < kMaxSlots; ++s) {
@@ -223,8 +211,8 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
     }
     const __nv_bfloat16* w = m.ptr<__nv_bfloat16>(g.qk_norm);
 #pragma unroll
-    for (uint32_t i = 0; i < Acc::kRegs; ++i) {
-      const uint32_t c = col0 + Acc::Col(t, i), slot = Acc::Col(t, i) / g.head_dim;
+    for (uint32_t i = 0; i < GemmAcc::kRegs; ++i) {
+      const uint32_t c = col0 + GemmAcc::Col(t, i), slot = GemmAcc::Col(t, i) / g.head_dim;
       if (c >= g.n) continue;
       const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
       if (q.kind == isa::kQkvV) continue;
@@ -236,15 +224,14 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   }
   // Registers (i, i + 1), i even, are columns (c, c + 1) of one row.
 #pragma unroll
-  for (uint32_t i = 0; i < Acc::kRegs; i += 2) {
-    *reinterpret_cast<float2*>(stage + Acc::Row(t, i) * isa::kGemmStageStride + Acc::Col(t, i)) =
+  for (uint32_t i = 0; i < GemmAcc::kRegs; i += 2) {
+    *reinterpret_cast<float2*>(stage + GemmAcc::Row(t, i) * isa::kGemmStageStride + GemmAcc::Col(t, i)) =
         make_float2(acc.d[i], acc.d[i + 1]);
   }
   NamedBarrierSync(kWarpgroupBarrier + warpgroup, 128);
-  // Thread t takes column pair t % (kCols / 2) of rows t / (kCols / 2), + kRowStep, ...: one rotation pair of a q or
-  // k head (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
-  constexpr uint32_t kPairs = kCols / 2, kRowStep = 128 / kPairs;
-  const uint32_t pair = t % kPairs, c = col0 + 2 * pair;
+  // Thread t takes column pair t % 64 of rows t / 64, t / 64 + 2, ...: one rotation pair of a q or k head
+  // (dimensions j and j + head_dim/2 in the grouped QKV layout), or two adjacent v dimensions.
+  const uint32_t pair = t % 64, c = col0 + 2 * pair;
   if (c >= g.n) return;  // n is even (the grouped layout), so c + 1 < n too
   const isa::QkvRow q = isa::QkvGroupedRow(c, group, g.head_dim);
   const float* table = m.ptr<float>(g.rope_table);
@@ -254,7 +241,7 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   float* out = m.ptr<float>(g.out);
   float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) + static_cast<uint64_t>(q.head) *
                                                                                    g.max_seq * g.head_dim;
-  for (uint32_t row = t / kPairs; row < 64 && row0 + row < g.m; row += kRowStep) {
+  for (uint32_t row = t / 64; row < 64 && row0 + row < g.m; row += 2) {
     const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
     const uint32_t r = row0 + row;
     const int32_t pos = pos0 + static_cast<int32_t>(r);
@@ -384,18 +371,29 @@ __device__ __forceinline__ void RunGemmWide(const isa::GemmArgs& g, ConsumerCont
   GemmStoreF32Tile(g, ctx.machine, g.m, acc, t, row0, col0);
 }
 
-// A tile of kCols (128 or 64) columns: per K slab a page of its A slab and one of its W slab (kCols rows at the
-// page's start), or both in one page of 32 KB or more.
-template <uint32_t kCols>
-__device__ __forceinline__ void RunGemmColumns(const isa::GemmArgs& g, ConsumerContext& ctx) {
+// Inlined into the tensor-core variant of the consumer loop only (Consumers<true>), like everything there: a
+// function call anywhere in a kernel that issues wgmma makes ptxas serialise every wgmma of it (C7510), and
+// acc must stay in registers (fully unrolled indexing; never passed to a call), or ptxas serialises the wgmma
+// pipeline again (C7514).
+// kWide: the variant has the wide-tile path (isa::kWideKernel; the others never see a wide tile: GpuMachine picks it).
+template <bool kWide>
+__device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
   using Slab = GemmSlab;
-  using WSlab = tile::SmemSlab<kCols, isa::Swizzle::k128B>;
+  static_assert(Slab::kBytes == isa::kGemmSlabBytes && Slab::kK == isa::kGemmSlabK, "GEMM slab layout");
+  static_assert(GemmWideSlab::kBytes == 2 * isa::kGemmSlabBytes, "a wide tile's W slabs fill two 16 KB slabs");
+  static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
+  if constexpr (kWide) {
+    if (g.wide) {
+      RunGemmWide(g, ctx);
+      return;
+    }
+  }
   const uint32_t warpgroup = ctx.tid / 128, t = ctx.tid % 128;
   const uint32_t slabs = isa::GemmSlabsOf(g).count;
   const isa::MachineView& m = ctx.machine;
-  const uint32_t row0 = isa::GemmMTile(g) * isa::kGemmTileM + warpgroup * 64, col0 = isa::GemmNTile(g) * kCols;
+  const uint32_t row0 = isa::GemmMTile(g) * isa::kGemmTileM + warpgroup * 64, col0 = isa::GemmNTile(g) * isa::kGemmTileN;
   GemmCopyRowNorm(g, ctx, warpgroup, t, row0);
-  tile::Accumulator<kCols> acc;
+  GemmAcc acc;
   acc.Zero();
   // Without this, the compiler folds the zeros into the loop (its first iteration), and ptxas serialises every
   // wgmma for "non-wgmma instructions defining accumulator registers" (C7515) inside the pipeline.
@@ -408,7 +406,7 @@ __device__ __forceinline__ void RunGemmColumns(const isa::GemmArgs& g, ConsumerC
     const uint8_t* first = ctx.WaitPage(next);
     ++next;
     const Slab a{first};
-    const WSlab w{per_slab == 1 ? first + isa::kGemmSlabBytes : ctx.WaitPage(next)};
+    const Slab w{per_slab == 1 ? first + isa::kGemmSlabBytes : ctx.WaitPage(next)};
     if (per_slab == 2) ++next;
     GemmSlabStep(acc, a, w, warpgroup, s, per_slab, ctx);
   }
@@ -425,36 +423,8 @@ __device__ __forceinline__ void RunGemmColumns(const isa::GemmArgs& g, ConsumerC
   GemmStoreF32Tile(g, m, g.m, acc, t, row0, col0);
 }
 
-// Inlined into the tensor-core variant of the consumer loop only (Consumers<true>), like everything there: a
-// function call anywhere in a kernel that issues wgmma makes ptxas serialise every wgmma of it (C7510), and
-// acc must stay in registers (fully unrolled indexing; never passed to a call), or ptxas serialises the wgmma
-// pipeline again (C7514).
-// The wide variant (isa::kWideKernel) has the 256-column path, the tensor one (isa::kTensorKernel) the 64-column one;
-// no other variant sees those tiles (isa::VariantRuns; GpuMachine refuses a program otherwise).
-template <uint32_t kVariant>
-__device__ __forceinline__ void RunGemm(const isa::GemmArgs& g, ConsumerContext& ctx) {
-  static_assert(GemmSlab::kBytes == isa::kGemmSlabBytes && GemmSlab::kK == isa::kGemmSlabK, "GEMM slab layout");
-  static_assert(GemmWideSlab::kBytes == 2 * isa::kGemmSlabBytes, "a wide tile's W slabs fill two 16 KB slabs");
-  static_assert(tile::SmemSlab<isa::kGemmNarrowTileN, isa::Swizzle::k128B>::kBytes == isa::kGemmSlabBytes / 2,
-                "a 64-column tile's W slab is half a 128-row one");
-  static_assert(kConsumerThreads == 2 * 128, "two consumer warpgroups, 64 rows each");
-  if constexpr (kVariant == isa::kWideKernel) {
-    if (g.width == isa::kGemmWidth256) {
-      RunGemmWide(g, ctx);
-      return;
-    }
-  }
-  if constexpr (kVariant == isa::kTensorKernel) {
-    if (g.width == isa::kGemmWidth64) {
-      RunGemmColumns<isa::kGemmNarrowTileN>(g, ctx);
-      return;
-    }
-  }
-  RunGemmColumns<isa::kGemmTileN>(g, ctx);
-}
-
-// GEMM's pages (its loader hook), once the instruction's waits are met (A is an activation). 128- and 64-column
-// tiles: per K slab its A slab and its W slab (or half), a page each or both in one page of 32 KB or more. A wide tile (the wide
+// GEMM's pages (its loader hook), once the instruction's waits are met (A is an activation). 128-column tiles: per
+// K slab its A slab and its W slab, a page each or both in one page of 32 KB or more. A wide tile (the wide
 // variant's): per K step one page of its A slab and two W slabs (GpuMachine checks the page holds them).
 // skip_weight_loads: a diagnostic (gemm_bench --skip_loads), the consumers alone.
 template <>
@@ -468,7 +438,7 @@ __device__ __forceinline__ void LoadPages(const isa::GemmArgs& g, const isa::Ins
   const uint32_t per_page = 3 - GemmPagesPerSlab(l.p.page_bytes);  // slabs (A or W) per page: 1 or 2
   for (uint32_t i = 0; i < gemm.count; i += per_page) {
     uint8_t* page = l.EmptyPage(opcode);
-    MbarrierArriveExpectTx(l.Full(), per_page == 2 ? gemm.a_bytes + gemm.w_bytes : gemm.Bytes(i));
+    MbarrierArriveExpectTx(l.Full(), per_page == 2 ? gemm.a_bytes + isa::kGemmSlabBytes : gemm.Bytes(i));
     for (uint32_t j = 0; j < per_page; ++j) {
       BulkCopyToShared(page + j * isa::kGemmSlabBytes, gemm.Source(i + j), gemm.Bytes(i + j), l.Full());
     }
