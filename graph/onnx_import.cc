@@ -38,7 +38,7 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
-                                        "Dropout", "Flatten", "Gemm", "GlobalAveragePool", "Identity",
+                                        "Dropout", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "Identity",
                                         "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "ReduceMean",
                                         "Reshape", "Softmax", "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
@@ -315,6 +315,7 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
   }
   if (t == "Cast") {  // int64 / int32 shapes stay what they are; a float tensor cast to float is itself
     const int64_t to = a.Int("to", 0);
+    a.Get("saturate"), a.Get("round_mode");  // (opsets 19 and 24: float8 / float4 targets only, refused below)
     if (int_const(0) != nullptr && (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32)) {
       consts_[out] = *int_const(0);
       return true;
@@ -595,6 +596,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = BatchNorm(n, a);
   } else if (t == "LayerNormalization") {
     s = LayerNorm(n, a);
+  } else if (t == "Gelu") {
+    s = Gelu(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

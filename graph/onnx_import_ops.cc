@@ -259,6 +259,22 @@ absl::Status Importer::LayerNorm(const onnx::NodeProto& n, Attrs& a) {
   return absl::OkStatus();
 }
 
+// Gelu (opset 20): the IR's GELU, the erf form (approximate "none") or the tanh approximation ("tanh").
+absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
+  const std::string approximate = a.String("approximate", "none");
+  if (approximate != "none" && approximate != "tanh") {
+    return Refuse(absl::StrCat("approximate '", approximate, "' (the spec's are 'none' and 'tanh')"));
+  }
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+  if (!x.ok()) return x.status();
+  const std::string out = n.output(0);
+  absl::StatusOr<std::string> y =
+      Emit(GELU, {*x}, out, [&](OpDef& op) { op.mutable_gelu()->set_tanh(approximate == "tanh"); });
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
 // BatchNormalization (inference): folded into the Conv it alone follows, else a per-channel MUL and ADD.
 absl::Status Importer::BatchNorm(const onnx::NodeProto& n, Attrs& a) {
   if (a.Int("training_mode", 0) != 0) return Refuse("training_mode 1 (inference only)");
