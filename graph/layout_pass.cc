@@ -25,9 +25,10 @@ class Rewriter {
       for (size_t i = 0; i < ops_.size(); ++i) {
         if (!alive_[i]) continue;
         const OpType type = ops_[i].type();
-        if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP) {
+        if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP ||
+            type == SQRT) {
           changed |= SinkThroughUnary(i);
-        } else if (type == ADD || type == MUL || type == SUB || type == DIV) {
+        } else if (type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM) {
           changed |= SinkThroughBinary(i, &removed) || SinkPastConstant(i);
         } else if (type == CONCAT) {
           changed |= SinkThroughConcat(i, &removed);

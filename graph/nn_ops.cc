@@ -118,7 +118,7 @@ bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
-    case DIV: case ERF: case TANH: case EXP:
+    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM:
       return true;
     default:
       return false;
@@ -142,11 +142,11 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
     return absl::OkStatus();
   };
   const OpType type = op.type();
-  if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP) {
+  if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
     return in[0];
   }
-  if (type == ADD || type == MUL || type == SUB || type == DIV) {
+  if (type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM) {
     if (absl::Status s = arity(2, 2); !s.ok()) return s;
     return BroadcastShapes(in[0], in[1]);
   }
@@ -248,6 +248,9 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case EXP:
       for (size_t i = 0; i < y.size(); ++i) y[i] = std::exp(x[i]);
       return absl::OkStatus();
+    case SQRT:
+      for (size_t i = 0; i < y.size(); ++i) y[i] = std::sqrt(x[i]);
+      return absl::OkStatus();
     case GELU:
       for (size_t i = 0; i < y.size(); ++i) {
         const float v = x[i];
@@ -259,7 +262,9 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case ADD:
     case MUL:
     case SUB:
-    case DIV: {
+    case DIV:
+    case MAXIMUM:
+    case MINIMUM: {
       const std::vector<float> b = Floats(*inputs[1]);
       const bool same = shapes[0] == out->shape && shapes[1] == out->shape;  // the decode graphs' residual adds
       const Shape os = Strides(out->shape), as = Strides(shapes[0]), bs = Strides(shapes[1]);
@@ -270,6 +275,9 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
           case ADD: y[i] = va + vb; break;
           case MUL: y[i] = va * vb; break;
           case SUB: y[i] = va - vb; break;
+          // NaN in either operand is the result (numpy's); the device's isa::EwApply writes them the same way.
+          case MAXIMUM: y[i] = va < vb || vb != vb ? vb : va; break;
+          case MINIMUM: y[i] = va > vb || vb != vb ? vb : va; break;
           default: y[i] = va / vb; break;
         }
       }

@@ -32,15 +32,16 @@ struct OneToOne {
 };
 const std::map<std::string, OneToOne>& OneToOneOps() {
   static const auto* ops = new std::map<std::string, OneToOne>{
-      {"Relu", {RELU, 1}}, {"Sigmoid", {SIGMOID, 1}}, {"Erf", {ERF, 1}}, {"Tanh", {TANH, 1}}, {"Exp", {EXP, 1}},
+      {"Relu", {RELU, 1}}, {"Sigmoid", {SIGMOID, 1}}, {"Erf", {ERF, 1}}, {"Tanh", {TANH, 1}}, {"Exp", {EXP, 1}}, {"Sqrt", {SQRT, 1}},
       {"Add", {ADD, 2}},   {"Sub", {SUB, 2}},         {"Mul", {MUL, 2}}, {"Div", {DIV, 2}},   {"MatMul", {MATMUL, 2}}};
   return *ops;
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
-constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Concat", "Constant", "Conv",
-                                        "Dropout", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "Identity",
-                                        "LayerNormalization", "MaxPool", "Neg", "Pow", "Reciprocal", "ReduceMean",
-                                        "Reshape", "Softmax", "Squeeze", "Transpose", "Unsqueeze",
+constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
+                                        "Dropout", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
+                                        "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg",
+                                        "Pow", "Reciprocal", "ReduceMean", "Reshape", "Softmax", "Squeeze",
+                                        "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape"};
 
@@ -135,6 +136,7 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
       }
       shape.push_back(d.dim_value());
     }
+    if (shape.empty()) shape = {1};  // a scalar fed at run time (Clip's bounds): [1], as rank-0 constants are
     Declare(v.name(), shape, INPUT);
     out.inputs.push_back(v.name());
   }
@@ -598,6 +600,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = LayerNorm(n, a);
   } else if (t == "Gelu") {
     s = Gelu(n, a);
+  } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min") {
+    s = Clamp(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

@@ -1,6 +1,7 @@
 // The ONNX ops that become several IR ops: Conv, MaxPool, AveragePool and GlobalAveragePool (NCHW around Loom's
 // NHWC ops; 1-D ones as 2-D over a height of 1), Gemm, LayerNormalization and BatchNormalization.
 #include <cmath>
+#include <optional>
 
 #include "graph/onnx_importer.h"
 
@@ -270,6 +271,64 @@ absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
   const std::string out = n.output(0);
   absl::StatusOr<std::string> y =
       Emit(GELU, {*x}, out, [&](OpDef& op) { op.mutable_gelu()->set_tanh(approximate == "tanh"); });
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// The ops of maxima and minima, as MAXIMUM / MINIMUM (NaN propagating, numpy's) of the IR, in the spec's order:
+// Clip, max(x, min) then min(., max) (np.clip: where min > max, max), its bounds attributes before opset 11 and
+// optional inputs from it (constants or tensors); HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times
+// that with alpha 1/6 and beta 1/2; Max and Min of any number of inputs, left to right.
+absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const std::string out = n.output(0);
+  auto scalar = [&](const std::string& name, float v) { return NewWeight(out + "/" + name, {1}, {v}); };
+  auto emit = [&](OpType type, const std::string& lhs, const std::string& rhs, const std::string& name) {
+    return Emit(type, {lhs, rhs}, name.empty() ? out : out + "/" + name, [](OpDef&) {});
+  };
+  absl::StatusOr<std::string> y;
+  if (t == "Max" || t == "Min") {
+    if (n.input_size() < 1) return Refuse("no inputs");
+    y = Activation(n.input(0), "input 0");
+    for (int k = 1; k < n.input_size() && y.ok(); ++k) {
+      absl::StatusOr<std::string> b = Activation(n.input(k), absl::StrCat("input ", k));
+      if (!b.ok()) return b.status();
+      y = emit(t == "Max" ? MAXIMUM : MINIMUM, *y, *b, k + 1 == n.input_size() ? "" : absl::StrCat("partial", k));
+    }
+    if (y.ok() && n.input_size() == 1) y = Reshape(*y, Shapes(*y), out);
+  } else if (t == "Clip") {
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    // The bounds: attributes before opset 11 (absent: no bound), optional inputs from it ("" or missing: none).
+    std::optional<std::string> lo, hi;
+    if (opset_ < 11) {
+      if (const onnx::AttributeProto* m = a.Get("min")) lo = scalar("min", m->f());
+      if (const onnx::AttributeProto* m = a.Get("max")) hi = scalar("max", m->f());
+    } else {
+      for (int k = 1; k <= 2; ++k) {
+        if (n.input_size() <= k || n.input(k).empty()) continue;
+        absl::StatusOr<std::string> b = Activation(n.input(k), k == 1 ? "input min" : "input max");
+        if (!b.ok()) return b.status();
+        if (Elements(Shapes(*b)) != 1) return Refuse(absl::StrCat(k == 1 ? "min" : "max", " is not a scalar"));
+        (k == 1 ? lo : hi) = *b;
+      }
+    }
+    y = *x;
+    if (lo) y = emit(MAXIMUM, *y, *lo, hi ? "low" : "");
+    if (y.ok() && hi) y = emit(MINIMUM, *y, *hi, "");
+    if (y.ok() && !lo && !hi) y = Reshape(*y, Shapes(*y), out);
+  } else {  // HardSigmoid, HardSwish
+    const bool swish = t == "HardSwish";
+    const float alpha = swish ? 1.0f / 6.0f : a.Float("alpha", 0.2f), beta = swish ? 0.5f : a.Float("beta", 0.5f);
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+    if (!x.ok()) return x.status();
+    y = emit(MUL, scalar("alpha", alpha), *x, "scaled");
+    if (y.ok()) y = emit(ADD, *y, scalar("beta", beta), "shifted");
+    if (y.ok()) y = emit(MINIMUM, scalar("one", 1.0f), *y, "below_one");
+    if (y.ok()) y = emit(MAXIMUM, scalar("zero", 0.0f), *y, swish ? "hard_sigmoid" : "");
+    if (y.ok() && swish) y = emit(MUL, *x, *y, "");
+  }
   if (!y.ok()) return y.status();
   alias_[out] = *y;
   return absl::OkStatus();

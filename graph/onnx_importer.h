@@ -189,6 +189,7 @@ class Importer {
   absl::Status Gemm(const onnx::NodeProto& n, Attrs& a);
   absl::Status LayerNorm(const onnx::NodeProto& n, Attrs& a);
   absl::Status Gelu(const onnx::NodeProto& n, Attrs& a);
+  absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
   absl::Status BatchNorm(const onnx::NodeProto& n, Attrs& a);
   // Pads [begin_h, begin_w, end_h, end_w] of a 2-D spatial op from pads / auto_pad.
   absl::StatusOr<std::array<int64_t, 4>> Pads(Attrs& a, const Shape& nchw, const std::vector<int64_t>& kernel,

@@ -20,15 +20,19 @@ enum ElementwiseFunc : uint32_t {
   kEwTanh = 6,
   kEwExp = 7,
   kEwZero = 8,  // out = 0 (a is read for its shape only)
+  kEwSqrt = 9,
+  kEwLastUnary = 9,
   kEwFirstBinary = 16,  // binary: out = f(a, b)
   kEwAdd = 16,
   kEwSub = 17,
   kEwMul = 18,
   kEwDiv = 19,
   kEwSiluMul = 20,  // silu(a) * b (a gate and its value)
-  kEwEnd = 21,
+  kEwMax = 21,      // a NaN in either operand is the result, as numpy.maximum's
+  kEwMin = 22,
+  kEwEnd = 23,
 };
-LOOM_HD bool EwValid(uint32_t f) { return f <= kEwZero || (f >= kEwFirstBinary && f < kEwEnd); }
+LOOM_HD bool EwValid(uint32_t f) { return f <= kEwLastUnary || (f >= kEwFirstBinary && f < kEwEnd); }
 LOOM_HD bool EwBinary(uint32_t f) { return f >= kEwFirstBinary; }
 // f(x[, y]) in the graph oracle's operation order (graph/nn_ops).
 LOOM_HD float EwApply(uint32_t f, float x, float y) {
@@ -41,11 +45,14 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwTanh: return tanhf(x);
     case kEwExp: return expf(x);
     case kEwZero: return 0.0f;
+    case kEwSqrt: return sqrtf(x);
     case kEwAdd: return x + y;
     case kEwSub: return x - y;
     case kEwMul: return x * y;
     case kEwDiv: return x / y;
     case kEwSiluMul: return x / (1.0f + expf(-x)) * y;
+    case kEwMax: return x < y || y != y ? y : x;
+    case kEwMin: return x > y || y != y ? y : x;
     default: return x;
   }
 }

@@ -47,7 +47,10 @@ absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
     if (it == inputs.end()) return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' is missing"));
     const scheduler::Tensor& t = pass_.tensors(io.tensor());
     const graph::HostTensor& v = it->second;
-    if (v.dtype != graph::F32 || !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end())) {
+    // A scalar (rank 0) is the graph's [1]: ONNX's rank-0 inputs are imported so (graph::ImportOnnx).
+    const bool scalar = v.shape.empty() && t.shape_size() == 1 && t.shape(0) == 1;
+    if (v.dtype != graph::F32 ||
+        (!scalar && !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end()))) {
       return absl::InvalidArgumentError(
           absl::StrCat("input '", io.name(), "' must be f32 [", absl::StrJoin(t.shape(), ", "), "], got ",
                        graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));

@@ -67,6 +67,9 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::ERF:
     case graph::TANH:
     case graph::EXP:
+    case graph::SQRT:
+    case graph::MAXIMUM:
+    case graph::MINIMUM:
     case graph::ADD:
     case graph::SUB:
     case graph::MUL:

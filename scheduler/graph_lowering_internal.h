@@ -310,6 +310,12 @@ class NnLowering {
         return isa::kEwTanh;
       case graph::EXP:
         return isa::kEwExp;
+      case graph::SQRT:
+        return isa::kEwSqrt;
+      case graph::MAXIMUM:
+        return isa::kEwMax;
+      case graph::MINIMUM:
+        return isa::kEwMin;
       case graph::ADD:
         return isa::kEwAdd;
       case graph::SUB:
