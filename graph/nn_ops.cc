@@ -118,7 +118,7 @@ bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
-    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM:
+    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE:
       return true;
     default:
       return false;
@@ -179,6 +179,22 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
       out.push_back(in[0][p]);
     }
     return out;
+  }
+  if (type == SLICE) {
+    if (absl::Status s = arity(1, 1); !s.ok()) return s;
+    const auto& starts = op.slice().starts();
+    const auto& steps = op.slice().steps();
+    if (starts.size() != static_cast<int>(in[0].size()) || steps.size() != starts.size() ||
+        declared.size() != in[0].size()) {
+      return Bad(absl::StrCat("starts, steps and the output must have the input's rank ", in[0].size()));
+    }
+    for (size_t d = 0; d < in[0].size(); ++d) {
+      if (starts[d] < 0 || steps[d] < 1 || declared[d] < 1 || starts[d] + (declared[d] - 1) * steps[d] >= in[0][d]) {
+        return Bad(absl::StrCat("axis ", d, ": ", declared[d], " elements from ", starts[d], " by ", steps[d],
+                                " do not lie in ", in[0][d]));
+      }
+    }
+    return declared;
   }
   if (type == RESHAPE) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
@@ -328,6 +344,17 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case RESHAPE:
       std::copy(x.begin(), x.end(), y.begin());
       return absl::OkStatus();
+    case SLICE: {
+      const Shape is = Strides(shapes[0]), os = Strides(out->shape);
+      for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) {
+        int64_t src = 0;
+        for (size_t d = 0; d < out->shape.size(); ++d) {
+          src += (op.slice().starts(d) + (i / os[d]) % out->shape[d] * op.slice().steps(d)) * is[d];
+        }
+        y[i] = x[src];
+      }
+      return absl::OkStatus();
+    }
     case CONCAT: {
       const int axis = *Axis(op.axis().axis(), out->shape.size());
       const int64_t inner = Strides(out->shape)[axis], outer = Elements(out->shape) / (out->shape[axis] * inner);

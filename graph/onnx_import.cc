@@ -40,8 +40,8 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
                                         "Dropout", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg",
-                                        "Pow", "Reciprocal", "ReduceMean", "Reshape", "Softmax", "Squeeze",
-                                        "Transpose", "Unsqueeze",
+                                        "Pow", "Reciprocal", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
+                                        "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape"};
 
@@ -287,9 +287,7 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
     consts_[out] = std::move(c);
     return true;
   }
-  if (t == "Gather") {
-    return Refuse("a gather from a float tensor (an embedding lookup): Loom gathers from constant shapes only");
-  }
+  if (t == "Gather") return false;  // from a float tensor: Importer::Slicing
   if ((t == "Unsqueeze" || t == "Squeeze") && int_const(0) != nullptr) {
     absl::StatusOr<std::vector<int64_t>> axes = AxesOf(n, a, 13);
     if (!axes.ok()) return axes.status();
@@ -602,6 +600,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = Gelu(n, a);
   } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min") {
     s = Clamp(n, a);
+  } else if (t == "Slice" || t == "Split" || t == "Gather") {
+    s = Slicing(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

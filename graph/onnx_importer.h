@@ -190,6 +190,11 @@ class Importer {
   absl::Status LayerNorm(const onnx::NodeProto& n, Attrs& a);
   absl::Status Gelu(const onnx::NodeProto& n, Attrs& a);
   absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
+  // Slice, Split and Gather (a constant's, folded; an activation's: the IR's SLICE).
+  absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
+  // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
+  absl::Status SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
+                         const std::string& out);
   absl::Status BatchNorm(const onnx::NodeProto& n, Attrs& a);
   // Pads [begin_h, begin_w, end_h, end_w] of a 2-D spatial op from pads / auto_pad.
   absl::StatusOr<std::array<int64_t, 4>> Pads(Attrs& a, const Shape& nchw, const std::vector<int64_t>& kernel,

@@ -92,6 +92,8 @@ absl::Status NnLowering::Lower(const OpDef& op) {
       return LowerSoftmax(op);
     case graph::CONCAT:
       return LowerConcat(op);
+    case graph::SLICE:
+      return LowerSlice(op);
     default:
       return Unsupported(op, "no lowering for this op in a graph pass yet (the oracle evaluates it)");
   }
@@ -210,6 +212,33 @@ absl::Status NnLowering::LowerElementwise(const OpDef& op) {
     return s;
   }
   stage_[out] = stage;
+  return absl::OkStatus();
+}
+
+// A static slice: an ELEMENTWISE copy from a view of the input that starts at the slice's first element, its
+// strides the input's times the steps.
+absl::Status NnLowering::LowerSlice(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::string& y = op.outputs(0);
+  if (T(x).kind() == graph::WEIGHT) return Unsupported(op, "a slice of a weight (the importer folds those)");
+  absl::StatusOr<uint32_t> input = Operand(op, x);
+  if (!input.ok()) return input.status();
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), contiguous = ContiguousStrides(xs);
+  uint64_t first = 0;
+  std::vector<uint64_t> strides;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    first += static_cast<uint64_t>(op.slice().starts(d)) * contiguous[d];
+    strides.push_back(contiguous[d] * static_cast<uint64_t>(op.slice().steps(d)));
+  }
+  const uint32_t from = first == 0 ? *input
+                                   : Scratch(absl::StrCat(x, "[slice ", y, "]"), graph::F32,
+                                             {static_cast<int64_t>(Product(xs) - first)}, x, first * 4);
+  StridedDims dims;
+  dims.size = ShapeOf(T(y));
+  dims.strides = {strides, ContiguousStrides(dims.size)};
+  const uint32_t stage = b_.Stage(op.name());
+  if (absl::Status s = EmitStrided(op, isa::kEwCopy, {from}, Arena(y), dims, stage, ReadyOf({x})); !s.ok()) return s;
+  stage_[y] = stage;
   return absl::OkStatus();
 }
 
