@@ -118,7 +118,7 @@ bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
-    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE:
+    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND:
       return true;
     default:
       return false;
@@ -179,6 +179,13 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
       out.push_back(in[0][p]);
     }
     return out;
+  }
+  if (type == EXPAND) {
+    if (absl::Status s = arity(1, 1); !s.ok()) return s;
+    absl::StatusOr<Shape> out = BroadcastShapes(in[0], declared);
+    if (!out.ok()) return out.status();
+    if (*out != declared) return Bad(absl::StrCat(Str(in[0]), " does not broadcast to ", Str(declared)));
+    return declared;
   }
   if (type == SLICE) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
@@ -344,6 +351,11 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case RESHAPE:
       std::copy(x.begin(), x.end(), y.begin());
       return absl::OkStatus();
+    case EXPAND: {
+      const Shape os = Strides(out->shape), is = Strides(shapes[0]);
+      for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) y[i] = x[BroadcastIndex(out->shape, os, shapes[0], is, i)];
+      return absl::OkStatus();
+    }
     case SLICE: {
       const Shape is = Strides(shapes[0]), os = Strides(out->shape);
       for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) {

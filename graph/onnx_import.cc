@@ -38,7 +38,7 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
-                                        "Dropout", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
+                                        "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg",
                                         "Pow", "Reciprocal", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze",
@@ -602,6 +602,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = Clamp(n, a);
   } else if (t == "Slice" || t == "Split" || t == "Gather") {
     s = Slicing(n, a);
+  } else if (t == "Expand") {
+    s = Expand(n);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

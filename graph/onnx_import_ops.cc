@@ -531,6 +531,52 @@ absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
   return absl::OkStatus();
 }
 
+// Expand (opsets 8 and 13): the input broadcast with the constant shape, both ways (numpy's rules: the output is
+// their broadcast). A constant's folded (ViT's class token, `expand(n, -1, -1)`), an activation's the IR's EXPAND.
+absl::Status Importer::Expand(const onnx::NodeProto& n) {
+  const Constant* target = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+  if (target == nullptr || !target->is_int || target->shape.size() != 1) {
+    return Refuse("the shape must be a constant 1-D integer tensor");
+  }
+  const Constant* c = ConstantOf(n.input(0));
+  absl::StatusOr<std::string> x;
+  if (c == nullptr) {
+    x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+  }
+  const Shape in = c != nullptr ? c->shape : Shapes(*x);
+  absl::StatusOr<Shape> shape = BroadcastShapes(in, target->i);
+  if (!shape.ok()) return Refuse(std::string(shape.status().message()));
+  const std::string out = n.output(0);
+  if (c != nullptr) {
+    Constant r;
+    r.is_int = c->is_int;
+    r.shape = *shape;
+    const int64_t rank = static_cast<int64_t>(shape->size()), lead = rank - static_cast<int64_t>(in.size());
+    for (int64_t i = 0; i < Elements(*shape); ++i) {
+      int64_t src = 0, rest = i, stride = 1;
+      for (int64_t d = rank - 1; d >= lead; --d) {  // the input's dims, innermost first; size-1 ones repeat
+        const int64_t coord = rest % (*shape)[d];
+        rest /= (*shape)[d];
+        const int64_t dim = in[d - lead];
+        src += (dim == 1 ? 0 : coord) * stride;
+        stride *= dim;
+      }
+      if (r.is_int) {
+        r.i.push_back(c->i[src]);
+      } else {
+        r.f.push_back(c->f[src]);
+      }
+    }
+    consts_[out] = std::move(r);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> y = Emit(EXPAND, {*x}, out, [](OpDef&) {}, *shape);
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
 // BatchNormalization (inference): folded into the Conv it alone follows, else a per-channel MUL and ADD.
 absl::Status Importer::BatchNorm(const onnx::NodeProto& n, Attrs& a) {
   if (a.Int("training_mode", 0) != 0) return Refuse("training_mode 1 (inference only)");

@@ -192,6 +192,7 @@ class Importer {
   absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
   // Slice, Split and Gather (a constant's, folded; an activation's: the IR's SLICE).
   absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
+  absl::Status Expand(const onnx::NodeProto& n);
   // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
   absl::Status SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                          const std::string& out);

@@ -327,7 +327,7 @@ class NnLowering {
       case graph::SILU_MUL:
         return isa::kEwSiluMul;
       default:
-        return isa::kEwCopy;  // TRANSPOSE
+        return isa::kEwCopy;  // TRANSPOSE, EXPAND
     }
   }
 

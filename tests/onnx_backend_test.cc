@@ -980,6 +980,62 @@ TEST(OnnxImport, SliceSplitAndGather) {
   }
 }
 
+// Expand: an activation broadcast both ways ([2, 1, 4] with [3, 1, 1, 1] is [3, 2, 1, 4]), and a constant's folded
+// then concatenated (ViT's class token before its patches), on the oracle and lowered on the VM (the GPU where there
+// is one).
+TEST(OnnxImport, ExpandOfAnActivationAndOfAConstant) {
+  const std::vector<float> x = Ramp(8, 0.9f, 0.2f);
+  const std::vector<float> cls = {0.5f, -1.0f, 2.0f, 0.25f};
+  for (bool constant : {false, true}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(13);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {2, 1, 4});
+    *g->add_initializer() = FloatTensor("cls", {1, 1, 4}, cls);
+    *g->add_initializer() = Int64Tensor("shape", {constant ? 3 : 4}, constant ? std::vector<int64_t>{2, 1, 4}
+                                                                                 : std::vector<int64_t>{3, 1, 1, 1});
+    onnx::NodeProto* e = g->add_node();
+    e->set_op_type("Expand");
+    e->set_name("e");
+    e->add_input(constant ? "cls" : "x");
+    e->add_input("shape");
+    e->add_output(constant ? "tokens" : "y");
+    if (constant) {
+      onnx::NodeProto* c = g->add_node();
+      c->set_op_type("Concat");
+      c->set_name("c");
+      c->add_input("tokens");
+      c->add_input("x");
+      c->add_output("y");
+      onnx::AttributeProto* axis = c->add_attribute();
+      axis->set_name("axis"), axis->set_type(onnx::AttributeProto::INT), axis->set_i(1);
+    }
+    const std::vector<int64_t> out_shape = constant ? std::vector<int64_t>{2, 2, 4} : std::vector<int64_t>{3, 2, 1, 4};
+    AddValue(g->add_output(), "y", out_shape);
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "expand.onnx");
+    ASSERT_TRUE(m.ok()) << m.status();
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({2, 1, 4}, x), 0);
+    ASSERT_EQ(y.size(), constant ? 16u : 24u);
+    for (size_t i = 0; i < y.size(); ++i) {
+      // constant: row b is [cls, x[b]]; else element (r, b, 0, k) is x[b, 0, k]
+      const float want = constant ? ((i / 4) % 2 == 0 ? cls[i % 4] : x[(i / 8) * 4 + i % 4]) : x[(i / 4) % 2 * 4 + i % 4];
+      ASSERT_EQ(y[i], want) << constant << " at " << i;
+    }
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "expand.onnx", scheduler::CompileOptions());
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    std::string why;
+    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
+      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+          runtime::GraphRunner::Create(*pass, m->weights, backend);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({2, 1, 4}, x)}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(got->at(m->outputs[0]).Get(i), y[i]) << constant << " at " << i;
+    }
+  }
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
