@@ -1,0 +1,254 @@
+// ONNX ops that move a tensor's elements without arithmetic: Slice, Split, Gather at constant indices and Expand,
+// folded at import where their input is a constant, else the IR's SLICE and EXPAND (graph/nn_ops, strided
+// ELEMENTWISE copies once lowered).
+#include <algorithm>
+#include <numeric>
+
+#include "graph/onnx_importer.h"
+
+namespace loom::graph::onnx_internal {
+
+absl::Status Importer::SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
+                                 const std::string& out) {
+  if (const Constant* c = ConstantOf(in); c != nullptr) {  // folded: a constant's slice is a constant
+    Constant r;
+    r.is_int = c->is_int;
+    r.shape = counts;
+    const Shape in_strides = [&] {
+      Shape s(c->shape.size(), 1);
+      for (int d = static_cast<int>(s.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * c->shape[d + 1];
+      return s;
+    }();
+    for (int64_t i = 0; i < Elements(counts); ++i) {
+      int64_t src = 0, rest = i;
+      for (int d = static_cast<int>(counts.size()) - 1; d >= 0; --d) {
+        src += (starts[d] + rest % counts[d] * steps[d]) * in_strides[d];
+        rest /= counts[d];
+      }
+      if (r.is_int) {
+        r.i.push_back(c->i[src]);
+      } else {
+        r.f.push_back(c->f[src]);
+      }
+    }
+    consts_[out] = std::move(r);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> x = Activation(in, "input");
+  if (!x.ok()) return x.status();
+  absl::StatusOr<std::string> y = Emit(SLICE, {*x}, out, [&](OpDef& op) {
+    for (size_t d = 0; d < starts.size(); ++d) {
+      op.mutable_slice()->add_starts(starts[d]);
+      op.mutable_slice()->add_steps(steps[d]);
+    }
+  }, counts);
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// Slice (bounds attributes before opset 10, then constant inputs; positive steps, clamped as the spec says), Split
+// (sizes an attribute before opset 13, then an optional input, or opset 18's num_outputs; else equal parts) and
+// Gather (of a constant with constant indices: folded; of an activation at one constant index: a SLICE, then the
+// axis dropped for a scalar index).
+absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const Constant* data_const = ConstantOf(n.input(0));
+  Shape shape;
+  if (data_const != nullptr) {
+    shape = data_const->shape;
+  } else {
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    shape = Shapes(*x);
+  }
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  auto axis_of = [&](int64_t axis) -> absl::StatusOr<int64_t> {
+    const int64_t at = axis < 0 ? axis + rank : axis;
+    if (at < 0 || at >= rank) return Refuse(absl::StrCat("axis ", axis, " of a tensor of rank ", rank));
+    return at;
+  };
+  auto ints = [&](int k, const std::string& what) -> absl::StatusOr<std::vector<int64_t>> {
+    const Constant* c = n.input_size() > k && !n.input(k).empty() ? ConstantOf(n.input(k)) : nullptr;
+    if (c == nullptr || !c->is_int) return Refuse(absl::StrCat(what, " must be a constant integer tensor"));
+    return c->i;
+  };
+  Shape starts(rank, 0), steps(rank, 1), counts = shape;
+  if (t == "Slice") {
+    std::vector<int64_t> begin, end, axes, step;
+    if (opset_ < 10) {
+      begin = a.Ints("starts"), end = a.Ints("ends"), axes = a.Ints("axes");
+    } else {
+      absl::StatusOr<std::vector<int64_t>> s = ints(1, "starts"), e = ints(2, "ends");
+      if (!s.ok() || !e.ok()) return !s.ok() ? s.status() : e.status();
+      begin = *s, end = *e;
+      if (n.input_size() > 3 && !n.input(3).empty()) {
+        absl::StatusOr<std::vector<int64_t>> x = ints(3, "axes");
+        if (!x.ok()) return x.status();
+        axes = *x;
+      }
+      if (n.input_size() > 4 && !n.input(4).empty()) {
+        absl::StatusOr<std::vector<int64_t>> x = ints(4, "steps");
+        if (!x.ok()) return x.status();
+        step = *x;
+      }
+    }
+    if (axes.empty()) {
+      for (int64_t d = 0; d < static_cast<int64_t>(begin.size()); ++d) axes.push_back(d);
+    }
+    if (begin.size() != end.size() || axes.size() != begin.size() || (!step.empty() && step.size() != begin.size())) {
+      return Refuse("starts, ends, axes and steps of different lengths");
+    }
+    for (size_t k = 0; k < axes.size(); ++k) {
+      absl::StatusOr<int64_t> d = axis_of(axes[k]);
+      if (!d.ok()) return d.status();
+      const int64_t dim = shape[*d], by = step.empty() ? 1 : step[k];
+      if (by < 1) return Refuse(absl::StrCat("step ", by, " (Loom slices forwards, steps of 1 or more)"));
+      const int64_t from = std::clamp(begin[k] < 0 ? begin[k] + dim : begin[k], int64_t{0}, dim);
+      const int64_t to = std::clamp(end[k] < 0 ? end[k] + dim : end[k], int64_t{0}, dim);
+      if (to <= from) return Refuse(absl::StrCat("an empty slice of axis ", *d));
+      starts[*d] = from, steps[*d] = by, counts[*d] = (to - from + by - 1) / by;
+    }
+    return SliceInto(n.input(0), starts, steps, counts, n.output(0));
+  }
+  if (t == "Split") {
+    absl::StatusOr<int64_t> axis = axis_of(a.Int("axis", 0));
+    if (!axis.ok()) return axis.status();
+    const int64_t dim = shape[*axis], parts = n.output_size();
+    std::vector<int64_t> sizes;
+    if (opset_ < 13) {
+      sizes = a.Ints("split");
+    } else if (n.input_size() > 1 && !n.input(1).empty()) {
+      absl::StatusOr<std::vector<int64_t>> s = ints(1, "split");
+      if (!s.ok()) return s.status();
+      sizes = *s;
+    }
+    const int64_t num_outputs = opset_ >= 18 ? a.Int("num_outputs", 0) : 0;
+    if (sizes.empty() && num_outputs > 0) {  // ceil(dim / num_outputs) each, the last what is left
+      if (num_outputs != parts) return Refuse(absl::StrCat("num_outputs ", num_outputs, " for ", parts, " outputs"));
+      const int64_t each = (dim + parts - 1) / parts;
+      for (int64_t k = 0; k < parts; ++k) sizes.push_back(std::max<int64_t>(0, std::min(each, dim - k * each)));
+    } else if (sizes.empty()) {
+      if (dim % parts != 0) return Refuse(absl::StrCat("axis of ", dim, " in ", parts, " equal parts"));
+      sizes.assign(parts, dim / parts);
+    }
+    if (static_cast<int64_t>(sizes.size()) != parts || std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != dim) {
+      return Refuse(absl::StrCat("split sizes ", Str(sizes), " for ", parts, " outputs of an axis of ", dim));
+    }
+    int64_t at = 0;
+    for (int64_t k = 0; k < parts; ++k) {
+      if (sizes[k] < 1) return Refuse(absl::StrCat("output ", k, " is empty"));
+      starts[*axis] = at, counts[*axis] = sizes[k];
+      at += sizes[k];
+      if (n.output(k).empty()) continue;
+      if (absl::Status s = SliceInto(n.input(0), starts, steps, counts, n.output(k)); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // Gather
+  absl::StatusOr<int64_t> axis = axis_of(a.Int("axis", 0));
+  if (!axis.ok()) return axis.status();
+  const Constant* idx = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+  if (idx == nullptr || !idx->is_int) {
+    return Refuse("the indices are not a constant (a lookup by run-time indices, such as an embedding's)");
+  }
+  const int64_t dim = shape[*axis];
+  std::vector<int64_t> at;
+  for (int64_t i : idx->i) {
+    if (i < -dim || i >= dim) return Refuse(absl::StrCat("index ", i, " of an axis of ", dim));
+    at.push_back(i < 0 ? i + dim : i);
+  }
+  Shape out_shape(shape.begin(), shape.begin() + *axis);
+  out_shape.insert(out_shape.end(), idx->shape.begin(), idx->shape.end());
+  out_shape.insert(out_shape.end(), shape.begin() + *axis + 1, shape.end());
+  if (data_const == nullptr && at.size() != 1) {
+    return Refuse(absl::StrCat(at.size(), " indices of an activation (Loom gathers one)"));
+  }
+  const std::string out = n.output(0);
+  const std::string sliced = at.size() == 1 && idx->shape == Shape{1} ? out : out + "/one";
+  if (at.size() == 1) {
+    starts[*axis] = at[0], counts[*axis] = 1;
+    if (absl::Status s = SliceInto(n.input(0), starts, steps, counts, sliced); !s.ok()) return s;
+    if (sliced == out) return absl::OkStatus();
+    if (const Constant* c = ConstantOf(sliced); c != nullptr) {  // (a constant: its shape)
+      Constant r = *c;
+      r.shape = out_shape;
+      consts_[out] = std::move(r);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::string> x = Activation(sliced, "slice");
+    if (!x.ok()) return x.status();
+    absl::StatusOr<std::string> y = Reshape(*x, out_shape, out);
+    if (!y.ok()) return y.status();
+    alias_[out] = *y;
+    return absl::OkStatus();
+  }
+  // Several indices of a constant: each one's slice in order.
+  Constant r;
+  r.is_int = data_const->is_int;
+  r.shape = out_shape;
+  const int64_t outer = Elements(Shape(shape.begin(), shape.begin() + *axis));
+  const int64_t inner = Elements(Shape(shape.begin() + *axis + 1, shape.end()));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i : at) {
+      const int64_t base = (o * dim + i) * inner;
+      for (int64_t k = 0; k < inner; ++k) {
+        if (r.is_int) {
+          r.i.push_back(data_const->i[base + k]);
+        } else {
+          r.f.push_back(data_const->f[base + k]);
+        }
+      }
+    }
+  }
+  consts_[out] = std::move(r);
+  return absl::OkStatus();
+}
+
+// Expand (opsets 8 and 13): the input broadcast with the constant shape, both ways (numpy's rules: the output is
+// their broadcast). A constant's folded (ViT's class token, `expand(n, -1, -1)`), an activation's the IR's EXPAND.
+absl::Status Importer::Expand(const onnx::NodeProto& n) {
+  const Constant* target = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+  if (target == nullptr || !target->is_int || target->shape.size() != 1) {
+    return Refuse("the shape must be a constant 1-D integer tensor");
+  }
+  const Constant* c = ConstantOf(n.input(0));
+  absl::StatusOr<std::string> x;
+  if (c == nullptr) {
+    x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+  }
+  const Shape in = c != nullptr ? c->shape : Shapes(*x);
+  absl::StatusOr<Shape> shape = BroadcastShapes(in, target->i);
+  if (!shape.ok()) return Refuse(std::string(shape.status().message()));
+  const std::string out = n.output(0);
+  if (c != nullptr) {
+    Constant r;
+    r.is_int = c->is_int;
+    r.shape = *shape;
+    const int64_t rank = static_cast<int64_t>(shape->size()), lead = rank - static_cast<int64_t>(in.size());
+    for (int64_t i = 0; i < Elements(*shape); ++i) {
+      int64_t src = 0, rest = i, stride = 1;
+      for (int64_t d = rank - 1; d >= lead; --d) {  // the input's dims, innermost first; size-1 ones repeat
+        const int64_t coord = rest % (*shape)[d];
+        rest /= (*shape)[d];
+        const int64_t dim = in[d - lead];
+        src += (dim == 1 ? 0 : coord) * stride;
+        stride *= dim;
+      }
+      if (r.is_int) {
+        r.i.push_back(c->i[src]);
+      } else {
+        r.f.push_back(c->f[src]);
+      }
+    }
+    consts_[out] = std::move(r);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> y = Emit(EXPAND, {*x}, out, [](OpDef&) {}, *shape);
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+}  // namespace loom::graph::onnx_internal
