@@ -7,6 +7,18 @@
 #include "graph/onnx_importer.h"
 
 namespace loom::graph::onnx_internal {
+namespace {
+
+// Element `at` of constant `from` appended to `to` (of the same element type).
+void AppendElement(Constant& to, const Constant& from, int64_t at) {
+  if (to.is_int) {
+    to.i.push_back(from.i[at]);
+  } else {
+    to.f.push_back(from.f[at]);
+  }
+}
+
+}  // namespace
 
 absl::Status Importer::SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                                  const std::string& out) {
@@ -25,11 +37,7 @@ absl::Status Importer::SliceInto(const std::string& in, const Shape& starts, con
         src += (starts[d] + rest % counts[d] * steps[d]) * in_strides[d];
         rest /= counts[d];
       }
-      if (r.is_int) {
-        r.i.push_back(c->i[src]);
-      } else {
-        r.f.push_back(c->f[src]);
-      }
+      AppendElement(r, *c, src);
     }
     consts_[out] = std::move(r);
     return absl::OkStatus();
@@ -193,11 +201,7 @@ absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
     for (int64_t i : at) {
       const int64_t base = (o * dim + i) * inner;
       for (int64_t k = 0; k < inner; ++k) {
-        if (r.is_int) {
-          r.i.push_back(data_const->i[base + k]);
-        } else {
-          r.f.push_back(data_const->f[base + k]);
-        }
+        AppendElement(r, *data_const, base + k);
       }
     }
   }
@@ -236,11 +240,7 @@ absl::Status Importer::Expand(const onnx::NodeProto& n) {
         src += (dim == 1 ? 0 : coord) * stride;
         stride *= dim;
       }
-      if (r.is_int) {
-        r.i.push_back(c->i[src]);
-      } else {
-        r.f.push_back(c->f[src]);
-      }
+      AppendElement(r, *c, src);
     }
     consts_[out] = std::move(r);
     return absl::OkStatus();

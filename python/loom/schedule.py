@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from . import _loom
 from .errors import InvalidArgumentError, check_int
 from ._wrap import NativeWrapper
-from .model import Model
+from .model import Model, _as_array
 
 # The keyword arguments of loom.compile: the `loom compile` flags of the same names.
 _OPTIONS = ("options", "num_sms", "policy", "granularity", "unfuse", "max_seq", "prefill")
@@ -25,6 +25,8 @@ class Schedule(NativeWrapper):
     def __init__(self, native: _loom.Schedule, model: Model | None = None) -> None:
         self._native = native
         self.model = model
+        self._passes: dict[tuple[str, int], tuple[Any, Model]] = {}  # resident graph passes, by (backend, model)
+        self.last_ms = 0.0  # the last run()'s time
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> "Schedule":
@@ -33,6 +35,23 @@ class Schedule(NativeWrapper):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         self._native.save(os.fspath(path))
+
+    def run(self, inputs: Mapping[str, Any], *, backend: str = "auto", model: Model | None = None) -> dict[str, Any]:
+        """Runs a compiled graph pass (an ONNX model's, or a ``Model.from_graph`` graph's) once on ``inputs``: name
+        -> array (numpy, torch or nested lists; float32), every input of the graph. Returns the graph's outputs by
+        name as numpy float32 arrays. ``backend``: "cpu" (the reference VM), "gpu", or "auto" (the GPU where there
+        is one). The pass stays resident on its backend between runs; ``last_ms`` is the last run's time (GPU: the
+        kernel's, by CUDA events). Decode schedules are run by ``loom.Session``.
+        """
+        model, backend = _model_and_backend(self, model, backend)
+        if backend not in ("cpu", "gpu"):
+            raise InvalidArgumentError(f"backend: unknown backend '{backend}' (cpu, gpu or auto)")
+        key = (backend, id(model))
+        if key not in self._passes:  # (the model is kept with it, so its id stays its own)
+            self._passes[key] = (_loom.GraphPass(model._native, self._native, backend), model)
+        arrays = {name: _as_array(name, value, None) for name, value in inputs.items()}
+        outputs, self.last_ms = self._passes[key][0].run(arrays)
+        return dict(outputs)
 
     def summary(self, instructions: bool = False) -> str:
         """Instructions per opcode, per-SM load, the simulator's predicted step time (and every instruction)."""
@@ -76,3 +95,15 @@ def compile(model: Model, **options: Any) -> Schedule:  # noqa: A001 - the packa
 
 def _as_list(values: Iterable[Any]) -> list[Any]:
     return list(values)
+
+
+def _model_and_backend(schedule: Schedule, model: Model | None, backend: str) -> tuple[Model, str]:
+    """The model a schedule runs with (its own, or the one given for a schedule read from a file) and the backend
+    "auto" means (the GPU where there is one)."""
+    model = model or schedule.model
+    if model is None:
+        raise InvalidArgumentError(
+            "this schedule was read from a file: pass model=loom.load(...) with the weights it was compiled for")
+    if backend == "auto":
+        backend = "gpu" if _loom.gpu_available()[0] else "cpu"
+    return model, backend

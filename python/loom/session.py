@@ -11,7 +11,7 @@ from . import _loom
 from .errors import InvalidArgumentError, check_int
 from .model import Model
 from .progress import progress_bars
-from .schedule import Schedule, compile as _compile
+from .schedule import Schedule, _model_and_backend, compile as _compile
 
 
 
@@ -60,12 +60,7 @@ class Session:
             model, schedule = schedule, _compile(schedule)
         if not isinstance(schedule, Schedule):
             raise TypeError(f"Session() takes a loom.Schedule or loom.Model, not {type(schedule).__name__}")
-        model = model or schedule.model
-        if model is None:
-            raise InvalidArgumentError(
-                "this schedule was read from a file: pass model=loom.load(...) with the weights it was compiled for")
-        if backend == "auto":
-            backend = "gpu" if _loom.gpu_available()[0] else "cpu"
+        model, backend = _model_and_backend(schedule, model, backend)
         self.model = model
         self.schedule = schedule
         self._lock = threading.RLock()  # one generation at a time: start, steps and reading the tokens together

@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -18,6 +19,8 @@
 #include "graph/evaluator.h"
 #include "graph/graph_builder.h"
 #include "graph/model.h"
+#include "runtime/graph_runner.h"
+#include "scheduler/schedule.pb.h"
 
 namespace loom::python {
 namespace {
@@ -36,7 +39,7 @@ void MergeText(const std::string& text, Proto* attrs, const char* what) {
 std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
 // An array for a tensor of the graph: float32 for bf16 and f32 tensors (bf16 ones are rounded), int32 for i32;
-// its shape must be the tensor's.
+// its shape must be the tensor's (a scalar, rank 0, is a [1]: ONNX's rank-0 inputs are imported so).
 graph::HostTensor ToHost(const graph::TensorDef& def, const nb::handle& value) {
   Array a;
   if (!nb::try_cast(value, a)) {
@@ -45,6 +48,7 @@ graph::HostTensor ToHost(const graph::TensorDef& def, const nb::handle& value) {
   }
   std::vector<int64_t> shape(a.shape_ptr(), a.shape_ptr() + a.ndim());
   const std::vector<int64_t> want(def.shape().begin(), def.shape().end());
+  if (shape.empty() && want == std::vector<int64_t>{1}) shape = want;
   if (shape != want) {
     Invalid(
         absl::StrCat("tensor '", def.name(), "': shape ", ShapeText(shape), ", the graph declares ", ShapeText(want)));
@@ -111,6 +115,14 @@ graph::Model FromGraph(const graph::Graph& g, const nb::dict& weights) {
 struct Oracle {
   std::shared_ptr<const graph::Model> model;
   std::unique_ptr<graph::Evaluator> evaluator;
+  std::mutex mutex;
+};
+
+// A compiled general graph's pass (an ONNX model's, or a GraphBuilder graph's) resident on the CPU VM or the GPU,
+// run on arrays. Runs release the GIL; `mutex` takes concurrent calls one at a time.
+struct GraphPass {
+  std::shared_ptr<const graph::Model> model;
+  std::unique_ptr<runtime::GraphRunner> runner;
   std::mutex mutex;
 };
 
@@ -214,6 +226,59 @@ void BindGraph(nb::module_& m) {
 
   m.def("model_from_graph", &FromGraph, nb::arg("graph"), nb::arg("weights"),
         "A model of `graph` with `weights`: name -> float32 array (bf16 weights are rounded), int32 for i32.");
+
+  nb::class_<GraphPass>(m, "GraphPass", "A compiled graph pass resident on a backend, run on arrays (Schedule.run).")
+      .def(
+          "__init__",
+          [](GraphPass* p, const graph::Model& model, const scheduler::Schedule& schedule, const std::string& backend) {
+            if (backend != "cpu" && backend != "gpu") Invalid(absl::StrCat("backend: unknown backend '", backend, "' (cpu or gpu)"));
+            if (!schedule.has_graph()) {
+              Invalid(absl::StrCat("the schedule of '", schedule.model(), "' is a decode schedule, not a graph pass: ",
+                                   "loom.Session runs it"));
+            }
+            if (model.weights.empty() && !model.graph.TensorsOfKind(graph::WEIGHT).empty()) {
+              Invalid(absl::StrCat("model '", model.spec, "' was loaded without weights"));
+            }
+            auto copy = std::make_shared<const graph::Model>(model);
+            std::unique_ptr<runtime::GraphRunner> runner;
+            {
+              nb::gil_scoped_release release;
+              runner = Unwrap(runtime::GraphRunner::Create(
+                  schedule, copy->weights,
+                  backend == "gpu" ? runtime::GraphRunner::Backend::kGpu : runtime::GraphRunner::Backend::kCpu));
+            }
+            new (p) GraphPass{copy, std::move(runner), {}};
+          },
+          nb::arg("model"), nb::arg("schedule"), nb::arg("backend"))
+      .def(
+          "run",
+          [](GraphPass& p, const nb::dict& inputs) {
+            runtime::TensorMap in;
+            for (const graph::TensorDef* def : p.model->graph.TensorsOfKind(graph::INPUT)) {
+              if (!inputs.contains(def->name().c_str())) {
+                Invalid(absl::StrCat("inputs: no array for '", def->name(), "'"));
+              }
+              in[def->name()] = ToHost(*def, inputs[def->name().c_str()]);
+            }
+            for (const auto& [key, value] : inputs) {
+              const std::string name = nb::cast<std::string>(nb::str(key));
+              if (!p.model->graph.HasTensor(name) || p.model->graph.tensor(name).kind() != graph::INPUT) {
+                Invalid(absl::StrCat("inputs: '", name, "' is not an input of the graph"));
+              }
+            }
+            runtime::TensorMap values;
+            float ms = 0;
+            {
+              nb::gil_scoped_release release;
+              std::lock_guard<std::mutex> lock(p.mutex);
+              values = Unwrap(p.runner->Run(in));
+              ms = p.runner->last_ms();
+            }
+            std::map<std::string, nb::object> out;
+            for (const auto& [name, value] : values) out[name] = ToNumpy(value);
+            return std::make_pair(out, ms);
+          },
+          nb::arg("inputs"), "Runs the pass once; returns the graph's outputs by name and the run's time in ms.");
 
   nb::class_<Oracle>(m, "Oracle", "The op-by-op float32 evaluator of a model's graph; state persists across runs.")
       .def(

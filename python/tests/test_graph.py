@@ -160,6 +160,20 @@ def test_onnx_models_load_and_run_on_the_oracle():
     schedule = loom.compile(model)
     with pytest.raises(loom.InvalidArgumentError, match="a general graph's pass"):
         loom.Session(schedule, backend="cpu")
+    # Schedule.run runs the pass: the oracle's outputs within the graph tolerance (bf16 tensor-core operands), on the
+    # VM and (where there is one) the GPU, resident between runs; a missing or unknown input is refused by name.
+    for backend in ["cpu"] + (["gpu"] if loom.gpu_available()[0] else []):
+        (got,) = schedule.run({name: x}, backend=backend).values()
+        assert got.shape == y.shape
+        assert np.linalg.norm(got - y) <= 3e-2 * np.linalg.norm(y), backend
+        (again,) = schedule.run({name: x}, backend=backend).values()
+        np.testing.assert_array_equal(again, got)
+    with pytest.raises(loom.InvalidArgumentError, match=f"inputs: no array for '{name}'"):
+        schedule.run({}, backend="cpu")
+    with pytest.raises(loom.InvalidArgumentError, match="'z' is not an input of the graph"):
+        schedule.run({name: x, "z": x}, backend="cpu")
+    with pytest.raises(loom.InvalidArgumentError, match="a decode schedule, not a graph pass"):
+        loom.compile(loom.load("random:tiny")).run({}, backend="cpu")
     matmul = loom.load("/usr/share/libonnx-testdata/data/node/test_matmul_2d/model.onnx")
     assert "GEMM" in loom.compile(matmul).summary()
     with pytest.raises(loom.InvalidArgumentError, match=r"\(Cos\): op type not supported"):
