@@ -118,7 +118,7 @@ bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
-    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND:
+    case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND: case PAD:
       return true;
     default:
       return false;
@@ -179,6 +179,20 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
       out.push_back(in[0][p]);
     }
     return out;
+  }
+  if (type == PAD) {
+    if (absl::Status s = arity(2, 2); !s.ok()) return s;
+    const auto& begin = op.pad().begin();
+    if (Elements(in[1]) != 1) return Bad(absl::StrCat("the padding value is ", Str(in[1]), ", not one element"));
+    if (begin.size() != static_cast<int>(in[0].size()) || declared.size() != in[0].size()) {
+      return Bad(absl::StrCat("begin and the output must have the input's rank ", in[0].size()));
+    }
+    for (size_t d = 0; d < in[0].size(); ++d) {
+      if (begin[d] < 0 || declared[d] < begin[d] + in[0][d]) {
+        return Bad(absl::StrCat("axis ", d, ": ", in[0][d], " elements from ", begin[d], " do not lie in ", declared[d]));
+      }
+    }
+    return declared;
   }
   if (type == EXPAND) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
@@ -351,6 +365,16 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case RESHAPE:
       std::copy(x.begin(), x.end(), y.begin());
       return absl::OkStatus();
+    case PAD: {
+      std::fill(y.begin(), y.end(), Floats(*inputs[1])[0]);
+      const Shape os = Strides(out->shape), is = Strides(shapes[0]);
+      for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+        int64_t at = 0;
+        for (size_t d = 0; d < shapes[0].size(); ++d) at += ((i / is[d]) % shapes[0][d] + op.pad().begin(d)) * os[d];
+        y[at] = x[i];
+      }
+      return absl::OkStatus();
+    }
     case EXPAND: {
       const Shape os = Strides(out->shape), is = Strides(shapes[0]);
       for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) y[i] = x[BroadcastIndex(out->shape, os, shapes[0], is, i)];

@@ -39,7 +39,7 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
                                         "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
-                                        "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg",
+                                        "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg", "Pad",
                                         "Pow", "Reciprocal", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
@@ -604,6 +604,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = Slicing(n, a);
   } else if (t == "Expand") {
     s = Expand(n);
+  } else if (t == "Pad") {
+    s = Pad(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

@@ -1,6 +1,6 @@
-// ONNX ops that move a tensor's elements without arithmetic: Slice, Split, Gather at constant indices and Expand,
-// folded at import where their input is a constant, else the IR's SLICE and EXPAND (graph/nn_ops, strided
-// ELEMENTWISE copies once lowered).
+// ONNX ops that move a tensor's elements without arithmetic: Slice, Split, Gather at constant indices, Expand and
+// Pad, folded at import where their input is a constant, else the IR's SLICE, EXPAND and PAD (graph/nn_ops,
+// strided ELEMENTWISE copies once lowered).
 #include <algorithm>
 #include <numeric>
 
@@ -246,6 +246,86 @@ absl::Status Importer::Expand(const onnx::NodeProto& n) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> y = Emit(EXPAND, {*x}, out, [](OpDef&) {}, *shape);
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// Pad in constant mode (every opset's form: `paddings` / `pads` and `value` attributes before opset 11, then the pads,
+// constant_value and opset 18's axes as constant inputs): begin and end counts per axis, none negative. A
+// constant's folded; an activation's the IR's PAD.
+absl::Status Importer::Pad(const onnx::NodeProto& n, Attrs& a) {
+  const std::string mode = a.String("mode", "constant");
+  if (mode != "constant") return Refuse(absl::StrCat("mode '", mode, "' (Loom pads with a constant)"));
+  const Constant* c = ConstantOf(n.input(0));
+  absl::StatusOr<std::string> x;
+  if (c == nullptr) {
+    x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+  }
+  const Shape in = c != nullptr ? c->shape : Shapes(*x);
+  const int64_t rank = static_cast<int64_t>(in.size());
+  std::vector<int64_t> pads, axes;
+  float value = 0.0f;
+  auto constant_ints = [&](int k, const std::string& what) -> absl::StatusOr<std::vector<int64_t>> {
+    const Constant* v = ConstantOf(n.input(k));
+    if (v == nullptr || !v->is_int) return Refuse(absl::StrCat(what, " must be a constant integer tensor"));
+    return v->i;
+  };
+  if (opset_ < 11) {
+    pads = a.Ints(opset_ < 2 ? "paddings" : "pads");
+    value = a.Float("value", 0.0f);
+  } else {
+    absl::StatusOr<std::vector<int64_t>> p = constant_ints(1, "pads");
+    if (!p.ok()) return p.status();
+    pads = *p;
+    if (n.input_size() > 2 && !n.input(2).empty()) {
+      const Constant* v = ConstantOf(n.input(2));
+      if (v == nullptr || v->is_int || v->f.size() != 1) return Refuse("constant_value must be a constant float scalar");
+      value = v->f[0];
+    }
+    if (n.input_size() > 3 && !n.input(3).empty()) {
+      absl::StatusOr<std::vector<int64_t>> ax = constant_ints(3, "axes");
+      if (!ax.ok()) return ax.status();
+      axes = *ax;
+    }
+  }
+  if (axes.empty()) {
+    for (int64_t d = 0; d < rank; ++d) axes.push_back(d);
+  }
+  if (pads.size() != 2 * axes.size()) {
+    return Refuse(absl::StrCat(pads.size(), " pads for ", axes.size(), " axes (a begin and an end each)"));
+  }
+  Shape begin(rank, 0), shape = in;
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const int64_t d = axes[k] < 0 ? axes[k] + rank : axes[k];
+    if (d < 0 || d >= rank) return Refuse(absl::StrCat("axis ", axes[k], " of a tensor of rank ", rank));
+    const int64_t before = pads[k], after = pads[k + axes.size()];
+    if (before < 0 || after < 0) return Refuse(absl::StrCat("negative pads on axis ", d, " (a crop: use Slice)"));
+    begin[d] = before;
+    shape[d] = in[d] + before + after;
+  }
+  const std::string out = n.output(0);
+  if (c != nullptr) {  // folded
+    if (c->is_int) return Refuse("pads an integer constant");
+    Constant r;
+    r.shape = shape;
+    r.f.assign(Elements(shape), value);
+    for (int64_t i = 0; i < Elements(in); ++i) {
+      int64_t at = 0, rest = i, stride = 1;
+      for (int64_t d = rank - 1; d >= 0; --d) {
+        at += (rest % in[d] + begin[d]) * stride;
+        rest /= in[d];
+        stride *= shape[d];
+      }
+      r.f[at] = c->f[i];
+    }
+    consts_[out] = std::move(r);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> y = Emit(PAD, {*x, NewWeight(out + "/value", {1}, {value})}, out, [&](OpDef& op) {
+    for (int64_t b : begin) op.mutable_pad()->add_begin(b);
+  }, shape);
   if (!y.ok()) return y.status();
   alias_[out] = *y;
   return absl::OkStatus();

@@ -95,6 +95,8 @@ absl::Status NnLowering::Lower(const OpDef& op) {
       return LowerConcat(op);
     case graph::SLICE:
       return LowerSlice(op);
+    case graph::PAD:
+      return LowerPad(op);
     default:
       return Unsupported(op, "no lowering for this op in a graph pass yet (the oracle evaluates it)");
   }
@@ -239,6 +241,38 @@ absl::Status NnLowering::LowerSlice(const OpDef& op) {
   dims.strides = {strides, ContiguousStrides(dims.size)};
   const uint32_t stage = b_.Stage(op.name());
   if (absl::Status s = EmitStrided(op, isa::kEwCopy, {from}, Arena(y), dims, stage, ReadyOf({x})); !s.ok()) return s;
+  stage_[y] = stage;
+  return absl::OkStatus();
+}
+
+// A constant padding: the value copied everywhere (a [1] weight read with zero strides), then the input into its
+// place, a view of the output from its first element (two stages).
+absl::Status NnLowering::LowerPad(const OpDef& op) {
+  const std::string& x = op.inputs(0);
+  const std::string& y = op.outputs(0);
+  absl::StatusOr<uint32_t> input = Operand(op, x);
+  if (!input.ok()) return input.status();
+  absl::StatusOr<uint32_t> value = Operand(op, op.inputs(1));
+  if (!value.ok()) return value.status();
+  const std::vector<uint64_t> xs = ShapeOf(T(x)), ys = ShapeOf(T(y)), y_strides = ContiguousStrides(ys);
+  const uint32_t out = Arena(y);
+  const uint32_t fill = b_.Stage(absl::StrCat(op.name(), "/fill"));
+  StridedDims everywhere;
+  everywhere.size = ys;
+  everywhere.strides = {std::vector<uint64_t>(ys.size(), 0), y_strides};
+  if (absl::Status s = EmitStrided(op, isa::kEwCopy, {*value}, out, everywhere, fill, {}); !s.ok()) return s;
+  uint64_t first = 0;
+  for (size_t d = 0; d < ys.size(); ++d) first += static_cast<uint64_t>(op.pad().begin(d)) * y_strides[d];
+  const uint32_t inside = first == 0 ? out
+                                     : Scratch(absl::StrCat(y, "[inside]"), graph::F32,
+                                               {static_cast<int64_t>(Product(ys) - first)}, y, first * 4);
+  StridedDims copy;
+  copy.size = xs;
+  copy.strides = {ContiguousStrides(xs), y_strides};
+  std::vector<uint32_t> after = ReadyOf({x});
+  after.push_back(fill);
+  const uint32_t stage = b_.Stage(op.name());
+  if (absl::Status s = EmitStrided(op, isa::kEwCopy, {*input}, inside, copy, stage, after); !s.ok()) return s;
   stage_[y] = stage;
   return absl::OkStatus();
 }

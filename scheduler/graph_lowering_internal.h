@@ -340,6 +340,7 @@ class NnLowering {
   // Each input copied into its slice of the output (a view of it from the slice's first element), strided.
   absl::Status LowerConcat(const OpDef& op);
   absl::Status LowerSlice(const OpDef& op);
+  absl::Status LowerPad(const OpDef& op);
 
   absl::Status LowerPool(const OpDef& op);
 

@@ -750,6 +750,74 @@ TEST(OnnxImport, ExpandOfAnActivationAndOfAConstant) {
   }
 }
 
+// Pad in constant mode: opset 11's inputs (pads of H and W, begin and end differing, a constant value) and opset 2's
+// attributes (the value 0 by default), on the oracle against the definition and lowered on the VM (the GPU where
+// there is one); reflect mode and negative pads refused by name.
+TEST(OnnxImport, PadWithAConstant) {
+  const std::vector<float> x = Ramp(2 * 2 * 3, 0.8f, 0.3f);
+  struct Case {
+    int opset;
+    std::vector<int64_t> pads;  // N, C, H, W begins, then ends
+    float value;
+    std::string mode, refused;
+  };
+  for (const Case& c : {Case{11, {0, 0, 1, 0, 0, 0, 2, 1}, 0.5f, "", ""}, Case{2, {0, 1, 0, 2, 0, 0, 1, 0}, 0.0f, "", ""},
+                        Case{11, {0, 0, 1, 1, 0, 0, 1, 1}, 0.0f, "reflect", "mode 'reflect'"},
+                        Case{11, {0, 0, -1, 0, 0, 0, 0, 0}, 0.0f, "", "negative pads on axis 2"}}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(c.opset);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {1, 2, 2, 3});
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("Pad");
+    n->set_name("p");
+    n->add_input("x");
+    n->add_output("y");
+    if (c.opset >= 11) {
+      *g->add_initializer() = Int64Tensor("pads", {8}, c.pads);
+      *g->add_initializer() = FloatTensor("value", {}, {c.value});
+      n->add_input("pads");
+      n->add_input("value");
+    } else {
+      IntsAttr(n, "pads", c.pads);
+    }
+    if (!c.mode.empty()) {
+      onnx::AttributeProto* m = n->add_attribute();
+      m->set_name("mode"), m->set_type(onnx::AttributeProto::STRING), m->set_s(c.mode);
+    }
+    std::vector<int64_t> shape = {1, 2, 2, 3};
+    for (int d = 0; d < 4; ++d) shape[d] += std::max<int64_t>(0, c.pads[d]) + c.pads[d + 4];
+    AddValue(g->add_output(), "y", shape);
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "pad.onnx");
+    if (!c.refused.empty()) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find("node 'p' (Pad): " + c.refused), std::string::npos) << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << m.status();
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({1, 2, 2, 3}, x), 0);
+    ASSERT_EQ(y.size(), static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
+    for (size_t i = 0; i < y.size(); ++i) {
+      const int64_t w = i % shape[3], h = i / shape[3] % shape[2], ch = i / (shape[3] * shape[2]) % shape[1];
+      const int64_t xc = ch - c.pads[1], xh = h - c.pads[2], xw = w - c.pads[3];
+      const bool inside = xc >= 0 && xc < 2 && xh >= 0 && xh < 2 && xw >= 0 && xw < 3;
+      ASSERT_EQ(y[i], inside ? x[(xc * 2 + xh) * 3 + xw] : c.value) << c.opset << " at " << i;
+    }
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "pad.onnx", scheduler::CompileOptions());
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    std::string why;
+    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
+      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+          runtime::GraphRunner::Create(*pass, m->weights, backend);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({1, 2, 2, 3}, x)}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(got->at(m->outputs[0]).Get(i), y[i]) << c.opset << " at " << i;
+    }
+  }
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
