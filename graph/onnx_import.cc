@@ -38,9 +38,10 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
 constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
-                                        "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "HardSigmoid",
+                                        "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
+                                        "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg", "Pad",
-                                        "Pow", "Reciprocal", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
+                                        "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape"};
@@ -493,10 +494,10 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();
     alias_[out] = *y;
-  } else if (t == "ReduceMean") {
+  } else if (t == "ReduceMean" || t == "ReduceMax") {
     // The mean over every spatial axis of NCHW / NCL (what AdaptiveAvgPool2d(1) exports to) is GlobalAveragePool,
-    // then a reshape without keepdims; other axes are refused naming them. Axes: an attribute before opset 18, then
-    // a constant input.
+    // the maximum GlobalMaxPool (AdaptiveMaxPool2d(1)), then a reshape without keepdims; other axes are refused
+    // naming them. Axes: an attribute before opset 18, then a constant input.
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
     const Shape in = Shapes(*x);
@@ -512,11 +513,12 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     std::vector<int64_t> spatial;
     for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
     if ((rank != 3 && rank != 4) || sorted != spatial) {
-      return Refuse(absl::StrCat("the mean over axes [", absl::StrJoin(axes, ","), "] of a rank-", rank,
-                                 " input (Loom reduces every spatial axis of NCHW or NCL: a global average pool)"));
+      return Refuse(absl::StrCat("the ", t == "ReduceMax" ? "maximum" : "mean", " over axes [", absl::StrJoin(axes, ","),
+                                 "] of a rank-", rank, " input (Loom reduces every spatial axis of NCHW or NCL: a ",
+                                 "global pool)"));
     }
     onnx::NodeProto pool;
-    pool.set_op_type("GlobalAveragePool");
+    pool.set_op_type(t == "ReduceMax" ? "GlobalMaxPool" : "GlobalAveragePool");
     pool.set_name(n.name());
     pool.add_input(n.input(0));
     pool.add_output(keepdims ? out : out + "/keepdims");
@@ -590,7 +592,7 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     });
     if (!y.ok()) return y.status();
     alias_[out] = *y;
-  } else if (t == "Conv" || t == "MaxPool" || t == "AveragePool" || t == "GlobalAveragePool") {
+  } else if (t == "Conv" || t == "MaxPool" || t == "AveragePool" || t == "GlobalAveragePool" || t == "GlobalMaxPool") {
     s = Spatial(n, a);
   } else if (t == "BatchNormalization") {
     s = BatchNorm(n, a);

@@ -33,7 +33,7 @@ absl::StatusOr<std::array<int64_t, 4>> Importer::Pads(Attrs& a, const Shape& nch
   return p;
 }
 
-// Conv, MaxPool, AveragePool, GlobalAveragePool: NCHW around Loom's NHWC op.
+// Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool: NCHW around Loom's NHWC op.
 absl::Status Importer::Spatial(const onnx::NodeProto& n, Attrs& a) {
   absl::StatusOr<std::string> x = Activation(n.input(0), "input");
   if (!x.ok()) return x.status();
@@ -61,6 +61,12 @@ absl::Status Importer::Spatial(const onnx::NodeProto& n, Attrs& a) {
   const std::string& type = n.op_type();
   if (type == "GlobalAveragePool") {
     y = Emit(GLOBAL_AVG_POOL, {*nhwc}, out + "/nhwc", [](OpDef&) {});
+  } else if (type == "GlobalMaxPool") {  // a max pool whose one window is the whole image
+    const Shape s = Shapes(*nhwc);
+    y = Emit(MAX_POOL, {*nhwc}, out + "/nhwc", [&](OpDef& op) {
+      PoolAttrs* p = op.mutable_pool();
+      p->set_kernel_h(static_cast<int32_t>(s[1])), p->set_kernel_w(static_cast<int32_t>(s[2]));
+    });
   } else {
     const Constant* w = type == "Conv" ? ConstantOf(n.input(1)) : nullptr;
     if (w != nullptr && (w->is_int || w->shape.size() != (one_d ? 3u : 4u))) {

@@ -483,23 +483,25 @@ TEST(OnnxImport, PowWithAConstantExponent) {
 }
 
 // ReduceMean over every spatial axis (AdaptiveAvgPool2d(1) as exporters write it: axes [2, 3] or [-1, -2], an
-// attribute before opset 18 and a constant input from it, with and without keepdims) is a global average pool;
-// the mean over the channels is refused naming the axes.
+// attribute before opset 18 and a constant input from it, with and without keepdims) is a global average pool,
+// ReduceMax a global max pool; the mean over the channels is refused naming the axes.
 TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
   struct Case {
     int opset;
     std::vector<int64_t> axes;
     bool keepdims;
     bool refused;
+    bool max = false;
   };
   for (const Case& c : {Case{13, {2, 3}, true, false}, Case{18, {-1, -2}, false, false}, Case{18, {3, 2}, true, false},
-                        Case{13, {1}, true, true}}) {
+                        Case{13, {1}, true, true}, Case{13, {2, 3}, false, false, true},
+                        Case{18, {-2, -1}, true, false, true}}) {
     onnx::ModelProto proto;
     proto.add_opset_import()->set_version(c.opset);
     onnx::GraphProto* g = proto.mutable_graph();
     AddValue(g->add_input(), "x", {1, 3, 2, 2});
     onnx::NodeProto* n = g->add_node();
-    n->set_op_type("ReduceMean");
+    n->set_op_type(c.max ? "ReduceMax" : "ReduceMean");
     n->set_name("m");
     n->add_input("x");
     if (c.opset >= 18) {
@@ -528,7 +530,7 @@ TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
     ASSERT_TRUE(m.ok()) << c.opset << ": " << m.status();
     EXPECT_EQ(m->graph.tensor(m->outputs[0]).shape_size(), c.keepdims ? 4 : 2);
     EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({1, 3, 2, 2}, {1, 2, 3, 4, 10, 20, 30, 40, -1, -1, -1, -1}), 0),
-              (std::vector<float>{2.5f, 25.0f, -1.0f}));
+              (c.max ? std::vector<float>{4.0f, 40.0f, -1.0f} : std::vector<float>{2.5f, 25.0f, -1.0f}));
   }
 }
 
