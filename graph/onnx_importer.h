@@ -147,12 +147,24 @@ class Importer {
 
   // Appends an op; its output (named `out`, made unique) gets the shape nn_ops infers.
   template <typename SetAttrs>
+  // An op of the general tensor ops (graph/nn_ops) whose inputs are all constants is folded: evaluated here by
+  // the oracle's reference, its output a constant (exporters write mask and scale arithmetic on constants, and
+  // shapes' square roots; computed once at import instead of on every run, and in f32).
   absl::StatusOr<std::string> Emit(OpType type, const std::vector<std::string>& inputs, const std::string& out,
                                    SetAttrs set_attrs, const Shape& declared = {}) {
     OpDef op;
     op.set_name(Fresh(out));
     op.set_type(type);
-    for (const std::string& i : inputs) op.add_inputs(i);
+    // (A RESHAPE is no arithmetic, and a graph output that is a weight becomes an op's output through one.)
+    bool constant = IsNnOp(type) && type != RESHAPE && !inputs.empty();
+    for (const std::string& i : inputs) {
+      if (!index_.contains(i)) {  // a float constant not yet a weight (a folded op's output)
+        auto c = consts_.find(i);
+        if (c != consts_.end() && !c->second.is_int) WeightOf(i, c->second);
+      }
+      constant = constant && weights_.contains(i);
+      op.add_inputs(i);
+    }
     set_attrs(op);
     Shape shape = declared;
     if (IsNnOp(type)) {
@@ -163,6 +175,14 @@ class Importer {
       shape = *s;
     }
     const std::string name = Fresh(out);
+    if (constant) {
+      std::vector<const HostTensor*> values;
+      for (const std::string& i : inputs) values.push_back(&weights_.at(i));
+      HostTensor result = HostTensor::FromF32(shape, std::vector<float>(Elements(shape)));
+      if (absl::Status s = EvalNnOp(op, values, &result); !s.ok()) return Refuse(std::string(s.message()));
+      consts_[name] = Constant{shape, std::move(result.f32), {}, false};
+      return WeightOf(name, consts_.at(name));
+    }
     op.add_outputs(name);
     Declare(name, shape, ACTIVATION);
     *def_.add_ops() = std::move(op);

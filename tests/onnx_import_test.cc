@@ -820,6 +820,36 @@ TEST(OnnxImport, PadWithAConstant) {
   }
 }
 
+// Arithmetic on constants folds at import: y = x * (sqrt(c) + 1) keeps one op, the MUL by the folded constant
+// (computed in f32 by the oracle's reference), and evaluates as written.
+TEST(OnnxImport, ConstantSubexpressionsFoldAtImport) {
+  onnx::ModelProto proto;
+  proto.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = proto.mutable_graph();
+  AddValue(g->add_input(), "x", {2, 3});
+  *g->add_initializer() = FloatTensor("c", {3}, {4.0f, 2.0f, 0.25f});
+  *g->add_initializer() = FloatTensor("one", {}, {1.0f});
+  auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(type);
+    n->set_name(out);
+    for (const std::string& i : in) n->add_input(i);
+    n->add_output(out);
+  };
+  node("Sqrt", {"c"}, "root");
+  node("Add", {"root", "one"}, "scale");
+  node("Mul", {"x", "scale"}, "y");
+  AddValue(g->add_output(), "y", {2, 3});
+  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "fold.onnx");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->graph.def().ops_size(), 1) << "only the MUL by x is left";
+  EXPECT_EQ(m->graph.def().ops(0).type(), graph::MUL);
+  const std::vector<float> x = {1.0f, -2.0f, 3.0f, 0.5f, 0.0f, -8.0f};
+  const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({2, 3}, x), 0);
+  const float scale[3] = {std::sqrt(4.0f) + 1.0f, std::sqrt(2.0f) + 1.0f, std::sqrt(0.25f) + 1.0f};
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], x[i] * scale[i % 3]) << i;
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
