@@ -1,6 +1,7 @@
 #include "graph/onnx_import.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,7 +45,9 @@ constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Cl
                                         "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
-                                        "Cast", "Gather", "Shape"};
+                                        "Cast", "Gather", "Shape",
+                                        // on constants (Importer::FoldConstantOps)
+                                        "ConstantOfShape", "Equal", "Not", "Range", "Where"};
 
 }  // namespace
 
@@ -71,11 +74,12 @@ absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::
       }
       return c;
     case onnx::TensorProto::INT64:
-    case onnx::TensorProto::INT32: {
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::BOOL: {  // (a bool as 0 / 1: masks and comparisons folded at import)
       c.is_int = true;
-      const bool i64 = t.data_type() == onnx::TensorProto::INT64;
+      const bool i64 = t.data_type() == onnx::TensorProto::INT64, b = t.data_type() == onnx::TensorProto::BOOL;
       if (t.has_raw_data()) {
-        const size_t width = i64 ? 8 : 4;
+        const size_t width = i64 ? 8 : b ? 1 : 4;
         if (t.raw_data().size() != static_cast<size_t>(n) * width) {
           return absl::InvalidArgumentError(absl::StrCat(what, ": raw data of the wrong size"));
         }
@@ -83,6 +87,8 @@ absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::
           int64_t v = 0;
           if (i64) {
             std::memcpy(&v, t.raw_data().data() + k * 8, 8);
+          } else if (b) {
+            v = t.raw_data()[k] != 0 ? 1 : 0;
           } else {
             int32_t v32;
             std::memcpy(&v32, t.raw_data().data() + k * 4, 4);
@@ -317,8 +323,31 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
   if (t == "Cast") {  // int64 / int32 shapes stay what they are; a float tensor cast to float is itself
     const int64_t to = a.Int("to", 0);
     a.Get("saturate"), a.Get("round_mode");  // (opsets 19 and 24: float8 / float4 targets only, refused below)
-    if (int_const(0) != nullptr && (to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32)) {
-      consts_[out] = *int_const(0);
+    const bool to_int = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::BOOL;
+    if (int_const(0) != nullptr && to_int) {
+      Constant c = *int_const(0);
+      if (to == onnx::TensorProto::BOOL) {
+        for (int64_t& v : c.i) v = v != 0 ? 1 : 0;
+      }
+      consts_[out] = std::move(c);
+      return true;
+    }
+    if (int_const(0) != nullptr && to == onnx::TensorProto::FLOAT) {  // a mask or shape into float arithmetic
+      Constant c;
+      c.shape = int_const(0)->shape;
+      for (int64_t v : int_const(0)->i) c.f.push_back(static_cast<float>(v));
+      consts_[out] = std::move(c);
+      return true;
+    }
+    if (const Constant* f = ConstantOf(n.input(0)); f != nullptr && !f->is_int && to_int) {  // truncated, as C's
+      Constant c;
+      c.is_int = true;
+      c.shape = f->shape;
+      for (float v : f->f) {
+        if (!std::isfinite(v)) return Refuse(absl::StrCat("a cast of ", v, " to an integer"));
+        c.i.push_back(to == onnx::TensorProto::BOOL ? (v != 0.0f ? 1 : 0) : static_cast<int64_t>(v));
+      }
+      consts_[out] = std::move(c);
       return true;
     }
     if (int_const(0) == nullptr && to == onnx::TensorProto::FLOAT) {
@@ -334,7 +363,7 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
     return Refuse(absl::StrCat("a cast to ", onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to)),
                                " (Loom casts float to float and integer shapes to integers)"));
   }
-  return false;
+  return FoldConstantOps(n, a);
 }
 
 absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
@@ -628,6 +657,7 @@ uint64_t ElementBytes(int32_t data_type) {
     case onnx::TensorProto::FLOAT:
     case onnx::TensorProto::INT32: return 4;
     case onnx::TensorProto::INT64: return 8;
+    case onnx::TensorProto::BOOL: return 1;
     default: return 0;
   }
 }

@@ -200,6 +200,8 @@ class Importer {
   absl::Status Node(const onnx::NodeProto& n, int index);
   // Shape, and Gather / Unsqueeze / Squeeze / Concat / Cast on integer constants, folded to constants (true: done).
   absl::StatusOr<bool> FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a);
+  // ConstantOfShape, Range, Equal, Not and Where on constants (onnx_import_constants.cc): true when folded.
+  absl::StatusOr<bool> FoldConstantOps(const onnx::NodeProto& n, Attrs& a);
   // A node's axes: its `axes` attribute before `input_from_opset`, then its constant int64 second input (empty when
   // it has none).
   absl::StatusOr<std::vector<int64_t>> AxesOf(const onnx::NodeProto& n, Attrs& a, int64_t input_from_opset);

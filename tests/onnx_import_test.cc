@@ -850,6 +850,59 @@ TEST(OnnxImport, ConstantSubexpressionsFoldAtImport) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], x[i] * scale[i % 3]) << i;
 }
 
+// Mask and position arithmetic on constants folds at import (ConstantOfShape, Range, Equal, Not, Cast of a bool to
+// float, Where): y = x * where(not(range(3) == 1), ones, 2) is one MUL by [1, 2, 1]; a Where whose constant condition
+// is all true is its first operand; a mixed condition picking between activations is refused by name.
+TEST(OnnxImport, MaskArithmeticOnConstantsFolds) {
+  for (int form = 0; form < 3; ++form) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(17);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {2, 3});
+    auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
+      onnx::NodeProto* n = g->add_node();
+      n->set_op_type(type);
+      n->set_name(out);
+      for (const std::string& i : in) n->add_input(i);
+      n->add_output(out);
+      return n;
+    };
+    *g->add_initializer() = Int64Tensor("zero", {}, {0});
+    *g->add_initializer() = Int64Tensor("three", {}, {3});
+    *g->add_initializer() = Int64Tensor("one", {}, {1});
+    *g->add_initializer() = Int64Tensor("shape", {2}, {2, 3});
+    *g->add_initializer() = FloatTensor("two", {}, {2.0f});
+    node("Range", {"zero", "three", "one"}, "positions");  // [0, 1, 2]
+    node("Equal", {"positions", "one"}, "is_one");        // [0, 1, 0]
+    node("Not", {"is_one"}, "keep");                       // [1, 0, 1]
+    node("ConstantOfShape", {"shape"}, "zeros");           // float 0 by default
+    onnx::NodeProto* ones = node("ConstantOfShape", {"shape"}, "ones");
+    onnx::AttributeProto* value = ones->add_attribute();
+    value->set_name("value"), value->set_type(onnx::AttributeProto::TENSOR);
+    *value->mutable_t() = FloatTensor("v", {1}, {1.0f});
+    if (form == 0) {
+      node("Where", {"keep", "ones", "two"}, "scale");  // [1, 2, 1] per row
+      node("Mul", {"x", "scale"}, "y");
+    } else {
+      node("Equal", {"positions", "positions"}, "all");  // all true
+      node("Where", {form == 1 ? "all" : "keep", "x", form == 1 ? "zeros" : "x"}, "y");
+    }
+    AddValue(g->add_output(), "y", {2, 3});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "mask.onnx");
+    if (form == 2) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find("node 'y' (Where): an operand computed at run time"), std::string::npos)
+          << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << form << ": " << m.status();
+    const std::vector<float> x = {1.0f, -2.0f, 3.0f, 0.5f, 4.0f, -8.0f};
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({2, 3}, x), 0);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], form == 0 ? x[i] * (i % 3 == 1 ? 2.0f : 1.0f) : x[i]) << i;
+    if (form == 0) EXPECT_EQ(m->graph.def().ops_size(), 1) << "only the MUL by x is left";
+  }
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
