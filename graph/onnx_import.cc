@@ -38,10 +38,11 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
   return *ops;
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
-constexpr const char* kComposedOps[] = {"AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
+constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
                                         "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
                                         "HardSigmoid",
-                                        "HardSwish", "Identity", "LayerNormalization", "Max", "MaxPool", "Min", "Neg", "Pad",
+                                        "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
+                                        "Pad", "PRelu",
                                         "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
@@ -629,7 +630,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = LayerNorm(n, a);
   } else if (t == "Gelu") {
     s = Gelu(n, a);
-  } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min") {
+  } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min" || t == "LeakyRelu" ||
+             t == "PRelu" || t == "Abs") {
     s = Clamp(n, a);
   } else if (t == "Slice" || t == "Split" || t == "Gather") {
     s = Slicing(n, a);

@@ -286,7 +286,9 @@ absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
 // The ops of maxima and minima, as MAXIMUM / MINIMUM (NaN propagating, numpy's) of the IR, in the spec's order:
 // Clip, max(x, min) then min(., max) (np.clip: where min > max, max), its bounds attributes before opset 11 and
 // optional inputs from it (constants or tensors); HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times
-// that with alpha 1/6 and beta 1/2; Max and Min of any number of inputs, left to right.
+// that with alpha 1/6 and beta 1/2; Max and Min of any number of inputs, left to right; LeakyRelu and PRelu,
+// max(x, 0) + slope * min(x, 0) (each x once a term, the other term a zero: the slope's product for x < 0, x for
+// x >= 0, but that -0 becomes +0); Abs, max(x, -x).
 absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
@@ -325,6 +327,31 @@ absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
     if (lo) y = emit(MAXIMUM, *y, *lo, hi ? "low" : "");
     if (y.ok() && hi) y = emit(MINIMUM, *y, *hi, "");
     if (y.ok() && !lo && !hi) y = Reshape(*y, Shapes(*y), out);
+  } else if (t == "LeakyRelu" || t == "PRelu" || t == "Abs") {
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+    if (!x.ok()) return x.status();
+    if (t == "Abs") {
+      absl::StatusOr<std::string> negated = emit(MUL, *x, scalar("minus_one", -1.0f), "negated");
+      y = negated.ok() ? emit(MAXIMUM, *x, *negated, "") : negated;
+    } else {
+      absl::StatusOr<std::string> slope =
+          t == "LeakyRelu" ? absl::StatusOr<std::string>(scalar("alpha", a.Float("alpha", 0.01f)))
+                           : Activation(n.input(1), "input slope");
+      if (!slope.ok()) return slope.status();
+      // Before opset 7 a PRelu's 1-D slope of C elements is per channel (axis 1); from 7 it broadcasts as numpy's.
+      const Shape xs = Shapes(*x), ss = Shapes(*slope);
+      if (t == "PRelu" && opset_ < 7 && ss.size() == 1 && xs.size() >= 2 && ss[0] == xs[1] && ss[0] > 1) {
+        Shape per_channel(xs.size() - 1, 1);
+        per_channel[0] = ss[0];
+        slope = Reshape(*slope, per_channel, out + "/per_channel");
+        if (!slope.ok()) return slope.status();
+      }
+      absl::StatusOr<std::string> positive = emit(MAXIMUM, *x, scalar("zero", 0.0f), "positive");
+      absl::StatusOr<std::string> negative = emit(MINIMUM, *x, scalar("zero_", 0.0f), "negative");
+      if (!positive.ok() || !negative.ok()) return !positive.ok() ? positive.status() : negative.status();
+      absl::StatusOr<std::string> scaled = emit(MUL, *slope, *negative, "scaled");
+      y = scaled.ok() ? emit(ADD, *positive, *scaled, "") : scaled;
+    }
   } else {  // HardSigmoid, HardSwish
     const bool swish = t == "HardSwish";
     const float alpha = swish ? 1.0f / 6.0f : a.Float("alpha", 0.2f), beta = swish ? 0.5f : a.Float("beta", 0.5f);
