@@ -187,9 +187,13 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
     if (begin.size() != static_cast<int>(in[0].size()) || declared.size() != in[0].size()) {
       return Bad(absl::StrCat("begin and the output must have the input's rank ", in[0].size()));
     }
+    const auto& interior = op.pad().interior();
+    if (!interior.empty() && interior.size() != begin.size()) return Bad("interior must have the input's rank");
     for (size_t d = 0; d < in[0].size(); ++d) {
-      if (begin[d] < 0 || declared[d] < begin[d] + in[0][d]) {
-        return Bad(absl::StrCat("axis ", d, ": ", in[0][d], " elements from ", begin[d], " do not lie in ", declared[d]));
+      const int64_t step = interior.empty() ? 1 : interior[d];
+      if (step < 1 || begin[d] < 0 || declared[d] < begin[d] + (in[0][d] - 1) * step + 1) {
+        return Bad(absl::StrCat("axis ", d, ": ", in[0][d], " elements from ", begin[d], " by ", step,
+                                " do not lie in ", declared[d]));
       }
     }
     return declared;
@@ -370,7 +374,10 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
       const Shape os = Strides(out->shape), is = Strides(shapes[0]);
       for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
         int64_t at = 0;
-        for (size_t d = 0; d < shapes[0].size(); ++d) at += ((i / is[d]) % shapes[0][d] + op.pad().begin(d)) * os[d];
+        for (size_t d = 0; d < shapes[0].size(); ++d) {
+          const int64_t step = op.pad().interior().empty() ? 1 : op.pad().interior(d);
+          at += ((i / is[d]) % shapes[0][d] * step + op.pad().begin(d)) * os[d];
+        }
         y[at] = x[i];
       }
       return absl::OkStatus();

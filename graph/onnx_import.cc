@@ -38,7 +38,7 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
   return *ops;
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
-constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
+constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv", "ConvTranspose",
                                         "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
@@ -639,6 +639,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = Expand(n);
   } else if (t == "Pad") {
     s = Pad(n, a);
+  } else if (t == "ConvTranspose") {
+    s = ConvTranspose(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

@@ -331,4 +331,96 @@ absl::Status Importer::Pad(const onnx::NodeProto& n, Attrs& a) {
   return absl::OkStatus();
 }
 
+// ConvTranspose (1-D and 2-D, constant weights) as the convolution it is the gradient of: the input spread out by
+// the strides (stride - 1 zeros between elements: the IR's PAD with interior steps) and padded by dilation (k - 1)
+// - pad on each side (+ output_padding at the end), then a stride-1 Conv with the kernel flipped and its channels'
+// roles swapped per group (W[C_in, C_out / g, k...] -> W'[C_out, C_in / g, k...]). auto_pad other than NOTSET,
+// output_shape and pads larger than dilation (k - 1) (a crop) are refused by name.
+absl::Status Importer::ConvTranspose(const onnx::NodeProto& n, Attrs& a) {
+  const Constant* w = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+  if (w == nullptr || w->is_int || (w->shape.size() != 3 && w->shape.size() != 4)) {
+    return Refuse("the weight W must be a float constant [C_in, C_out / group, k...] (1-D or 2-D)");
+  }
+  if (a.String("auto_pad", "NOTSET") != "NOTSET") return Refuse("auto_pad other than NOTSET");
+  if (const std::vector<int64_t> k = a.Ints("kernel_shape");
+      !k.empty() && k != std::vector<int64_t>(w->shape.begin() + 2, w->shape.end())) {
+    return Refuse(absl::StrCat("kernel_shape ", Str(k), " for a weight ", Str(w->shape)));
+  }
+  if (!a.Ints("output_shape").empty()) return Refuse("output_shape (give pads and output_padding)");
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+  if (!x.ok()) return x.status();
+  const Shape xs = Shapes(*x);
+  const size_t spatial = w->shape.size() - 2;
+  if (xs.size() != spatial + 2) return Refuse(absl::StrCat("input ", Str(xs), " for a weight ", Str(w->shape)));
+  const int64_t groups = a.Int("group", 1), c_in = w->shape[0], cog = w->shape[1];
+  if (groups < 1 || c_in % groups != 0 || xs[1] != c_in) {
+    return Refuse(absl::StrCat("input channels ", xs[1], ", weight ", Str(w->shape), ", group ", groups));
+  }
+  auto per_axis = [&](const std::string& name, int64_t fallback, size_t count) {
+    std::vector<int64_t> v = a.Ints(name);
+    if (v.empty()) v.assign(count, fallback);
+    return v;
+  };
+  const std::vector<int64_t> strides = per_axis("strides", 1, spatial), dilations = per_axis("dilations", 1, spatial);
+  const std::vector<int64_t> pads = per_axis("pads", 0, 2 * spatial), extra = per_axis("output_padding", 0, spatial);
+  if (strides.size() != spatial || dilations.size() != spatial || pads.size() != 2 * spatial || extra.size() != spatial) {
+    return Refuse("strides, dilations, pads and output_padding of the wrong lengths");
+  }
+  // The spread, padded input.
+  Shape begin(xs.size(), 0), interior(xs.size(), 1), padded = xs;
+  for (size_t d = 0; d < spatial; ++d) {
+    const int64_t k = w->shape[2 + d], reach = dilations[d] * (k - 1);
+    if (strides[d] < 1 || dilations[d] < 1 || pads[d] > reach || pads[d + spatial] > reach + extra[d]) {
+      return Refuse(absl::StrCat("axis ", d, ": pads ", pads[d], " and ", pads[d + spatial], " beyond the kernel's reach ",
+                                 reach, " (a crop), or a stride or dilation below 1"));
+    }
+    begin[2 + d] = reach - pads[d];
+    interior[2 + d] = strides[d];
+    padded[2 + d] = begin[2 + d] + (xs[2 + d] - 1) * strides[d] + 1 + reach - pads[d + spatial] + extra[d];
+  }
+  const std::string out = n.output(0);
+  absl::StatusOr<std::string> spread = Emit(PAD, {*x, NewWeight(out + "/zero", {1}, {0.0f})}, out + "/spread",
+                                            [&](OpDef& op) {
+                                              for (size_t d = 0; d < xs.size(); ++d) {
+                                                op.mutable_pad()->add_begin(begin[d]);
+                                                op.mutable_pad()->add_interior(interior[d]);
+                                              }
+                                            },
+                                            padded);
+  if (!spread.ok()) return spread.status();
+  // The flipped kernel with its channels' roles swapped, per group.
+  Constant flipped;
+  const int64_t cig = c_in / groups, c_out = cog * groups;
+  const int64_t taps = Elements(Shape(w->shape.begin() + 2, w->shape.end()));
+  flipped.shape = w->shape;
+  flipped.shape[0] = c_out, flipped.shape[1] = cig;
+  flipped.f.resize(w->f.size());
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < cig; ++i) {
+      for (int64_t o = 0; o < cog; ++o) {
+        for (int64_t t = 0; t < taps; ++t) {
+          flipped.f[((g * cog + o) * cig + i) * taps + (taps - 1 - t)] = w->f[((g * cig + i) * cog + o) * taps + t];
+        }
+      }
+    }
+  }
+  const std::string kernel = Fresh(out + "/flipped");
+  consts_[kernel] = std::move(flipped);
+  onnx::NodeProto conv;
+  conv.set_op_type("Conv");
+  conv.set_name(n.name());
+  conv.add_input(*spread);
+  conv.add_input(kernel);
+  if (n.input_size() > 2 && !n.input(2).empty()) conv.add_input(n.input(2));
+  conv.add_output(out);
+  onnx::AttributeProto* dil = conv.add_attribute();
+  dil->set_name("dilations"), dil->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : dilations) dil->add_ints(v);
+  onnx::AttributeProto* grp = conv.add_attribute();
+  grp->set_name("group"), grp->set_type(onnx::AttributeProto::INT), grp->set_i(groups);
+  Attrs conv_attrs(conv);
+  if (absl::Status s = Spatial(conv, conv_attrs); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
 }  // namespace loom::graph::onnx_internal

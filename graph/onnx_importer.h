@@ -216,6 +216,7 @@ class Importer {
   absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
   absl::Status Expand(const onnx::NodeProto& n);
   absl::Status Pad(const onnx::NodeProto& n, Attrs& a);
+  absl::Status ConvTranspose(const onnx::NodeProto& n, Attrs& a);
   // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
   absl::Status SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                          const std::string& out);

@@ -246,7 +246,8 @@ absl::Status NnLowering::LowerSlice(const OpDef& op) {
 }
 
 // A constant padding: the value copied everywhere (a [1] weight read with zero strides), then the input into its
-// place, a view of the output from its first element (two stages).
+// place, a view of the output from its first element, its strides the output's times the interior steps (two
+// stages).
 absl::Status NnLowering::LowerPad(const OpDef& op) {
   const std::string& x = op.inputs(0);
   const std::string& y = op.outputs(0);
@@ -269,6 +270,7 @@ absl::Status NnLowering::LowerPad(const OpDef& op) {
   StridedDims copy;
   copy.size = xs;
   copy.strides = {ContiguousStrides(xs), y_strides};
+  for (int d = 0; d < op.pad().interior_size(); ++d) copy.strides[1][d] *= static_cast<uint64_t>(op.pad().interior(d));
   std::vector<uint32_t> after = ReadyOf({x});
   after.push_back(fill);
   const uint32_t stage = b_.Stage(op.name());

@@ -903,6 +903,96 @@ TEST(OnnxImport, MaskArithmeticOnConstantsFolds) {
   }
 }
 
+// ConvTranspose (2-D: strides 2 and 1, asymmetric pads, output_padding, 2 groups, a bias; 1-D: stride 3,
+// dilation 2) against its definition scattered by hand, on the oracle and lowered on the VM (the GPU where there is
+// one); a pad past the kernel's reach refused by name.
+TEST(OnnxImport, ConvTransposeIsTheConvolutionOfTheSpreadInput) {
+  struct Case {
+    std::vector<int64_t> x, w, strides, dilations, pads, extra;
+    int64_t groups;
+    std::string refused;
+  };
+  for (const Case& c : {Case{{1, 4, 3, 2}, {4, 3, 3, 2}, {2, 1}, {1, 1}, {1, 0, 0, 1}, {1, 0}, 2, ""},
+                        Case{{2, 2, 4}, {2, 3, 3}, {3}, {2}, {0, 1}, {0}, 1, ""},
+                        Case{{1, 2, 3, 3}, {2, 2, 2, 2}, {1, 1}, {1, 1}, {2, 0, 0, 0}, {0, 0}, 1, "beyond the kernel's reach"}}) {
+    const size_t spatial = c.x.size() - 2;
+    std::vector<int64_t> y_shape = {c.x[0], c.w[1] * c.groups};
+    for (size_t d = 0; d < spatial; ++d) {
+      y_shape.push_back((c.x[2 + d] - 1) * c.strides[d] - c.pads[d] - c.pads[d + spatial] +
+                        c.dilations[d] * (c.w[2 + d] - 1) + 1 + c.extra[d]);
+    }
+    auto count = [](const std::vector<int64_t>& s) { int64_t n = 1; for (int64_t v : s) n *= v; return n; };
+    const std::vector<float> x = Ramp(count(c.x), 0.7f, 0.1f), w = Ramp(count(c.w), 0.45f, -0.2f);
+    const std::vector<float> bias = Ramp(y_shape[1], 1.3f, 0.0f);
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(17);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", c.x);
+    *g->add_initializer() = FloatTensor("w", c.w, w);
+    *g->add_initializer() = FloatTensor("b", {y_shape[1]}, bias);
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("ConvTranspose");
+    n->set_name("t");
+    n->add_input("x"), n->add_input("w"), n->add_input("b");
+    n->add_output("y");
+    IntsAttr(n, "strides", c.strides), IntsAttr(n, "dilations", c.dilations), IntsAttr(n, "pads", c.pads);
+    IntsAttr(n, "output_padding", c.extra);
+    onnx::AttributeProto* grp = n->add_attribute();
+    grp->set_name("group"), grp->set_type(onnx::AttributeProto::INT), grp->set_i(c.groups);
+    AddValue(g->add_output(), "y", y_shape);
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "convt.onnx");
+    if (!c.refused.empty()) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find(c.refused), std::string::npos) << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << m.status();
+    // The definition: every input element scattered through the kernel (2-D; a 1-D case has height 1).
+    const int64_t h_in = spatial == 2 ? c.x[2] : 1, w_in = c.x.back(), kh = spatial == 2 ? c.w[2] : 1, kw = c.w.back();
+    const int64_t h_out = spatial == 2 ? y_shape[2] : 1, w_out = y_shape.back(), cig = c.x[1] / c.groups, cog = c.w[1];
+    const int64_t sh = spatial == 2 ? c.strides[0] : 1, sw = c.strides.back(), dh = spatial == 2 ? c.dilations[0] : 1;
+    const int64_t dw = c.dilations.back(), ph = spatial == 2 ? c.pads[0] : 0, pw = c.pads[spatial - 1];
+    std::vector<double> want(count(y_shape));
+    for (int64_t b = 0; b < c.x[0]; ++b)
+      for (int64_t o = 0; o < y_shape[1]; ++o)
+        for (int64_t i = 0; i < h_out * w_out; ++i) want[(b * y_shape[1] + o) * h_out * w_out + i] = bias[o];
+    for (int64_t b = 0; b < c.x[0]; ++b)
+      for (int64_t ic = 0; ic < c.x[1]; ++ic)
+        for (int64_t ih = 0; ih < h_in; ++ih)
+          for (int64_t iw = 0; iw < w_in; ++iw)
+            for (int64_t o = 0; o < cog; ++o)
+              for (int64_t r = 0; r < kh; ++r)
+                for (int64_t q = 0; q < kw; ++q) {
+                  const int64_t oh = ih * sh - ph + r * dh, ow = iw * sw - pw + q * dw;
+                  if (oh < 0 || oh >= h_out || ow < 0 || ow >= w_out) continue;
+                  const int64_t oc = ic / cig * cog + o;
+                  want[((b * y_shape[1] + oc) * h_out + oh) * w_out + ow] +=
+                      static_cast<double>(x[((b * c.x[1] + ic) * h_in + ih) * w_in + iw]) *
+                      w[((ic * cog + o) * kh + r) * kw + q];
+                }
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(c.x, x), 0);
+    ASSERT_EQ(y.size(), want.size());
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << i;
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "convt.onnx", scheduler::CompileOptions());
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    std::string why;
+    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
+      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+          runtime::GraphRunner::Create(*pass, m->weights, backend);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32(c.x, x)}});
+      ASSERT_TRUE(got.ok()) << got.status();
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        err += (got->at(m->outputs[0]).Get(i) - want[i]) * (got->at(m->outputs[0]).Get(i) - want[i]);
+        norm += want[i] * want[i];
+      }
+      EXPECT_LE(std::sqrt(err / norm), runtime::kGraphTolerance);  // (the convolution's bf16 operands)
+    }
+  }
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
