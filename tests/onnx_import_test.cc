@@ -41,6 +41,31 @@ std::vector<float> Evaluate(const graph::OnnxModel& m, const graph::HostTensor& 
 }
 
 // Conv -> BatchNormalization folds into the Conv's weights and bias when the BN is the Conv's only reader: the same
+// `m` compiled to a graph pass and run on `x` on the CPU VM, and on the GPU where there is one: each backend's
+// first output (a failed step fails the test and ends the list).
+std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, const graph::HostTensor& x,
+                                           const std::string& file) {
+  std::vector<std::vector<float>> outs;
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m.graph, file, scheduler::CompileOptions());
+  EXPECT_TRUE(pass.ok()) << pass.status();
+  if (!pass.ok()) return outs;
+  std::string why;
+  for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
+    if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
+    absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner = runtime::GraphRunner::Create(*pass, m.weights, backend);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return outs;
+    absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m.inputs[0], x}});
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) return outs;
+    const graph::HostTensor& y = got->at(m.outputs[0]);
+    std::vector<float> values(y.size());
+    for (int64_t i = 0; i < y.size(); ++i) values[i] = y.Get(i);
+    outs.push_back(std::move(values));
+  }
+  return outs;
+}
+
 // outputs as the unfolded form (the Conv's output also read elsewhere), and no MUL left in the graph.
 TEST(OnnxImport, BatchNormFoldsIntoItsConv) {
   auto model = [](bool conv_is_output) {
@@ -678,20 +703,8 @@ TEST(OnnxImport, SliceSplitAndGather) {
       for (int d = static_cast<int>(index.size()) - 1; d >= 0; --d) index[d] = rest % c.out_shape[d], rest /= c.out_shape[d];
       ASSERT_EQ(y[e], c.want(index)) << what << " at " << e;
     }
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "slice.onnx", scheduler::CompileOptions());
-    ASSERT_TRUE(pass.ok()) << what << ": " << pass.status();
-    std::string why;
-    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
-      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
-      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
-          runtime::GraphRunner::Create(*pass, m->weights, backend);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      absl::StatusOr<runtime::TensorMap> got =
-          (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({2, 6, 4}, x)}});
-      ASSERT_TRUE(got.ok()) << got.status();
-      const graph::HostTensor& lowered = got->at(m->outputs[0]);
-      ASSERT_EQ(lowered.size(), static_cast<int64_t>(y.size())) << what;
-      for (size_t e = 0; e < y.size(); ++e) ASSERT_EQ(lowered.Get(e), y[e]) << what << " lowered, at " << e;
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32({2, 6, 4}, x), "slice.onnx")) {
+      ASSERT_EQ(lowered, y) << what << " lowered";
     }
   }
 }
@@ -737,17 +750,8 @@ TEST(OnnxImport, ExpandOfAnActivationAndOfAConstant) {
       const float want = constant ? ((i / 4) % 2 == 0 ? cls[i % 4] : x[(i / 8) * 4 + i % 4]) : x[(i / 4) % 2 * 4 + i % 4];
       ASSERT_EQ(y[i], want) << constant << " at " << i;
     }
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "expand.onnx", scheduler::CompileOptions());
-    ASSERT_TRUE(pass.ok()) << pass.status();
-    std::string why;
-    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
-      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
-      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
-          runtime::GraphRunner::Create(*pass, m->weights, backend);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({2, 1, 4}, x)}});
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(got->at(m->outputs[0]).Get(i), y[i]) << constant << " at " << i;
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32({2, 1, 4}, x), "expand.onnx")) {
+      ASSERT_EQ(lowered, y) << constant;
     }
   }
 }
@@ -805,17 +809,8 @@ TEST(OnnxImport, PadWithAConstant) {
       const bool inside = xc >= 0 && xc < 2 && xh >= 0 && xh < 2 && xw >= 0 && xw < 3;
       ASSERT_EQ(y[i], inside ? x[(xc * 2 + xh) * 3 + xw] : c.value) << c.opset << " at " << i;
     }
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "pad.onnx", scheduler::CompileOptions());
-    ASSERT_TRUE(pass.ok()) << pass.status();
-    std::string why;
-    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
-      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
-      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
-          runtime::GraphRunner::Create(*pass, m->weights, backend);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({1, 2, 2, 3}, x)}});
-      ASSERT_TRUE(got.ok()) << got.status();
-      for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(got->at(m->outputs[0]).Get(i), y[i]) << c.opset << " at " << i;
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32({1, 2, 2, 3}, x), "pad.onnx")) {
+      ASSERT_EQ(lowered, y) << c.opset;
     }
   }
 }
@@ -973,21 +968,9 @@ TEST(OnnxImport, ConvTransposeIsTheConvolutionOfTheSpreadInput) {
     const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(c.x, x), 0);
     ASSERT_EQ(y.size(), want.size());
     for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << i;
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "convt.onnx", scheduler::CompileOptions());
-    ASSERT_TRUE(pass.ok()) << pass.status();
-    std::string why;
-    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
-      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
-      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
-          runtime::GraphRunner::Create(*pass, m->weights, backend);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32(c.x, x)}});
-      ASSERT_TRUE(got.ok()) << got.status();
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(c.x, x), "convt.onnx")) {
       double err = 0, norm = 0;
-      for (size_t i = 0; i < y.size(); ++i) {
-        err += (got->at(m->outputs[0]).Get(i) - want[i]) * (got->at(m->outputs[0]).Get(i) - want[i]);
-        norm += want[i] * want[i];
-      }
+      for (size_t i = 0; i < lowered.size(); ++i) err += (lowered[i] - want[i]) * (lowered[i] - want[i]), norm += want[i] * want[i];
       EXPECT_LE(std::sqrt(err / norm), runtime::kGraphTolerance);  // (the convolution's bf16 operands)
     }
   }
@@ -1032,22 +1015,9 @@ TEST(OnnxImport, GeluOfBothForms) {
     }
     // Lowered to a graph pass, on the CPU VM and the GPU where there is one: the oracle's values within the graph
     // tolerance.
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "gelu.onnx", scheduler::CompileOptions());
-    ASSERT_TRUE(pass.ok()) << pass.status();
-    std::string why;
-    for (auto backend : {runtime::GraphRunner::Backend::kCpu, runtime::GraphRunner::Backend::kGpu}) {
-      if (backend == runtime::GraphRunner::Backend::kGpu && !runtime::GpuAvailable(&why)) continue;
-      absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
-          runtime::GraphRunner::Create(*pass, m->weights, backend);
-      ASSERT_TRUE(runner.ok()) << runner.status();
-      absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({2, 8}, scaled)}});
-      ASSERT_TRUE(got.ok()) << got.status();
-      const graph::HostTensor& lowered = got->at(m->outputs[0]);
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32({2, 8}, scaled), "gelu.onnx")) {
       double err = 0, norm = 0;
-      for (size_t i = 0; i < y.size(); ++i) {
-        err += (lowered.Get(i) - y[i]) * (lowered.Get(i) - y[i]);
-        norm += y[i] * y[i];
-      }
+      for (size_t i = 0; i < y.size(); ++i) err += (lowered[i] - y[i]) * (lowered[i] - y[i]), norm += y[i] * y[i];
       EXPECT_LE(std::sqrt(err / norm), runtime::kGraphTolerance) << approximate;
     }
   }
