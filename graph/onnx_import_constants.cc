@@ -1,7 +1,8 @@
-// ONNX ops Loom evaluates at import on constants, as exporters write them around masks, positions and shapes:
-// ConstantOfShape, Range, Equal, Not and Where. A bool is an integer constant of 0 / 1. With a run-time operand
-// each is refused by name (none is an IR op), but a Where whose constant condition is all true or all false,
-// which is one of its operands.
+// ONNX ops Loom evaluates at import on constants: shape arithmetic (Shape, and Gather / Unsqueeze / Squeeze /
+// Concat / Cast on integer constants), and what exporters write around masks and positions: ConstantOfShape,
+// Range, Equal, Not and Where. A bool is an integer constant of 0 / 1. With a run-time operand each is refused by
+// name (none is an IR op), but a Where whose constant condition is all true or all false, which is one of its
+// operands, and a Cast of a float tensor to float, which is itself.
 #include <algorithm>
 #include <cmath>
 
@@ -32,6 +33,125 @@ int64_t BroadcastAt(const Shape& out, int64_t i, const Shape& in) {
 double ValueOf(const Constant& c, int64_t at) { return c.is_int ? static_cast<double>(c.i[at]) : c.f[at]; }
 
 }  // namespace
+
+absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a) {
+  // Shape arithmetic on static shapes, as exporters write a view or a flatten (Shape -> Gather -> Unsqueeze ->
+  // Concat -> Reshape): folded to int64 constants here, so the Reshape after it reads a constant shape.
+  const std::string& t = n.op_type();
+  const std::string& out = n.output(0);
+  auto int_const = [&](int k) -> const Constant* {
+    if (k >= n.input_size() || n.input(k).empty()) return nullptr;
+    const Constant* c = ConstantOf(n.input(k));
+    return c != nullptr && c->is_int ? c : nullptr;
+  };
+  if (t == "Shape") {
+    Shape in;
+    if (const Constant* c = ConstantOf(n.input(0)); c != nullptr) {
+      in = c->shape;
+    } else {
+      absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+      if (!x.ok()) return x.status();
+      in = Shapes(*x);
+    }
+    const int64_t rank = static_cast<int64_t>(in.size());
+    int64_t start = a.Int("start", 0), end = a.Int("end", rank);  // (opset 15; clamped as the spec says)
+    start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
+    end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
+    Constant c;
+    c.is_int = true;
+    for (int64_t d = start; d < end; ++d) c.i.push_back(in[d]);
+    c.shape = {static_cast<int64_t>(c.i.size())};
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Gather" && int_const(0) != nullptr) {
+    const Constant& data = *int_const(0);
+    const Constant* idx = int_const(1);
+    if (idx == nullptr) return Refuse("shape arithmetic: the indices must be a constant int tensor");
+    if (data.shape.size() != 1 || a.Int("axis", 0) != 0) return Refuse("shape arithmetic: gathers from a 1-D shape only");
+    Constant c;
+    c.is_int = true;
+    c.shape = idx->shape;
+    const int64_t size = static_cast<int64_t>(data.i.size());
+    for (int64_t i : idx->i) {
+      const int64_t at = i < 0 ? i + size : i;
+      if (at < 0 || at >= size) return Refuse(absl::StrCat("shape arithmetic: index ", i, " of a shape of rank ", size));
+      c.i.push_back(data.i[at]);
+    }
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Gather") return false;  // from a float tensor: Importer::Slicing
+  if ((t == "Unsqueeze" || t == "Squeeze") && int_const(0) != nullptr) {
+    absl::StatusOr<std::vector<int64_t>> axes = AxesOf(n, a, 13);
+    if (!axes.ok()) return axes.status();
+    absl::StatusOr<Shape> shape = SqueezedShape(int_const(0)->shape, *axes, t == "Unsqueeze");
+    if (!shape.ok()) return Refuse(std::string(shape.status().message()));
+    Constant c = *int_const(0);
+    c.shape = *shape;
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Concat" && n.input_size() > 0) {
+    bool all = true;
+    for (int k = 0; k < n.input_size(); ++k) all = all && int_const(k) != nullptr;
+    if (!all) return false;
+    Constant c;
+    c.is_int = true;
+    for (int k = 0; k < n.input_size(); ++k) {
+      if (int_const(k)->shape.size() != 1) return Refuse("shape arithmetic: concatenates 1-D shapes only");
+      c.i.insert(c.i.end(), int_const(k)->i.begin(), int_const(k)->i.end());
+    }
+    a.Int("axis", 0);
+    c.shape = {static_cast<int64_t>(c.i.size())};
+    consts_[out] = std::move(c);
+    return true;
+  }
+  if (t == "Cast") {  // int64 / int32 shapes stay what they are; a float tensor cast to float is itself
+    const int64_t to = a.Int("to", 0);
+    a.Get("saturate"), a.Get("round_mode");  // (opsets 19 and 24: float8 / float4 targets only, refused below)
+    const bool to_int = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 || to == onnx::TensorProto::BOOL;
+    if (int_const(0) != nullptr && to_int) {
+      Constant c = *int_const(0);
+      if (to == onnx::TensorProto::BOOL) {
+        for (int64_t& v : c.i) v = v != 0 ? 1 : 0;
+      }
+      consts_[out] = std::move(c);
+      return true;
+    }
+    if (int_const(0) != nullptr && to == onnx::TensorProto::FLOAT) {  // a mask or shape into float arithmetic
+      Constant c;
+      c.shape = int_const(0)->shape;
+      for (int64_t v : int_const(0)->i) c.f.push_back(static_cast<float>(v));
+      consts_[out] = std::move(c);
+      return true;
+    }
+    if (const Constant* f = ConstantOf(n.input(0)); f != nullptr && !f->is_int && to_int) {  // truncated, as C's
+      Constant c;
+      c.is_int = true;
+      c.shape = f->shape;
+      for (float v : f->f) {
+        if (!std::isfinite(v)) return Refuse(absl::StrCat("a cast of ", v, " to an integer"));
+        c.i.push_back(to == onnx::TensorProto::BOOL ? (v != 0.0f ? 1 : 0) : static_cast<int64_t>(v));
+      }
+      consts_[out] = std::move(c);
+      return true;
+    }
+    if (int_const(0) == nullptr && to == onnx::TensorProto::FLOAT) {
+      if (const Constant* c = ConstantOf(n.input(0)); c != nullptr) {
+        consts_[out] = *c;
+        return true;
+      }
+      absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+      if (!x.ok()) return x.status();
+      alias_[out] = *x;
+      return true;
+    }
+    return Refuse(absl::StrCat("a cast to ", onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to)),
+                               " (Loom casts float to float and integer shapes to integers)"));
+  }
+  return FoldConstantOps(n, a);
+}
 
 absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();

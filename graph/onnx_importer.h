@@ -40,6 +40,8 @@ struct Constant {
   bool is_int = false;
 };
 absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::string& what);
+// The shape Squeeze (`unsqueeze` false) or Unsqueeze gives `in` with `axes`, or why not (onnx_import.cc).
+absl::StatusOr<Shape> SqueezedShape(const Shape& in, const std::vector<int64_t>& axes, bool unsqueeze);
 // Parses a ModelProto, refusing bytes that are not a model (empty, unparsable, no graph); `name` is the file.
 absl::Status ParseModel(const std::string& bytes, const std::string& name, onnx::ModelProto* m);
 
