@@ -217,11 +217,8 @@ absl::Status Importer::Expand(const onnx::NodeProto& n) {
     return Refuse("the shape must be a constant 1-D integer tensor");
   }
   const Constant* c = ConstantOf(n.input(0));
-  absl::StatusOr<std::string> x;
-  if (c == nullptr) {
-    x = Activation(n.input(0), "input");
-    if (!x.ok()) return x.status();
-  }
+  absl::StatusOr<std::string> x = c != nullptr ? absl::StatusOr<std::string>("") : Activation(n.input(0), "input");
+  if (!x.ok()) return x.status();
   const Shape in = c != nullptr ? c->shape : Shapes(*x);
   absl::StatusOr<Shape> shape = BroadcastShapes(in, target->i);
   if (!shape.ok()) return Refuse(std::string(shape.status().message()));
@@ -258,11 +255,8 @@ absl::Status Importer::Pad(const onnx::NodeProto& n, Attrs& a) {
   const std::string mode = a.String("mode", "constant");
   if (mode != "constant") return Refuse(absl::StrCat("mode '", mode, "' (Loom pads with a constant)"));
   const Constant* c = ConstantOf(n.input(0));
-  absl::StatusOr<std::string> x;
-  if (c == nullptr) {
-    x = Activation(n.input(0), "input");
-    if (!x.ok()) return x.status();
-  }
+  absl::StatusOr<std::string> x = c != nullptr ? absl::StatusOr<std::string>("") : Activation(n.input(0), "input");
+  if (!x.ok()) return x.status();
   const Shape in = c != nullptr ? c->shape : Shapes(*x);
   const int64_t rank = static_cast<int64_t>(in.size());
   std::vector<int64_t> pads, axes;
