@@ -43,8 +43,8 @@ constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalizatio
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
-                                        "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Slice", "Softmax", "Split",
-                                        "Squeeze", "Transpose", "Unsqueeze",
+                                        "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Resize", "Slice", "Softmax", "Split",
+                                        "Squeeze", "Transpose", "Unsqueeze", "Upsample",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape",
                                         // on constants (Importer::FoldConstantOps)
@@ -522,6 +522,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     s = Pad(n, a);
   } else if (t == "ConvTranspose") {
     s = ConvTranspose(n, a);
+  } else if (t == "Resize" || t == "Upsample") {
+    s = Resize(n, a);
   } else {
     return Refuse("op type not supported (supported: " + absl::StrJoin(OnnxSupportedOps(), ", ") + ")");
   }

@@ -417,4 +417,81 @@ absl::Status Importer::ConvTranspose(const onnx::NodeProto& n, Attrs& a) {
   return absl::OkStatus();
 }
 
+// Resize (opsets 10-19) and Upsample (7-9) in nearest mode by whole factors of the spatial axes, where the
+// coordinate and rounding modes make output index o read input index floor(o / s): asymmetric with floor, and
+// half_pixel / pytorch_half_pixel with either round_prefer mode (x = (o + 0.5) / s - 0.5 is never halfway between
+// two inputs). Each axis from the last spatial one in is one EXPAND between RESHAPEs ([..., d, 1] -> [..., d, s] ->
+// [..., d * s]); other modes, factors and the antialias / exclude_outside / axes attributes are refused by name.
+absl::Status Importer::Resize(const onnx::NodeProto& n, Attrs& a) {
+  const std::string mode = a.String("mode", "nearest");
+  if (mode != "nearest") return Refuse(absl::StrCat("mode '", mode, "' (Loom resizes by nearest)"));
+  const std::string coordinates = a.String("coordinate_transformation_mode", "half_pixel");
+  const std::string rounding = a.String("nearest_mode", "round_prefer_floor");
+  const bool floor_of_quotient = (coordinates == "asymmetric" && rounding == "floor") ||
+                                 ((coordinates == "half_pixel" || coordinates == "pytorch_half_pixel") &&
+                                  (rounding == "round_prefer_floor" || rounding == "round_prefer_ceil"));
+  if (!floor_of_quotient) {
+    return Refuse(absl::StrCat("coordinate_transformation_mode '", coordinates, "' with nearest_mode '", rounding, "'"));
+  }
+  a.Float("cubic_coeff_a", -0.75f), a.Float("extrapolation_value", 0.0f);  // (other modes' parameters)
+  if (a.Int("antialias", 0) != 0 || a.Int("exclude_outside", 0) != 0) return Refuse("antialias or exclude_outside");
+  if (!a.Ints("axes").empty()) return Refuse("axes (give scales for every axis)");
+  if (a.String("keep_aspect_ratio_policy", "stretch") != "stretch") return Refuse("keep_aspect_ratio_policy");
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+  if (!x.ok()) return x.status();
+  const Shape in = Shapes(*x);
+  // The output's shape: from scales (Upsample's attribute before opset 9, then input 1; Resize's input 1 at opset
+  // 10, input 2 from 11) or sizes (Resize's input 3 from 11).
+  std::vector<float> scales;
+  Shape out_shape;
+  if (n.op_type() == "Upsample" && opset_ < 9) {
+    for (float v : a.Floats("scales")) scales.push_back(v);
+  } else {
+    const int k = n.op_type() == "Upsample" || opset_ < 11 ? 1 : 2;
+    if (const Constant* c = n.input_size() > k && !n.input(k).empty() ? ConstantOf(n.input(k)) : nullptr) {
+      if (c->is_int) return Refuse("scales must be float");
+      scales = c->f;
+    }
+    if (scales.empty() && n.input_size() > 3 && !n.input(3).empty()) {
+      const Constant* c = ConstantOf(n.input(3));
+      if (c == nullptr || !c->is_int) return Refuse("sizes must be a constant integer tensor");
+      out_shape = c->i;
+    }
+  }
+  if (out_shape.empty()) {
+    if (scales.size() != in.size()) return Refuse("scales or sizes must be constants of the input's rank");
+    for (size_t d = 0; d < in.size(); ++d) out_shape.push_back(static_cast<int64_t>(std::floor(in[d] * scales[d])));
+  }
+  if (out_shape.size() != in.size() || in.size() < 3) return Refuse(absl::StrCat("output ", Str(out_shape), " for ", Str(in)));
+  std::vector<int64_t> factor(in.size());
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (out_shape[d] % in[d] != 0 || out_shape[d] < in[d] || (d < 2 && out_shape[d] != in[d])) {
+      return Refuse(absl::StrCat("axis ", d, " from ", in[d], " to ", out_shape[d], " (whole factors of the spatial "
+                                 "axes only)"));
+    }
+    factor[d] = out_shape[d] / in[d];
+  }
+  const std::string out = n.output(0);
+  std::string y = *x;
+  Shape shape = in;
+  for (size_t d = in.size(); d-- > 2;) {  // innermost spatial axis first
+    if (factor[d] == 1) continue;
+    // [outer, dim, inner] -> [outer, dim, 1, inner] -> [outer, dim, s, inner] -> [outer, dim * s, inner]
+    const int64_t outer = Elements(Shape(shape.begin(), shape.begin() + d)), inner = Elements(Shape(shape.begin() + d + 1, shape.end()));
+    absl::StatusOr<std::string> r = Reshape(y, {outer, shape[d], 1, inner}, absl::StrCat(out, "/axis", d));
+    if (r.ok()) {
+      r = Emit(EXPAND, {*r}, absl::StrCat(out, "/repeat", d), [](OpDef&) {},
+               Shape{outer, shape[d], factor[d], inner});
+    }
+    shape[d] *= factor[d];
+    if (r.ok()) r = Reshape(*r, shape, absl::StrCat(out, "/resized", d));
+    if (!r.ok()) return r.status();
+    y = *r;
+  }
+  absl::StatusOr<std::string> r = Reshape(y, shape, out);  // (a view: no instruction)
+  if (!r.ok()) return r.status();
+  alias_[out] = *r;
+  return absl::OkStatus();
+}
+
 }  // namespace loom::graph::onnx_internal

@@ -56,6 +56,10 @@ class Attrs {
   std::string String(const std::string& name, const std::string& fallback) {
     return Get(name) ? Get(name)->s() : fallback;
   }
+  std::vector<float> Floats(const std::string& name) {
+    const onnx::AttributeProto* a = Get(name);
+    return a ? std::vector<float>(a->floats().begin(), a->floats().end()) : std::vector<float>{};
+  }
   std::vector<int64_t> Ints(const std::string& name) {
     const onnx::AttributeProto* a = Get(name);
     return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
@@ -219,6 +223,7 @@ class Importer {
   absl::Status Expand(const onnx::NodeProto& n);
   absl::Status Pad(const onnx::NodeProto& n, Attrs& a);
   absl::Status ConvTranspose(const onnx::NodeProto& n, Attrs& a);
+  absl::Status Resize(const onnx::NodeProto& n, Attrs& a);
   // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
   absl::Status SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                          const std::string& out);

@@ -976,6 +976,83 @@ TEST(OnnxImport, ConvTransposeIsTheConvolutionOfTheSpreadInput) {
   }
 }
 
+// Resize and Upsample in nearest mode by whole factors (Resize-13 with scales, asymmetric / floor; Resize-13 with
+// sizes, half_pixel / round_prefer_floor; Upsample-9's scales input, Upsample-7's attribute): output (h, w) reads
+// input (h / sh, w / sw), on the oracle and lowered on the VM (the GPU where there is one); a linear mode and a
+// factor of 1.5 refused by name.
+TEST(OnnxImport, NearestResizeByWholeFactors) {
+  const std::vector<float> x = Ramp(2 * 2 * 3, 0.9f, 0.4f);  // [1, 2, 2, 3]
+  struct Case {
+    std::string op;
+    int opset;
+    std::vector<float> scales;
+    std::vector<int64_t> sizes;
+    std::string coordinates, rounding, mode, refused;
+  };
+  for (const Case& c : {Case{"Resize", 13, {1, 1, 2, 3}, {}, "asymmetric", "floor", "", ""},
+                        Case{"Resize", 13, {}, {1, 2, 6, 6}, "half_pixel", "round_prefer_floor", "", ""},
+                        Case{"Upsample", 9, {1, 1, 3, 1}, {}, "", "", "", ""},
+                        Case{"Upsample", 7, {1, 1, 2, 2}, {}, "", "", "", ""},
+                        Case{"Resize", 13, {1, 1, 2, 2}, {}, "", "", "linear", "mode 'linear'"},
+                        Case{"Resize", 13, {1, 1, 1.5f, 1}, {}, "asymmetric", "floor", "", "axis 2 from 2 to 3"}}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(c.opset);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {1, 2, 2, 3});
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(c.op);
+    n->set_name("r");
+    n->add_input("x");
+    n->add_output("y");
+    auto str = [&](const std::string& name, const std::string& v) {
+      if (v.empty()) return;
+      onnx::AttributeProto* a = n->add_attribute();
+      a->set_name(name), a->set_type(onnx::AttributeProto::STRING), a->set_s(v);
+    };
+    str("coordinate_transformation_mode", c.coordinates), str("nearest_mode", c.rounding);
+    str("mode", c.mode.empty() ? "nearest" : c.mode);
+    if (c.op == "Upsample" && c.opset < 9) {
+      onnx::AttributeProto* a = n->add_attribute();
+      a->set_name("scales"), a->set_type(onnx::AttributeProto::FLOATS);
+      for (float v : c.scales) a->add_floats(v);
+    } else if (c.op == "Upsample") {
+      *g->add_initializer() = FloatTensor("scales", {4}, c.scales);
+      n->add_input("scales");
+    } else {
+      n->add_input("");  // roi
+      if (c.sizes.empty()) {
+        *g->add_initializer() = FloatTensor("scales", {4}, c.scales);
+        n->add_input("scales");
+      } else {
+        n->add_input("");
+        *g->add_initializer() = Int64Tensor("sizes", {4}, c.sizes);
+        n->add_input("sizes");
+      }
+    }
+    const std::vector<int64_t> shape =
+        c.sizes.empty() ? std::vector<int64_t>{1, 2, static_cast<int64_t>(2 * c.scales[2]), static_cast<int64_t>(3 * c.scales[3])}
+                        : c.sizes;
+    AddValue(g->add_output(), "y", shape);
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "resize.onnx");
+    const std::string what = absl::StrCat(c.op, "-", c.opset, " ", c.refused);
+    if (!c.refused.empty()) {
+      ASSERT_FALSE(m.ok()) << what;
+      EXPECT_NE(m.status().message().find(c.refused), std::string::npos) << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << what << ": " << m.status();
+    const int64_t sh = shape[2] / 2, sw = shape[3] / 3;
+    std::vector<float> want;
+    for (int64_t ch = 0; ch < 2; ++ch)
+      for (int64_t h = 0; h < shape[2]; ++h)
+        for (int64_t w = 0; w < shape[3]; ++w) want.push_back(x[(ch * 2 + h / sh) * 3 + w / sw]);
+    EXPECT_EQ(Evaluate(*m, graph::HostTensor::FromF32({1, 2, 2, 3}, x), 0), want) << what;
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32({1, 2, 2, 3}, x), "resize.onnx")) {
+      EXPECT_EQ(lowered, want) << what << " lowered";
+    }
+  }
+}
+
 // Gelu (opset 20), both forms, against the spec's formulas in double; another `approximate` is refused by name.
 TEST(OnnxImport, GeluOfBothForms) {
   for (const std::string approximate : {"", "none", "tanh", "fast"}) {
