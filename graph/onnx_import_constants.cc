@@ -208,6 +208,7 @@ absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& 
   }
   Constant c;
   if (t == "Range") {
+    a.Get("stash_type");  // (opset 27: the precision of float16 / bfloat16 inputs, which Loom does not read)
     for (const Constant* v : in) {
       if (Elements(v->shape) != 1) return Refuse("start, limit and delta must be scalars");
     }

@@ -25,8 +25,9 @@ namespace loom::graph::onnx_internal {
 // 18 changed only their element types (new ones are refused by FromTensorProto, by name), but for AveragePool-19
 // (`dilations`, read as Conv's and MaxPool's are), Cast-19 and -24 (`saturate`, `round_mode`: float8 and float4
 // targets only, which Cast refuses), MaxPool-22 and AveragePool-22 (a last window starting in the right padding is
-// dropped: graph::PoolOut's rule already), and the new Gelu-20. onnx 1.23's opset 28 changes none of them but is
-// not released.
+// dropped: graph::PoolOut's rule already), Pad-19 (the wrap mode, refused), Resize-19 (half_pixel_symmetric,
+// refused; the output size's rounding, the same for the whole factors Loom takes), Range-27 (stash_type: float16 /
+// bfloat16 inputs only) and the new Gelu-20. onnx 1.23's opset 28 changes none of them but is not released.
 inline constexpr int64_t kMinOpset = 1, kMaxOpset = 27;
 
 inline std::string Str(const Shape& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
