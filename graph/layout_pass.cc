@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/nn_ops.h"
 
 namespace loom::graph {
 namespace {
@@ -25,10 +26,9 @@ class Rewriter {
       for (size_t i = 0; i < ops_.size(); ++i) {
         if (!alive_[i]) continue;
         const OpType type = ops_[i].type();
-        if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP ||
-            type == SQRT) {
+        if (IsUnaryElementwise(type)) {
           changed |= SinkThroughUnary(i);
-        } else if (type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM) {
+        } else if (IsBinaryElementwise(type)) {
           changed |= SinkThroughBinary(i, &removed) || SinkPastConstant(i);
         } else if (type == CONCAT) {
           changed |= SinkThroughConcat(i, &removed);

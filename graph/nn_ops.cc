@@ -114,6 +114,14 @@ std::vector<float> Floats(const HostTensor& t) {
 
 }  // namespace
 
+bool IsUnaryElementwise(OpType type) {
+  return type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT;
+}
+
+bool IsBinaryElementwise(OpType type) {
+  return type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM;
+}
+
 bool IsNnOp(OpType type) {
   switch (type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
@@ -142,11 +150,11 @@ absl::StatusOr<Shape> InferNnShape(const OpDef& op, const std::vector<Shape>& in
     return absl::OkStatus();
   };
   const OpType type = op.type();
-  if (type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT) {
+  if (IsUnaryElementwise(type)) {
     if (absl::Status s = arity(1, 1); !s.ok()) return s;
     return in[0];
   }
-  if (type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM) {
+  if (IsBinaryElementwise(type)) {
     if (absl::Status s = arity(2, 2); !s.ok()) return s;
     return BroadcastShapes(in[0], in[1]);
   }

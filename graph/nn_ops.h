@@ -18,6 +18,10 @@ namespace loom::graph {
 using Shape = std::vector<int64_t>;
 
 bool IsNnOp(OpType type);
+// The element-wise ops of one input (RELU, SIGMOID, GELU, ERF, TANH, EXP, SQRT) and of two with numpy broadcasting
+// (ADD, SUB, MUL, DIV, MAXIMUM, MINIMUM): the one list the shape rules and the layout pass read.
+bool IsUnaryElementwise(OpType type);
+bool IsBinaryElementwise(OpType type);
 
 // The output shape of `op` (an IsNnOp type) on inputs of these shapes, or why the op cannot take them (the
 // message says what, without the op's name: the caller adds where). RESHAPE keeps `declared`, checking that it

@@ -251,12 +251,7 @@ absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& 
       c.is_int = in[1]->is_int;
       for (int64_t i = 0; i < Elements(shape); ++i) {
         const Constant& from = *in[in[0]->i[BroadcastAt(shape, i, in[0]->shape)] != 0 ? 1 : 2];
-        const int64_t at = BroadcastAt(shape, i, from.shape);
-        if (c.is_int) {
-          c.i.push_back(from.i[at]);
-        } else {
-          c.f.push_back(from.f[at]);
-        }
+        AppendElement(c, from, BroadcastAt(shape, i, from.shape));
       }
     }
   }

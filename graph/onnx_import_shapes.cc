@@ -7,19 +7,6 @@
 #include "graph/onnx_importer.h"
 
 namespace loom::graph::onnx_internal {
-namespace {
-
-// Element `at` of constant `from` appended to `to` (of the same element type).
-void AppendElement(Constant& to, const Constant& from, int64_t at) {
-  if (to.is_int) {
-    to.i.push_back(from.i[at]);
-  } else {
-    to.f.push_back(from.f[at]);
-  }
-}
-
-}  // namespace
-
 absl::Status Importer::SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                                  const std::string& out) {
   if (const Constant* c = ConstantOf(in); c != nullptr) {  // folded: a constant's slice is a constant

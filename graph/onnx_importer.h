@@ -40,6 +40,14 @@ struct Constant {
   std::vector<int64_t> i;  // INT64 / INT32 (shapes, axes)
   bool is_int = false;
 };
+// Element `at` of constant `from` appended to `to` (of the same element type).
+inline void AppendElement(Constant& to, const Constant& from, int64_t at) {
+  if (to.is_int) {
+    to.i.push_back(from.i[at]);
+  } else {
+    to.f.push_back(from.f[at]);
+  }
+}
 absl::StatusOr<Constant> FromTensorProto(const onnx::TensorProto& t, const std::string& what);
 // The shape Squeeze (`unsqueeze` false) or Unsqueeze gives `in` with `axes`, or why not (onnx_import.cc).
 absl::StatusOr<Shape> SqueezedShape(const Shape& in, const std::vector<int64_t>& axes, bool unsqueeze);
