@@ -27,6 +27,9 @@ enum DeviceErrorKind : uint32_t {
   // In every build: an instruction whose opcode the running kernel variant does not compile (isa::VariantCompiles),
   // or no opcode of the table; value = the variant. Recorded, not trapped: the launch ends and the host fails it.
   kOpcodeNotCompiled = 8,
+  // In every build: the storer found its instruction slot holding another instruction (barrier = the slot's signal,
+  // value = the instruction's): the slot was refilled before every role let it go. Recorded, not trapped.
+  kInstructionSlotRefilled = 9,
 };
 
 struct DeviceError {
@@ -64,6 +67,18 @@ __device__ __forceinline__ void ReportNotCompiled(DeviceError* error, uint32_t s
     error->queue_index = index;
     error->opcode = opcode;
     error->value = variant;
+    __threadfence_system();
+  }
+}
+
+// The first instruction of a launch whose slot was refilled under the storer (kInstructionSlotRefilled).
+__device__ __forceinline__ void ReportSlotRefilled(DeviceError* error, uint32_t sm, uint32_t index,
+                                                   uint32_t slot_signal, uint32_t signal) {
+  if (error != nullptr && atomicCAS(&error->kind, kNoError, kInstructionSlotRefilled) == kNoError) {
+    error->sm = sm;
+    error->queue_index = index;
+    error->barrier = slot_signal;
+    error->value = signal;
     __threadfence_system();
   }
 }

@@ -21,6 +21,11 @@ __device__ __forceinline__ void AddRelease(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// A store other SMs and the host may read while the kernel runs (no ordering: a progress mark).
+__device__ __forceinline__ void StoreRelaxed(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Orders this thread's generic-proxy view of global memory before later bulk-copy (async proxy) reads.
 __device__ __forceinline__ void FenceProxyAsyncGlobal() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 

@@ -95,6 +95,11 @@ struct KernelParams {
   TraceEvent* trace;  // [num_steps][total instructions], or null
   uint32_t* smids;    // with the trace: [block] the %smid each block ran on
   DeviceError* error; // mapped host memory, or null
+  // [block]: launch << 32 | the instructions whose signal the block's storer has issued in that launch (the
+  // watchdog's: where each SM is when a launch stops moving), or null. Tagged with the launch instead of zeroed
+  // before it: a memset per launch would add its own time to every decode step.
+  uint64_t* retired;
+  uint32_t launch;
 };
 
 // Shared memory one block needs: mbarriers, the instruction ring, scratch,

@@ -87,18 +87,29 @@ __device__ void Loader(const KernelParams& p, const SharedLayout& s, uint32_t sm
   }
 }
 
+// The storer: once the consumers hand an instruction over (`done`), signals its barrier and lets the instruction
+// slot and the signal slot go. The signal is read from the instruction in global memory (loaded before the hand-off:
+// its latency hides behind the wait), and the slot's copy is checked against it: a slot refilled before every role
+// let it go holds a later instruction, whose signal would count toward another barrier and leave this one short for
+// ever. That was seen on the H100 (a layout of the tensor-core variant hung prefill passes; the check found slots
+// holding the instruction 16 on: docs/history/performance_log.md, "A refilled instruction slot"); the launch now
+// fails naming it (kInstructionSlotRefilled) instead of hanging.
 __device__ void Storer(const KernelParams& p, const SharedLayout& s, uint32_t sm) {
   PipelineState signal_slot{0, 0, kSignalSlots};
+  uint64_t retired = static_cast<uint64_t>(p.launch) << 32;
   for (QueueWalk w(p, sm); w.more(p); w.advance()) {
+    const uint32_t signal = __ldg(&p.instructions[w.i].signal);
     MbarrierWait(&s.done[signal_slot.index], signal_slot.phase,
                  w.Where(p, sm, 0, signal_slot.index, kStuckSignalWait));
-    const uint32_t signal = s.inst[w.slot.index].signal;  // consumers waited for the slot before handing it on
+    const uint32_t slot_signal = s.inst[w.slot.index].signal;  // consumers waited for the slot before handing it on
     MbarrierArrive(&s.inst_empty[w.slot.index]);
     // The release add alone publishes the consumers' stores: they precede it through the consumers' named barrier
     // and the `done` mbarrier (release / acquire in the CTA), and a release is cumulative over what precedes it.
     // (A __threadfence before it made every barrier hop ~0.5 us longer: docs/history/performance_log.md.)
     if (signal != isa::kNoBarrier) AddRelease(p.counters + signal, 1);
+    if (p.retired != nullptr) StoreRelaxed(p.retired + sm, ++retired);
     MbarrierArrive(&s.freed[signal_slot.index]);
+    if (slot_signal != signal) ReportSlotRefilled(p.error, sm, w.i - w.begin, slot_signal, signal);
     ++signal_slot;
   }
 }

@@ -6,6 +6,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -14,6 +16,7 @@
 #include "graph/progress.h"
 #include "instructions/isa.h"
 #include "megakernel/megakernel_launch.h"
+#include "runtime/stuck_report.h"
 
 namespace loom::runtime {
 
@@ -239,6 +242,19 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   LOOM_CUDA(cudaHostAlloc(&m->error_, sizeof(DeviceError), cudaHostAllocMapped), "error record");
   *m->error_ = DeviceError{};
   LOOM_CUDA(cudaStreamCreateWithFlags(&m->watch_stream_, cudaStreamNonBlocking), "the watchdog's stream");
+  LOOM_CUDA(cudaMalloc(&m->retired_, m->num_sms() * sizeof(uint64_t)), "the retired marks");
+  LOOM_CUDA(cudaMemset(m->retired_, 0, m->num_sms() * sizeof(uint64_t)), "the retired marks");
+  LOOM_CUDA(cudaHostAlloc(&m->watch_retired_, m->num_sms() * sizeof(uint64_t), cudaHostAllocDefault),
+            "the watchdog's retired marks");
+  if (const char* seconds = std::getenv("LOOM_WATCHDOG_SECONDS"); seconds != nullptr) {
+    char* end = nullptr;
+    const double s = std::strtod(seconds, &end);
+    if (end == seconds || *end != '\0' || !(s >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("LOOM_WATCHDOG_SECONDS='", seconds,
+                                                     "': not a number of seconds (0 turns the watchdog off)"));
+    }
+    m->watchdog_seconds_ = s;
+  }
   if (absl::Status s = m->ZeroArena(); !s.ok()) return s;
   return m;
 }
@@ -254,6 +270,8 @@ GpuMachine::~GpuMachine() {
   cudaFree(trace_device_);
   cudaFreeHost(error_);
   cudaFreeHost(watch_counters_);
+  cudaFree(retired_);
+  cudaFreeHost(watch_retired_);
   if (watch_stream_ != nullptr) cudaStreamDestroy(watch_stream_);
 }
 
@@ -307,6 +325,14 @@ absl::Status GpuMachine::CheckError(const char* what) const {
                                               " is not compiled into the ",
                                               VariantName(static_cast<isa::KernelVariant>(record.value)),
                                               " kernel variant this launch ran; it ran nothing (", what, ")"));
+    }
+    if (e.kind == kInstructionSlotRefilled) {  // (the kernel ran to its end: the record is cleared for the next launch)
+      const DeviceError record = e;
+      *error_ = DeviceError{};
+      return absl::InternalError(absl::StrCat(
+          "SM ", record.sm, " queue index ", record.queue_index, ": its instruction slot held another instruction "
+          "(signal ", record.barrier, ", not ", record.value, ") when the storer read it: the slot was refilled before "
+          "every warp role let it go, so this launch's results are not to be trusted (", what, ")"));
     }
     if (e.kind == kStuckSplitRows) {
       return absl::InternalError(absl::StrCat("megakernel stuck: SM ", e.sm, " queue index ", e.queue_index,
@@ -364,9 +390,8 @@ std::atomic<bool> gpu_hung{false};
 bool GpuHung() { return gpu_hung.load(); }
 
 // The watchdog: spins on the launch's event as cudaEventSynchronize would (short launches see no added latency),
-// then sleeps between queries; every kWatchPoll it copies the barrier counters (a stream of its own, pinned memory)
-// and, when none moved for watchdog_seconds_, names for each SM the first instruction (in queue and step order)
-// whose wait the counters do not meet: where that SM waits, unless it is stuck inside an instruction.
+// then sleeps between queries; every kWatchPoll it copies the barrier counters and the SMs' retired marks (a stream
+// of its own, pinned memory) and, when no counter moved for watchdog_seconds_, fails the launch with StuckReport.
 absl::Status GpuMachine::WatchLaunch(cudaEvent_t stop, const uint32_t* counters, uint32_t num_barriers,
                                      const std::vector<std::vector<isa::Instruction>>& queues, uint32_t first_step,
                                      uint32_t steps) {
@@ -403,29 +428,15 @@ absl::Status GpuMachine::WatchLaunch(cudaEvent_t stop, const uint32_t* counters,
         last_move = now;
       } else if (now - last_move > watchdog) {
         gpu_hung = true;
-        std::string where;
-        int named = 0;
-        for (uint32_t sm = 0; sm < queues.size() && named < 3; ++sm) {
-          bool found = false;
-          for (uint32_t step = first_step; step < first_step + steps && !found; ++step) {
-            for (uint32_t i = 0; i < queues[sm].size() && !found; ++i) {
-              const isa::Instruction& inst = queues[sm][i];
-              for (int k = 0; k < inst.num_waits && !found; ++k) {
-                const isa::Wait& w = inst.waits[k];
-                if (w.barrier() >= num_barriers || isa::Reached(seen[w.barrier()], w.target(step))) continue;
-                absl::StrAppend(&where, named == 0 ? "" : "; ", "SM ", sm, " queue index ", i, " opcode ",
-                                isa::OpcodeName(inst.op()), " barrier ", w.barrier(), " value ", seen[w.barrier()],
-                                " target ", w.target(step), steps > 1 ? absl::StrCat(" (step ", step, ")") : "");
-                found = true;
-              }
-            }
-          }
-          named += found;
-        }
-        return absl::InternalError(absl::StrCat(
-            "megakernel stuck: no barrier moved for ", watchdog_seconds_, " s; ",
-            where.empty() ? "every wait of every instruction is met (stuck inside an instruction)" : where,
-            ". The kernel runs on until this process ends; its GPU runs nothing more"));
+        LOOM_CUDA(cudaMemcpyAsync(watch_retired_, retired_, num_sms() * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                  watch_stream_),
+                  "the watchdog's copy");
+        LOOM_CUDA(cudaStreamSynchronize(watch_stream_), "the watchdog's copy");
+        const std::vector<uint64_t> retired(watch_retired_, watch_retired_ + num_sms());
+        return absl::InternalError(absl::StrCat("megakernel stuck: no barrier moved for ", watchdog_seconds_, " s; ",
+                                                StuckReport(seen, retired, launches_, queues, first_step, steps),
+                                                ". The kernel runs on until this process ends; its GPU runs nothing "
+                                                "more"));
       }
     }
     if (now - begin > kSpin) std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -448,6 +459,8 @@ absl::StatusOr<float> GpuMachine::LaunchTimed(KernelParams& params, uint32_t sme
   DeviceError* error_device = nullptr;
   LOOM_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device), error_, 0), "error record");
   params.error = error_device;
+  params.retired = retired_;
+  params.launch = ++launches_;
   cudaEvent_t start, stop;
   LOOM_CUDA(cudaEventCreate(&start), "event");
   LOOM_CUDA(cudaEventCreate(&stop), "event");

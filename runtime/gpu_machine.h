@@ -100,11 +100,13 @@ class GpuMachine {
   // The arena on the device (it moves when ReserveArena grows it).
   const uint8_t* arena_device() const { return arena_; }
   uint64_t weights_bytes() const { return weights_size_; }
-  // The watchdog: a launch whose barrier counters do not move for `seconds` fails, naming for each SM the first
-  // instruction whose wait the counters do not meet (SM, queue index, opcode, barrier, value, target). The kernel
-  // cannot be stopped from the host: it runs on until the process ends, and this process's GPU cannot run
-  // anything more (every later call fails, and nothing waits for it: GpuHung()). 0: off (wait however long).
-  // Default kWatchdogSeconds. It reads the counters beside the launch: the kernel's code is unchanged.
+  // The watchdog: a launch whose barrier counters do not move for `seconds` fails, naming where the SMs are: from
+  // each SM's count of retired instructions (KernelParams::retired), the instruction it is on, and whether it is
+  // stuck inside it (its waits are met) or waits (on which barrier, its value and target), and a barrier that is
+  // short though every instruction that signals it has retired (a lost signal). The kernel cannot be stopped from
+  // the host: it runs on until the process ends, and this process's GPU cannot run anything more (every later call
+  // fails, and nothing waits for it: GpuHung()). 0: off (wait however long: a debugger can then attach). Default
+  // kWatchdogSeconds, or the environment's LOOM_WATCHDOG_SECONDS. It reads the counters beside the launch.
   void SetWatchdog(double seconds) { watchdog_seconds_ = seconds; }
 
  private:
@@ -148,6 +150,9 @@ class GpuMachine {
   cudaStream_t watch_stream_ = nullptr;  // the watchdog's copies of the counters, beside the launch
   uint32_t* watch_counters_ = nullptr;   // pinned host memory, watch_capacity_ counters
   uint32_t watch_capacity_ = 0;
+  uint64_t* retired_ = nullptr;          // [num_sms] KernelParams::retired
+  uint64_t* watch_retired_ = nullptr;    // pinned host memory, [num_sms]
+  uint32_t launches_ = 0;                // KernelParams::launch of the last launch
   std::vector<TraceEvent> trace_;
   std::vector<uint32_t> smids_;
 };
