@@ -43,7 +43,8 @@ constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalizatio
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
-                                        "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "Reshape", "Resize", "Slice", "Softmax", "Split",
+                                        "Pow", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceMax", "ReduceMean", "ReduceSum",
+                                        "ReduceSumSquare", "Reshape", "Resize", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze", "Upsample",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape",
@@ -405,43 +406,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();
     alias_[out] = *y;
-  } else if (t == "ReduceMean" || t == "ReduceMax") {
-    // The mean over every spatial axis of NCHW / NCL (what AdaptiveAvgPool2d(1) exports to) is GlobalAveragePool,
-    // the maximum GlobalMaxPool (AdaptiveMaxPool2d(1)), then a reshape without keepdims; other axes are refused
-    // naming them. Axes: an attribute before opset 18, then a constant input.
-    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
-    if (!x.ok()) return x.status();
-    const Shape in = Shapes(*x);
-    absl::StatusOr<std::vector<int64_t>> axes_or = AxesOf(n, a, 18);
-    if (!axes_or.ok()) return axes_or.status();
-    const std::vector<int64_t>& axes = *axes_or;
-    const bool keepdims = a.Int("keepdims", 1) != 0;
-    if (opset_ >= 18 && a.Int("noop_with_empty_axes", 0) != 0) return Refuse("noop_with_empty_axes");
-    const int64_t rank = static_cast<int64_t>(in.size());
-    std::vector<int64_t> sorted;
-    for (int64_t axis : axes) sorted.push_back(axis < 0 ? axis + rank : axis);
-    std::sort(sorted.begin(), sorted.end());
-    std::vector<int64_t> spatial;
-    for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
-    if ((rank != 3 && rank != 4) || sorted != spatial) {
-      return Refuse(absl::StrCat("the ", t == "ReduceMax" ? "maximum" : "mean", " over axes [", absl::StrJoin(axes, ","),
-                                 "] of a rank-", rank, " input (Loom reduces every spatial axis of NCHW or NCL: a ",
-                                 "global pool)"));
-    }
-    onnx::NodeProto pool;
-    pool.set_op_type(t == "ReduceMax" ? "GlobalMaxPool" : "GlobalAveragePool");
-    pool.set_name(n.name());
-    pool.add_input(n.input(0));
-    pool.add_output(keepdims ? out : out + "/keepdims");
-    Attrs none(pool);
-    if (absl::Status s = Spatial(pool, none); !s.ok()) return s;
-    if (!keepdims) {
-      absl::StatusOr<std::string> kept = Activation(out + "/keepdims", "input");
-      if (!kept.ok()) return kept.status();
-      absl::StatusOr<std::string> y = Reshape(*kept, {in[0], in[1]}, out);
-      if (!y.ok()) return y.status();
-      alias_[out] = *y;
-    }
+  } else if (t == "ReduceMean" || t == "ReduceMax" || t == "ReduceSum" || t == "ReduceSumSquare" || t == "ReduceL1" ||
+             t == "ReduceL2") {
+    s = Reduce(n, a);
   } else if (t == "Neg" || t == "Reciprocal") {  // -x as x * -1 (exact, signed zeros too), 1 / x as a DIV
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();

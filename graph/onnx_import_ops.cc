@@ -419,4 +419,114 @@ absl::Status Importer::BatchNorm(const onnx::NodeProto& n, Attrs& a) {
   return absl::OkStatus();
 }
 
+// ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare, ReduceL1 and ReduceL2 as global pools, no new op. Over every
+// spatial axis of NCHW / NCL (what AdaptiveAvgPool2d(1) and AdaptiveMaxPool2d(1) export to): GlobalAveragePool or
+// GlobalMaxPool. Over other axes (a hand-written norm's `x.mean(-1, keepdim=True)`, a whole tensor's `x.sum()`):
+// the reduced axes transposed to the end where they are not there already, then the input viewed as NHWC
+// [rows, 1, reduced elements, 1], one pool window per row. A sum is the mean times the count (one MUL: the pool
+// averages in f32); the sum of squares, of magnitudes (max(x, -x)) and its square root are sums of x * x or |x|.
+// Then a reshape to the kept or dropped axes (a rank-0 result as [1], as rank-0 inputs are). Axes: an attribute
+// before opset 18 (ReduceSum: 13), then a constant input; none means all of them unless noop_with_empty_axes.
+absl::Status Importer::Reduce(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const std::string out = n.output(0);
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+  if (!x.ok()) return x.status();
+  const Shape in = Shapes(*x);
+  const int64_t rank = static_cast<int64_t>(in.size());
+  const int64_t axes_input_from = t == "ReduceSum" ? 13 : 18;
+  const bool sum = t != "ReduceMean" && t != "ReduceMax";  // a sum of x, x * x or |x|
+  absl::StatusOr<std::vector<int64_t>> axes_or = AxesOf(n, a, axes_input_from);
+  if (!axes_or.ok()) return axes_or.status();
+  const bool keepdims = a.Int("keepdims", 1) != 0;
+  const bool noop_if_empty = opset_ >= axes_input_from && a.Int("noop_with_empty_axes", 0) != 0;
+  std::vector<int64_t> axes;
+  for (int64_t axis : *axes_or) {
+    if (axis < -rank || axis >= rank) return Refuse(absl::StrCat("axis ", axis, " of a rank-", rank, " input"));
+    axes.push_back(axis < 0 ? axis + rank : axis);
+  }
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  if (axes.empty()) {
+    if (noop_if_empty) {  // the input itself
+      alias_[out] = *x;
+      return absl::OkStatus();
+    }
+    for (int64_t d = 0; d < rank; ++d) axes.push_back(d);
+  }
+  std::vector<int64_t> spatial;
+  for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
+  const bool suffix = axes.back() == rank - 1 && axes.back() - axes.front() + 1 == static_cast<int64_t>(axes.size());
+  const bool is_spatial = (rank == 3 || rank == 4) && axes == spatial;
+  absl::StatusOr<std::string> terms = *x;  // what is pooled: x, x * x or |x|
+  if (t == "ReduceSumSquare" || t == "ReduceL2") {
+    terms = Emit(MUL, {*x, *x}, out + "/squares", [](OpDef&) {});
+  } else if (t == "ReduceL1") {
+    absl::StatusOr<std::string> minus = Emit(MUL, {*x, NewWeight(out + "/minus_one", {1}, {-1.0f})}, out + "/minus",
+                                             [](OpDef&) {});
+    if (!minus.ok()) return minus.status();
+    terms = Emit(MAXIMUM, {*x, *minus}, out + "/magnitudes", [](OpDef&) {});
+  }
+  if (!terms.ok()) return terms.status();
+  if (!is_spatial && !suffix) {  // the reduced axes moved to the end, the kept ones in their order before them
+    std::vector<int> perm;
+    for (int64_t d = 0; d < rank; ++d) {
+      if (!std::binary_search(axes.begin(), axes.end(), d)) perm.push_back(static_cast<int>(d));
+    }
+    for (int64_t d : axes) perm.push_back(static_cast<int>(d));
+    terms = Transpose(*terms, perm, out + "/reduced_last");
+    if (!terms.ok()) return terms.status();
+  }
+  int64_t count = 1;
+  for (int64_t d : axes) count *= in[d];
+  Shape kept, dropped;
+  for (int64_t d = 0; d < rank; ++d) {
+    const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
+    kept.push_back(reduced ? 1 : in[d]);
+    if (!reduced) dropped.push_back(in[d]);
+  }
+  if (dropped.empty()) dropped = {1};
+  absl::StatusOr<std::string> pooled;
+  if (is_spatial) {
+    onnx::NodeProto pool;
+    pool.set_op_type(t == "ReduceMax" ? "GlobalMaxPool" : "GlobalAveragePool");
+    pool.set_name(n.name());
+    pool.add_input(*terms);
+    pool.add_output(out + "/pooled");
+    Attrs none(pool);
+    if (absl::Status s = Spatial(pool, none); !s.ok()) return s;
+    pooled = Activation(out + "/pooled", "input");
+  } else {
+    absl::StatusOr<std::string> rows = Reshape(*terms, {Elements(in) / count, 1, count, 1}, out + "/rows");
+    if (!rows.ok()) return rows.status();
+    if (t == "ReduceMax") {
+      pooled = Emit(MAX_POOL, {*rows}, out + "/pooled", [&](OpDef& op) {
+        op.mutable_pool()->set_kernel_h(1);
+        op.mutable_pool()->set_kernel_w(static_cast<int32_t>(count));
+      });
+    } else {
+      pooled = Emit(GLOBAL_AVG_POOL, {*rows}, out + "/pooled", [](OpDef&) {});
+    }
+  }
+  if (!pooled.ok()) return pooled.status();
+  if (sum) {
+    pooled = Emit(MUL, {*pooled, NewWeight(out + "/count", {1}, {static_cast<float>(count)})}, out + "/sum",
+                  [](OpDef&) {});
+    if (!pooled.ok()) return pooled.status();
+  }
+  if (t == "ReduceL2") {
+    pooled = Emit(SQRT, {*pooled}, out + "/l2", [](OpDef&) {});
+    if (!pooled.ok()) return pooled.status();
+  }
+  const Shape& shape = keepdims ? kept : dropped;
+  if (Shapes(*pooled) == shape) {  // (a global pool's NCHW result kept as it is)
+    alias_[out] = *pooled;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> y = Reshape(*pooled, shape, out);
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
 }  // namespace loom::graph::onnx_internal
