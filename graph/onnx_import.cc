@@ -418,8 +418,10 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     if (!y.ok()) return y.status();
     alias_[out] = *y;
   } else if (t == "Pow") {
-    // A constant exponent of one element (what exporters write: GELU's tanh form cubes, norms square): 1, 2, 3 and
-    // -1 as products and a quotient; any other is refused naming it (the IR has no log, exp of products only).
+    // A constant exponent of one element (what exporters write: GELU's tanh form cubes, norms square, `x ** 0.5`):
+    // 1, 2, 3 and -1 as products and a quotient, 0.5 and -0.5 as a square root (and its reciprocal: pow differs only
+    // at -inf, inf where sqrt gives NaN, and at -0, +0 where sqrt keeps the sign); any other is refused naming it
+    // (the IR has no log).
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
     const Constant* c = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
@@ -435,8 +437,11 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
       if (y.ok() && e == 3) y = Emit(MUL, {*y, *x}, out, [](OpDef&) {});
     } else if (e == -1) {
       y = Emit(DIV, {NewWeight(out + "/one", {1}, {1.0f}), *x}, out, [](OpDef&) {});
+    } else if (e == 0.5 || e == -0.5) {
+      y = Emit(SQRT, {*x}, e > 0 ? out : out + "/sqrt", [](OpDef&) {});
+      if (y.ok() && e < 0) y = Emit(DIV, {NewWeight(out + "/one", {1}, {1.0f}), *y}, out, [](OpDef&) {});
     } else {
-      return Refuse(absl::StrCat("exponent ", e, " (Loom raises to the powers 1, 2, 3 and -1)"));
+      return Refuse(absl::StrCat("exponent ", e, " (Loom raises to the powers 1, 2, 3, -1, 0.5 and -0.5)"));
     }
     if (!y.ok()) return y.status();
     alias_[out] = *y;
