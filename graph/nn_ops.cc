@@ -115,7 +115,8 @@ std::vector<float> Floats(const HostTensor& t) {
 }  // namespace
 
 bool IsUnaryElementwise(OpType type) {
-  return type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT;
+  return type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT ||
+         type == LOG;
 }
 
 bool IsBinaryElementwise(OpType type) {
@@ -127,6 +128,7 @@ bool IsNnOp(OpType type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
     case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND: case PAD:
+    case LOG:
       return true;
     default:
       return false;
@@ -299,6 +301,9 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
       return absl::OkStatus();
     case SQRT:
       for (size_t i = 0; i < y.size(); ++i) y[i] = std::sqrt(x[i]);
+      return absl::OkStatus();
+    case LOG:
+      for (size_t i = 0; i < y.size(); ++i) y[i] = std::log(x[i]);
       return absl::OkStatus();
     case GELU:
       for (size_t i = 0; i < y.size(); ++i) {

@@ -33,7 +33,8 @@ struct OneToOne {
 };
 const std::map<std::string, OneToOne>& OneToOneOps() {
   static const auto* ops = new std::map<std::string, OneToOne>{
-      {"Relu", {RELU, 1}}, {"Sigmoid", {SIGMOID, 1}}, {"Erf", {ERF, 1}}, {"Tanh", {TANH, 1}}, {"Exp", {EXP, 1}}, {"Sqrt", {SQRT, 1}},
+      {"Relu", {RELU, 1}}, {"Sigmoid", {SIGMOID, 1}}, {"Erf", {ERF, 1}}, {"Tanh", {TANH, 1}},
+      {"Exp", {EXP, 1}},   {"Sqrt", {SQRT, 1}},       {"Log", {LOG, 1}},
       {"Add", {ADD, 2}},   {"Sub", {SUB, 2}},         {"Mul", {MUL, 2}}, {"Div", {DIV, 2}},   {"MatMul", {MATMUL, 2}}};
   return *ops;
 }
@@ -43,8 +44,9 @@ constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalizatio
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
-                                        "Pow", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceMax", "ReduceMean", "ReduceSum",
-                                        "ReduceSumSquare", "Reshape", "Resize", "Slice", "Softmax", "Split",
+                                        "LogSoftmax", "Pow", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                                        "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+                                        "Reshape", "Resize", "Slice", "Softmax", "Split",
                                         "Squeeze", "Transpose", "Unsqueeze", "Upsample",
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape",
@@ -406,9 +408,11 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
     absl::StatusOr<std::string> y = Reshape(*x, shape, out);
     if (!y.ok()) return y.status();
     alias_[out] = *y;
-  } else if (t == "ReduceMean" || t == "ReduceMax" || t == "ReduceSum" || t == "ReduceSumSquare" || t == "ReduceL1" ||
-             t == "ReduceL2") {
+  } else if (t == "ReduceMean" || t == "ReduceSum" || t == "ReduceMax" || t == "ReduceSumSquare" || t == "ReduceL1" ||
+             t == "ReduceL2" || t == "ReduceLogSum" || t == "ReduceLogSumExp") {
     s = Reduce(n, a);
+  } else if (t == "LogSoftmax") {
+    s = LogSoftmax(n, a);
   } else if (t == "Neg" || t == "Reciprocal") {  // -x as x * -1 (exact, signed zeros too), 1 / x as a DIV
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();

@@ -233,8 +233,11 @@ class Importer {
   absl::Status Pad(const onnx::NodeProto& n, Attrs& a);
   absl::Status ConvTranspose(const onnx::NodeProto& n, Attrs& a);
   absl::Status Resize(const onnx::NodeProto& n, Attrs& a);
-  // ReduceMean / ReduceSum / ReduceMax over the spatial axes of NCHW / NCL, or over trailing axes (onnx_import_ops.cc).
+  // The Reduce* ops, LogSoftmax, and the reduction of a value over axes they share (onnx_import_ops.cc).
   absl::Status Reduce(const onnx::NodeProto& n, Attrs& a);
+  absl::Status LogSoftmax(const onnx::NodeProto& n, Attrs& a);
+  absl::StatusOr<std::string> ReduceAxes(const std::string& kind, const std::string& x, std::vector<int64_t> axes,
+                                         bool keepdims, const std::string& out);
   // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
   absl::Status SliceInto(const std::string& in, const Shape& starts, const Shape& steps, const Shape& counts,
                          const std::string& out);

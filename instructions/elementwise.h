@@ -21,7 +21,8 @@ enum ElementwiseFunc : uint32_t {
   kEwExp = 7,
   kEwZero = 8,  // out = 0 (a is read for its shape only)
   kEwSqrt = 9,
-  kEwLastUnary = 9,
+  kEwLog = 10,
+  kEwLastUnary = 10,
   kEwFirstBinary = 16,  // binary: out = f(a, b)
   kEwAdd = 16,
   kEwSub = 17,
@@ -46,6 +47,7 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwExp: return expf(x);
     case kEwZero: return 0.0f;
     case kEwSqrt: return sqrtf(x);
+    case kEwLog: return logf(x);
     case kEwAdd: return x + y;
     case kEwSub: return x - y;
     case kEwMul: return x * y;

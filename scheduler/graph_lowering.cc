@@ -68,6 +68,7 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::TANH:
     case graph::EXP:
     case graph::SQRT:
+    case graph::LOG:
     case graph::EXPAND:
     case graph::MAXIMUM:
     case graph::MINIMUM:

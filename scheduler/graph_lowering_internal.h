@@ -312,6 +312,8 @@ class NnLowering {
         return isa::kEwExp;
       case graph::SQRT:
         return isa::kEwSqrt;
+      case graph::LOG:
+        return isa::kEwLog;
       case graph::MAXIMUM:
         return isa::kEwMax;
       case graph::MINIMUM:

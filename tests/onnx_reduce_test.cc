@@ -1,6 +1,7 @@
-// The ONNX importer's reductions (ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare, ReduceL1, ReduceL2) on small
-// hand-built models (tests/onnx_builders.h), against their definitions on the graph oracle and lowered to a graph pass
-// on the CPU VM (and the GPU where there is one). The other op mappings: onnx_ops_test.cc.
+// The ONNX importer's reductions (ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum,
+// ReduceLogSumExp) and LogSoftmax on small hand-built models (tests/onnx_builders.h), against their definitions on
+// the graph oracle and lowered to a graph pass on the CPU VM (and the GPU where there is one). The other op mappings:
+// onnx_ops_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,7 +65,8 @@ TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
   }
 }
 
-// ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare, ReduceL1 and ReduceL2 over trailing axes (a hand-written
+// ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum and ReduceLogSumExp over
+// trailing axes (a hand-written
 // norm's mean over the last axis, a sum over the last two, a whole tensor's maximum with no axes given) and over
 // others (a middle axis, the first and last: transposed to the end first), with and without keepdims, against their
 // definitions on the oracle and lowered on the VM (the GPU where there is one): an NHWC view with one pool window per
@@ -72,8 +74,10 @@ TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
 // axis past the rank is refused naming it.
 TEST(OnnxImport, ReductionsOverAnyAxes) {
   const std::vector<int64_t> shape = {2, 3, 4};
-  const std::vector<float> x = Ramp(24, 0.7f, -3.1f);
-  auto reduce = [&](const std::string& op, const std::vector<int64_t>& axes, size_t out) {
+  const std::vector<float> x = Ramp(24, 0.7f, 0.2f);      // both signs
+  const std::vector<float> positive = Ramp(24, 0.7f, 1.5f);  // for the log of a sum
+  auto reduce = [&](const std::string& op, const std::vector<float>& data, const std::vector<int64_t>& axes,
+                    size_t out) {
     std::vector<bool> reduced(3, axes.empty());
     for (int64_t a : axes) reduced[a < 0 ? a + 3 : a] = true;
     std::vector<float> y;
@@ -85,7 +89,7 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
           const int64_t idx[3] = {i, j, k};
           std::vector<int64_t> key;
           for (int d = 0; d < 3; ++d) key.push_back(reduced[d] ? 0 : idx[d]);
-          groups[key].push_back(x[(i * 3 + j) * 4 + k]);
+          groups[key].push_back(data[(i * 3 + j) * 4 + k]);
         }
     for (const auto& [key, v] : groups) {
       float r = op == "ReduceMax" ? -INFINITY : 0.0f;
@@ -93,9 +97,13 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
         r = op == "ReduceMax"                              ? std::max(r, e)
             : op == "ReduceSumSquare" || op == "ReduceL2" ? r + e * e
             : op == "ReduceL1"                             ? r + std::fabs(e)
+            : op == "ReduceLogSumExp"                      ? r + std::exp(e)
                                                            : r + e;
       }
-      y.push_back(op == "ReduceMean" ? r / static_cast<float>(v.size()) : op == "ReduceL2" ? std::sqrt(r) : r);
+      y.push_back(op == "ReduceMean"                                   ? r / static_cast<float>(v.size())
+                  : op == "ReduceL2"                                   ? std::sqrt(r)
+                  : op == "ReduceLogSum" || op == "ReduceLogSumExp" ? std::log(r)
+                                                                       : r);
     }
     EXPECT_EQ(y.size(), out);
     return y;
@@ -112,7 +120,9 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
                         Case{"ReduceMax", 18, {}, false, {1}}, Case{"ReduceMax", 13, {-1}, true, {2, 3, 1}},
                         Case{"ReduceMean", 18, {1}, true, {2, 1, 4}}, Case{"ReduceSum", 13, {0}, false, {3, 4}},
                         Case{"ReduceSumSquare", 18, {0, 2}, false, {3}}, Case{"ReduceL1", 13, {-1}, true, {2, 3, 1}},
-                        Case{"ReduceL2", 18, {1}, false, {2, 4}}, Case{"ReduceMax", 18, {2, 0}, true, {1, 3, 1}}}) {
+                        Case{"ReduceL2", 18, {1}, false, {2, 4}}, Case{"ReduceMax", 18, {2, 0}, true, {1, 3, 1}},
+                        Case{"ReduceLogSumExp", 18, {-1}, false, {2, 3}}, Case{"ReduceLogSumExp", 13, {0, 1}, true, {1, 1, 4}},
+                        Case{"ReduceLogSum", 18, {0}, true, {1, 3, 4}}}) {
     const std::string what = absl::StrCat(c.op, "-", c.opset, " axes [", absl::StrJoin(c.axes, ","), "]");
     onnx::ModelProto proto;
     proto.add_opset_import()->set_version(c.opset);
@@ -143,11 +153,12 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
     EXPECT_EQ(std::vector<int64_t>(out.shape().begin(), out.shape().end()), c.out_shape) << what;
     int64_t outputs = 1;
     for (int64_t d : c.out_shape) outputs *= d;
-    const std::vector<float> want = reduce(c.op, c.axes, static_cast<size_t>(outputs));
-    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(shape, x), 0);
+    const std::vector<float>& input = c.op == "ReduceLogSum" ? positive : x;
+    const std::vector<float> want = reduce(c.op, input, c.axes, static_cast<size_t>(outputs));
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(shape, input), 0);
     ASSERT_EQ(y.size(), want.size()) << what;
     for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-5f * (1 + std::fabs(want[i]))) << what << " at " << i;
-    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(shape, x), "reduce.onnx")) {
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(shape, input), "reduce.onnx")) {
       ASSERT_EQ(lowered.size(), y.size()) << what;
       for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(lowered[i], y[i], 1e-5f * (1 + std::fabs(y[i]))) << what;
     }
@@ -194,6 +205,56 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
       float sum = 0.0f;
       for (int e = 0; e < 6; ++e) sum += input[ch * 6 + e];
       EXPECT_NEAR(y[ch], sum, 1e-5f * (1 + std::fabs(sum))) << ch;
+    }
+  }
+}
+
+// LogSoftmax (opset 13's axis, the middle one; opset 11's flattened axes [1, rank)) against its definition in
+// double precision, a row with a large number among small ones included (the log of a softmax would be -inf there),
+// on the oracle and lowered on the VM (the GPU where there is one).
+TEST(OnnxImport, LogSoftmaxIsStableOnLargeNumbers) {
+  const std::vector<int64_t> shape = {2, 3, 4};
+  std::vector<float> x = Ramp(24, 0.9f, -4.0f);
+  x[5] = 10000.0f;
+  for (int opset : {13, 11}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(opset);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", shape);
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("LogSoftmax");
+    n->set_name("ls");
+    n->add_input("x");
+    onnx::AttributeProto* axis = n->add_attribute();
+    axis->set_name("axis");
+    axis->set_type(onnx::AttributeProto::INT);
+    axis->set_i(1);
+    n->add_output("y");
+    AddValue(g->add_output(), "y", shape);
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "logsoftmax.onnx");
+    ASSERT_TRUE(m.ok()) << opset << ": " << m.status();
+    // Groups of elements normalised together: opset 13 the 3 along axis 1 of each (i, k); opset 11 the 12 of each i.
+    std::vector<double> want(24);
+    for (int i = 0; i < 2; ++i) {
+      for (int k = 0; k < (opset == 13 ? 4 : 1); ++k) {
+        std::vector<int> members;
+        for (int j = 0; j < 3; ++j) {
+          for (int kk = 0; kk < 4; ++kk) {
+            if (opset == 11 || kk == k) members.push_back((i * 3 + j) * 4 + kk);
+          }
+        }
+        double mx = -INFINITY, sum = 0.0;
+        for (int e : members) mx = std::max(mx, static_cast<double>(x[e]));
+        for (int e : members) sum += std::exp(x[e] - mx);
+        for (int e : members) want[e] = x[e] - mx - std::log(sum);
+      }
+    }
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(shape, x), 0);
+    ASSERT_EQ(y.size(), want.size());
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << opset << " at " << i;
+    for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(shape, x), "logsoftmax.onnx")) {
+      ASSERT_EQ(lowered.size(), y.size());
+      for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(lowered[i], y[i], 1e-4 * (1 + std::fabs(y[i]))) << opset;
     }
   }
 }
