@@ -39,8 +39,9 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
   return *ops;
 }
 // The ops mapped by hand (attributes, layouts, several IR ops).
-constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv", "ConvTranspose",
-                                        "Dropout", "Expand", "Flatten", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
+constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Celu", "Clip", "Concat", "Constant", "Conv",
+                                        "ConvTranspose", "Dropout", "Elu", "Expand", "Flatten", "Gelu", "Gemm",
+                                        "GlobalAveragePool", "GlobalMaxPool", "Mish", "Selu", "Softplus", "Softsign",
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
@@ -490,6 +491,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min" || t == "LeakyRelu" ||
              t == "PRelu" || t == "Abs") {
     s = Clamp(n, a);
+  } else if (t == "Elu" || t == "Selu" || t == "Celu" || t == "Softplus" || t == "Softsign" || t == "Mish") {
+    s = Exponential(n, a);
   } else if (t == "Slice" || t == "Split" || t == "Gather") {
     s = Slicing(n, a);
   } else if (t == "Expand") {

@@ -227,6 +227,8 @@ class Importer {
   absl::Status LayerNorm(const onnx::NodeProto& n, Attrs& a);
   absl::Status Gelu(const onnx::NodeProto& n, Attrs& a);
   absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
+  // Elu, Selu, Celu, Softplus, Softsign, Mish (onnx_import_elementwise.cc).
+  absl::Status Exponential(const onnx::NodeProto& n, Attrs& a);
   // Slice, Split and Gather (a constant's, folded; an activation's: the IR's SLICE).
   absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
   absl::Status Expand(const onnx::NodeProto& n);

@@ -517,5 +517,60 @@ TEST(OnnxImport, GeluOfBothForms) {
   }
 }
 
+// The exponential activations against their definitions in double precision at values from -100 to 100 (Softplus
+// past exp's overflow at 88: x, not inf; Mish there too), on the oracle and lowered on the VM (the GPU where there
+// is one); an Elu with alpha 0 is refused naming it.
+TEST(OnnxImport, ExponentialActivations) {
+  const std::vector<float> x = {-100.0f, -20.0f, -1.5f, -0.25f, 0.0f, 0.5f, 3.0f, 20.0f, 95.0f, 100.0f};
+  auto softplus = [](double v) { return std::max(v, 0.0) + std::log1p(std::exp(-std::fabs(v))); };
+  struct Case {
+    std::string op;
+    float alpha;  // 0: the default
+    std::function<double(double)> f;
+  };
+  const double selu_alpha = 1.67326319217681884765625, selu_gamma = 1.05070102214813232421875;
+  for (const Case& c : {Case{"Elu", 0.5f, [](double v) { return v < 0 ? 0.5 * (std::exp(v) - 1) : v; }},
+                        Case{"Selu", 0.0f,
+                             [&](double v) { return selu_gamma * (v < 0 ? selu_alpha * (std::exp(v) - 1) : v); }},
+                        Case{"Celu", 2.0f, [](double v) { return std::max(0.0, v) + std::min(0.0, 2 * (std::exp(v / 2) - 1)); }},
+                        Case{"Softplus", 0.0f, softplus},
+                        Case{"Softsign", 0.0f, [](double v) { return v / (1 + std::fabs(v)); }},
+                        Case{"Mish", 0.0f, [&](double v) { return v * std::tanh(softplus(v)); }},
+                        Case{"Elu", -1.0f, nullptr}}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(18);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {static_cast<int64_t>(x.size())});
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(c.op);
+    n->set_name("act");
+    n->add_input("x");
+    if (c.alpha != 0.0f) {
+      onnx::AttributeProto* alpha = n->add_attribute();
+      alpha->set_name("alpha");
+      alpha->set_type(onnx::AttributeProto::FLOAT);
+      alpha->set_f(c.alpha);
+    }
+    n->add_output("y");
+    AddValue(g->add_output(), "y", {static_cast<int64_t>(x.size())});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "act.onnx");
+    if (!c.f) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_NE(m.status().message().find("node 'act' (Elu): alpha -1"), std::string::npos) << m.status();
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << c.op << ": " << m.status();
+    const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32({static_cast<int64_t>(x.size())}, x), 0);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = c.f(x[i]);
+      EXPECT_NEAR(y[i], want, 1e-6 + 1e-6 * std::fabs(want)) << c.op << " at " << x[i];
+    }
+    for (const std::vector<float>& lowered :
+         RunLowered(*m, graph::HostTensor::FromF32({static_cast<int64_t>(x.size())}, x), "act.onnx")) {
+      for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(lowered[i], y[i], 1e-6 + 1e-6 * std::fabs(y[i])) << c.op;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

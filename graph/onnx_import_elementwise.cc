@@ -1,0 +1,169 @@
+// The ONNX ops that are compositions of the IR's element-wise ops: Gelu; Clip, HardSigmoid, HardSwish, Max, Min,
+// LeakyRelu, PRelu and Abs (maxima and minima); Elu, Selu, Celu, Softplus, Softsign and Mish (exponentials).
+#include <cmath>
+#include <optional>
+
+#include "graph/onnx_importer.h"
+
+namespace loom::graph::onnx_internal {
+
+// Gelu (opset 20): the IR's GELU, the erf form (approximate "none") or the tanh approximation ("tanh").
+absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
+  const std::string approximate = a.String("approximate", "none");
+  if (approximate != "none" && approximate != "tanh") {
+    return Refuse(absl::StrCat("approximate '", approximate, "' (the spec's are 'none' and 'tanh')"));
+  }
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+  if (!x.ok()) return x.status();
+  const std::string out = n.output(0);
+  absl::StatusOr<std::string> y =
+      Emit(GELU, {*x}, out, [&](OpDef& op) { op.mutable_gelu()->set_tanh(approximate == "tanh"); });
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// The ops of maxima and minima, as MAXIMUM / MINIMUM (NaN propagating, numpy's) of the IR, in the spec's order:
+// Clip, max(x, min) then min(., max) (np.clip: where min > max, max), its bounds attributes before opset 11 and
+// optional inputs from it (constants or tensors); HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times
+// that with alpha 1/6 and beta 1/2; Max and Min of any number of inputs, left to right; LeakyRelu and PRelu,
+// max(x, 0) + slope * min(x, 0) (each x once a term, the other term a zero: the slope's product for x < 0, x for
+// x >= 0, but that -0 becomes +0); Abs, max(x, -x).
+absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const std::string out = n.output(0);
+  auto scalar = [&](const std::string& name, float v) { return NewWeight(out + "/" + name, {1}, {v}); };
+  auto emit = [&](OpType type, const std::string& lhs, const std::string& rhs, const std::string& name) {
+    return Emit(type, {lhs, rhs}, name.empty() ? out : out + "/" + name, [](OpDef&) {});
+  };
+  absl::StatusOr<std::string> y;
+  if (t == "Max" || t == "Min") {
+    if (n.input_size() < 1) return Refuse("no inputs");
+    y = Activation(n.input(0), "input 0");
+    for (int k = 1; k < n.input_size() && y.ok(); ++k) {
+      absl::StatusOr<std::string> b = Activation(n.input(k), absl::StrCat("input ", k));
+      if (!b.ok()) return b.status();
+      y = emit(t == "Max" ? MAXIMUM : MINIMUM, *y, *b, k + 1 == n.input_size() ? "" : absl::StrCat("partial", k));
+    }
+    if (y.ok() && n.input_size() == 1) y = Reshape(*y, Shapes(*y), out);
+  } else if (t == "Clip") {
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+    if (!x.ok()) return x.status();
+    // The bounds: attributes before opset 11 (absent: no bound), optional inputs from it ("" or missing: none).
+    std::optional<std::string> lo, hi;
+    if (opset_ < 11) {
+      if (const onnx::AttributeProto* m = a.Get("min")) lo = scalar("min", m->f());
+      if (const onnx::AttributeProto* m = a.Get("max")) hi = scalar("max", m->f());
+    } else {
+      for (int k = 1; k <= 2; ++k) {
+        if (n.input_size() <= k || n.input(k).empty()) continue;
+        absl::StatusOr<std::string> b = Activation(n.input(k), k == 1 ? "input min" : "input max");
+        if (!b.ok()) return b.status();
+        if (Elements(Shapes(*b)) != 1) return Refuse(absl::StrCat(k == 1 ? "min" : "max", " is not a scalar"));
+        (k == 1 ? lo : hi) = *b;
+      }
+    }
+    y = *x;
+    if (lo) y = emit(MAXIMUM, *y, *lo, hi ? "low" : "");
+    if (y.ok() && hi) y = emit(MINIMUM, *y, *hi, "");
+    if (y.ok() && !lo && !hi) y = Reshape(*y, Shapes(*y), out);
+  } else if (t == "LeakyRelu" || t == "PRelu" || t == "Abs") {
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+    if (!x.ok()) return x.status();
+    if (t == "Abs") {
+      absl::StatusOr<std::string> negated = emit(MUL, *x, scalar("minus_one", -1.0f), "negated");
+      y = negated.ok() ? emit(MAXIMUM, *x, *negated, "") : negated;
+    } else {
+      absl::StatusOr<std::string> slope =
+          t == "LeakyRelu" ? absl::StatusOr<std::string>(scalar("alpha", a.Float("alpha", 0.01f)))
+                           : Activation(n.input(1), "input slope");
+      if (!slope.ok()) return slope.status();
+      // Before opset 7 a PRelu's 1-D slope of C elements is per channel (axis 1); from 7 it broadcasts as numpy's.
+      const Shape xs = Shapes(*x), ss = Shapes(*slope);
+      if (t == "PRelu" && opset_ < 7 && ss.size() == 1 && xs.size() >= 2 && ss[0] == xs[1] && ss[0] > 1) {
+        Shape per_channel(xs.size() - 1, 1);
+        per_channel[0] = ss[0];
+        slope = Reshape(*slope, per_channel, out + "/per_channel");
+        if (!slope.ok()) return slope.status();
+      }
+      absl::StatusOr<std::string> positive = emit(MAXIMUM, *x, scalar("zero", 0.0f), "positive");
+      absl::StatusOr<std::string> negative = emit(MINIMUM, *x, scalar("zero_", 0.0f), "negative");
+      if (!positive.ok() || !negative.ok()) return !positive.ok() ? positive.status() : negative.status();
+      absl::StatusOr<std::string> scaled = emit(MUL, *slope, *negative, "scaled");
+      y = scaled.ok() ? emit(ADD, *positive, *scaled, "") : scaled;
+    }
+  } else {  // HardSigmoid, HardSwish
+    const bool swish = t == "HardSwish";
+    const float alpha = swish ? 1.0f / 6.0f : a.Float("alpha", 0.2f), beta = swish ? 0.5f : a.Float("beta", 0.5f);
+    absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+    if (!x.ok()) return x.status();
+    y = emit(MUL, scalar("alpha", alpha), *x, "scaled");
+    if (y.ok()) y = emit(ADD, *y, scalar("beta", beta), "shifted");
+    if (y.ok()) y = emit(MINIMUM, scalar("one", 1.0f), *y, "below_one");
+    if (y.ok()) y = emit(MAXIMUM, scalar("zero", 0.0f), *y, swish ? "hard_sigmoid" : "");
+    if (y.ok() && swish) y = emit(MUL, *x, *y, "");
+  }
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// The exponential activations, in the IR's element-wise ops:
+// - Elu(alpha), Celu(alpha) and Selu(alpha, gamma): max(x, 0) + min(alpha * (exp(x / s) - 1), 0) (s = alpha for Celu,
+//   else 1), times gamma for Selu: for x < 0 the second term alone, as the spec writes it, for x >= 0 x plus a zero
+//   (a positive exponential's term is clipped to 0; -0 becomes +0). Elu and Selu need alpha > 0 for that (the
+//   term's sign); Celu divides by it. Other alphas are refused naming them.
+// - Softplus: max(x, 0) + log(1 + exp(-|x|)), ln(exp(x) + 1) without its overflow past x = 88 (onnxruntime's form).
+// - Softsign: x / (1 + |x|). Mish: x * tanh(softplus(x)).
+absl::Status Importer::Exponential(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const std::string out = n.output(0);
+  auto scalar = [&](const std::string& name, float v) { return NewWeight(out + "/" + name, {1}, {v}); };
+  auto emit = [&](OpType type, const std::vector<std::string>& in, const std::string& name) {
+    return Emit(type, in, name.empty() ? out : out + "/" + name, [](OpDef&) {});
+  };
+  absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
+  if (!x.ok()) return x.status();
+  absl::StatusOr<std::string> y;
+  if (t == "Elu" || t == "Selu" || t == "Celu") {
+    // The spec's defaults: Elu alpha 1; Selu alpha 1.67326319..., gamma 1.05070102...; Celu alpha 1.
+    const float alpha = a.Float("alpha", t == "Selu" ? 1.67326319217681884765625f : 1.0f);
+    const float gamma = t == "Selu" ? a.Float("gamma", 1.05070102214813232421875f) : 1.0f;
+    if (!(alpha > 0)) return Refuse(absl::StrCat("alpha ", alpha, " (Loom's ", t, " needs alpha > 0)"));
+    absl::StatusOr<std::string> arg = *x;
+    if (t == "Celu") arg = emit(DIV, {*x, scalar("alpha_divisor", alpha)}, "scaled_input");
+    absl::StatusOr<std::string> e = arg.ok() ? emit(EXP, {*arg}, "exp") : arg;
+    if (e.ok()) e = emit(SUB, {*e, scalar("one", 1.0f)}, "exp_minus_one");
+    if (e.ok()) e = emit(MUL, {scalar("alpha", alpha), *e}, "negative_branch");
+    if (e.ok()) e = emit(MINIMUM, {*e, scalar("zero", 0.0f)}, "negative_part");
+    absl::StatusOr<std::string> positive = emit(MAXIMUM, {*x, scalar("zero_", 0.0f)}, "positive_part");
+    if (!e.ok() || !positive.ok()) return !e.ok() ? e.status() : positive.status();
+    y = emit(ADD, {*positive, *e}, t == "Selu" ? "elu" : "");
+    if (y.ok() && t == "Selu") y = emit(MUL, {scalar("gamma", gamma), *y}, "");
+  } else if (t == "Softplus" || t == "Mish" || t == "Softsign") {
+    absl::StatusOr<std::string> negated = emit(MUL, {*x, scalar("minus_one", -1.0f)}, "negated");
+    absl::StatusOr<std::string> magnitude = negated.ok() ? emit(MAXIMUM, {*x, *negated}, "magnitude") : negated;
+    if (!magnitude.ok()) return magnitude.status();
+    if (t == "Softsign") {
+      absl::StatusOr<std::string> d = emit(ADD, {scalar("one", 1.0f), *magnitude}, "divisor");
+      y = d.ok() ? emit(DIV, {*x, *d}, "") : d;
+    } else {
+      absl::StatusOr<std::string> e = emit(MUL, {*magnitude, scalar("minus_one_", -1.0f)}, "minus_magnitude");
+      if (e.ok()) e = emit(EXP, {*e}, "exp");
+      if (e.ok()) e = emit(ADD, {scalar("one", 1.0f), *e}, "one_plus_exp");
+      if (e.ok()) e = emit(LOG, {*e}, "log");
+      absl::StatusOr<std::string> positive = emit(MAXIMUM, {*x, scalar("zero", 0.0f)}, "positive_part");
+      if (!e.ok() || !positive.ok()) return !e.ok() ? e.status() : positive.status();
+      y = emit(ADD, {*positive, *e}, t == "Mish" ? "softplus" : "");
+      if (y.ok() && t == "Mish") y = emit(TANH, {*y}, "tanh");
+      if (y.ok() && t == "Mish") y = emit(MUL, {*x, *y}, "");
+    }
+  } else {
+    return Refuse("not an exponential activation");
+  }
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+}  // namespace loom::graph::onnx_internal
