@@ -120,7 +120,8 @@ bool IsUnaryElementwise(OpType type) {
 }
 
 bool IsBinaryElementwise(OpType type) {
-  return type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM;
+  return type == ADD || type == MUL || type == SUB || type == DIV || type == MAXIMUM || type == MINIMUM ||
+         type == GREATER || type == LESS || type == EQUAL || type == GREATER_EQUAL || type == LESS_EQUAL || type == KEEP;
 }
 
 bool IsNnOp(OpType type) {
@@ -128,7 +129,7 @@ bool IsNnOp(OpType type) {
     case CONV2D: case RELU: case SIGMOID: case GELU: case ADD: case MUL: case MATMUL: case SOFTMAX:
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
     case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND: case PAD:
-    case LOG:
+    case LOG: case GREATER: case LESS: case EQUAL: case GREATER_EQUAL: case LESS_EQUAL: case KEEP:
       return true;
     default:
       return false;
@@ -318,7 +319,13 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
     case SUB:
     case DIV:
     case MAXIMUM:
-    case MINIMUM: {
+    case MINIMUM:
+    case GREATER:
+    case LESS:
+    case EQUAL:
+    case GREATER_EQUAL:
+    case LESS_EQUAL:
+    case KEEP: {
       const std::vector<float> b = Floats(*inputs[1]);
       const bool same = shapes[0] == out->shape && shapes[1] == out->shape;  // the decode graphs' residual adds
       const Shape os = Strides(out->shape), as = Strides(shapes[0]), bs = Strides(shapes[1]);
@@ -332,6 +339,12 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
           // NaN in either operand is the result (numpy's); the device's isa::EwApply writes them the same way.
           case MAXIMUM: y[i] = va < vb || vb != vb ? vb : va; break;
           case MINIMUM: y[i] = va > vb || vb != vb ? vb : va; break;
+          case GREATER: y[i] = va > vb ? 1.0f : 0.0f; break;
+          case LESS: y[i] = va < vb ? 1.0f : 0.0f; break;
+          case EQUAL: y[i] = va == vb ? 1.0f : 0.0f; break;
+          case GREATER_EQUAL: y[i] = va >= vb ? 1.0f : 0.0f; break;
+          case LESS_EQUAL: y[i] = va <= vb ? 1.0f : 0.0f; break;
+          case KEEP: y[i] = vb != 0.0f ? va : 0.0f; break;
           default: y[i] = va / vb; break;
         }
       }

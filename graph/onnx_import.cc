@@ -42,6 +42,8 @@ const std::map<std::string, OneToOne>& OneToOneOps() {
 constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalization", "Celu", "Clip", "Concat", "Constant", "Conv",
                                         "ConvTranspose", "Dropout", "Elu", "Expand", "Flatten", "Gelu", "Gemm",
                                         "GlobalAveragePool", "GlobalMaxPool", "Mish", "Selu", "Softplus", "Softsign",
+                                        "And", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Or",
+                                        "ThresholdedRelu", "Xor",
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
@@ -491,6 +493,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   } else if (t == "Clip" || t == "HardSigmoid" || t == "HardSwish" || t == "Max" || t == "Min" || t == "LeakyRelu" ||
              t == "PRelu" || t == "Abs") {
     s = Clamp(n, a);
+  } else if (t == "Greater" || t == "Less" || t == "GreaterOrEqual" || t == "LessOrEqual" || t == "And" ||
+             t == "Or" || t == "Xor" || t == "ThresholdedRelu") {
+    s = Logic(n, a);
   } else if (t == "Elu" || t == "Selu" || t == "Celu" || t == "Softplus" || t == "Softsign" || t == "Mish") {
     s = Exponential(n, a);
   } else if (t == "Slice" || t == "Split" || t == "Gather") {
@@ -664,6 +669,9 @@ absl::StatusOr<HostTensor> ReadOnnxTensor(const std::string& path) {
   if (!t.ParseFromString(*bytes)) return absl::InvalidArgumentError(absl::StrCat(path, ": not an ONNX tensor"));
   absl::StatusOr<onnx_internal::Constant> c = onnx_internal::FromTensorProto(t, path);
   if (!c.ok()) return c.status();
+  if (c->is_int && t.data_type() == onnx::TensorProto::BOOL) {  // Loom's bools are 0 / 1 floats (comparisons)
+    return HostTensor::FromF32(c->shape, std::vector<float>(c->i.begin(), c->i.end()));
+  }
   if (c->is_int) return absl::UnimplementedError(absl::StrCat(path, ": an integer tensor (float32 only)"));
   return HostTensor::FromF32(c->shape, c->f);
 }

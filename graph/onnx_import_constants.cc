@@ -1,8 +1,8 @@
 // ONNX ops Loom evaluates at import on constants: shape arithmetic (Shape, and Gather / Unsqueeze / Squeeze /
 // Concat / Cast on integer constants), and what exporters write around masks and positions: ConstantOfShape,
-// Range, Equal, Not and Where. A bool is an integer constant of 0 / 1. With a run-time operand each is refused by
-// name (none is an IR op), but a Where whose constant condition is all true or all false, which is one of its
-// operands, and a Cast of a float tensor to float, which is itself.
+// Range, Equal, Not and Where. A bool is an integer constant of 0 / 1. With a run-time operand Equal, Not and Where
+// become the IR's comparisons (Importer::Logic; a Where whose constant condition is all true or all false is the
+// operand it picks), the others are refused by name; a Cast of a float tensor to float is itself.
 #include <algorithm>
 #include <cmath>
 
@@ -203,6 +203,10 @@ absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& 
         alias_[out] = *picked;
         return true;
       }
+    }
+    if (t == "Equal" || t == "Not" || t == "Where") {  // on activations: the IR's comparisons
+      if (absl::Status s = Logic(n, a); !s.ok()) return s;
+      return true;
     }
     return Refuse("an operand computed at run time (Loom evaluates this op on constants only)");
   }

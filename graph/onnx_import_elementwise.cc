@@ -1,6 +1,8 @@
 // The ONNX ops that are compositions of the IR's element-wise ops: Gelu; Clip, HardSigmoid, HardSwish, Max, Min,
-// LeakyRelu, PRelu and Abs (maxima and minima); Elu, Selu, Celu, Softplus, Softsign and Mish (exponentials).
+// LeakyRelu, PRelu and Abs (maxima and minima); Elu, Selu, Celu, Softplus, Softsign and Mish (exponentials);
+// comparisons, logic and Where on activations.
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "graph/onnx_importer.h"
@@ -160,6 +162,63 @@ absl::Status Importer::Exponential(const onnx::NodeProto& n, Attrs& a) {
     }
   } else {
     return Refuse("not an exponential activation");
+  }
+  if (!y.ok()) return y.status();
+  alias_[out] = *y;
+  return absl::OkStatus();
+}
+
+// Comparisons and logic on activations, bools as 0 / 1 floats (on constants the importer folds them instead):
+// Greater, Less, Equal, GreaterOrEqual, LessOrEqual as the IR's comparisons (a NaN compares false, as IEEE's); Not
+// as x == 0; And as a product, Or as a maximum, Xor as (a == b) == 0; Where(c, x, y) as KEEP(x, c) + KEEP(y, c == 0)
+// (the operand not picked never reaches the sum, NaN or infinite; a picked -0 becomes +0); ThresholdedRelu(alpha) as
+// KEEP(x, x > alpha).
+absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
+  const std::string& t = n.op_type();
+  const std::string out = n.output(0);
+  auto emit = [&](OpType type, const std::vector<std::string>& in, const std::string& name) {
+    return Emit(type, in, name.empty() ? out : out + "/" + name, [](OpDef&) {});
+  };
+  std::vector<std::string> in;
+  for (int k = 0; k < n.input_size(); ++k) {
+    const Constant* c = ConstantOf(n.input(k));
+    if (c != nullptr && c->is_int) {  // a bool (or integer) constant, as 0 / 1 floats: a causal mask's condition
+      in.push_back(NewWeight(absl::StrCat(out, "/input", k), c->shape, std::vector<float>(c->i.begin(), c->i.end())));
+      continue;
+    }
+    absl::StatusOr<std::string> v = Activation(n.input(k), absl::StrCat("input ", k));
+    if (!v.ok()) return v.status();
+    in.push_back(*v);
+  }
+  const size_t arity = t == "Not" || t == "ThresholdedRelu" ? 1 : t == "Where" ? 3 : 2;
+  if (in.size() != arity) return Refuse(absl::StrCat(in.size(), " inputs (", t, " takes ", arity, ")"));
+  static const auto* kCompare = new std::map<std::string, OpType>{{"Greater", GREATER},
+                                                                   {"Less", LESS},
+                                                                   {"Equal", EQUAL},
+                                                                   {"GreaterOrEqual", GREATER_EQUAL},
+                                                                   {"LessOrEqual", LESS_EQUAL},
+                                                                   {"And", MUL},
+                                                                   {"Or", MAXIMUM}};
+  const std::string zero = NewWeight(out + "/zero", {1}, {0.0f});
+  absl::StatusOr<std::string> y;
+  if (auto c = kCompare->find(t); c != kCompare->end()) {
+    y = emit(c->second, in, "");
+  } else if (t == "Not") {
+    y = emit(EQUAL, {in[0], zero}, "");
+  } else if (t == "Xor") {
+    y = emit(EQUAL, in, "equal");
+    if (y.ok()) y = emit(EQUAL, {*y, zero}, "");
+  } else if (t == "Where") {
+    absl::StatusOr<std::string> kept = emit(KEEP, {in[1], in[0]}, "picked_x");
+    absl::StatusOr<std::string> other = emit(EQUAL, {in[0], zero}, "not_condition");
+    if (other.ok()) other = emit(KEEP, {in[2], *other}, "picked_y");
+    if (!kept.ok() || !other.ok()) return !kept.ok() ? kept.status() : other.status();
+    y = emit(ADD, {*kept, *other}, "");
+  } else if (t == "ThresholdedRelu") {
+    y = emit(GREATER, {in[0], NewWeight(out + "/alpha", {1}, {a.Float("alpha", 1.0f)})}, "above");
+    if (y.ok()) y = emit(KEEP, {in[0], *y}, "");
+  } else {
+    return Refuse("not a comparison or logic op");
   }
   if (!y.ok()) return y.status();
   alias_[out] = *y;

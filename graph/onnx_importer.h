@@ -229,6 +229,8 @@ class Importer {
   absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
   // Elu, Selu, Celu, Softplus, Softsign, Mish (onnx_import_elementwise.cc).
   absl::Status Exponential(const onnx::NodeProto& n, Attrs& a);
+  // Greater, Less, Equal, GreaterOrEqual, LessOrEqual, Not, And, Or, Xor, Where and ThresholdedRelu on activations.
+  absl::Status Logic(const onnx::NodeProto& n, Attrs& a);
   // Slice, Split and Gather (a constant's, folded; an activation's: the IR's SLICE).
   absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
   absl::Status Expand(const onnx::NodeProto& n);

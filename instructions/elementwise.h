@@ -31,7 +31,13 @@ enum ElementwiseFunc : uint32_t {
   kEwSiluMul = 20,  // silu(a) * b (a gate and its value)
   kEwMax = 21,      // a NaN in either operand is the result, as numpy.maximum's
   kEwMin = 22,
-  kEwEnd = 23,
+  kEwGreater = 23,  // the comparisons: 1 where a OP b holds, else 0 (0 with a NaN operand)
+  kEwLess = 24,
+  kEwEqual = 25,
+  kEwGreaterEqual = 26,
+  kEwLessEqual = 27,
+  kEwKeep = 28,  // a where b is not 0, else 0
+  kEwEnd = 29,
 };
 LOOM_HD bool EwValid(uint32_t f) { return f <= kEwLastUnary || (f >= kEwFirstBinary && f < kEwEnd); }
 LOOM_HD bool EwBinary(uint32_t f) { return f >= kEwFirstBinary; }
@@ -55,6 +61,12 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwSiluMul: return x / (1.0f + expf(-x)) * y;
     case kEwMax: return x < y || y != y ? y : x;
     case kEwMin: return x > y || y != y ? y : x;
+    case kEwGreater: return x > y ? 1.0f : 0.0f;
+    case kEwLess: return x < y ? 1.0f : 0.0f;
+    case kEwEqual: return x == y ? 1.0f : 0.0f;
+    case kEwGreaterEqual: return x >= y ? 1.0f : 0.0f;
+    case kEwLessEqual: return x <= y ? 1.0f : 0.0f;
+    case kEwKeep: return y != 0.0f ? x : 0.0f;
     default: return x;
   }
 }

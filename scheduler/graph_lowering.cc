@@ -72,6 +72,12 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::EXPAND:
     case graph::MAXIMUM:
     case graph::MINIMUM:
+    case graph::GREATER:
+    case graph::LESS:
+    case graph::EQUAL:
+    case graph::GREATER_EQUAL:
+    case graph::LESS_EQUAL:
+    case graph::KEEP:
     case graph::ADD:
     case graph::SUB:
     case graph::MUL:

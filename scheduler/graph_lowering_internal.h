@@ -318,6 +318,18 @@ class NnLowering {
         return isa::kEwMax;
       case graph::MINIMUM:
         return isa::kEwMin;
+      case graph::GREATER:
+        return isa::kEwGreater;
+      case graph::LESS:
+        return isa::kEwLess;
+      case graph::EQUAL:
+        return isa::kEwEqual;
+      case graph::GREATER_EQUAL:
+        return isa::kEwGreaterEqual;
+      case graph::LESS_EQUAL:
+        return isa::kEwLessEqual;
+      case graph::KEEP:
+        return isa::kEwKeep;
       case graph::ADD:
         return isa::kEwAdd;
       case graph::SUB:

@@ -124,8 +124,11 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
     uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
     // Every weight is checked for NaN and infinities on its way into the region (a broken checkpoint is refused
-    // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one.
+    // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one. A general
+    // graph's constants may hold infinities (an ONNX attention mask's -inf), never NaN.
     const graph::HostTensor* non_finite = nullptr;
+    const bool infinities = s.has_graph();
+    auto bad = [&](float v) { return std::isnan(v) || (!infinities && std::isinf(v)); };
     auto refuse = [&](const graph::HostTensor* t) {
       if (non_finite == nullptr) non_finite = t;
     };
@@ -153,13 +156,17 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       }
       if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
         const uint16_t* from = t->bf16.data() + row * cols;
-        if (AnyNonFinite(from, cols)) refuse(t);
+        if (AnyNonFinite(from, cols)) {
+          for (uint64_t c = 0; c < cols; ++c) {
+            if (bad(graph::Bf16ToFloat(from[c]))) refuse(t);
+          }
+        }
         std::memcpy(to, from, cols * 2);
         return;
       }
       for (uint64_t c = 0; c < src_width; ++c) {
         const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * src_width + c));
-        if (!std::isfinite(v)) refuse(t);
+        if (bad(v)) refuse(t);
         if (f32) {
           std::memcpy(to + c * 4, &v, 4);
         } else {
@@ -217,15 +224,15 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     if (non_finite != nullptr) {
       const std::string& name = *src_names[std::find(src.begin(), src.end(), non_finite) - src.begin()];
       int64_t first = 0;  // the weight's first non-finite element, as an index into its shape
-      while (first < non_finite->size() && std::isfinite(non_finite->Get(first))) ++first;
+      while (first < non_finite->size() && !bad(non_finite->Get(first))) ++first;
       std::string index;
       for (int64_t d = static_cast<int64_t>(non_finite->shape.size()) - 1, rest = first; d >= 0; --d) {
         index = absl::StrCat(rest % non_finite->shape[d], index.empty() ? "" : ",", index);
         rest /= non_finite->shape[d];
       }
-      return absl::InvalidArgumentError(absl::StrCat("weight '", name, "' holds ", non_finite->Get(first), " at [",
-                                                     index, "]: Loom refuses weights that are not finite (a broken "
-                                                     "checkpoint?)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight '", name, "' holds ", non_finite->Get(first), " at [", index, "]: Loom refuses weights that ",
+          infinities ? "are NaN" : "are not finite (a broken checkpoint?)"));
     }
     if (image) {
       const std::vector<uint16_t> swizzled =

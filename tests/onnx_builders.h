@@ -27,6 +27,15 @@ inline onnx::TensorProto Int64Tensor(const std::string& name, const std::vector<
   for (int64_t v : values) t.add_int64_data(v);
   return t;
 }
+inline onnx::TensorProto BoolTensor(const std::string& name, const std::vector<int64_t>& dims,
+                                    std::vector<int32_t> values) {  // (bools are stored in int32_data)
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(onnx::TensorProto::BOOL);
+  for (int64_t d : dims) t.add_dims(d);
+  for (int32_t v : values) t.add_int32_data(v);
+  return t;
+}
 inline void AddValue(onnx::ValueInfoProto* v, const std::string& name, const std::vector<int64_t>& dims) {
   v->set_name(name);
   v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);

@@ -32,9 +32,9 @@ inline std::vector<float> Evaluate(const graph::OnnxModel& m, const graph::HostT
   return out;
 }
 
-// `m` compiled to a graph pass and run on `x` on the CPU VM, and on the GPU where there is one: each backend's
-// first output (a failed step fails the test and ends the list).
-inline std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, const graph::HostTensor& x,
+// `m` compiled to a graph pass and run on `inputs` (in the model's input order) on the CPU VM, and on the GPU where
+// there is one: each backend's first output (a failed step fails the test and ends the list).
+inline std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, const std::vector<graph::HostTensor>& inputs,
                                                   const std::string& file) {
   std::vector<std::vector<float>> outs;
   absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m.graph, file, scheduler::CompileOptions());
@@ -47,7 +47,9 @@ inline std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, con
         runtime::GraphRunner::Create(*pass, m.weights, backend);
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return outs;
-    absl::StatusOr<runtime::TensorMap> got = (*runner)->Run({{m.inputs[0], x}});
+    runtime::TensorMap feed;
+    for (size_t k = 0; k < inputs.size() && k < m.inputs.size(); ++k) feed.emplace(m.inputs[k], inputs[k]);
+    absl::StatusOr<runtime::TensorMap> got = (*runner)->Run(feed);
     EXPECT_TRUE(got.ok()) << got.status();
     if (!got.ok()) return outs;
     const graph::HostTensor& y = got->at(m.outputs[0]);
@@ -56,6 +58,10 @@ inline std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, con
     outs.push_back(std::move(values));
   }
   return outs;
+}
+inline std::vector<std::vector<float>> RunLowered(const graph::OnnxModel& m, const graph::HostTensor& x,
+                                                  const std::string& file) {
+  return RunLowered(m, std::vector<graph::HostTensor>{x}, file);
 }
 
 inline void IntsAttr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
