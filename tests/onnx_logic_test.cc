@@ -118,5 +118,44 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
   }
 }
 
+// A general graph's constants may hold infinities (an attention mask's -inf: the pass runs) but never NaN: the pass
+// is refused naming the weight and element when its weights are packed.
+TEST(OnnxImport, GraphWeightsMayBeInfiniteButNotNaN) {
+  for (bool nan : {false, true}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(18);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {4});
+    *g->add_initializer() = FloatTensor("w", {4}, {1.0f, nan ? NAN : -INFINITY, 2.0f, 3.0f});
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type("Add");
+    n->set_name("y");
+    n->add_input("x");
+    n->add_input("w");
+    n->add_output("y");
+    AddValue(g->add_output(), "y", {4});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "weights.onnx");
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "weights.onnx", scheduler::CompileOptions());
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+        runtime::GraphRunner::Create(*pass, m->weights, runtime::GraphRunner::Backend::kCpu);
+    if (nan) {
+      ASSERT_FALSE(runner.ok());
+      EXPECT_NE(runner.status().message().find("holds nan at [1]: Loom refuses weights that are NaN"),
+                std::string::npos)
+          << runner.status();
+      continue;
+    }
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    absl::StatusOr<runtime::TensorMap> got =
+        (*runner)->Run({{m->inputs[0], graph::HostTensor::FromF32({4}, {1.0f, 1.0f, 1.0f, 1.0f})}});
+    ASSERT_TRUE(got.ok()) << got.status();
+    const graph::HostTensor& y = got->at(m->outputs[0]);
+    EXPECT_EQ(y.Get(0), 2.0f);
+    EXPECT_EQ(y.Get(1), -INFINITY);
+  }
+}
+
 }  // namespace
 }  // namespace loom
