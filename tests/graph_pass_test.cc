@@ -55,12 +55,7 @@ std::vector<float> Noise(size_t n, float scale, uint32_t seed) {
 
 onnx::NodeProto* Node(onnx::GraphProto* g, const std::string& type, std::vector<std::string> in,
                       const std::string& out) {
-  onnx::NodeProto* n = g->add_node();
-  n->set_op_type(type);
-  n->set_name(out);
-  for (const std::string& i : in) n->add_input(i);
-  n->add_output(out);
-  return n;
+  return AddNode(g, type, in, out);
 }
 
 void Ints(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {

@@ -36,6 +36,16 @@ inline onnx::TensorProto BoolTensor(const std::string& name, const std::vector<i
   for (int32_t v : values) t.add_int32_data(v);
   return t;
 }
+// A node of `type` named after its one output.
+inline onnx::NodeProto* AddNode(onnx::GraphProto* g, const std::string& type, const std::vector<std::string>& in,
+                                const std::string& out) {
+  onnx::NodeProto* n = g->add_node();
+  n->set_op_type(type);
+  n->set_name(out);
+  for (const std::string& i : in) n->add_input(i);
+  n->add_output(out);
+  return n;
+}
 inline void AddValue(onnx::ValueInfoProto* v, const std::string& name, const std::vector<int64_t>& dims) {
   v->set_name(name);
   v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);

@@ -36,14 +36,7 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
     std::function<void(onnx::GraphProto*)> build;  // nodes from inputs a, b to output y
     std::function<float(size_t)> want;
   };
-  auto node = [](onnx::GraphProto* g, const std::string& type, std::vector<std::string> in, const std::string& out) {
-    onnx::NodeProto* n = g->add_node();
-    n->set_op_type(type);
-    n->set_name(out);
-    for (const std::string& i : in) n->add_input(i);
-    n->add_output(out);
-    return n;
-  };
+  auto node = AddNode;
   auto f = [](bool v) { return v ? 1.0f : 0.0f; };
   std::vector<Case> cases;
   for (const auto& [type, cmp] : std::vector<std::pair<std::string, std::function<bool(float, float)>>>{
