@@ -55,7 +55,7 @@ std::vector<float> Noise(size_t n, float scale, uint32_t seed) {
 
 onnx::NodeProto* Node(onnx::GraphProto* g, const std::string& type, std::vector<std::string> in,
                       const std::string& out) {
-  return AddNode(g, type, in, out);
+  return AddNamedNode(g, type, in, out);
 }
 
 void Ints(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {

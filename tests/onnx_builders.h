@@ -37,8 +37,8 @@ inline onnx::TensorProto BoolTensor(const std::string& name, const std::vector<i
   return t;
 }
 // A node of `type` named after its one output.
-inline onnx::NodeProto* AddNode(onnx::GraphProto* g, const std::string& type, const std::vector<std::string>& in,
-                                const std::string& out) {
+inline onnx::NodeProto* AddNamedNode(onnx::GraphProto* g, const std::string& type,
+                                     const std::vector<std::string>& in, const std::string& out) {
   onnx::NodeProto* n = g->add_node();
   n->set_op_type(type);
   n->set_name(out);

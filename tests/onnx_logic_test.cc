@@ -36,7 +36,7 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
     std::function<void(onnx::GraphProto*)> build;  // nodes from inputs a, b to output y
     std::function<float(size_t)> want;
   };
-  auto node = AddNode;
+  auto node = AddNamedNode;
   auto f = [](bool v) { return v ? 1.0f : 0.0f; };
   std::vector<Case> cases;
   for (const auto& [type, cmp] : std::vector<std::pair<std::string, std::function<bool(float, float)>>>{
