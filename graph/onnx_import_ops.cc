@@ -222,9 +222,6 @@ absl::Status Importer::Gemm(const onnx::NodeProto& n, Attrs& a) {
 // LayerNormalization over dims [axis, rank): LAYER_NORM of the [outer, inner] view, scale and bias by broadcasting
 // when they are not constants.
 absl::Status Importer::LayerNorm(const onnx::NodeProto& n, Attrs& a) {
-  for (int k = 1; k < n.output_size(); ++k) {
-    if (!n.output(k).empty()) return Refuse("the Mean and InvStdDev outputs");
-  }
   const float eps = a.Float("epsilon", 1e-5f);
   a.Int("stash_type", 1);
   absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
@@ -264,6 +261,27 @@ absl::Status Importer::LayerNorm(const onnx::NodeProto& n, Attrs& a) {
     }
   }
   alias_[out] = *y;
+  // The optional Mean and InvStdDev outputs, over the normalised axes kept as 1s: the mean, and 1 / sqrt(the mean
+  // of (x - mean)^2 + epsilon), in float32 (stash_type 1), beside the LAYER_NORM that computes Y.
+  const bool mean_out = n.output_size() > 1 && !n.output(1).empty();
+  const bool inv_out = n.output_size() > 2 && !n.output(2).empty();
+  if (mean_out || inv_out) {
+    std::vector<int64_t> axes;
+    for (int64_t d = axis; d < static_cast<int64_t>(shape.size()); ++d) axes.push_back(d);
+    absl::StatusOr<std::string> mean = ReduceAxes("ReduceMean", *x, axes, true, out + "/mean");
+    if (!mean.ok()) return mean.status();
+    if (mean_out) alias_[n.output(1)] = *mean;
+    if (inv_out) {
+      absl::StatusOr<std::string> d = Emit(SUB, {*x, *mean}, out + "/centred", [](OpDef&) {});
+      if (d.ok()) d = Emit(MUL, {*d, *d}, out + "/squares", [](OpDef&) {});
+      if (d.ok()) d = ReduceAxes("ReduceMean", *d, axes, true, out + "/variance");
+      if (d.ok()) d = Emit(ADD, {*d, NewWeight(out + "/epsilon", {1}, {eps})}, out + "/variance_eps", [](OpDef&) {});
+      if (d.ok()) d = Emit(SQRT, {*d}, out + "/std_dev", [](OpDef&) {});
+      if (d.ok()) d = Emit(DIV, {NewWeight(out + "/one", {1}, {1.0f}), *d}, out + "/inv_std_dev", [](OpDef&) {});
+      if (!d.ok()) return d.status();
+      alias_[n.output(2)] = *d;
+    }
+  }
   return absl::OkStatus();
 }
 
