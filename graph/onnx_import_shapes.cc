@@ -411,14 +411,23 @@ absl::Status Importer::ConvTranspose(const onnx::NodeProto& n, Attrs& a) {
 // [..., d * s]); other modes, factors and the antialias / exclude_outside / axes attributes are refused by name.
 absl::Status Importer::Resize(const onnx::NodeProto& n, Attrs& a) {
   const std::string mode = a.String("mode", "nearest");
-  if (mode != "nearest") return Refuse(absl::StrCat("mode '", mode, "' (Loom resizes by nearest)"));
-  const std::string coordinates = a.String("coordinate_transformation_mode", "half_pixel");
-  const std::string rounding = a.String("nearest_mode", "round_prefer_floor");
+  if (mode != "nearest" && mode != "linear") {
+    return Refuse(absl::StrCat("mode '", mode, "' (Loom resizes by nearest or linear)"));
+  }
+  const bool linear = mode == "linear";
+  // Upsample (opsets 7-9) has neither attribute: its nearest mode reads input floor(o / s), its linear mode o / s.
+  const bool upsample = n.op_type() == "Upsample";
+  const std::string coordinates = upsample ? "asymmetric" : a.String("coordinate_transformation_mode", "half_pixel");
+  const std::string rounding = upsample ? "floor" : a.String("nearest_mode", "round_prefer_floor");
   const bool floor_of_quotient = (coordinates == "asymmetric" && rounding == "floor") ||
                                  ((coordinates == "half_pixel" || coordinates == "pytorch_half_pixel") &&
                                   (rounding == "round_prefer_floor" || rounding == "round_prefer_ceil"));
-  if (!floor_of_quotient) {
-    return Refuse(absl::StrCat("coordinate_transformation_mode '", coordinates, "' with nearest_mode '", rounding, "'"));
+  if (linear ? coordinates != "half_pixel" && coordinates != "pytorch_half_pixel" && coordinates != "align_corners" &&
+                   coordinates != "asymmetric"
+             : !floor_of_quotient) {
+    return Refuse(linear ? absl::StrCat("coordinate_transformation_mode '", coordinates, "' in linear mode")
+                         : absl::StrCat("coordinate_transformation_mode '", coordinates, "' with nearest_mode '",
+                                        rounding, "'"));
   }
   a.Float("cubic_coeff_a", -0.75f), a.Float("extrapolation_value", 0.0f);  // (other modes' parameters)
   if (a.Int("antialias", 0) != 0 || a.Int("exclude_outside", 0) != 0) return Refuse("antialias or exclude_outside");
@@ -450,6 +459,7 @@ absl::Status Importer::Resize(const onnx::NodeProto& n, Attrs& a) {
     for (size_t d = 0; d < in.size(); ++d) out_shape.push_back(static_cast<int64_t>(std::floor(in[d] * scales[d])));
   }
   if (out_shape.size() != in.size() || in.size() < 3) return Refuse(absl::StrCat("output ", Str(out_shape), " for ", Str(in)));
+  if (linear) return ResizeLinear(n, *x, out_shape, scales, coordinates);
   std::vector<int64_t> factor(in.size());
   for (size_t d = 0; d < in.size(); ++d) {
     if (out_shape[d] % in[d] != 0 || out_shape[d] < in[d] || (d < 2 && out_shape[d] != in[d])) {
@@ -476,6 +486,67 @@ absl::Status Importer::Resize(const onnx::NodeProto& n, Attrs& a) {
     y = *r;
   }
   absl::StatusOr<std::string> r = Reshape(y, shape, out);  // (a view: no instruction)
+  if (!r.ok()) return r.status();
+  alias_[out] = *r;
+  return absl::OkStatus();
+}
+
+// Resize in linear mode: separable, so each resized spatial axis is a product with a constant interpolation matrix
+// A [out, in] built here from the spec's coordinate transformation (x = (o + 0.5) / scale - 0.5 for half_pixel, and
+// pytorch_half_pixel but at a length of 1; o (in - 1) / (out - 1) for align_corners, out being in * scale unrounded
+// where scales are given; o / scale for asymmetric) and
+// its linear coefficients (1 - r at floor(x), r at floor(x) + 1, indices past the edges clamped to them, as the
+// reference pads by the edge values): the axis moved last where it is not, a MATMUL by Aᵀ, moved back. Any ratio,
+// up or down (no antialias). The batch and channel axes keep their lengths.
+absl::Status Importer::ResizeLinear(const onnx::NodeProto& n, const std::string& x, const Shape& out_shape,
+                                    const std::vector<float>& scales, const std::string& coordinates) {
+  const Shape in = Shapes(x);
+  const int64_t rank = static_cast<int64_t>(in.size());
+  const std::string out = n.output(0);
+  std::string y = x;
+  Shape shape = in;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d < 2 && out_shape[d] != in[d]) return Refuse(absl::StrCat("axis ", d, " from ", in[d], " to ", out_shape[d]));
+    if (out_shape[d] < 1) return Refuse(absl::StrCat("axis ", d, " resized to ", out_shape[d]));
+  }
+  for (int64_t d = 2; d < rank; ++d) {
+    const int64_t li = in[d], lo = out_shape[d];
+    const double scale = !scales.empty() ? scales[d] : static_cast<double>(lo) / static_cast<double>(li);
+    if (lo == li && scale == 1.0) continue;
+    std::vector<float> at(static_cast<size_t>(li * lo), 0.0f);  // Aᵀ [in, out]
+    for (int64_t o = 0; o < lo; ++o) {
+      double xo;
+      if (coordinates == "align_corners") {  // the resized length is in * scale, unrounded, where scales are given
+        const double resized = !scales.empty() ? li * scale : static_cast<double>(lo);
+        xo = resized <= 1.0 ? 0.0 : static_cast<double>(o) * (li - 1) / (resized - 1);
+      } else if (coordinates == "asymmetric") {
+        xo = o / scale;
+      } else if (coordinates == "pytorch_half_pixel" && lo == 1) {
+        xo = 0.0;
+      } else {
+        xo = (o + 0.5) / scale - 0.5;
+      }
+      const double f = std::floor(xo), r = xo - f;
+      const int64_t i0 = std::clamp<int64_t>(static_cast<int64_t>(f), 0, li - 1);
+      const int64_t i1 = std::clamp<int64_t>(static_cast<int64_t>(f) + 1, 0, li - 1);
+      at[static_cast<size_t>(i0 * lo + o)] += static_cast<float>(1.0 - r);
+      at[static_cast<size_t>(i1 * lo + o)] += static_cast<float>(r);
+    }
+    std::vector<int> perm(static_cast<size_t>(rank));
+    for (int64_t k = 0; k < rank; ++k) perm[k] = static_cast<int>(k);
+    std::swap(perm[d], perm[rank - 1]);
+    absl::StatusOr<std::string> v = y;
+    if (d != rank - 1) v = Transpose(y, perm, absl::StrCat(out, "/axis", d, "_last"));
+    if (v.ok()) {
+      v = Emit(MATMUL, {*v, NewWeight(absl::StrCat(out, "/interpolation", d), {li, lo}, std::move(at))},
+               absl::StrCat(out, "/resized", d), [](OpDef&) {});
+    }
+    if (v.ok() && d != rank - 1) v = Transpose(*v, perm, absl::StrCat(out, "/axis", d, "_back"));
+    if (!v.ok()) return v.status();
+    y = *v;
+    shape[d] = lo;
+  }
+  absl::StatusOr<std::string> r = Reshape(y, shape, out);
   if (!r.ok()) return r.status();
   alias_[out] = *r;
   return absl::OkStatus();

@@ -237,6 +237,8 @@ class Importer {
   absl::Status Pad(const onnx::NodeProto& n, Attrs& a);
   absl::Status ConvTranspose(const onnx::NodeProto& n, Attrs& a);
   absl::Status Resize(const onnx::NodeProto& n, Attrs& a);
+  absl::Status ResizeLinear(const onnx::NodeProto& n, const std::string& x, const Shape& out_shape,
+                            const std::vector<float>& scales, const std::string& coordinates);
   // The Reduce* ops, LogSoftmax, and the reduction of a value over axes they share (onnx_import_ops.cc).
   absl::Status Reduce(const onnx::NodeProto& n, Attrs& a);
   absl::Status LogSoftmax(const onnx::NodeProto& n, Attrs& a);

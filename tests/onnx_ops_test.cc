@@ -395,8 +395,8 @@ TEST(OnnxImport, ConvTransposeIsTheConvolutionOfTheSpreadInput) {
 
 // Resize and Upsample in nearest mode by whole factors (Resize-13 with scales, asymmetric / floor; Resize-13 with
 // sizes, half_pixel / round_prefer_floor; Upsample-9's scales input, Upsample-7's attribute): output (h, w) reads
-// input (h / sh, w / sw), on the oracle and lowered on the VM (the GPU where there is one); a linear mode and a
-// factor of 1.5 refused by name.
+// input (h / sh, w / sw), on the oracle and lowered on the VM (the GPU where there is one); a cubic mode and a
+// factor of 1.5 refused by name (linear mode: onnx_resize_test.cc).
 TEST(OnnxImport, NearestResizeByWholeFactors) {
   const std::vector<float> x = Ramp(2 * 2 * 3, 0.9f, 0.4f);  // [1, 2, 2, 3]
   struct Case {
@@ -410,7 +410,7 @@ TEST(OnnxImport, NearestResizeByWholeFactors) {
                         Case{"Resize", 13, {}, {1, 2, 6, 6}, "half_pixel", "round_prefer_floor", "", ""},
                         Case{"Upsample", 9, {1, 1, 3, 1}, {}, "", "", "", ""},
                         Case{"Upsample", 7, {1, 1, 2, 2}, {}, "", "", "", ""},
-                        Case{"Resize", 13, {1, 1, 2, 2}, {}, "", "", "linear", "mode 'linear'"},
+                        Case{"Resize", 13, {1, 1, 2, 2}, {}, "", "", "cubic", "mode 'cubic'"},
                         Case{"Resize", 13, {1, 1, 1.5f, 1}, {}, "asymmetric", "floor", "", "axis 2 from 2 to 3"}}) {
     onnx::ModelProto proto;
     proto.add_opset_import()->set_version(c.opset);
