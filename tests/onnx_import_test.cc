@@ -399,12 +399,7 @@ TEST(OnnxImport, ShapeArithmeticFoldsToConstants) {
     *g->add_initializer() = Int64Tensor("axes0", {1}, {0});
     *g->add_initializer() = Int64Tensor("minus_one", {1}, {-1});
     auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
-      onnx::NodeProto* n = g->add_node();
-      n->set_op_type(type);
-      n->set_name(out);
-      for (const std::string& i : in) n->add_input(i);
-      n->add_output(out);
-      return n;
+      return AddNamedNode(g, type, in, out);
     };
     node("Shape", {"x"}, "shape");
     node("Gather", {embedding ? "x" : "shape", "zero"}, "batch");
@@ -480,12 +475,7 @@ TEST(OnnxImport, MaskArithmeticOnConstantsFolds) {
     onnx::GraphProto* g = proto.mutable_graph();
     AddValue(g->add_input(), "x", {2, 3});
     auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
-      onnx::NodeProto* n = g->add_node();
-      n->set_op_type(type);
-      n->set_name(out);
-      for (const std::string& i : in) n->add_input(i);
-      n->add_output(out);
-      return n;
+      return AddNamedNode(g, type, in, out);
     };
     *g->add_initializer() = Int64Tensor("zero", {}, {0});
     *g->add_initializer() = Int64Tensor("three", {}, {3});
@@ -527,12 +517,7 @@ TEST(OnnxImport, OpsetsUpTo27) {
   *g->add_initializer() = FloatTensor("w", {1, 1, 1, 1}, {2.0f});
   *g->add_initializer() = Int64Tensor("flat", {2}, {1, 9});
   auto node = [&](const std::string& type, std::vector<std::string> in, const std::string& out) {
-    onnx::NodeProto* n = g->add_node();
-    n->set_op_type(type);
-    n->set_name(out);
-    for (const std::string& i : in) n->add_input(i);
-    n->add_output(out);
-    return n;
+    return AddNamedNode(g, type, in, out);
   };
   node("Conv", {"x", "w"}, "doubled");
   onnx::NodeProto* pool = node("AveragePool", {"doubled"}, "pooled");

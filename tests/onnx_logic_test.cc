@@ -45,16 +45,21 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
            {"Equal", [](float x, float y) { return x == y; }},
            {"GreaterOrEqual", [](float x, float y) { return x >= y; }},
            {"LessOrEqual", [](float x, float y) { return x <= y; }}}) {
-    cases.push_back({type, [&, type](onnx::GraphProto* g) { node(g, type, {"a", "b"}, "y"); },
+    cases.push_back({type,
+                     [&, type](onnx::GraphProto* g) {
+                       node(g, type, {"a", "b"}, "y");
+                     },
                      [&, cmp](size_t i) { return f(cmp(a[i], b[i])); }});
   }
-  cases.push_back({"Not", [&](onnx::GraphProto* g) {
+  cases.push_back({"Not",
+                   [&](onnx::GraphProto* g) {
                      node(g, "Less", {"a", "b"}, "lt");
                      node(g, "Not", {"lt"}, "y");
                    },
                    [&](size_t i) { return f(!(a[i] < b[i])); }});
   for (const std::string& type : {"And", "Or", "Xor"}) {
-    cases.push_back({type, [&, type](onnx::GraphProto* g) {
+    cases.push_back({type,
+                     [&, type](onnx::GraphProto* g) {
                        node(g, "Greater", {"a", "b"}, "gt");
                        node(g, "Equal", {"a", "a"}, "not_nan");
                        node(g, type, {"gt", "not_nan"}, "y");
@@ -64,12 +69,14 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
                        return f(type == "And" ? p && q : type == "Or" ? p || q : p != q);
                      }});
   }
-  cases.push_back({"Where", [&](onnx::GraphProto* g) {
+  cases.push_back({"Where",
+                   [&](onnx::GraphProto* g) {
                      node(g, "Greater", {"a", "b"}, "gt");
                      node(g, "Where", {"gt", "a", "b"}, "y");
                    },
                    [&](size_t i) { return a[i] > b[i] ? a[i] : b[i]; }});
-  cases.push_back({"Where with a constant mask", [&](onnx::GraphProto* g) {
+  cases.push_back({"Where with a constant mask",
+                   [&](onnx::GraphProto* g) {
                      *g->add_initializer() = BoolTensor("mask", {8}, {1, 1, 0, 0, 1, 0, 1, 0});
                      *g->add_initializer() = FloatTensor("minus_inf", {}, {-inf});
                      node(g, "Where", {"mask", "a", "minus_inf"}, "y");
@@ -78,7 +85,8 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
                      const std::vector<int> mask = {1, 1, 0, 0, 1, 0, 1, 0};
                      return mask[i] ? a[i] : -inf;
                    }});
-  cases.push_back({"ThresholdedRelu", [&](onnx::GraphProto* g) {
+  cases.push_back({"ThresholdedRelu",
+                   [&](onnx::GraphProto* g) {
                      onnx::NodeProto* n = node(g, "ThresholdedRelu", {"a"}, "y");
                      onnx::AttributeProto* alpha = n->add_attribute();
                      alpha->set_name("alpha"), alpha->set_type(onnx::AttributeProto::FLOAT), alpha->set_f(0.75f);
@@ -129,7 +137,8 @@ TEST(OnnxImport, GraphWeightsMayBeInfiniteButNotNaN) {
     AddValue(g->add_output(), "y", {4});
     absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "weights.onnx");
     ASSERT_TRUE(m.ok()) << m.status();
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "weights.onnx", scheduler::CompileOptions());
+    absl::StatusOr<scheduler::Schedule> pass =
+        scheduler::Compile(m->graph, "weights.onnx", scheduler::CompileOptions());
     ASSERT_TRUE(pass.ok()) << pass.status();
     absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
         runtime::GraphRunner::Create(*pass, m->weights, runtime::GraphRunner::Backend::kCpu);

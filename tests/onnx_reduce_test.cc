@@ -74,7 +74,7 @@ TEST(OnnxImport, ReduceMeanOverTheSpatialAxesIsAGlobalPool) {
 // axis past the rank is refused naming it.
 TEST(OnnxImport, ReductionsOverAnyAxes) {
   const std::vector<int64_t> shape = {2, 3, 4};
-  const std::vector<float> x = Ramp(24, 0.7f, 0.2f);      // both signs
+  const std::vector<float> x = Ramp(24, 0.7f, 0.2f);         // both signs
   const std::vector<float> positive = Ramp(24, 0.7f, 1.5f);  // for the log of a sum
   auto reduce = [&](const std::string& op, const std::vector<float>& data, const std::vector<int64_t>& axes,
                     size_t out) {
@@ -94,16 +94,16 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
     for (const auto& [key, v] : groups) {
       float r = op == "ReduceMax" ? -INFINITY : 0.0f;
       for (float e : v) {
-        r = op == "ReduceMax"                              ? std::max(r, e)
+        r = op == "ReduceMax"                             ? std::max(r, e)
             : op == "ReduceSumSquare" || op == "ReduceL2" ? r + e * e
-            : op == "ReduceL1"                             ? r + std::fabs(e)
-            : op == "ReduceLogSumExp"                      ? r + std::exp(e)
-                                                           : r + e;
+            : op == "ReduceL1"                            ? r + std::fabs(e)
+            : op == "ReduceLogSumExp"                     ? r + std::exp(e)
+                                                          : r + e;
       }
-      y.push_back(op == "ReduceMean"                                   ? r / static_cast<float>(v.size())
-                  : op == "ReduceL2"                                   ? std::sqrt(r)
+      y.push_back(op == "ReduceMean"                                ? r / static_cast<float>(v.size())
+                  : op == "ReduceL2"                                ? std::sqrt(r)
                   : op == "ReduceLogSum" || op == "ReduceLogSumExp" ? std::log(r)
-                                                                       : r);
+                                                                    : r);
     }
     EXPECT_EQ(y.size(), out);
     return y;
@@ -115,14 +115,15 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
     bool keepdims;
     std::vector<int64_t> out_shape;
   };
-  for (const Case& c : {Case{"ReduceMean", 18, {-1}, true, {2, 3, 1}}, Case{"ReduceMean", 13, {2}, false, {2, 3}},
-                        Case{"ReduceSum", 13, {1, 2}, false, {2}}, Case{"ReduceSum", 11, {-2, -1}, true, {2, 1, 1}},
-                        Case{"ReduceMax", 18, {}, false, {1}}, Case{"ReduceMax", 13, {-1}, true, {2, 3, 1}},
-                        Case{"ReduceMean", 18, {1}, true, {2, 1, 4}}, Case{"ReduceSum", 13, {0}, false, {3, 4}},
-                        Case{"ReduceSumSquare", 18, {0, 2}, false, {3}}, Case{"ReduceL1", 13, {-1}, true, {2, 3, 1}},
-                        Case{"ReduceL2", 18, {1}, false, {2, 4}}, Case{"ReduceMax", 18, {2, 0}, true, {1, 3, 1}},
-                        Case{"ReduceLogSumExp", 18, {-1}, false, {2, 3}}, Case{"ReduceLogSumExp", 13, {0, 1}, true, {1, 1, 4}},
-                        Case{"ReduceLogSum", 18, {0}, true, {1, 3, 4}}}) {
+  for (const Case& c :
+       {Case{"ReduceMean", 18, {-1}, true, {2, 3, 1}}, Case{"ReduceMean", 13, {2}, false, {2, 3}},
+        Case{"ReduceSum", 13, {1, 2}, false, {2}}, Case{"ReduceSum", 11, {-2, -1}, true, {2, 1, 1}},
+        Case{"ReduceMax", 18, {}, false, {1}}, Case{"ReduceMax", 13, {-1}, true, {2, 3, 1}},
+        Case{"ReduceMean", 18, {1}, true, {2, 1, 4}}, Case{"ReduceSum", 13, {0}, false, {3, 4}},
+        Case{"ReduceSumSquare", 18, {0, 2}, false, {3}}, Case{"ReduceL1", 13, {-1}, true, {2, 3, 1}},
+        Case{"ReduceL2", 18, {1}, false, {2, 4}}, Case{"ReduceMax", 18, {2, 0}, true, {1, 3, 1}},
+        Case{"ReduceLogSumExp", 18, {-1}, false, {2, 3}}, Case{"ReduceLogSumExp", 13, {0, 1}, true, {1, 1, 4}},
+        Case{"ReduceLogSum", 18, {0}, true, {1, 3, 4}}}) {
     const std::string what = absl::StrCat(c.op, "-", c.opset, " axes [", absl::StrJoin(c.axes, ","), "]");
     onnx::ModelProto proto;
     proto.add_opset_import()->set_version(c.opset);
@@ -157,7 +158,8 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
     const std::vector<float> want = reduce(c.op, input, c.axes, static_cast<size_t>(outputs));
     const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(shape, input), 0);
     ASSERT_EQ(y.size(), want.size()) << what;
-    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-5f * (1 + std::fabs(want[i]))) << what << " at " << i;
+    for (size_t i = 0; i < y.size(); ++i)
+      EXPECT_NEAR(y[i], want[i], 1e-5f * (1 + std::fabs(want[i]))) << what << " at " << i;
     for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(shape, input), "reduce.onnx")) {
       ASSERT_EQ(lowered.size(), y.size()) << what;
       for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(lowered[i], y[i], 1e-5f * (1 + std::fabs(y[i]))) << what;
@@ -188,8 +190,7 @@ TEST(OnnxImport, ReductionsOverAnyAxes) {
     absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "reduce.onnx");
     if (which == 2) {
       ASSERT_FALSE(m.ok());
-      EXPECT_NE(m.status().message().find("node 'r' (ReduceSum): axis 3 of a rank-3 input"),
-                std::string::npos)
+      EXPECT_NE(m.status().message().find("node 'r' (ReduceSum): axis 3 of a rank-3 input"), std::string::npos)
           << m.status();
       continue;
     }
@@ -251,7 +252,8 @@ TEST(OnnxImport, LogSoftmaxIsStableOnLargeNumbers) {
     }
     const std::vector<float> y = Evaluate(*m, graph::HostTensor::FromF32(shape, x), 0);
     ASSERT_EQ(y.size(), want.size());
-    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << opset << " at " << i;
+    for (size_t i = 0; i < y.size(); ++i)
+      EXPECT_NEAR(y[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << opset << " at " << i;
     for (const std::vector<float>& lowered : RunLowered(*m, graph::HostTensor::FromF32(shape, x), "logsoftmax.onnx")) {
       ASSERT_EQ(lowered.size(), y.size());
       for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(lowered[i], y[i], 1e-4 * (1 + std::fabs(y[i]))) << opset;

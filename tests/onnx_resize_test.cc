@@ -31,12 +31,12 @@ std::string Bytes(const fs::path& p) {
 
 TEST(OnnxImport, LinearResizeMatchesTheBackendData) {
   const std::string data = std::getenv("LOOM_ONNX_TESTDATA") != nullptr ? std::getenv("LOOM_ONNX_TESTDATA")
-                                                                         : "/usr/share/libonnx-testdata/data";
+                                                                        : "/usr/share/libonnx-testdata/data";
   if (!fs::is_directory(data)) GTEST_SKIP() << data << " is missing (apt-get install libonnx-testdata)";
-  for (const std::string name : {"test_resize_upsample_scales_linear", "test_resize_upsample_scales_linear_align_corners",
-                                 "test_resize_downsample_scales_linear",
-                                 "test_resize_downsample_scales_linear_align_corners",
-                                 "test_resize_downsample_sizes_linear_pytorch_half_pixel"}) {
+  for (const std::string name :
+       {"test_resize_upsample_scales_linear", "test_resize_upsample_scales_linear_align_corners",
+        "test_resize_downsample_scales_linear", "test_resize_downsample_scales_linear_align_corners",
+        "test_resize_downsample_sizes_linear_pytorch_half_pixel"}) {
     const fs::path dir = fs::path(data) / "node" / name;
     ASSERT_TRUE(fs::is_directory(dir)) << dir;
     onnx::ModelProto proto;
