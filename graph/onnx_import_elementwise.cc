@@ -199,18 +199,18 @@ absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
                                                                    {"LessOrEqual", LESS_EQUAL},
                                                                    {"And", MUL},
                                                                    {"Or", MAXIMUM}};
-  const std::string zero = NewWeight(out + "/zero", {1}, {0.0f});
+  auto zero = [&] { return NewWeight(out + "/zero", {1}, {0.0f}); };  // (only the ops that compare with 0 make it)
   absl::StatusOr<std::string> y;
   if (auto c = kCompare->find(t); c != kCompare->end()) {
     y = emit(c->second, in, "");
   } else if (t == "Not") {
-    y = emit(EQUAL, {in[0], zero}, "");
+    y = emit(EQUAL, {in[0], zero()}, "");
   } else if (t == "Xor") {
     y = emit(EQUAL, in, "equal");
-    if (y.ok()) y = emit(EQUAL, {*y, zero}, "");
+    if (y.ok()) y = emit(EQUAL, {*y, zero()}, "");
   } else if (t == "Where") {
     absl::StatusOr<std::string> kept = emit(KEEP, {in[1], in[0]}, "picked_x");
-    absl::StatusOr<std::string> other = emit(EQUAL, {in[0], zero}, "not_condition");
+    absl::StatusOr<std::string> other = emit(EQUAL, {in[0], zero()}, "not_condition");
     if (other.ok()) other = emit(KEEP, {in[2], *other}, "picked_y");
     if (!kept.ok() || !other.ok()) return !kept.ok() ? kept.status() : other.status();
     y = emit(ADD, {*kept, *other}, "");

@@ -41,12 +41,8 @@ absl::Status Importer::Reduce(const onnx::NodeProto& n, Attrs& a) {
   }
   absl::StatusOr<std::string> y;
   if (t == "ReduceLogSumExp") {
-    absl::StatusOr<std::string> m = ReduceAxes("ReduceMax", *x, axes, true, out + "/max");
-    absl::StatusOr<std::string> d = m.ok() ? Emit(SUB, {*x, *m}, out + "/shifted", [](OpDef&) {}) : m;
-    absl::StatusOr<std::string> e = d.ok() ? Emit(EXP, {*d}, out + "/exp", [](OpDef&) {}) : d;
-    absl::StatusOr<std::string> s = e.ok() ? ReduceAxes("ReduceSum", *e, axes, true, out + "/sum") : e;
-    absl::StatusOr<std::string> l = s.ok() ? Emit(LOG, {*s}, out + "/log", [](OpDef&) {}) : s;
-    y = l.ok() ? Emit(ADD, {*l, *m}, out + "/logsumexp", [](OpDef&) {}) : l;
+    absl::StatusOr<ShiftedLogSumExp> lse = LogSumExp(*x, axes, out);
+    y = lse.ok() ? Emit(ADD, {lse->log_sum_exp, lse->max}, out + "/logsumexp", [](OpDef&) {}) : lse.status();
     if (y.ok() && !keepdims) y = ReduceAxes("Reshape", *y, axes, false, out);
   } else if (t == "ReduceLogSum") {
     y = ReduceAxes("ReduceSum", *x, axes, true, out + "/sum");
@@ -72,15 +68,24 @@ absl::Status Importer::LogSoftmax(const onnx::NodeProto& n, Attrs& a) {
   if (axis < 0) axis += rank;
   std::vector<int64_t> axes = {axis};
   for (int64_t d = axis + 1; opset_ < 13 && d < rank; ++d) axes.push_back(d);
-  absl::StatusOr<std::string> m = ReduceAxes("ReduceMax", *x, axes, true, out + "/max");
-  absl::StatusOr<std::string> d = m.ok() ? Emit(SUB, {*x, *m}, out + "/shifted", [](OpDef&) {}) : m;
-  absl::StatusOr<std::string> e = d.ok() ? Emit(EXP, {*d}, out + "/exp", [](OpDef&) {}) : d;
-  absl::StatusOr<std::string> s = e.ok() ? ReduceAxes("ReduceSum", *e, axes, true, out + "/sum") : e;
-  absl::StatusOr<std::string> l = s.ok() ? Emit(LOG, {*s}, out + "/log", [](OpDef&) {}) : s;
-  absl::StatusOr<std::string> y = l.ok() ? Emit(SUB, {*d, *l}, out, [](OpDef&) {}) : l;
+  absl::StatusOr<ShiftedLogSumExp> lse = LogSumExp(*x, axes, out);
+  absl::StatusOr<std::string> y =
+      lse.ok() ? Emit(SUB, {lse->shifted, lse->log_sum_exp}, out, [](OpDef&) {}) : lse.status();
   if (!y.ok()) return y.status();
   alias_[out] = *y;
   return absl::OkStatus();
+}
+
+// Over `axes` (kept as 1s): m = max(x), x - m, and log(sum(exp(x - m))): ReduceLogSumExp and LogSoftmax's shared part.
+absl::StatusOr<Importer::ShiftedLogSumExp> Importer::LogSumExp(const std::string& x, const std::vector<int64_t>& axes,
+                                                               const std::string& out) {
+  absl::StatusOr<std::string> m = ReduceAxes("ReduceMax", x, axes, true, out + "/max");
+  absl::StatusOr<std::string> d = m.ok() ? Emit(SUB, {x, *m}, out + "/shifted", [](OpDef&) {}) : m;
+  absl::StatusOr<std::string> e = d.ok() ? Emit(EXP, {*d}, out + "/exp", [](OpDef&) {}) : d;
+  absl::StatusOr<std::string> s = e.ok() ? ReduceAxes("ReduceSum", *e, axes, true, out + "/sum") : e;
+  absl::StatusOr<std::string> l = s.ok() ? Emit(LOG, {*s}, out + "/log", [](OpDef&) {}) : s;
+  if (!l.ok()) return l.status();
+  return ShiftedLogSumExp{*m, *d, *l};
 }
 
 // Value `x` reduced over `axes` (in range, any order) as `kind` (ReduceMean, ReduceSum, ReduceMax, ReduceSumSquare,

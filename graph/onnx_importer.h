@@ -242,6 +242,11 @@ class Importer {
   // The Reduce* ops, LogSoftmax, and the reduction of a value over axes they share (onnx_import_ops.cc).
   absl::Status Reduce(const onnx::NodeProto& n, Attrs& a);
   absl::Status LogSoftmax(const onnx::NodeProto& n, Attrs& a);
+  struct ShiftedLogSumExp {
+    std::string max, shifted, log_sum_exp;
+  };
+  absl::StatusOr<ShiftedLogSumExp> LogSumExp(const std::string& x, const std::vector<int64_t>& axes,
+                                             const std::string& out);
   absl::StatusOr<std::string> ReduceAxes(const std::string& kind, const std::string& x, std::vector<int64_t> axes,
                                          bool keepdims, const std::string& out);
   // Value `in` (a constant or an activation) sliced per axis (first element, step, count) into ONNX value `out`.
