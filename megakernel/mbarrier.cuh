@@ -77,17 +77,6 @@ __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity, con
   }
 }
 
-// MbarrierWait for code that every lane of a warp runs (the consumers), returning with the warp converged. The
-// lanes of a poll loop may leave it on different polls, and what follows a wait in the consumers is `.aligned`
-// (bar.sync, wgmma's .sync.aligned), which needs every lane of the warp at the same instruction; the compiler keeps
-// warp-uniform state such as a ring position in uniform registers on the same assumption. Without the reconvergence
-// a layout of the tensor-core variant hung prefill passes on the H100: an instruction slot was let go one arrival
-// short and refilled under the storer (docs/history/performance_log.md, "A refilled instruction slot").
-__device__ __forceinline__ void MbarrierWaitWarp(uint64_t* bar, uint32_t parity, const StuckWhere& where) {
-  MbarrierWait(bar, parity, where);
-  __syncwarp();
-}
-
 // Global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte
 // aligned), completing `bytes` transactions on `bar`.
 __device__ __forceinline__ void BulkCopyToShared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -182,10 +182,9 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     ctx.launch_step = w.local;
     ctx.index = w.i - w.begin;
     const uint64_t start = p.trace != nullptr && tid == 0 ? GlobalTimer() : 0;
-    MbarrierWaitWarp(&s.inst_full[w.slot.index], w.slot.phase,
-                     w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
+    MbarrierWait(&s.inst_full[w.slot.index], w.slot.phase, w.Where(p, sm, 0, w.slot.index, kStuckInstructionWait));
     const isa::Instruction& inst = s.inst[w.slot.index];
-    MbarrierWaitWarp(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
+    MbarrierWait(&s.act_full[act.index], act.phase, w.Where(p, sm, inst.opcode, act.index, kStuckActivationWait));
     // Written now, not kept in a register across the opcode (the graph variant spills).
     if (p.trace != nullptr && tid == 0) p.trace[static_cast<uint64_t>(w.local) * total + w.i].handed = GlobalTimer();
     ctx.act = reinterpret_cast<float*>(s.act + s.act_offset[act.index]);
@@ -237,7 +236,6 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
                    w.Where(p, sm, inst.opcode, signal_slot.index, kStuckSignalWait));
       MbarrierArrive(&s.done[signal_slot.index]);
     }
-    __syncwarp();  // warp 0 converged again after its lane 0's wait (MbarrierWaitWarp says why)
     // After the hand-off: the storer still reads the slot's signal, and releases it too.
     MbarrierArrive(&s.inst_empty[w.slot.index]);
     ++signal_slot;

@@ -253,7 +253,7 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
   const uint32_t old = early ? min(rows_of(0), ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
   copy(0, 0, old);
   CpAsyncCommit();
-  if (early) MbarrierWaitWarp(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
+  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
   const float* q_src = m.ptr<float>(a.q) + a.kv_head * group * hd;
   for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
   copy(0, old, rows_of(0));
@@ -398,7 +398,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
   }
   CpAsyncCommit();
-  if (early) MbarrierWaitWarp(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
+  if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
   for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
   for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
     CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);

@@ -45,7 +45,7 @@ struct ConsumerContext {
   // Waits until the page at `at` (at or after the oldest held one) is full; returns it. Opcodes that hold
   // several pages at once (GEMM) walk their own position ahead of `ring`.
   __device__ __forceinline__ const uint8_t* WaitPage(const PipelineState& at) const {
-    MbarrierWaitWarp(&full[at.index], at.phase, {error, sm, index, 0, at.index, kStuckPageWait});
+    MbarrierWait(&full[at.index], at.phase, {error, sm, index, 0, at.index, kStuckPageWait});
     return pages + static_cast<size_t>(at.index) * page_bytes;
   }
   // This thread is done with the current page: every consumer thread arrives
