@@ -90,10 +90,13 @@ class OpChecker {
   absl::Status CheckEmbedding() {
     LOOM_RETURN_IF_ERROR(Arity(2, 2, 1));
     LOOM_RETURN_IF_ERROR(Rank(In(0), 2));
-    LOOM_RETURN_IF_ERROR(Rank(In(1), 1));
+    // The ids in any shape (a general graph's [batch, sequence] input), a row of the output each, in order.
+    if (In(1).shape_size() < 1) return Error(absl::StrCat("tensor '", In(1).name(), "' has rank 0, expected 1 or more"));
     LOOM_RETURN_IF_ERROR(Expect(In(1), ShapeOf(In(1)), {I32}));
     LOOM_RETURN_IF_ERROR(Expect(In(0), ShapeOf(In(0)), {BF16, F32}));
-    return Expect(Out(0), {In(1).shape(0), In(0).shape(1)}, {F32});
+    int64_t ids = 1;
+    for (int64_t d : In(1).shape()) ids *= d;
+    return Expect(Out(0), {ids, In(0).shape(1)}, {F32});
   }
   absl::Status CheckNorm(bool with_bias) {
     LOOM_RETURN_IF_ERROR(Arity(with_bias ? 3 : 2, with_bias ? 3 : 2, 1));

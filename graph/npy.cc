@@ -51,13 +51,18 @@ absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
   if (bytes.size() < offset + header_len) return bad("truncated header");
   const std::string header = bytes.substr(offset, header_len);
   const std::string descr = Field(header, "descr");
-  if (descr != "'<f4'") return bad(absl::StrCat("holds ", descr.empty() ? "no dtype" : descr, ", float32 ('<f4') needed"));
+  // float32, or integers (int64 / int32: embedding ids, read as int32).
+  const size_t width = descr == "'<f4'" || descr == "'<i4'" ? 4 : descr == "'<i8'" ? 8 : 0;
+  if (width == 0) {
+    return bad(absl::StrCat("holds ", descr.empty() ? "no dtype" : descr,
+                            ", float32 ('<f4') or integers ('<i8', '<i4') needed"));
+  }
   if (Field(header, "fortran_order") != "False") return bad("Fortran order is not read (C order needed)");
   std::string shape_text = Field(header, "shape");
   if (shape_text.size() < 2) return bad("no shape");
   shape_text = shape_text.substr(1, shape_text.size() - 2);
   HostTensor t;
-  t.dtype = F32;
+  t.dtype = descr == "'<f4'" ? F32 : I32;
   int64_t elements = 1;
   for (absl::string_view d : absl::StrSplit(shape_text, ',', absl::SkipWhitespace())) {
     int64_t v = 0;
@@ -66,11 +71,25 @@ absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
     elements *= v;
   }
   const size_t data = offset + header_len;
-  if (bytes.size() - data != static_cast<size_t>(elements) * 4) {
-    return bad(absl::StrCat("holds ", bytes.size() - data, " bytes of data for ", elements, " float32 values"));
+  if (bytes.size() - data != static_cast<size_t>(elements) * width) {
+    return bad(absl::StrCat("holds ", bytes.size() - data, " bytes of data for ", elements, " values of ", width,
+                            " bytes"));
   }
-  t.f32.resize(elements);
-  std::memcpy(t.f32.data(), bytes.data() + data, elements * 4);
+  if (t.dtype == F32) {
+    t.f32.resize(elements);
+    std::memcpy(t.f32.data(), bytes.data() + data, elements * 4);
+  } else if (width == 4) {
+    t.i32.resize(elements);
+    std::memcpy(t.i32.data(), bytes.data() + data, elements * 4);
+  } else {
+    t.i32.resize(elements);
+    for (int64_t i = 0; i < elements; ++i) {
+      int64_t v;
+      std::memcpy(&v, bytes.data() + data + 8 * i, 8);
+      if (v < INT32_MIN || v > INT32_MAX) return bad(absl::StrCat("value ", i, " (", v, ") is outside int32"));
+      t.i32[i] = static_cast<int32_t>(v);
+    }
+  }
   return t;
 }
 

@@ -43,7 +43,7 @@ constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalizatio
                                         "ConvTranspose", "Dropout", "Elu", "Expand", "Flatten", "Gelu", "Gemm",
                                         "GlobalAveragePool", "GlobalMaxPool", "Mish", "Selu", "Softplus", "Softsign",
                                         "And", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Or",
-                                        "ThresholdedRelu", "Xor",
+                                        "IsNaN", "ThresholdedRelu", "Xor",
                                         "HardSigmoid",
                                         "HardSwish", "Identity", "LayerNormalization", "LeakyRelu", "Max", "MaxPool", "Min", "Neg",
                                         "Pad", "PRelu",
@@ -54,7 +54,7 @@ constexpr const char* kComposedOps[] = {"Abs", "AveragePool", "BatchNormalizatio
                                         // shape arithmetic on constants (Importer::FoldShapeArithmetic)
                                         "Cast", "Gather", "Shape",
                                         // on constants (Importer::FoldConstantOps)
-                                        "ConstantOfShape", "Equal", "Not", "Range", "Where"};
+                                        "ConstantOfShape", "Equal", "GatherElements", "Not", "Range", "Where"};
 
 }  // namespace
 
@@ -139,8 +139,12 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
   for (const onnx::ValueInfoProto& v : g.input()) {
     if (consts_.contains(v.name())) continue;  // an initializer listed as an input (older exporters)
     const onnx::TypeProto& type = v.type();
-    if (!type.has_tensor_type() || type.tensor_type().elem_type() != onnx::TensorProto::FLOAT) {
-      return Fail(absl::StrCat("input '", v.name(), "': only float32 tensors are supported"));
+    const int elem = type.has_tensor_type() ? type.tensor_type().elem_type() : 0;
+    // Integer inputs are read as int32 (embedding ids: Importer::Slicing); the runtime refuses values outside
+    // int32 and outside the table.
+    const bool integer = elem == onnx::TensorProto::INT64 || elem == onnx::TensorProto::INT32;
+    if (elem != onnx::TensorProto::FLOAT && !integer) {
+      return Fail(absl::StrCat("input '", v.name(), "': only float32 tensors and int64 / int32 indices are supported"));
     }
     Shape shape;
     for (const onnx::TensorShapeProto::Dimension& d : type.tensor_type().shape().dim()) {
@@ -151,7 +155,11 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
       shape.push_back(d.dim_value());
     }
     if (shape.empty()) shape = {1};  // a scalar fed at run time (Clip's bounds): [1], as rank-0 constants are
-    Declare(v.name(), shape, INPUT);
+    TensorDef* in = Declare(v.name(), shape, INPUT);
+    if (integer) {
+      in->set_dtype(I32);
+      int_inputs_.insert(v.name());
+    }
     out.inputs.push_back(v.name());
   }
   // How often each value is read (node inputs and graph outputs): a BatchNormalization folds into the Conv before
@@ -266,6 +274,14 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
   absl::Status s = absl::OkStatus();
+  // An integer input is read as the indices of a Gather from a constant table (an embedding lookup), or for its
+  // static shape; nothing else.
+  for (int k = 0; k < n.input_size(); ++k) {
+    if (int_inputs_.contains(n.input(k)) && !(t == "Gather" && k == 1) && t != "Shape") {
+      return Refuse(absl::StrCat("reads integer input '", n.input(k),
+                                 "' (Loom reads integer inputs only as the indices of a Gather from a constant table)"));
+    }
+  }
   absl::StatusOr<bool> folded = FoldShapeArithmetic(n, a);
   if (!folded.ok()) return folded.status();
   if (*folded) {
@@ -494,7 +510,7 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
              t == "PRelu" || t == "Abs") {
     s = Clamp(n, a);
   } else if (t == "Greater" || t == "Less" || t == "GreaterOrEqual" || t == "LessOrEqual" || t == "And" ||
-             t == "Or" || t == "Xor" || t == "ThresholdedRelu") {
+             t == "Or" || t == "Xor" || t == "ThresholdedRelu" || t == "IsNaN") {
     s = Logic(n, a);
   } else if (t == "Elu" || t == "Selu" || t == "Celu" || t == "Softplus" || t == "Softsign" || t == "Mish") {
     s = Exponential(n, a);
@@ -672,7 +688,16 @@ absl::StatusOr<HostTensor> ReadOnnxTensor(const std::string& path) {
   if (c->is_int && t.data_type() == onnx::TensorProto::BOOL) {  // Loom's bools are 0 / 1 floats (comparisons)
     return HostTensor::FromF32(c->shape, std::vector<float>(c->i.begin(), c->i.end()));
   }
-  if (c->is_int) return absl::UnimplementedError(absl::StrCat(path, ": an integer tensor (float32 only)"));
+  if (c->is_int) {  // int64 / int32 values (embedding ids) as i32, as the graph's integer inputs are
+    std::vector<int32_t> values;
+    for (int64_t v : c->i) {
+      if (v < INT32_MIN || v > INT32_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": value ", v, " is outside int32"));
+      }
+      values.push_back(static_cast<int32_t>(v));
+    }
+    return HostTensor::FromI32(c->shape, std::move(values));
+  }
   return HostTensor::FromF32(c->shape, c->f);
 }
 

@@ -36,7 +36,8 @@ absl::StatusOr<OnnxModel> ImportOnnx(const std::string& path);
 absl::StatusOr<OnnxModel> ImportOnnxBytes(const std::string& bytes, const std::string& name,
                                           bool cancel_transposes = true);
 
-// A serialized onnx.TensorProto file (the backend test data's input_N.pb / output_N.pb) as a float32 tensor.
+// A serialized onnx.TensorProto file (the backend test data's input_N.pb / output_N.pb): float32 (bools as 0 / 1
+// floats), or integers as i32.
 absl::StatusOr<HostTensor> ReadOnnxTensor(const std::string& path);
 
 // The op types the importer maps, sorted.

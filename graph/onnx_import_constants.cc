@@ -155,7 +155,9 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
 
 absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();
-  if (t != "ConstantOfShape" && t != "Range" && t != "Equal" && t != "Not" && t != "Where") return false;
+  if (t != "ConstantOfShape" && t != "Range" && t != "Equal" && t != "Not" && t != "Where" && t != "GatherElements") {
+    return false;
+  }
   const std::string& out = n.output(0);
   std::vector<const Constant*> in;
   for (int k = 0; k < n.input_size(); ++k) in.push_back(n.input(k).empty() ? nullptr : ConstantOf(n.input(k)));
@@ -211,6 +213,36 @@ absl::StatusOr<bool> Importer::FoldConstantOps(const onnx::NodeProto& n, Attrs& 
     return Refuse("an operand computed at run time (Loom evaluates this op on constants only)");
   }
   Constant c;
+  if (t == "GatherElements") {  // out[i] = data[i with its `axis` coordinate replaced by indices[i]]
+    if (n.input_size() != 2 || !in[1]->is_int) return Refuse("takes a data tensor and constant integer indices");
+    const Shape& shape = in[0]->shape;
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    int64_t axis = a.Int("axis", 0);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank || static_cast<int64_t>(in[1]->shape.size()) != rank) {
+      return Refuse("the axis or the indices' rank does not match the data");
+    }
+    c.is_int = in[0]->is_int;
+    c.shape = in[1]->shape;
+    for (int64_t i = 0; i < Elements(c.shape); ++i) {
+      int64_t rest = i, offset = 0, stride = 1;
+      for (int64_t d = rank - 1; d >= 0; --d) {
+        int64_t at = rest % c.shape[d];
+        rest /= c.shape[d];
+        if (d == axis) {
+          at = in[1]->i[i] < 0 ? in[1]->i[i] + shape[d] : in[1]->i[i];
+          if (at < 0 || at >= shape[d]) return Refuse(absl::StrCat("index ", in[1]->i[i], " of an axis of ", shape[d]));
+        } else if (at >= shape[d]) {
+          return Refuse("the indices are larger than the data off the axis");
+        }
+        offset += at * stride;
+        stride *= shape[d];
+      }
+      AppendElement(c, *in[0], offset);
+    }
+    consts_[out] = std::move(c);
+    return true;
+  }
   if (t == "Range") {
     a.Get("stash_type");  // (opset 27: the precision of float16 / bfloat16 inputs, which Loom does not read)
     for (const Constant* v : in) {

@@ -172,7 +172,8 @@ absl::Status Importer::Exponential(const onnx::NodeProto& n, Attrs& a) {
 // Greater, Less, Equal, GreaterOrEqual, LessOrEqual as the IR's comparisons (a NaN compares false, as IEEE's); Not
 // as x == 0; And as a product, Or as a maximum, Xor as (a == b) == 0; Where(c, x, y) as KEEP(x, c) + KEEP(y, c == 0)
 // (the operand not picked never reaches the sum, NaN or infinite; a picked -0 becomes +0); ThresholdedRelu(alpha) as
-// KEEP(x, x > alpha).
+// KEEP(x, x > alpha); IsNaN as (x == x) == 0 (a NaN alone is unequal to itself; scaled_dot_product_attention's
+// export guards its softmax so).
 absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
@@ -190,7 +191,7 @@ absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
     if (!v.ok()) return v.status();
     in.push_back(*v);
   }
-  const size_t arity = t == "Not" || t == "ThresholdedRelu" ? 1 : t == "Where" ? 3 : 2;
+  const size_t arity = t == "Not" || t == "ThresholdedRelu" || t == "IsNaN" ? 1 : t == "Where" ? 3 : 2;
   if (in.size() != arity) return Refuse(absl::StrCat(in.size(), " inputs (", t, " takes ", arity, ")"));
   static const auto* kCompare = new std::map<std::string, OpType>{{"Greater", GREATER},
                                                                    {"Less", LESS},
@@ -205,6 +206,9 @@ absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
     y = emit(c->second, in, "");
   } else if (t == "Not") {
     y = emit(EQUAL, {in[0], zero()}, "");
+  } else if (t == "IsNaN") {
+    y = emit(EQUAL, {in[0], in[0]}, "ordered");
+    if (y.ok()) y = emit(EQUAL, {*y, zero()}, "");
   } else if (t == "Xor") {
     y = emit(EQUAL, in, "equal");
     if (y.ok()) y = emit(EQUAL, {*y, zero()}, "");

@@ -144,8 +144,27 @@ absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
   absl::StatusOr<int64_t> axis = axis_of(a.Int("axis", 0));
   if (!axis.ok()) return axis.status();
   const Constant* idx = n.input_size() > 1 ? ConstantOf(n.input(1)) : nullptr;
+  if (idx == nullptr && n.input_size() > 1 && int_inputs_.contains(n.input(1))) {
+    // Rows of a constant table at an integer input's values (an embedding lookup): the IR's EMBEDDING, a row per
+    // index in order, reshaped to the indices' shape and the row.
+    if (data_const == nullptr || data_const->is_int || rank != 2 || *axis != 0) {
+      return Refuse("a lookup by run-time indices is lowered from a constant float table [rows, width] on axis 0");
+    }
+    const std::string table = WeightOf(n.input(0), *data_const);
+    const Shape ids = Shapes(n.input(1));
+    absl::StatusOr<std::string> rows =
+        Emit(EMBEDDING, {table, n.input(1)}, n.output(0) + "/rows", [](OpDef&) {}, {Elements(ids), shape[1]});
+    if (!rows.ok()) return rows.status();
+    Shape out_shape = ids;
+    out_shape.push_back(shape[1]);
+    absl::StatusOr<std::string> y = Reshape(*rows, out_shape, n.output(0));
+    if (!y.ok()) return y.status();
+    alias_[n.output(0)] = *y;
+    return absl::OkStatus();
+  }
   if (idx == nullptr || !idx->is_int) {
-    return Refuse("the indices are not a constant (a lookup by run-time indices, such as an embedding's)");
+    return Refuse("the indices are not a constant (Loom looks up rows by run-time indices only where they are an "
+                  "integer graph input)");
   }
   const int64_t dim = shape[*axis];
   std::vector<int64_t> at;

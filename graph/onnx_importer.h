@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -215,7 +216,8 @@ class Importer {
   absl::Status Node(const onnx::NodeProto& n, int index);
   // Shape, and Gather / Unsqueeze / Squeeze / Concat / Cast on integer constants, folded to constants (true: done).
   absl::StatusOr<bool> FoldShapeArithmetic(const onnx::NodeProto& n, Attrs& a);
-  // ConstantOfShape, Range, Equal, Not and Where on constants (onnx_import_constants.cc): true when folded.
+  // ConstantOfShape, Range, Equal, Not, Where and GatherElements on constants (onnx_import_constants.cc): true when
+  // folded.
   absl::StatusOr<bool> FoldConstantOps(const onnx::NodeProto& n, Attrs& a);
   // A node's axes: its `axes` attribute before `input_from_opset`, then its constant int64 second input (empty when
   // it has none).
@@ -229,7 +231,8 @@ class Importer {
   absl::Status Clamp(const onnx::NodeProto& n, Attrs& a);
   // Elu, Selu, Celu, Softplus, Softsign, Mish (onnx_import_elementwise.cc).
   absl::Status Exponential(const onnx::NodeProto& n, Attrs& a);
-  // Greater, Less, Equal, GreaterOrEqual, LessOrEqual, Not, And, Or, Xor, Where and ThresholdedRelu on activations.
+  // Greater, Less, Equal, GreaterOrEqual, LessOrEqual, Not, And, Or, Xor, Where, ThresholdedRelu and IsNaN on
+  // activations.
   absl::Status Logic(const onnx::NodeProto& n, Attrs& a);
   // Slice, Split and Gather (a constant's, folded; an activation's: the IR's SLICE).
   absl::Status Slicing(const onnx::NodeProto& n, Attrs& a);
@@ -269,6 +272,7 @@ class Importer {
   absl::flat_hash_map<std::string, Constant> consts_;
   absl::flat_hash_map<std::string, int> uses_;             // ONNX value -> readers (nodes and graph outputs)
   absl::flat_hash_map<std::string, const OpDef*> conv_of_;  // ONNX output of a Conv -> its CONV2D op
+  absl::flat_hash_set<std::string> int_inputs_;              // graph inputs of int64 / int32 (I32 in the IR)
 };
 
 }  // namespace loom::graph::onnx_internal

@@ -49,15 +49,25 @@ absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
     const graph::HostTensor& v = it->second;
     // A scalar (rank 0) is the graph's [1]: ONNX's rank-0 inputs are imported so (graph::ImportOnnx).
     const bool scalar = v.shape.empty() && t.shape_size() == 1 && t.shape(0) == 1;
-    if (v.dtype != graph::F32 ||
+    const graph::DType dtype = t.dtype() == graph::I32 ? graph::I32 : graph::F32;
+    if (v.dtype != dtype ||
         (!scalar && !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end()))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input '", io.name(), "' must be f32 [", absl::StrJoin(t.shape(), ", "), "], got ",
-                       graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));
+      return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' must be ", graph::DTypeName(dtype), " [",
+                                                     absl::StrJoin(t.shape(), ", "), "], got ",
+                                                     graph::DTypeName(v.dtype), " [", absl::StrJoin(v.shape, ", "), "]"));
     }
+    if (dtype == graph::I32) {  // embedding ids: EMBED would read one outside the table as row 0
+      for (size_t i = 0; i < v.i32.size(); ++i) {
+        if (v.i32[i] < 0 || static_cast<uint64_t>(v.i32[i]) >= io.id_limit()) {
+          return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "': value ", i, " is ", v.i32[i],
+                                                         ", outside the table's rows [0, ", io.id_limit(), ")"));
+        }
+      }
+    }
+    const void* data = dtype == graph::I32 ? static_cast<const void*>(v.i32.data()) : v.f32.data();
     if (vm_ != nullptr) {
-      vm_->WriteArena(t.offset(), v.f32.data(), t.bytes());
-    } else if (absl::Status s = gpu_->WriteArena(t.offset(), v.f32.data(), t.bytes()); !s.ok()) {
+      vm_->WriteArena(t.offset(), data, t.bytes());
+    } else if (absl::Status s = gpu_->WriteArena(t.offset(), data, t.bytes()); !s.ok()) {
       return s;
     }
   }

@@ -10,14 +10,30 @@ namespace graph_lowering_internal {
 absl::StatusOr<Schedule> NnLowering::Run(const std::string& model) {
   GraphIo io;
   for (const TensorDef* t : g_.TensorsOfKind(graph::INPUT)) {
-    if (t->dtype() != graph::F32) {
+    if (t->dtype() != graph::F32 && t->dtype() != graph::I32) {
       return absl::UnimplementedError(absl::StrCat("input '", t->name(), "': ", graph::DTypeName(t->dtype()),
-                                                   " inputs are not lowered (f32 only)"));
+                                                   " inputs are not lowered (f32, and i32 embedding ids)"));
     }
     IoTensor* in = io.add_inputs();
     in->set_name(t->name());
     in->set_tensor(Arena(t->name()));
     input_backed_.insert(t->name());
+    if (t->dtype() == graph::I32) {
+      // i32 inputs are ids: every reader an EMBEDDING (its row count bounds them; the runtime checks each value,
+      // as EMBED reads an id outside the table as 0).
+      uint64_t limit = 0;
+      for (const OpDef& op : g_.def().ops()) {
+        for (int i = 0; i < op.inputs_size(); ++i) {
+          if (op.inputs(i) != t->name()) continue;
+          if (op.type() != graph::EMBEDDING || i != 1) {
+            return Unsupported(op, absl::StrCat("reads i32 input '", t->name(), "' (i32 inputs are embedding ids)"));
+          }
+          const uint64_t rows = static_cast<uint64_t>(g_.tensor(op.inputs(0)).shape(0));
+          limit = limit == 0 ? rows : std::min(limit, rows);
+        }
+      }
+      in->set_id_limit(limit);
+    }
   }
   for (int index : g_.topological_order()) {
     const OpDef& op = g_.def().ops(index);
@@ -506,10 +522,13 @@ absl::Status NnLowering::LowerReshape(const OpDef& op) {
 }  // namespace graph_lowering_internal
 
 bool IsDecoderGraph(const graph::Graph& graph) {
+  bool embeds = false, argmax = false;
   for (const graph::OpDef& op : graph.def().ops()) {
-    if (op.type() == graph::EMBEDDING || op.type() == graph::ATTENTION) return true;
+    if (op.type() == graph::ATTENTION) return true;
+    embeds = embeds || op.type() == graph::EMBEDDING;
+    argmax = argmax || op.type() == graph::ARGMAX;
   }
-  return false;
+  return embeds && argmax;  // (a general graph may look rows up too: an encoder's embeddings)
 }
 
 absl::StatusOr<Schedule> CompileGraphPass(const graph::Graph& graph, const std::string& model,

@@ -119,6 +119,7 @@ class NnLowering {
                       view_offset);
   }
   absl::Status LowerEmbedding(const OpDef& op);
+  absl::Status LowerLookup(const OpDef& op);  // a general graph's EMBEDDING (graph_lowering_prefill.cc)
   absl::Status LowerArgmax(const OpDef& op);
   // Prefill: the graph tensor holding the last row of `name` (which has every prompt row): a view of it, or of a
   // deferred RMSNorm the same norm over its input's last row.
@@ -136,8 +137,8 @@ class NnLowering {
     return g_.tensor(name);
   }
 
-  // The f32 arena tensor of a graph tensor, created on first use in the graph's shape (a prefill pass's STATE
-  // tensors and logits are the decode schedule's).
+  // The f32 arena tensor of a graph tensor (an i32 input's: i32), created on first use in the graph's shape (a
+  // prefill pass's STATE tensors and logits are the decode schedule's).
   uint32_t Arena(const std::string& name) {
     if (auto it = arena_.find(name); it != arena_.end()) return it->second;
     if (prefill() && T(name).kind() == graph::STATE) {
@@ -146,7 +147,8 @@ class NnLowering {
     }
     if (prefill() && name == logits_) return arena_[name] = target_.io.logits();
     const std::vector<uint64_t> shape = ShapeOf(T(name));
-    const uint32_t id = Scratch(name, graph::F32, std::vector<int64_t>(shape.begin(), shape.end()));
+    const graph::DType dtype = T(name).dtype() == graph::I32 ? graph::I32 : graph::F32;  // (i32: embedding ids)
+    const uint32_t id = Scratch(name, dtype, std::vector<int64_t>(shape.begin(), shape.end()));
     arena_[name] = id;
     return id;
   }

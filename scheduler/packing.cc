@@ -248,7 +248,14 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     if (it == by_name.end() || it->second->bytes() != 4u * c.values_size()) {
       return absl::InvalidArgumentError(absl::StrCat("constant '", c.tensor(), "' has no matching tensor"));
     }
-    std::memcpy(region.data() + it->second->offset(), c.values().data(), it->second->bytes());
+    if (it->second->dtype() == graph::I32) {  // integral values (the verifier checks), as int32
+      for (int k = 0; k < c.values_size(); ++k) {
+        const int32_t v = static_cast<int32_t>(c.values(k));
+        std::memcpy(region.data() + it->second->offset() + 4 * k, &v, 4);
+      }
+    } else {
+      std::memcpy(region.data() + it->second->offset(), c.values().data(), it->second->bytes());
+    }
   }
   return region;
 }

@@ -180,6 +180,25 @@ class PassBuilder {
     ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
     return ids_[name];
   }
+  // A WEIGHTS tensor of values known at compile time (a Constant: f32, or i32 of integral values), once per name.
+  uint32_t ConstantTensor(const std::string& name, graph::DType dtype, const std::vector<float>& values) {
+    if (auto it = ids_.find(name); it != ids_.end()) return it->second;
+    Tensor t;
+    t.set_name(name);
+    t.set_dtype(dtype);
+    t.set_region(WEIGHTS);
+    t.add_shape(static_cast<int64_t>(values.size()));
+    t.set_bytes(4 * values.size());
+    t.set_offset((p_.weight_bytes + kAlign - 1) / kAlign * kAlign);
+    p_.weight_bytes = t.offset() + t.bytes();
+    p_.tensors.push_back(t);
+    Constant c;
+    c.set_tensor(name);
+    c.mutable_values()->Add(values.begin(), values.end());
+    p_.constants.push_back(std::move(c));
+    ids_[name] = static_cast<uint32_t>(p_.tensors.size() - 1);
+    return ids_[name];
+  }
   // Every wait counts all of its barrier's signals (call once the pass is complete).
   void FinishWaits() {
     for (Node& node : p_.nodes) {

@@ -1,6 +1,7 @@
 #include "scheduler/schedule_verifier.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -84,12 +85,14 @@ absl::Status CheckIo(const Schedule& s, const std::vector<isa::TensorInfo>& t) {
     }
     return absl::OkStatus();
   };
-  if (s.has_graph()) {  // a general graph's pass: its named f32 inputs and outputs, no decode state
+  if (s.has_graph()) {  // a general graph's pass: its named f32 inputs (or i32 ids) and outputs, no decode state
     if (s.graph().outputs_size() == 0) return Fail("graph: no outputs");
     for (const auto* list : {&s.graph().inputs(), &s.graph().outputs()}) {
       for (const IoTensor& io : *list) {
-        if (io.tensor() >= t.size() || s.tensors(io.tensor()).region() != ARENA || t[io.tensor()].dtype != graph::F32) {
-          return Fail(absl::StrCat("graph: '", io.name(), "' names no f32 arena tensor"));
+        const bool ids = list == &s.graph().inputs() && io.id_limit() > 0;  // i32 ids below id_limit
+        if (io.tensor() >= t.size() || s.tensors(io.tensor()).region() != ARENA ||
+            t[io.tensor()].dtype != (ids ? graph::I32 : graph::F32)) {
+          return Fail(absl::StrCat("graph: '", io.name(), "' names no ", ids ? "i32" : "f32", " arena tensor"));
         }
       }
     }
@@ -126,9 +129,15 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
   }
   for (const Constant& c : s.constants()) {
     const int id = find(c.tensor());
-    if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != graph::F32 ||
+    const graph::DType dtype = id < 0 ? graph::DTYPE_UNSPECIFIED : s.tensors(id).dtype();
+    if (id < 0 || s.tensors(id).region() != WEIGHTS || (dtype != graph::F32 && dtype != graph::I32) ||
         infos[id].elements != static_cast<uint64_t>(c.values_size())) {
-      return Fail(absl::StrCat("constant '", c.tensor(), "' does not match an f32 WEIGHTS tensor of its size"));
+      return Fail(absl::StrCat("constant '", c.tensor(), "' does not match an f32 or i32 WEIGHTS tensor of its size"));
+    }
+    for (float v : c.values()) {
+      if (dtype == graph::I32 && !(std::nearbyint(v) == v && std::fabs(v) <= 16777216.0f)) {
+        return Fail(absl::StrCat("constant '", c.tensor(), "' holds ", v, ", not an integer an f32 holds exactly"));
+      }
     }
   }
   return absl::OkStatus();

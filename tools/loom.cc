@@ -47,8 +47,9 @@ ABSL_FLAG(std::string, model, "",
           "random:<config.json> (that architecture with random weights), a Hugging Face folder of a llama, mistral, "
           "qwen2 or qwen3 model, or an ONNX file (*.onnx: one pass of tile instructions; loom run --input)");
 ABSL_FLAG(std::string, input, "random",
-          "run on a general graph (ONNX): random (uniform in [-1, 1), --seed), or name=file.npy,... (float32 .npy; a "
-          "lone file.npy for a graph of one input)");
+          "run on a general graph (ONNX): random (uniform in [-1, 1), --seed; integer ids uniform over their table), "
+          "or name=file.npy,... (float32 .npy, int64 / int32 for integer inputs; a lone file.npy for a graph of one "
+          "input)");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt text format or binary .pb); flags override it");
 ABSL_FLAG(std::string, out, "",
           "output file (compile: schedule .pb/.pbtxt) or folder (export; run on a general graph: <output>.npy files)");

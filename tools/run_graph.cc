@@ -32,6 +32,16 @@ absl::StatusOr<runtime::TensorMap> Inputs(const graph::Graph& graph, const Graph
     for (const graph::TensorDef* d : defs) {
       graph::HostTensor t = graph::HostTensor::Zeros(*d);
       for (float& v : t.f32) v = u(rng);
+      if (d->dtype() == graph::I32) {  // ids: uniform over the rows of the smallest table they index
+        int64_t rows = INT32_MAX;
+        for (const graph::OpDef& op : graph.def().ops()) {
+          if (op.type() == graph::EMBEDDING && op.inputs(1) == d->name()) {
+            rows = std::min<int64_t>(rows, graph.tensor(op.inputs(0)).shape(0));
+          }
+        }
+        std::uniform_int_distribution<int32_t> ids(0, static_cast<int32_t>(rows - 1));
+        for (int32_t& v : t.i32) v = ids(rng);
+      }
       inputs[d->name()] = std::move(t);
     }
     return inputs;
