@@ -44,8 +44,8 @@ absl::Status Importer::SliceInto(const std::string& in, const Shape& starts, con
 
 // Slice (bounds attributes before opset 10, then constant inputs; positive steps, clamped as the spec says), Split
 // (sizes an attribute before opset 13, then an optional input, or opset 18's num_outputs; else equal parts) and
-// Gather (of a constant with constant indices: folded; of an activation at one constant index: a SLICE, then the
-// axis dropped for a scalar index).
+// Gather (of a constant with constant indices: folded; of an activation at one constant index or a run of consecutive
+// ones: a SLICE, then reshaped to the indices' shape; of a constant table at an integer input: an EMBEDDING).
 absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();
   const Constant* data_const = ConstantOf(n.input(0));
@@ -175,10 +175,25 @@ absl::Status Importer::Slicing(const onnx::NodeProto& n, Attrs& a) {
   Shape out_shape(shape.begin(), shape.begin() + *axis);
   out_shape.insert(out_shape.end(), idx->shape.begin(), idx->shape.end());
   out_shape.insert(out_shape.end(), shape.begin() + *axis + 1, shape.end());
-  if (data_const == nullptr && at.size() != 1) {
-    return Refuse(absl::StrCat(at.size(), " indices of an activation (Loom gathers one)"));
-  }
   const std::string out = n.output(0);
+  if (data_const == nullptr && at.size() != 1) {
+    // A run of consecutive indices is a slice (torch exports an identity as_strided as a Gather of every index in
+    // order); any other choice of an activation's elements is not lowered.
+    for (size_t k = 1; k < at.size(); ++k) {
+      if (at[k] != at[0] + static_cast<int64_t>(k)) {
+        return Refuse(absl::StrCat(at.size(), " indices of an activation, not consecutive (Loom gathers a run)"));
+      }
+    }
+    if (at.empty()) return Refuse("no indices");
+    starts[*axis] = at[0], counts[*axis] = static_cast<int64_t>(at.size());
+    if (absl::Status s = SliceInto(n.input(0), starts, steps, counts, out + "/run"); !s.ok()) return s;
+    absl::StatusOr<std::string> x = Activation(out + "/run", "slice");
+    if (!x.ok()) return x.status();
+    absl::StatusOr<std::string> y = Reshape(*x, out_shape, out);
+    if (!y.ok()) return y.status();
+    alias_[out] = *y;
+    return absl::OkStatus();
+  }
   const std::string sliced = at.size() == 1 && idx->shape == Shape{1} ? out : out + "/one";
   if (at.size() == 1) {
     starts[*axis] = at[0], counts[*axis] = 1;

@@ -2,7 +2,8 @@
 // encoder's word embeddings), the IR's EMBEDDING, lowered to EMBED instructions of a general graph's pass; the
 // constant folds around it as transformers' exports write them (GatherElements of constants), IsNaN on activations
 // (scaled_dot_product_attention's guard); what is refused (an integer input read by anything else, ids outside the
-// table, a float array for ids) and the .npy reader's integer arrays.
+// table, a float array for ids), a Gather of an activation at consecutive indices (a slice) and the .npy reader's
+// integer arrays.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,6 +146,38 @@ TEST(OnnxLookup, IsNaNOnActivations) {
   for (const std::vector<float>& y : outs) {
     ASSERT_EQ(y.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y[i], want[i]) << "at " << i;
+  }
+}
+
+// Gather of an activation at a run of consecutive constant indices is a slice, reshaped to the indices' shape (torch
+// exports an identity as_strided so: AdaptiveAvgPool2d's in ConvNeXt); other index lists are refused by name.
+TEST(OnnxLookup, GatherOfConsecutiveIndicesIsASlice) {
+  for (bool consecutive : {true, false}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(20);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddValue(g->add_input(), "x", {2, 6});
+    *g->add_initializer() = Int64Tensor("at", {1, 4}, consecutive ? std::vector<int64_t>{1, 2, 3, 4}
+                                                                  : std::vector<int64_t>{1, 3, 2, 4});
+    onnx::NodeProto* n = AddNamedNode(g, "Gather", {"x", "at"}, "y");
+    onnx::AttributeProto* axis = n->add_attribute();
+    axis->set_name("axis"), axis->set_type(onnx::AttributeProto::INT), axis->set_i(1);
+    AddValue(g->add_output(), "y", {2, 1, 4});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "run.onnx");
+    if (!consecutive) {
+      ASSERT_FALSE(m.ok());
+      EXPECT_EQ(m.status().message(),
+                "run.onnx: node 'y' (Gather): 4 indices of an activation, not consecutive (Loom gathers a run)");
+      continue;
+    }
+    ASSERT_TRUE(m.ok()) << m.status();
+    const graph::HostTensor x = graph::HostTensor::FromF32({2, 6}, Ramp(12, 1.0f, 0.0f));
+    std::vector<std::vector<float>> outs = {Evaluate(*m, x, 0)};
+    for (std::vector<float>& lowered : RunLowered(*m, x, "run.onnx")) outs.push_back(std::move(lowered));
+    ASSERT_GE(outs.size(), 2u);
+    for (const std::vector<float>& y : outs) {
+      EXPECT_EQ(y, (std::vector<float>{x.f32[1], x.f32[2], x.f32[3], x.f32[4], x.f32[7], x.f32[8], x.f32[9], x.f32[10]}));
+    }
   }
 }
 
