@@ -140,6 +140,9 @@ def _as_array(name: str, value: Any, dtype: str | None) -> Any:
     if array.dtype.kind in "iu":
         if dtype in ("BF16", "F32"):
             return np.ascontiguousarray(array, dtype=np.float32)
+        if array.size and (array.min() < -2**31 or array.max() > 2**31 - 1):  # (a cast would wrap it silently)
+            bad = int(array.max() if array.max() > 2**31 - 1 else array.min())
+            raise InvalidArgumentError(f"tensor '{name}': value {bad} is outside int32")
         return np.ascontiguousarray(array, dtype=np.int32)
     raise InvalidArgumentError(f"tensor '{name}': cannot use an array of {array.dtype} (numbers only)")
 

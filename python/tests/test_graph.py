@@ -180,6 +180,31 @@ def test_onnx_models_load_and_run_on_the_oracle():
         loom.load("/usr/share/libonnx-testdata/data/node/test_cos/model.onnx")
 
 
+def test_onnx_embedding_ids_from_numpy():
+    """An ONNX Embedding (Gather from a table at an int64 input): int64 ids from numpy run the pass as the oracle
+    does; ids outside the table or outside int32 are refused by value."""
+    path = "/usr/share/libonnx-testdata/data/pytorch-converted/test_Embedding/model.onnx"
+    import os
+
+    if not os.path.exists(path):
+        pytest.skip("libonnx-testdata is not installed")
+    model = loom.load(path)
+    tensors = model.graph().tensors()
+    (name, shape, _, _, _), = [t for t in tensors if t[3] == "INPUT"]
+    vocab = [t[1][0] for t in tensors if t[3] == "WEIGHT" and len(t[1]) == 2][0]
+    ids = np.random.default_rng(5).integers(0, vocab, size=shape, dtype=np.int64)
+    (want,) = model.oracle().run({name: ids}).values()
+    schedule = loom.compile(model)
+    for backend in ["cpu"] + (["gpu"] if loom.gpu_available()[0] else []):
+        (got,) = schedule.run({name: ids}, backend=backend).values()
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, bf16(want), rtol=0, atol=0)  # EMBED reads the table in bf16
+    with pytest.raises(loom.InvalidArgumentError, match=rf"value 0 is {vocab}, outside the table's rows \[0, {vocab}\)"):
+        schedule.run({name: np.full(shape, vocab, dtype=np.int64)}, backend="cpu")
+    with pytest.raises(loom.InvalidArgumentError, match="value 4294967296 is outside int32"):
+        schedule.run({name: np.full(shape, 2**32, dtype=np.int64)}, backend="cpu")
+
+
 def test_gated_conv_lm_prefills_and_decodes_like_token_by_token():
     # A decoder without attention: causal Conv1d state carried through the one-pass prefill into decode.
     model = loom.load("random:gated-conv-tiny")
