@@ -28,7 +28,8 @@ absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
 // The ops of maxima and minima, as MAXIMUM / MINIMUM (NaN propagating, numpy's) of the IR, in the spec's order:
 // Clip, max(x, min) then min(., max) (np.clip: where min > max, max), its bounds attributes before opset 11 and
 // optional inputs from it (constants or tensors); HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times
-// that with alpha 1/6 and beta 1/2; Max and Min of any number of inputs, left to right; LeakyRelu and PRelu,
+// that with alpha 1/6 and beta 1/2 (with torch's alpha 1/6 and beta 1/2 both are one IR op, HARD_SIGMOID /
+// HARD_SWISH, computing alpha * x + beta as one fused multiply-add); Max and Min of any number of inputs, left to right; LeakyRelu and PRelu,
 // max(x, 0) + slope * min(x, 0) (each x once a term, the other term a zero: the slope's product for x < 0, x for
 // x >= 0, but that -0 becomes +0); Abs, max(x, -x).
 absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
@@ -99,6 +100,12 @@ absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
     const float alpha = swish ? 1.0f / 6.0f : a.Float("alpha", 0.2f), beta = swish ? 0.5f : a.Float("beta", 0.5f);
     absl::StatusOr<std::string> x = Activation(n.input(0), "input X");
     if (!x.ok()) return x.status();
+    if (alpha == 1.0f / 6.0f && beta == 0.5f) {  // torch's: one pass (graph HARD_SIGMOID / HARD_SWISH)
+      y = Emit(swish ? HARD_SWISH : HARD_SIGMOID, {*x}, out, [](OpDef&) {});
+      if (!y.ok()) return y.status();
+      alias_[out] = *y;
+      return absl::OkStatus();
+    }
     y = emit(MUL, scalar("alpha", alpha), *x, "scaled");
     if (y.ok()) y = emit(ADD, *y, scalar("beta", beta), "shifted");
     if (y.ok()) y = emit(MINIMUM, scalar("one", 1.0f), *y, "below_one");

@@ -22,7 +22,9 @@ enum ElementwiseFunc : uint32_t {
   kEwZero = 8,  // out = 0 (a is read for its shape only)
   kEwSqrt = 9,
   kEwLog = 10,
-  kEwLastUnary = 10,
+  kEwHardSigmoid = 11,  // max(0, min(1, fma(x, 1/6, 1/2))), a NaN kept (graph HARD_SIGMOID)
+  kEwHardSwish = 12,    // x times that
+  kEwLastUnary = 12,
   kEwFirstBinary = 16,  // binary: out = f(a, b)
   kEwAdd = 16,
   kEwSub = 17,
@@ -54,6 +56,13 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
     case kEwZero: return 0.0f;
     case kEwSqrt: return sqrtf(x);
     case kEwLog: return logf(x);
+    case kEwHardSigmoid:
+    case kEwHardSwish: {
+      float h = fmaf(x, 1.0f / 6.0f, 0.5f);  // fmaf on both sides: the VM and the GPU round it once, the same
+      h = h > 1.0f ? 1.0f : h;
+      h = h < 0.0f ? 0.0f : h;
+      return f == kEwHardSwish ? x * h : h;
+    }
     case kEwAdd: return x + y;
     case kEwSub: return x - y;
     case kEwMul: return x * y;

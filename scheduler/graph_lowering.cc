@@ -85,6 +85,8 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::EXP:
     case graph::SQRT:
     case graph::LOG:
+    case graph::HARD_SIGMOID:
+    case graph::HARD_SWISH:
     case graph::EXPAND:
     case graph::MAXIMUM:
     case graph::MINIMUM:

@@ -316,6 +316,10 @@ class NnLowering {
         return isa::kEwSqrt;
       case graph::LOG:
         return isa::kEwLog;
+      case graph::HARD_SIGMOID:
+        return isa::kEwHardSigmoid;
+      case graph::HARD_SWISH:
+        return isa::kEwHardSwish;
       case graph::MAXIMUM:
         return isa::kEwMax;
       case graph::MINIMUM:

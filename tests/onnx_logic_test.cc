@@ -1,6 +1,7 @@
 // The ONNX importer's comparisons, logic and Where on activations (bools as 0 / 1 floats: the IR's GREATER, LESS,
-// EQUAL, GREATER_EQUAL, LESS_EQUAL and KEEP) on small hand-built models, against their definitions on the graph
-// oracle and lowered to a graph pass on the CPU VM (and the GPU where there is one). The other op mappings:
+// EQUAL, GREATER_EQUAL, LESS_EQUAL and KEEP) and the hard activations (HARD_SIGMOID / HARD_SWISH) on small hand-built
+// models, against their definitions on the graph oracle and lowered to a graph pass on the CPU VM (and the GPU where
+// there is one). The other op mappings:
 // onnx_ops_test.cc, onnx_reduce_test.cc.
 #include <gtest/gtest.h>
 
@@ -115,6 +116,53 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
     for (const std::vector<float>& lowered : RunLowered(*m, {ta, tb}, "logic.onnx")) {
       ASSERT_EQ(lowered.size(), y.size()) << c.name;
       for (size_t i = 0; i < 8; ++i) EXPECT_TRUE(Same(lowered[i], y[i])) << c.name << " lowered at " << i;
+    }
+  }
+}
+
+// HardSigmoid / HardSwish with torch's alpha 1/6 and beta 1/2 are one IR op each (HARD_SIGMOID / HARD_SWISH: one
+// element-wise pass, alpha * x + beta as one fused multiply-add); another alpha stays the five-op chain. Both against
+// the definition on the oracle and lowered on the VM (and the GPU where there is one), exactly, NaN and infinities
+// included.
+TEST(OnnxImport, HardActivationsAreOnePassWithTorchsConstants) {
+  const std::vector<float> x = {-4.0f, -3.0f, -1.0f, 0.0f, 2.9999f, 3.0f, 4.0f, NAN, INFINITY, -INFINITY, 0.1f, -2.5f};
+  struct Case {
+    std::string type;
+    float alpha;
+    size_t ops;  // IR ops the node becomes
+  };
+  for (const Case& c : std::vector<Case>{{"HardSwish", 1.0f / 6.0f, 1}, {"HardSigmoid", 1.0f / 6.0f, 1},
+                                          {"HardSigmoid", 0.2f, 4}}) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(18);
+    onnx::GraphProto* g = proto.mutable_graph();
+    const int64_t n = static_cast<int64_t>(x.size());
+    AddValue(g->add_input(), "x", {n});
+    onnx::NodeProto* node = AddNamedNode(g, c.type, {"x"}, "y");
+    if (c.type == "HardSigmoid") {
+      onnx::AttributeProto* alpha = node->add_attribute();
+      alpha->set_name("alpha"), alpha->set_type(onnx::AttributeProto::FLOAT), alpha->set_f(c.alpha);
+    }
+    AddValue(g->add_output(), "y", {n});
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "hard.onnx");
+    ASSERT_TRUE(m.ok()) << c.type << ": " << m.status();
+    EXPECT_EQ(static_cast<size_t>(m->graph.def().ops_size()), c.ops) << c.type << " alpha " << c.alpha;
+    std::vector<float> want;
+    for (float v : x) {
+      volatile float scaled = c.alpha * v;  // (the chain rounds the product before the sum: never contracted here)
+      float h = c.ops == 1 ? std::fma(v, c.alpha, 0.5f) : scaled + 0.5f;
+      h = std::isnan(h) ? h : std::min(1.0f, std::max(0.0f, h));
+      want.push_back(c.type == "HardSwish" ? v * h : h);
+    }
+    const graph::HostTensor in = graph::HostTensor::FromF32({n}, x);
+    std::vector<std::vector<float>> outs = {Evaluate(*m, in, 0)};
+    for (std::vector<float>& lowered : RunLowered(*m, in, "hard.onnx")) outs.push_back(std::move(lowered));
+    ASSERT_GE(outs.size(), 2u);
+    for (const std::vector<float>& y : outs) {
+      ASSERT_EQ(y.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(Same(y[i], want[i])) << c.type << " alpha " << c.alpha << " at x = " << x[i] << ": " << y[i];
+      }
     }
   }
 }
