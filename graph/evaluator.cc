@@ -46,11 +46,15 @@ absl::Status Evaluator::Run(const absl::flat_hash_map<std::string, HostTensor>& 
   for (const TensorDef* t : graph_.TensorsOfKind(INPUT)) {
     auto it = inputs.find(t->name());
     if (it == inputs.end()) return absl::InvalidArgumentError(absl::StrCat("input '", t->name(), "' not given"));
-    if (it->second.dtype != t->dtype() || it->second.size() != NumElements(*t)) {
+    // Integers for an f32 input (an ONNX integer input read in arithmetic) are its float values, as the runtime's.
+    const bool widen = t->dtype() == F32 && it->second.dtype == I32;
+    if ((it->second.dtype != t->dtype() && !widen) || it->second.size() != NumElements(*t)) {
       return absl::InvalidArgumentError(absl::StrCat("input '", t->name(), "' must be ", DTypeName(t->dtype()),
                                                      ShapeString(*t)));
     }
-    values_[t->name()] = it->second;
+    values_[t->name()] =
+        widen ? HostTensor::FromF32(it->second.shape, std::vector<float>(it->second.i32.begin(), it->second.i32.end()))
+              : it->second;
   }
   for (const TensorDef* t : graph_.TensorsOfKind(WEIGHT)) {
     auto it = weights_.find(t->name());

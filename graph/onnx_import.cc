@@ -140,11 +140,23 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
     if (consts_.contains(v.name())) continue;  // an initializer listed as an input (older exporters)
     const onnx::TypeProto& type = v.type();
     const int elem = type.has_tensor_type() ? type.tensor_type().elem_type() : 0;
-    // Integer inputs are read as int32 (embedding ids: Importer::Slicing); the runtime refuses values outside
-    // int32 and outside the table.
     const bool integer = elem == onnx::TensorProto::INT64 || elem == onnx::TensorProto::INT32;
     if (elem != onnx::TensorProto::FLOAT && !integer) {
-      return Fail(absl::StrCat("input '", v.name(), "': only float32 tensors and int64 / int32 indices are supported"));
+      return Fail(absl::StrCat("input '", v.name(), "': only float32 and int64 / int32 tensors are supported"));
+    }
+    // An integer input is read as int32 where it indexes a Gather (embedding ids: Importer::Slicing; the runtime
+    // refuses values outside the table), or as float32 values where arithmetic reads it (an attention mask; the
+    // runtime refuses values past 2^24, which float32 does not hold exactly); not both.
+    bool ids = false, arithmetic = false;
+    for (const onnx::NodeProto& n : g.node()) {
+      for (int k = 0; k < n.input_size(); ++k) {
+        if (n.input(k) != v.name() || n.op_type() == "Shape") continue;
+        (n.op_type() == "Gather" && k == 1 ? ids : arithmetic) = true;
+      }
+    }
+    if (integer && ids && arithmetic) {
+      return Fail(absl::StrCat("input '", v.name(), "': read both as a Gather's indices and in arithmetic (Loom reads "
+                               "an integer input one way)"));
     }
     Shape shape;
     for (const onnx::TensorShapeProto::Dimension& d : type.tensor_type().shape().dim()) {
@@ -156,9 +168,11 @@ absl::StatusOr<OnnxModel> Importer::Run(const onnx::ModelProto& m) {
     }
     if (shape.empty()) shape = {1};  // a scalar fed at run time (Clip's bounds): [1], as rank-0 constants are
     TensorDef* in = Declare(v.name(), shape, INPUT);
-    if (integer) {
+    if (integer && ids) {
       in->set_dtype(I32);
       int_inputs_.insert(v.name());
+    } else if (integer) {
+      int_valued_.insert(v.name());
     }
     out.inputs.push_back(v.name());
   }
@@ -274,13 +288,32 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
   absl::Status s = absl::OkStatus();
-  // An integer input is read as the indices of a Gather from a constant table (an embedding lookup), or for its
-  // static shape; nothing else.
+  // An ids input (int_inputs_: every reader a Gather's indices, Run checked) is read so, or for its static shape.
   for (int k = 0; k < n.input_size(); ++k) {
     if (int_inputs_.contains(n.input(k)) && !(t == "Gather" && k == 1) && t != "Shape") {
       return Refuse(absl::StrCat("reads integer input '", n.input(k),
                                  "' (Loom reads integer inputs only as the indices of a Gather from a constant table)"));
     }
+  }
+  // Integers held as float32 (int_valued_) go through casts, views, comparisons and logic, which give the integer
+  // result exactly; integer arithmetic (Div truncates, Mul may pass 2^24) is refused, not computed in float.
+  static const auto* kIntegerSafe = new std::set<std::string>{
+      "Cast", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Flatten", "Identity", "Concat",
+      "Shape", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor", "Where"};
+  bool integer_in = false;
+  for (int k = 0; k < n.input_size(); ++k) {
+    if (!int_valued_.contains(n.input(k))) continue;
+    if (!kIntegerSafe->contains(t) || (t == "Where" && k > 0)) {
+      return Refuse(absl::StrCat("integer arithmetic on '", n.input(k), "' (Loom holds integers as float32: it reads "
+                                 "them through casts, views, comparisons and logic only)"));
+    }
+    integer_in = true;
+  }
+  // A view of integers holds integers (an attention mask unsqueezed and expanded); Cast and the logic ops mark
+  // their own outputs.
+  if (integer_in && (t == "Unsqueeze" || t == "Squeeze" || t == "Reshape" || t == "Expand" || t == "Slice" ||
+                     t == "Transpose" || t == "Flatten" || t == "Identity" || t == "Concat")) {
+    for (const std::string& o : n.output()) int_valued_.insert(o);
   }
   absl::StatusOr<bool> folded = FoldShapeArithmetic(n, a);
   if (!folded.ok()) return folded.status();

@@ -147,8 +147,27 @@ absl::StatusOr<bool> Importer::FoldShapeArithmetic(const onnx::NodeProto& n, Att
       alias_[out] = *x;
       return true;
     }
+    if (int_const(0) == nullptr && to_int && ConstantOf(n.input(0)) == nullptr) {
+      // An activation holding integers (an integer input read in arithmetic, a comparison's 0 / 1) cast to an
+      // integer type is the same values; to bool, x != 0 as 0 / 1.
+      absl::StatusOr<std::string> x = Activation(n.input(0), "input");
+      if (!x.ok()) return x.status();
+      if (!int_valued_.contains(n.input(0))) {
+        return Refuse("a cast of a float activation to an integer type (Loom casts integer-valued tensors only)");
+      }
+      absl::StatusOr<std::string> y = *x;
+      if (to == onnx::TensorProto::BOOL) {
+        const std::string zero = NewWeight(out + "/zero", {1}, {0.0f});
+        y = Emit(EQUAL, {*x, zero}, out + "/is_zero", [](OpDef&) {});
+        if (y.ok()) y = Emit(EQUAL, {*y, zero}, out, [](OpDef&) {});
+        if (!y.ok()) return y.status();
+      }
+      alias_[out] = *y;
+      int_valued_.insert(out);
+      return true;
+    }
     return Refuse(absl::StrCat("a cast to ", onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to)),
-                               " (Loom casts float to float and integer shapes to integers)"));
+                               " (Loom casts float to float and integer-valued tensors to integers)"));
   }
   return FoldConstantOps(n, a);
 }

@@ -233,6 +233,7 @@ absl::Status Importer::Logic(const onnx::NodeProto& n, Attrs& a) {
   }
   if (!y.ok()) return y.status();
   alias_[out] = *y;
+  if (t != "Where" && t != "ThresholdedRelu") int_valued_.insert(out);  // a bool: 0 / 1
   return absl::OkStatus();
 }
 

@@ -272,7 +272,10 @@ class Importer {
   absl::flat_hash_map<std::string, Constant> consts_;
   absl::flat_hash_map<std::string, int> uses_;             // ONNX value -> readers (nodes and graph outputs)
   absl::flat_hash_map<std::string, const OpDef*> conv_of_;  // ONNX output of a Conv -> its CONV2D op
-  absl::flat_hash_set<std::string> int_inputs_;              // graph inputs of int64 / int32 (I32 in the IR)
+  absl::flat_hash_set<std::string> int_inputs_;              // int64 / int32 graph inputs read as ids (I32 in the IR)
+  // ONNX values of integer or bool type that Loom holds as float32 (Importer::IntegerValued): int64 / int32 graph
+  // inputs read in arithmetic, the comparisons' and logic ops' results, casts and views of these.
+  absl::flat_hash_set<std::string> int_valued_;
 };
 
 }  // namespace loom::graph::onnx_internal

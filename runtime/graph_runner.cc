@@ -46,10 +46,21 @@ absl::Status GraphRunner::WriteInputs(const TensorMap& inputs) {
     auto it = inputs.find(io.name());
     if (it == inputs.end()) return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' is missing"));
     const scheduler::Tensor& t = pass_.tensors(io.tensor());
-    const graph::HostTensor& v = it->second;
+    const graph::HostTensor& given = it->second;
+    const graph::DType dtype = t.dtype() == graph::I32 ? graph::I32 : graph::F32;
+    graph::HostTensor widened;  // integers for an f32 input (an ONNX integer input read in arithmetic), exactly
+    if (dtype == graph::F32 && given.dtype == graph::I32) {
+      for (size_t i = 0; i < given.i32.size(); ++i) {
+        if (given.i32[i] > (1 << 24) || given.i32[i] < -(1 << 24)) {
+          return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "': value ", i, " is ", given.i32[i],
+                                                         ", past 2^24 (read as float32, which holds it inexactly)"));
+        }
+      }
+      widened = graph::HostTensor::FromF32(given.shape, std::vector<float>(given.i32.begin(), given.i32.end()));
+    }
+    const graph::HostTensor& v = widened.dtype == graph::F32 ? widened : given;
     // A scalar (rank 0) is the graph's [1]: ONNX's rank-0 inputs are imported so (graph::ImportOnnx).
     const bool scalar = v.shape.empty() && t.shape_size() == 1 && t.shape(0) == 1;
-    const graph::DType dtype = t.dtype() == graph::I32 ? graph::I32 : graph::F32;
     if (v.dtype != dtype ||
         (!scalar && !std::equal(v.shape.begin(), v.shape.end(), t.shape().begin(), t.shape().end()))) {
       return absl::InvalidArgumentError(absl::StrCat("input '", io.name(), "' must be ", graph::DTypeName(dtype), " [",

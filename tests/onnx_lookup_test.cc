@@ -1,9 +1,9 @@
 // Integer graph inputs as embedding ids: ONNX's Gather from a constant table at an int64 input's values (a BERT
 // encoder's word embeddings), the IR's EMBEDDING, lowered to EMBED instructions of a general graph's pass; the
 // constant folds around it as transformers' exports write them (GatherElements of constants), IsNaN on activations
-// (scaled_dot_product_attention's guard); what is refused (an integer input read by anything else, ids outside the
-// table, a float array for ids), a Gather of an activation at consecutive indices (a slice) and the .npy reader's
-// integer arrays.
+// (scaled_dot_product_attention's guard); an integer input read in arithmetic (an attention mask: float32 values);
+// what is refused (ids outside the table, a float array for ids, an input read both ways); a Gather of an activation
+// at consecutive indices (a slice) and the .npy reader's integer arrays.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,21 +108,67 @@ TEST(OnnxLookup, IdsAreCheckedBeforeThePass) {
   EXPECT_EQ(floats.status().message(), "input 'ids' must be i32 [2, 3], got f32 [2, 3]");
 }
 
-// An integer input read by anything but a Gather's indices is refused at import, naming the node and the input.
-TEST(OnnxLookup, IntegerInputReadOtherwiseIsRefused) {
-  onnx::ModelProto proto;
-  proto.add_opset_import()->set_version(20);
-  onnx::GraphProto* g = proto.mutable_graph();
-  AddIntValue(g->add_input(), "mask", {4});
-  AddNamedNode(g, "Cast", {"mask"}, "y")->add_attribute()->set_name("to");
-  g->mutable_node(0)->mutable_attribute(0)->set_type(onnx::AttributeProto::INT);
-  g->mutable_node(0)->mutable_attribute(0)->set_i(onnx::TensorProto::FLOAT);
-  AddValue(g->add_output(), "y", {4});
-  absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(proto.SerializeAsString(), "mask.onnx");
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().message(),
-            "mask.onnx: node 'y' (Cast): reads integer input 'mask' (Loom reads integer inputs only as the indices of "
-            "a Gather from a constant table)");
+// An integer input read in arithmetic (an attention mask: unsqueezed, cast to bool and to float, multiplied in) is
+// a float32 input of the graph holding its integers; the runner takes it as integers (exactly, up to 2^24). An input
+// read both as ids and in arithmetic, or a float activation cast to an integer type, is refused by name.
+TEST(OnnxLookup, IntegerInputInArithmeticIsFloat32) {
+  auto model = [](bool mask_as_ids_too, bool cast_float_to_int) {
+    onnx::ModelProto proto;
+    proto.add_opset_import()->set_version(20);
+    onnx::GraphProto* g = proto.mutable_graph();
+    AddIntValue(g->add_input(), "ids", {1, 4});
+    AddIntValue(g->add_input(), "mask", {1, 4});
+    std::vector<float> table(12);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i) + 1.0f;
+    *g->add_initializer() = FloatTensor("table", {4, 3}, table);
+    *g->add_initializer() = Int64Tensor("axes", {1}, {2});
+    AddNamedNode(g, "Gather", {"table", "ids"}, "x");
+    AddNamedNode(g, "Unsqueeze", {"mask", "axes"}, "m3");
+    auto cast = [&](const std::string& in, const std::string& out, int to) {
+      onnx::AttributeProto* a = AddNamedNode(g, "Cast", {in}, out)->add_attribute();
+      a->set_name("to"), a->set_type(onnx::AttributeProto::INT), a->set_i(to);
+    };
+    cast("m3", "mb", onnx::TensorProto::BOOL);
+    cast("mb", "mf", onnx::TensorProto::FLOAT);
+    if (cast_float_to_int) cast("x", "xi", onnx::TensorProto::INT64);
+    AddNamedNode(g, "Mul", {"x", "mf"}, "y");
+    if (mask_as_ids_too) AddNamedNode(g, "Gather", {"table", "mask"}, "z");
+    AddValue(g->add_output(), "y", {1, 4, 3});
+    return graph::ImportOnnxBytes(proto.SerializeAsString(), "mask.onnx");
+  };
+  absl::StatusOr<graph::OnnxModel> both = model(true, false);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.status().message(), "mask.onnx: input 'mask': read both as a Gather's indices and in arithmetic "
+                                     "(Loom reads an integer input one way)");
+  absl::StatusOr<graph::OnnxModel> truncating = model(false, true);
+  ASSERT_FALSE(truncating.ok());
+  EXPECT_EQ(truncating.status().message(), "mask.onnx: node 'xi' (Cast): a cast of a float activation to an integer "
+                                           "type (Loom casts integer-valued tensors only)");
+  absl::StatusOr<graph::OnnxModel> m = model(false, false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->graph.tensor("mask").dtype(), graph::F32);
+  const std::vector<int32_t> ids = {2, 0, 3, 1}, mask = {1, 0, 5, 0};  // (5: any non-zero is true)
+  std::vector<float> want;
+  for (int r = 0; r < 4; ++r) {
+    for (int j = 0; j < 3; ++j) want.push_back(mask[r] != 0 ? static_cast<float>(ids[r] * 3 + j) + 1.0f : 0.0f);
+  }
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "mask.onnx", scheduler::CompileOptions());
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  absl::StatusOr<std::unique_ptr<runtime::GraphRunner>> runner =
+      runtime::GraphRunner::Create(*pass, m->weights, runtime::GraphRunner::Backend::kCpu);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<runtime::TensorMap> got = (*runner)->Run(
+      {{"ids", graph::HostTensor::FromI32({1, 4}, ids)}, {"mask", graph::HostTensor::FromI32({1, 4}, mask)}});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const graph::HostTensor& y = got->at(m->outputs[0]);
+  ASSERT_EQ(y.size(), 12);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.Get(static_cast<int64_t>(i)), want[i]) << "at " << i;
+  absl::StatusOr<runtime::TensorMap> big =
+      (*runner)->Run({{"ids", graph::HostTensor::FromI32({1, 4}, ids)},
+                      {"mask", graph::HostTensor::FromI32({1, 4}, {1, 16777217, 0, 0})}});
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().message(),
+            "input 'mask': value 1 is 16777217, past 2^24 (read as float32, which holds it inexactly)");
 }
 
 // Where(IsNaN(x), 0, x), as torch exports scaled_dot_product_attention's softmax: NaN becomes 0, the rest passes.

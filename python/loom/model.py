@@ -138,7 +138,10 @@ def _as_array(name: str, value: Any, dtype: str | None) -> Any:
             raise InvalidArgumentError(f"tensor '{name}' is I32: pass integer values, not {array.dtype}")
         return np.ascontiguousarray(array, dtype=np.float32)
     if array.dtype.kind in "iu":
-        if dtype in ("BF16", "F32"):
+        if dtype in ("BF16", "F32"):  # (an ONNX integer input read in arithmetic is F32: exact up to 2^24)
+            if array.size and np.abs(array).max() > 2**24:
+                raise InvalidArgumentError(f"tensor '{name}': value {int(np.abs(array).max())} is past 2^24, which "
+                                           "float32 holds inexactly")
             return np.ascontiguousarray(array, dtype=np.float32)
         if array.size and (array.min() < -2**31 or array.max() > 2**31 - 1):  # (a cast would wrap it silently)
             bad = int(array.max() if array.max() > 2**31 - 1 else array.min())

@@ -25,7 +25,8 @@ class Schedule(NativeWrapper):
     def __init__(self, native: _loom.Schedule, model: Model | None = None) -> None:
         self._native = native
         self.model = model
-        self._passes: dict[tuple[str, int], tuple[Any, Model]] = {}  # resident graph passes, by (backend, model)
+        # resident graph passes, by (backend, model): the pass, its model, its inputs' dtypes
+        self._passes: dict[tuple[str, int], tuple[Any, Model, dict[str, str]]] = {}
         self.last_ms = 0.0  # the last run()'s time
 
     @staticmethod
@@ -48,8 +49,9 @@ class Schedule(NativeWrapper):
             raise InvalidArgumentError(f"backend: unknown backend '{backend}' (cpu, gpu or auto)")
         key = (backend, id(model))
         if key not in self._passes:  # (the model is kept with it, so its id stays its own)
-            self._passes[key] = (_loom.GraphPass(model._native, self._native, backend), model)
-        arrays = {name: _as_array(name, value, None) for name, value in inputs.items()}
+            dtypes = {t[0]: t[2] for t in model.graph().tensors() if t[3] == "INPUT"}  # (integer arrays: per input)
+            self._passes[key] = (_loom.GraphPass(model._native, self._native, backend), model, dtypes)
+        arrays = {name: _as_array(name, value, self._passes[key][2].get(name)) for name, value in inputs.items()}
         outputs, self.last_ms = self._passes[key][0].run(arrays)
         return dict(outputs)
 
