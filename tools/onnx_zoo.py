@@ -107,19 +107,10 @@ def onnx_facts(path):
 
 
 def median_ms(fn, warmup=5, iters=30):
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
+    """Median CUDA-event time of fn (ms): examples/resnet18's, the one timing rule of the ONNX comparisons."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "resnet18"))
+    from resnet18 import median_ms as timed
+    return timed(fn, warmup=warmup, iters=iters)
 
 
 def main():
