@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Models as today's PyTorch exports them, through Loom: issue 46's table.
 
-Each model (torchvision classifiers, a torch.nn.TransformerEncoder stack, a BERT-style encoder from transformers'
-own classes; random weights) is exported with torch.onnx.export's default exporter (or --exporter=torchscript),
+Each model (torchvision classifiers, a torch.nn.TransformerEncoder stack, BERT (ids alone, and with a padding
+attention mask), DistilBERT and GPT-2 (its forward without a cache) from transformers' own classes; random weights) is exported with torch.onnx.export's default exporter (or --exporter=torchscript),
 run by onnxruntime (the reference) and by `loom run` on the GPU (or the CPU VM), and compared: relative RMS error
 of every output against onnxruntime and top-1 agreement of classifier logits. Loom's refusals are printed whole
 (they name every op type it does not lower). With --time, Loom's kernel time, PyTorch eager and torch.compile
@@ -25,7 +25,7 @@ import numpy as np
 
 TORCHVISION = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
                "squeezenet1_0", "shufflenet_v2_x1_0", "regnet_y_400mf", "convnext_tiny", "densenet121", "vit_b_16"]
-OTHERS = ["transformer_encoder", "bert"]
+OTHERS = ["transformer_encoder", "bert", "bert_mask", "distilbert", "gpt2"]
 
 
 def rel_rms(a, b):
@@ -57,13 +57,29 @@ def build_model(name, batch):
                                                  dropout=0.0)
         model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
         return model, {"x": rng.standard_normal((batch, 64, 128)).astype(np.float32)}, False
-    if name == "bert":
+    if name in ("bert", "bert_mask"):
         import transformers
         config = transformers.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                                          intermediate_size=512, max_position_embeddings=128)
         model = transformers.BertModel(config, add_pooling_layer=True).eval()
         ids = rng.integers(0, config.vocab_size, (batch, 32)).astype(np.int64)
-        return model, {"input_ids": ids}, False
+        if name == "bert":
+            return model, {"input_ids": ids}, False
+        mask = np.ones((batch, 32), np.int64)
+        mask[:, 24:] = 0  # padding: the last 8 positions of every row
+        return model, {"input_ids": ids, "attention_mask": mask}, False
+    if name == "distilbert":
+        import transformers
+        config = transformers.DistilBertConfig(vocab_size=1000, dim=128, n_layers=2, n_heads=4, hidden_dim=512,
+                                               max_position_embeddings=128)
+        model = transformers.DistilBertModel(config).eval()
+        return model, {"input_ids": rng.integers(0, 1000, (batch, 32)).astype(np.int64)}, False
+    if name == "gpt2":  # a decoder's forward as one graph pass (causal mask, learned positions), no KV cache
+        import transformers
+        config = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=128,
+                                         use_cache=False)
+        model = transformers.GPT2Model(config).eval()
+        return model, {"input_ids": rng.integers(0, 1000, (batch, 32)).astype(np.int64)}, False
     raise SystemExit(f"unknown model {name}: one of {','.join(TORCHVISION + OTHERS)}")
 
 
@@ -80,8 +96,9 @@ class Wrapped:
 
             def forward(self, *xs):
                 out = self.m(**dict(zip(names, xs))) if names != ["x"] else self.m(*xs)
-                if hasattr(out, "last_hidden_state"):
-                    return out.last_hidden_state, out.pooler_output
+                if hasattr(out, "last_hidden_state"):  # (BERT's pooler too; DistilBERT and GPT-2 have none)
+                    pooled = getattr(out, "pooler_output", None)
+                    return (out.last_hidden_state, pooled) if pooled is not None else out.last_hidden_state
                 return out
         self.module = M().eval()
 
