@@ -11,6 +11,8 @@
 
 #include <math.h>
 
+#include "instructions/elementwise.h"  // EwApply: DWCONV's out_func
+
 namespace loom::isa {
 
 // out = the bf16 swizzled operand image (GemmImageBytes(ImToColRows, ImToColK)) of the patches of an NHWC
@@ -345,12 +347,15 @@ struct DwConvArgs {
   uint32_t pad_left;
   uint32_t dilation_h;
   uint32_t dilation_w;
-  uint32_t relu_in;  // 1: max(0, input) (a ReLU a split GEMM left to its readers)
+  // A unary ElementwiseFunc applied to each output as it is stored (kEwCopy, 0: none): the output's one reader when
+  // it is a unary element-wise op (MobileNets' ReLU / HardSwish after a depthwise convolution), one pass fewer. (The
+  // word held `relu_in`, a ReLU of the input no lowering set: 0 in every schedule written, and kEwCopy is 0.)
+  uint32_t out_func;
   uint32_t begin;
   uint32_t count;
   static constexpr const char* kFields[] = {"input", "weight", "bias", "out", "n", "h", "w", "c", "oh", "ow", "oc",
                                             "kh", "kw", "stride_h", "stride_w", "pad_top", "pad_left",
-                                            "dilation_h", "dilation_w", "relu_in", "begin", "count"};
+                                            "dilation_h", "dilation_w", "out_func", "begin", "count"};
 };
 // Output element i, shared by the reference and the device (32-bit indices: Validate keeps them below 2^32).
 LOOM_HD float DwConvElement(const DwConvArgs& a, const float* in, const float* w, const float* bias, uint32_t i) {
@@ -373,11 +378,10 @@ LOOM_HD float DwConvElement(const DwConvArgs& a, const float* in, const float* w
       const int32_t ix = x0 + static_cast<int32_t>(kx * a.dilation_w);
       if (ix < 0 || ix >= static_cast<int32_t>(a.w)) continue;
       float v = plane[(static_cast<uint32_t>(iy) * a.w + static_cast<uint32_t>(ix)) * a.c];
-      if (a.relu_in != 0) v = v > 0.0f ? v : 0.0f;
       acc += taps[ky * a.kw + kx] * v;
     }
   }
-  return acc;
+  return a.out_func == kEwCopy ? acc : EwApply(a.out_func, acc, 0.0f);
 }
 
 // NHWC_BF16: an f32 tensor read as [n, h, w, c] through any element strides (an NCHW input's transpose folded in)

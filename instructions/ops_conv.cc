@@ -223,7 +223,8 @@ void Validate(const DwConvArgs& a, Checker& c) {
   c.Require(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0,
             "strides and dilations must be positive");
   c.Require(a.oc > 0 && a.oc % a.c == 0, absl::StrCat("oc ", a.oc, " is not a multiple of c ", a.c));
-  c.Require(a.relu_in <= 1, "relu_in must be 0 or 1");
+  c.Require(EwValid(a.out_func) && !EwBinary(a.out_func) && a.out_func != kEwZero,
+            absl::StrCat("out_func ", a.out_func, " is not a unary function"));
   const uint64_t out = U(a.n) * a.oh * a.ow * a.oc;
   c.Require(a.count > 0 && U(a.begin) + a.count <= out,
             absl::StrCat("elements [", a.begin, ", +", a.count, ") outside the ", out, " outputs"));

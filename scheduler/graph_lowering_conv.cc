@@ -1,6 +1,7 @@
 // The general-graph lowering's convolutions: CONV2D as CONV_GEMM (implicit GEMM, per group when grouped) or IM2COL +
 // GEMM, depthwise as DWCONV, channels padded into a bf16 copy where CONV_GEMM needs multiples of 8 (the GEMM and its
 // epilogue: graph_lowering_gemm.cc).
+#include "graph/nn_ops.h"
 #include "scheduler/graph_lowering_internal.h"
 
 namespace loom::scheduler::graph_lowering_internal {
@@ -260,7 +261,6 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   if (!weight.ok()) return weight.status();
   isa::DwConvArgs d{};
   d.input = *input;
-  d.relu_in = 0;
   d.weight = *weight;
   d.bias = kNone;
   if (op.inputs_size() > 2) {
@@ -268,7 +268,19 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
     if (!bias.ok()) return bias.status();
     d.bias = *bias;
   }
-  d.out = Arena(op.outputs(0));
+  // The output's one reader, when a unary element-wise op of the same shape (a block's ReLU or HardSwish), is applied
+  // to each output as it is stored (DwConvArgs::out_func): one pass over the output fewer.
+  std::string out = op.outputs(0), ops = op.name();
+  d.out_func = isa::kEwCopy;
+  if (const std::vector<const OpDef*> readers = g_.consumers(out);
+      !T(out).is_output() && readers.size() == 1 && graph::IsUnaryElementwise(readers[0]->type()) &&
+      ShapeOf(T(readers[0]->outputs(0))) == ys) {
+    d.out_func = FuncOf(*readers[0]);
+    out = readers[0]->outputs(0);
+    ops = absl::StrCat(ops, ",", readers[0]->name());
+    consumed_.insert(readers[0]->name());
+  }
+  d.out = Arena(out);
   d.n = static_cast<uint32_t>(xs[0]), d.h = static_cast<uint32_t>(xs[1]), d.w = static_cast<uint32_t>(xs[2]);
   d.c = static_cast<uint32_t>(xs[3]);
   d.oh = static_cast<uint32_t>(ys[1]), d.ow = static_cast<uint32_t>(ys[2]), d.oc = static_cast<uint32_t>(ws[0]);
@@ -281,9 +293,9 @@ absl::Status NnLowering::LowerDepthwise(const OpDef& op) {
   for (const auto& [begin, end] : WindowChunks(Product(ys), uint64_t{d.kh} * d.kw)) {
     d.begin = static_cast<uint32_t>(begin);
     d.count = static_cast<uint32_t>(end - begin);
-    Emit(Make(isa::Opcode::DWCONV, d), stage, after, op.name());
+    Emit(Make(isa::Opcode::DWCONV, d), stage, after, ops);
   }
-  stage_[op.outputs(0)] = stage;
+  stage_[out] = stage;
   return absl::OkStatus();
 }
 

@@ -346,7 +346,7 @@ Settings Build_NHWC_BF16(OpBench& b, Queue& queue) {
   return {};
 }
 
-// A depthwise 3x3 convolution, channel multiplier 2 (4 channels to 8), with a bias.
+// A depthwise 3x3 convolution, channel multiplier 2 (4 channels to 8), with a bias and a HardSwish as it stores.
 Settings Build_DWCONV(OpBench& b, Queue& queue) {
   const isa::ImToColArgs c = SmallConv(4, 0, 1);
   isa::DwConvArgs d{};
@@ -358,6 +358,7 @@ Settings Build_DWCONV(OpBench& b, Queue& queue) {
   d.bias = RandomWeight(b, d.oc, graph::F32);
   d.count = d.n * d.oh * d.ow * d.oc;
   d.out = b.Output(d.count);
+  d.out_func = isa::kEwHardSwish;
   Push(queue, Op::DWCONV, d);
   return {};
 }

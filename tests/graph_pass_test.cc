@@ -622,23 +622,48 @@ TEST(GraphPass, UnsupportedOpsAreRefusedByName) {
 }
 
 
-// x [1, 16, 8, 8] -> depthwise conv 3x3 (group 16, pads 1, bias) -> y.
-std::string DepthwiseConvolution() {
+// x [1, 16, 8, 8] -> depthwise conv 3x3 (group 16, pads 1, bias) -> y, or -> `activation` -> y.
+std::string DepthwiseConvolution(const std::string& activation = "") {
   onnx::ModelProto m;
-  m.add_opset_import()->set_version(13);
+  m.add_opset_import()->set_version(14);
   onnx::GraphProto* g = m.mutable_graph();
   constexpr int64_t C = 16;
   AddValue(g->add_input(), "x", {1, C, 8, 8});
   *g->add_initializer() = FloatTensor("w", {C, 1, 3, 3}, Wave(C * 9, 0.2f, 0.4f));
   *g->add_initializer() = FloatTensor("b", {C}, Wave(C, 0.1f, 0.6f));
-  onnx::NodeProto* conv = Node(g, "Conv", {"x", "w", "b"}, "y");
+  onnx::NodeProto* conv = Node(g, "Conv", {"x", "w", "b"}, activation.empty() ? "y" : "conv");
   Ints(conv, "pads", {1, 1, 1, 1});
   onnx::AttributeProto* group = conv->add_attribute();
   group->set_name("group");
   group->set_type(onnx::AttributeProto::INT);
   group->set_i(C);
+  if (!activation.empty()) Node(g, activation, {"conv"}, "y");
   AddValue(g->add_output(), "y", {1, C, 8, 8});
   return m.SerializeAsString();
+}
+
+// A depthwise convolution's one reader, a unary element-wise op (MobileNets' ReLU and HardSwish), is applied by
+// DWCONV as it stores (DwConvArgs::out_func): no ELEMENTWISE pass of its own (the input's NCHW -> NHWC copy stays);
+// the VM (and the GPU) against the oracle.
+TEST(GraphPass, ADepthwiseConvolutionAppliesItsActivationAsItStores) {
+  for (const std::string activation : {"Relu", "HardSwish", "Sigmoid"}) {
+    absl::StatusOr<graph::OnnxModel> m = graph::ImportOnnxBytes(DepthwiseConvolution(activation), "dw.onnx");
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::Compile(m->graph, "dw.onnx", scheduler::CompileOptions());
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    int dwconv = 0, fused = 0;
+    for (const scheduler::SmQueue& q : pass->queues()) {
+      for (const scheduler::Instruction& inst : q.instructions()) {
+        dwconv += inst.opcode() == "DWCONV";
+        fused += inst.opcode() == "DWCONV" && inst.args(offsetof(isa::DwConvArgs, out_func) / 4) != isa::kEwCopy;
+      }
+    }
+    const PassShape shape = Inspect(*pass);
+    EXPECT_GT(dwconv, 0) << activation;
+    EXPECT_EQ(fused, dwconv) << activation;
+    EXPECT_FALSE(shape.elementwise_ops.contains("y")) << activation << " ran as an ELEMENTWISE pass";
+    RunPassAgainstOracle(*pass, m->graph, m->weights, 2, 1e-5);
+  }
 }
 
 // Every opcode of the table is emitted by some lowering (an opcode none emits is dead code in the table and the
