@@ -116,7 +116,7 @@ std::vector<float> Floats(const HostTensor& t) {
 
 bool IsUnaryElementwise(OpType type) {
   return type == RELU || type == SIGMOID || type == GELU || type == ERF || type == TANH || type == EXP || type == SQRT ||
-         type == LOG || type == HARD_SIGMOID || type == HARD_SWISH;
+         type == LOG || type == HARD_SIGMOID || type == HARD_SWISH || type == RELU6;
 }
 
 bool IsBinaryElementwise(OpType type) {
@@ -130,7 +130,7 @@ bool IsNnOp(OpType type) {
     case TRANSPOSE: case RESHAPE: case CONCAT: case MAX_POOL: case AVG_POOL: case GLOBAL_AVG_POOL: case SUB:
     case DIV: case ERF: case TANH: case EXP: case SQRT: case MAXIMUM: case MINIMUM: case SLICE: case EXPAND: case PAD:
     case LOG: case GREATER: case LESS: case EQUAL: case GREATER_EQUAL: case LESS_EQUAL: case KEEP:
-    case HARD_SIGMOID: case HARD_SWISH:
+    case HARD_SIGMOID: case HARD_SWISH: case RELU6:
       return true;
     default:
       return false;
@@ -314,6 +314,12 @@ absl::Status EvalNnOp(const OpDef& op, const std::vector<const HostTensor*>& inp
         h = h > 1.0f ? 1.0f : h;                     // (comparisons false for NaN: a NaN stays NaN)
         h = h < 0.0f ? 0.0f : h;
         y[i] = op.type() == HARD_SWISH ? x[i] * h : h;
+      }
+      return absl::OkStatus();
+    case RELU6:
+      for (size_t i = 0; i < y.size(); ++i) {
+        const float h = x[i] < 0.0f ? 0.0f : x[i];  // (as MAXIMUM(x, 0) then MINIMUM(., 6): -0 and NaN kept)
+        y[i] = h > 6.0f ? 6.0f : h;
       }
       return absl::OkStatus();
     case GELU:

@@ -26,12 +26,13 @@ absl::Status Importer::Gelu(const onnx::NodeProto& n, Attrs& a) {
 }
 
 // The ops of maxima and minima, as MAXIMUM / MINIMUM (NaN propagating, numpy's) of the IR, in the spec's order:
-// Clip, max(x, min) then min(., max) (np.clip: where min > max, max), its bounds attributes before opset 11 and
-// optional inputs from it (constants or tensors); HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times
-// that with alpha 1/6 and beta 1/2 (with torch's alpha 1/6 and beta 1/2 both are one IR op, HARD_SIGMOID /
-// HARD_SWISH, computing alpha * x + beta as one fused multiply-add); Max and Min of any number of inputs, left to right; LeakyRelu and PRelu,
-// max(x, 0) + slope * min(x, 0) (each x once a term, the other term a zero: the slope's product for x < 0, x for
-// x >= 0, but that -0 becomes +0); Abs, max(x, -x).
+// Clip, max(x, min) then min(., max) (np.clip: where min > max, max; constant bounds 0 and 6 are the IR's RELU6, one
+// pass, the same values), its bounds attributes before opset 11 and optional inputs from it (constants or tensors);
+// HardSigmoid, max(0, min(1, alpha * x + beta)); HardSwish, x times that with alpha 1/6 and beta 1/2 (with torch's
+// alpha 1/6 and beta 1/2 both are one IR op, HARD_SIGMOID / HARD_SWISH, alpha * x + beta one fused multiply-add);
+// Max and Min of any number of inputs, left to right; LeakyRelu and PRelu, max(x, 0) + slope * min(x, 0) (each x
+// once a term, the other term a zero: the slope's product for x < 0, x for x >= 0, but that -0 becomes +0); Abs,
+// max(x, -x).
 absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
@@ -52,6 +53,17 @@ absl::Status Importer::Clamp(const onnx::NodeProto& n, Attrs& a) {
   } else if (t == "Clip") {
     absl::StatusOr<std::string> x = Activation(n.input(0), "input");
     if (!x.ok()) return x.status();
+    // Constant bounds 0 and 6 (torch's ReLU6, MobileNet-v2's activation): one pass, the IR's RELU6.
+    auto constant = [&](int k, float v) {
+      const Constant* c = n.input_size() > k && !n.input(k).empty() ? ConstantOf(n.input(k)) : nullptr;
+      return c != nullptr && !c->is_int && c->f.size() == 1 && c->f[0] == v;
+    };
+    if (opset_ >= 11 && constant(1, 0.0f) && constant(2, 6.0f)) {
+      y = Emit(RELU6, {*x}, out, [](OpDef&) {});
+      if (!y.ok()) return y.status();
+      alias_[out] = *y;
+      return absl::OkStatus();
+    }
     // The bounds: attributes before opset 11 (absent: no bound), optional inputs from it ("" or missing: none).
     std::optional<std::string> lo, hi;
     if (opset_ < 11) {

@@ -24,7 +24,8 @@ enum ElementwiseFunc : uint32_t {
   kEwLog = 10,
   kEwHardSigmoid = 11,  // max(0, min(1, fma(x, 1/6, 1/2))), a NaN kept (graph HARD_SIGMOID)
   kEwHardSwish = 12,    // x times that
-  kEwLastUnary = 12,
+  kEwRelu6 = 13,        // min(max(x, 0), 6), -0 and a NaN kept (graph RELU6)
+  kEwLastUnary = 13,
   kEwFirstBinary = 16,  // binary: out = f(a, b)
   kEwAdd = 16,
   kEwSub = 17,
@@ -62,6 +63,10 @@ LOOM_HD float EwApply(uint32_t f, float x, float y) {
       h = h > 1.0f ? 1.0f : h;
       h = h < 0.0f ? 0.0f : h;
       return f == kEwHardSwish ? x * h : h;
+    }
+    case kEwRelu6: {
+      const float h = x < 0.0f ? 0.0f : x;
+      return h > 6.0f ? 6.0f : h;
     }
     case kEwAdd: return x + y;
     case kEwSub: return x - y;

@@ -87,6 +87,7 @@ absl::Status NnLowering::Lower(const OpDef& op) {
     case graph::LOG:
     case graph::HARD_SIGMOID:
     case graph::HARD_SWISH:
+    case graph::RELU6:
     case graph::EXPAND:
     case graph::MAXIMUM:
     case graph::MINIMUM:

@@ -320,6 +320,8 @@ class NnLowering {
         return isa::kEwHardSigmoid;
       case graph::HARD_SWISH:
         return isa::kEwHardSwish;
+      case graph::RELU6:
+        return isa::kEwRelu6;
       case graph::MAXIMUM:
         return isa::kEwMax;
       case graph::MINIMUM:

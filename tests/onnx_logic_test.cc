@@ -121,24 +121,30 @@ TEST(OnnxImport, ComparisonsLogicAndWhereOnActivations) {
 }
 
 // HardSigmoid / HardSwish with torch's alpha 1/6 and beta 1/2 are one IR op each (HARD_SIGMOID / HARD_SWISH: one
-// element-wise pass, alpha * x + beta as one fused multiply-add); another alpha stays the five-op chain. Both against
-// the definition on the oracle and lowered on the VM (and the GPU where there is one), exactly, NaN and infinities
-// included.
+// element-wise pass, alpha * x + beta as one fused multiply-add); another alpha stays the five-op chain; Clip(0, 6)
+// (torch's ReLU6) is RELU6, another bound the two-op chain. All against the definition on the oracle and lowered on
+// the VM (and the GPU where there is one), exactly, NaN and infinities included.
 TEST(OnnxImport, HardActivationsAreOnePassWithTorchsConstants) {
-  const std::vector<float> x = {-4.0f, -3.0f, -1.0f, 0.0f, 2.9999f, 3.0f, 4.0f, NAN, INFINITY, -INFINITY, 0.1f, -2.5f};
+  const std::vector<float> x = {-4.0f, -3.0f, -1.0f, 0.0f, 2.9999f, 3.0f, 4.0f, NAN, INFINITY, -INFINITY, 0.1f, -2.5f,
+                                -0.0f, 5.5f, 6.0f, 7.0f};
   struct Case {
     std::string type;
     float alpha;
     size_t ops;  // IR ops the node becomes
   };
   for (const Case& c : std::vector<Case>{{"HardSwish", 1.0f / 6.0f, 1}, {"HardSigmoid", 1.0f / 6.0f, 1},
-                                          {"HardSigmoid", 0.2f, 4}}) {
+                                          {"HardSigmoid", 0.2f, 4}, {"Clip", 6.0f, 1}, {"Clip", 5.0f, 2}}) {
     onnx::ModelProto proto;
     proto.add_opset_import()->set_version(18);
     onnx::GraphProto* g = proto.mutable_graph();
     const int64_t n = static_cast<int64_t>(x.size());
     AddValue(g->add_input(), "x", {n});
-    onnx::NodeProto* node = AddNamedNode(g, c.type, {"x"}, "y");
+    if (c.type == "Clip") {  // (here alpha is the upper bound: 6 is torch's ReLU6, the IR's RELU6)
+      *g->add_initializer() = FloatTensor("lo", {}, {0.0f});
+      *g->add_initializer() = FloatTensor("hi", {}, {c.alpha});
+    }
+    onnx::NodeProto* node = AddNamedNode(g, c.type, c.type == "Clip" ? std::vector<std::string>{"x", "lo", "hi"}
+                                                                     : std::vector<std::string>{"x"}, "y");
     if (c.type == "HardSigmoid") {
       onnx::AttributeProto* alpha = node->add_attribute();
       alpha->set_name("alpha"), alpha->set_type(onnx::AttributeProto::FLOAT), alpha->set_f(c.alpha);
@@ -149,6 +155,11 @@ TEST(OnnxImport, HardActivationsAreOnePassWithTorchsConstants) {
     EXPECT_EQ(static_cast<size_t>(m->graph.def().ops_size()), c.ops) << c.type << " alpha " << c.alpha;
     std::vector<float> want;
     for (float v : x) {
+      if (c.type == "Clip") {  // max then min: -0 and NaN kept
+        const float low = v < 0.0f ? 0.0f : v;
+        want.push_back(low > c.alpha ? c.alpha : low);
+        continue;
+      }
       volatile float scaled = c.alpha * v;  // (the chain rounds the product before the sum: never contracted here)
       float h = c.ops == 1 ? std::fma(v, c.alpha, 0.5f) : scaled + 0.5f;
       h = std::isnan(h) ? h : std::min(1.0f, std::max(0.0f, h));
