@@ -298,8 +298,9 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   // Integers held as float32 (int_valued_) go through casts, views, comparisons and logic, which give the integer
   // result exactly; integer arithmetic (Div truncates, Mul may pass 2^24) is refused, not computed in float.
   static const auto* kIntegerSafe = new std::set<std::string>{
-      "Cast", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Transpose", "Flatten", "Identity", "Concat",
-      "Shape", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor", "Where"};
+      "Cast", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Slice", "Split", "Gather", "Transpose", "Flatten",
+      "Identity", "Concat", "Shape", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or",
+      "Xor", "Where"};
   bool integer_in = false;
   for (int k = 0; k < n.input_size(); ++k) {
     if (!int_valued_.contains(n.input(k))) continue;
@@ -312,7 +313,8 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   // A view of integers holds integers (an attention mask unsqueezed and expanded); Cast and the logic ops mark
   // their own outputs.
   if (integer_in && (t == "Unsqueeze" || t == "Squeeze" || t == "Reshape" || t == "Expand" || t == "Slice" ||
-                     t == "Transpose" || t == "Flatten" || t == "Identity" || t == "Concat")) {
+                     t == "Split" || t == "Gather" || t == "Transpose" || t == "Flatten" || t == "Identity" ||
+                     t == "Concat")) {
     for (const std::string& o : n.output()) int_valued_.insert(o);
   }
   absl::StatusOr<bool> folded = FoldShapeArithmetic(n, a);
