@@ -125,7 +125,9 @@ def onnx_facts(path):
 
 def median_ms(fn, warmup=5, iters=30):
     """Median CUDA-event time of fn (ms): examples/resnet18's, the one timing rule of the ONNX comparisons."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "resnet18"))
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "resnet18")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
     from resnet18 import median_ms as timed
     return timed(fn, warmup=warmup, iters=iters)
 
