@@ -288,13 +288,6 @@ absl::Status Importer::Node(const onnx::NodeProto& n, int index) {
   const std::string& t = n.op_type();
   const std::string out = n.output(0);
   absl::Status s = absl::OkStatus();
-  // An ids input (int_inputs_: every reader a Gather's indices, Run checked) is read so, or for its static shape.
-  for (int k = 0; k < n.input_size(); ++k) {
-    if (int_inputs_.contains(n.input(k)) && !(t == "Gather" && k == 1) && t != "Shape") {
-      return Refuse(absl::StrCat("reads integer input '", n.input(k),
-                                 "' (Loom reads integer inputs only as the indices of a Gather from a constant table)"));
-    }
-  }
   // Integers held as float32 (int_valued_) go through casts, views, comparisons and logic, which give the integer
   // result exactly; integer arithmetic (Div truncates, Mul may pass 2^24) is refused, not computed in float.
   static const auto* kIntegerSafe = new std::set<std::string>{

@@ -118,8 +118,7 @@ class NnLowering {
     return b_.Scratch(prefix_ + name, dtype, std::move(shape), view_of.empty() ? "" : prefix_ + view_of,
                       view_offset);
   }
-  absl::Status LowerEmbedding(const OpDef& op);
-  absl::Status LowerLookup(const OpDef& op);  // a general graph's EMBEDDING (graph_lowering_prefill.cc)
+  absl::Status LowerEmbedding(const OpDef& op);  // a prefill pass's prompt rows, or a general graph's lookup
   absl::Status LowerArgmax(const OpDef& op);
   // Prefill: the graph tensor holding the last row of `name` (which has every prompt row): a view of it, or of a
   // deferred RMSNorm the same norm over its input's last row.

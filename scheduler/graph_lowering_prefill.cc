@@ -111,57 +111,35 @@ std::string NnLowering::LastRow(const std::string& name) {
   return last;
 }
 
-// The prompt's token rows (positions [state.position, +rows) of the token buffer), a few rows per instruction.
+// Rows of a table looked up by EMBED, 4 rows an instruction: a prefill pass's prompt rows (positions [state.position,
+// +rows) of the token buffer, the decode's packed table), or a general graph's ids input (its values in order, at
+// position 0 of a constant zero step state, the table packed as bf16 rows; EMBED reads an id outside the table as
+// row 0, so the runtime checks the ids before the pass: IoTensor.id_limit).
 absl::Status NnLowering::LowerEmbedding(const OpDef& op) {
-  if (!prefill()) return LowerLookup(op);
   const std::string& table = op.inputs(0);
-  absl::StatusOr<uint32_t> packed = b_.Find(absl::StrCat("packed:", table));
-  if (!packed.ok()) return packed.status();
-  const uint32_t hidden = static_cast<uint32_t>(g_.tensor(table).shape(1));
-  isa::EmbedArgs e{*packed,
-                   target_.io.tokens(),
-                   target_.io.step_state(),
-                   Arena(op.outputs(0)),
-                   hidden,
-                   static_cast<uint32_t>(g_.tensor(table).shape(0)),
-                   isa::MatvecRowStride(hidden),
-                   0,
-                   0};
-  const uint32_t stage = b_.Stage(op.name());
-  constexpr uint32_t kRows = 4;
-  for (uint32_t r = 0; r < target_.rows; r += kRows) {
-    e.row_begin = r;
-    e.rows = std::min(kRows, target_.rows - r);
-    Emit(Make(isa::Opcode::EMBED, e), stage, {}, op.name());
-  }
-  stage_[op.outputs(0)] = stage;
-  return absl::OkStatus();
-}
-
-// A general graph's lookup: EMBED over the ids input's values in order, at position 0 of a zero step state (a
-// constant), 4 rows an instruction; the table packed as bf16 rows (as the decoders' is). EMBED reads an id outside
-// the table as row 0, so the runtime checks the ids before the pass (IoTensor.id_limit).
-absl::Status NnLowering::LowerLookup(const OpDef& op) {
-  const std::string& table = op.inputs(0);
-  const TensorDef& ids = T(op.inputs(1));
-  if (ids.kind() != graph::INPUT) return Unsupported(op, "the ids are not a graph input (i32 inputs only)");
   const uint64_t vocab = static_cast<uint64_t>(T(table).shape(0)), hidden = static_cast<uint64_t>(T(table).shape(1));
-  uint64_t rows = 1;
-  for (int64_t d : ids.shape()) rows *= static_cast<uint64_t>(d);
-  if (vocab > UINT32_MAX || hidden > UINT32_MAX || rows > UINT32_MAX) {
-    return Unsupported(op, "a table or an ids tensor past 2^32 rows or columns");
+  uint64_t rows = target_.rows;
+  isa::EmbedArgs e{};
+  if (prefill()) {
+    absl::StatusOr<uint32_t> packed = b_.Find(absl::StrCat("packed:", table));
+    if (!packed.ok()) return packed.status();
+    e.table = *packed, e.tokens = target_.io.tokens(), e.step_state = target_.io.step_state();
+    e.row_stride = isa::MatvecRowStride(static_cast<uint32_t>(hidden));
+  } else {
+    const TensorDef& ids = T(op.inputs(1));
+    if (ids.kind() != graph::INPUT) return Unsupported(op, "the ids are not a graph input (i32 inputs only)");
+    rows = 1;
+    for (int64_t d : ids.shape()) rows *= static_cast<uint64_t>(d);
+    if (vocab > UINT32_MAX || hidden > UINT32_MAX || rows > UINT32_MAX) {
+      return Unsupported(op, "a table or an ids tensor past 2^32 rows or columns");
+    }
+    e.table = b_.Packed(absl::StrCat("bf16:", table), {table}, ROWS_IDENTITY, vocab, hidden, false);
+    e.step_state = b_.ConstantTensor("embedding.state", graph::I32, std::vector<float>(isa::kStepStateWords));
+    e.tokens = Arena(op.inputs(1));
+    e.row_stride = static_cast<uint32_t>(hidden);
   }
-  const uint32_t packed = b_.Packed(absl::StrCat("bf16:", table), {table}, ROWS_IDENTITY, vocab, hidden, false);
-  const uint32_t state = b_.ConstantTensor("embedding.state", graph::I32, std::vector<float>(isa::kStepStateWords));
-  isa::EmbedArgs e{packed,
-                   Arena(op.inputs(1)),
-                   state,
-                   Arena(op.outputs(0)),
-                   static_cast<uint32_t>(hidden),
-                   static_cast<uint32_t>(vocab),
-                   static_cast<uint32_t>(hidden),
-                   0,
-                   0};
+  e.out = Arena(op.outputs(0));
+  e.hidden = static_cast<uint32_t>(hidden), e.vocab = static_cast<uint32_t>(vocab);
   const uint32_t stage = b_.Stage(op.name());
   constexpr uint32_t kRows = 4;
   for (uint32_t r = 0; r < rows; r += kRows) {

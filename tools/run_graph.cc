@@ -23,7 +23,8 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<runtime::TensorMap> Inputs(const graph::Graph& graph, const GraphRunFlags& flags) {
+absl::StatusOr<runtime::TensorMap> Inputs(const graph::Graph& graph, const scheduler::Schedule& pass,
+                                          const GraphRunFlags& flags) {
   runtime::TensorMap inputs;
   const std::vector<const graph::TensorDef*> defs = graph.TensorsOfKind(graph::INPUT);
   if (flags.input.empty() || flags.input == "random") {  // uniform in [-1, 1), seeded
@@ -33,13 +34,11 @@ absl::StatusOr<runtime::TensorMap> Inputs(const graph::Graph& graph, const Graph
       graph::HostTensor t = graph::HostTensor::Zeros(*d);
       for (float& v : t.f32) v = u(rng);
       if (d->dtype() == graph::I32) {  // ids: uniform over the rows of the smallest table they index
-        int64_t rows = INT32_MAX;
-        for (const graph::OpDef& op : graph.def().ops()) {
-          if (op.type() == graph::EMBEDDING && op.inputs(1) == d->name()) {
-            rows = std::min<int64_t>(rows, graph.tensor(op.inputs(0)).shape(0));
-          }
+        uint64_t limit = 1;
+        for (const scheduler::IoTensor& io : pass.graph().inputs()) {
+          if (io.name() == d->name()) limit = std::max<uint64_t>(io.id_limit(), 1);
         }
-        std::uniform_int_distribution<int32_t> ids(0, static_cast<int32_t>(rows - 1));
+        std::uniform_int_distribution<int32_t> ids(0, static_cast<int32_t>(std::min<uint64_t>(limit, INT32_MAX) - 1));
         for (int32_t& v : t.i32) v = ids(rng);
       }
       inputs[d->name()] = std::move(t);
@@ -78,7 +77,7 @@ int RunGraph(const graph::Model& model, const scheduler::Schedule& pass, const G
     std::filesystem::create_directories(flags.out, ec);
     if (ec) return Fail(absl::PermissionDeniedError(absl::StrCat(flags.out, ": cannot create: ", ec.message())));
   }
-  absl::StatusOr<runtime::TensorMap> inputs = Inputs(model.graph, flags);
+  absl::StatusOr<runtime::TensorMap> inputs = Inputs(model.graph, pass, flags);
   if (!inputs.ok()) return Fail(inputs.status());
   int instructions = 0;
   for (const scheduler::SmQueue& q : pass.queues()) instructions += q.instructions_size();
