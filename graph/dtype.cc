@@ -69,6 +69,7 @@ int DTypeSize(DType dtype) {
     case F32: return 4;
     case I32: return 4;
     case F8E4M3: return 1;
+    case I4: return 1;  // two values a byte: schedule tensors of packed int4 weights are shaped in bytes
     default: return 0;
   }
 }
@@ -79,6 +80,7 @@ const char* DTypeName(DType dtype) {
     case F32: return "f32";
     case I32: return "i32";
     case F8E4M3: return "fp8-e4m3";
+    case I4: return "int4";
     default: return "unspecified";
   }
 }

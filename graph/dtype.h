@@ -37,7 +37,7 @@ inline constexpr float kE4m3Max = 448.0f;
 // IEEE half -> float (safetensors "F16" weights are converted to bf16 on load).
 float HalfToFloat(uint16_t h);
 
-// Bytes per element of a dtype; 0 for DTYPE_UNSPECIFIED.
+// Bytes per element of a dtype (I4: per byte of packed values); 0 for DTYPE_UNSPECIFIED.
 int DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 

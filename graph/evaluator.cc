@@ -23,6 +23,8 @@ float Dot(const float* x, const HostTensor& w, int64_t w_offset, int64_t k) {
   } else if (w.dtype == F8E4M3) {  // unscaled: the caller multiplies the row's sum by its scale
     const uint8_t* row = w.f8.data() + w_offset;
     for (int64_t i = 0; i < k; ++i) acc += x[i] * E4m3ToFloat(row[i]);
+  } else if (w.dtype == I4) {  // each element its bf16 value ((u - z) * s, rounded once)
+    for (int64_t i = 0; i < k; ++i) acc += x[i] * w.Get(w_offset + i);
   } else {
     const float* row = w.f32.data() + w_offset;
     for (int64_t i = 0; i < k; ++i) acc += x[i] * row[i];

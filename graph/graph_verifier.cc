@@ -118,7 +118,7 @@ class OpChecker {
     LOOM_RETURN_IF_ERROR(Rank(In(1), 2));
     LOOM_RETURN_IF_ERROR(Expect(In(0), ShapeOf(In(0)), {F32}));
     const int64_t t = In(0).shape(0), k = In(0).shape(1), n = In(1).shape(0);
-    LOOM_RETURN_IF_ERROR(Expect(In(1), {n, k}, {BF16, F32, F8E4M3}));
+    LOOM_RETURN_IF_ERROR(Expect(In(1), {n, k}, {BF16, F32, F8E4M3, I4}));
     if (op_.inputs_size() == 3) LOOM_RETURN_IF_ERROR(Expect(In(2), {n}, {BF16, F32}));
     return Expect(Out(0), {t, n}, {F32});
   }
@@ -238,9 +238,15 @@ absl::Status VerifyGraph(const GraphDef& def, std::vector<int>* topological_orde
 
   // FP8 is a LINEAR weight's dtype (its HostTensor holds the e4m3 values and a scale per row).
   for (const TensorDef& t : def.tensors()) {
-    if (t.dtype() == F8E4M3 && (t.kind() != WEIGHT || t.shape_size() != 2)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.name(), "': FP8 (e4m3) is a dtype of 2-D weights only"));
+    if ((t.dtype() == F8E4M3 || t.dtype() == I4) && (t.kind() != WEIGHT || t.shape_size() != 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': ", DTypeName(t.dtype()),
+                                                     " is a dtype of 2-D weights only"));
+    }
+    const uint32_t g = t.group_size();
+    if (t.dtype() == I4 && (g < 32 || (g & (g - 1)) != 0 || t.shape(1) % g != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': int4 group_size ", g,
+                                                     " must be a power of two of at least 32 dividing its ",
+                                                     t.shape(1), " columns"));
     }
   }
 

@@ -20,6 +20,11 @@ HostTensor HostTensor::Zeros(DType dtype, std::vector<int64_t> shape) {
       t.f8.assign(n, 0);
       t.f32.assign(t.shape.empty() ? 0 : t.shape[0], 1.0f);
       break;
+    case I4:  // one group a row (zero points 8, scales 0): callers size the groups
+      t.f8.assign((n + 1) / 2, 0x88);
+      t.bf16.assign(t.shape.empty() ? 0 : t.shape[0], 0);
+      t.i32.assign(t.shape.empty() ? 0 : t.shape[0], 8);
+      break;
     default: t.f32.assign(n, 0.0f); break;
   }
   return t;
@@ -50,8 +55,17 @@ const void* HostTensor::data() const {
     case BF16: return bf16.data();
     case I32: return i32.data();
     case F8E4M3: return f8.data();
+    case I4: return f8.data();
     default: return f32.data();
   }
+}
+
+float HostTensor::Int4Get(int64_t i) const {
+  const int64_t cols = shape[1], groups = static_cast<int64_t>(bf16.size()) / shape[0];
+  const int64_t g = i / cols * groups + i % cols / (cols / groups);
+  const int32_t u = (f8[i / 2] >> (4 * (i & 1))) & 15;
+  // (u - z) is exact, and its product with a bf16 scale is exact in f32: one rounding, to bf16.
+  return Bf16ToFloat(FloatToBf16(static_cast<float>(u - i32[g]) * Bf16ToFloat(bf16[g])));
 }
 
 }  // namespace loom::graph

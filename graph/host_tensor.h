@@ -16,9 +16,11 @@ struct HostTensor {
   DType dtype = DTYPE_UNSPECIFIED;
   std::vector<int64_t> shape;
   std::vector<float> f32;      // dtype F32; F8E4M3: the scale of each row (shape[0] of them)
-  std::vector<uint16_t> bf16;  // dtype BF16
-  std::vector<int32_t> i32;    // dtype I32
+  std::vector<uint16_t> bf16;  // dtype BF16; I4: the groups' scales, [N, groups] bf16 bits
+  std::vector<int32_t> i32;    // dtype I32; I4: the groups' zero points (0..15), [N, groups]
   // dtype F8E4M3 (a LINEAR weight [N, K]): e4m3 bits; element (n, k) is e4m3(f8[n * K + k]) * f32[n], in f32.
+  // dtype I4 (a LINEAR weight [N, K]): two 4-bit values u a byte, element i in byte i / 2 (the low nibble first);
+  // element (n, k) is bf16((u - z) * s) with s, z its group's (group g = k / (K / groups)).
   std::vector<uint8_t> f8;
 
   static HostTensor Zeros(DType dtype, std::vector<int64_t> shape);
@@ -33,11 +35,18 @@ struct HostTensor {
       case BF16: return Bf16ToFloat(bf16[i]);
       case I32: return static_cast<float>(i32[i]);
       case F8E4M3: return E4m3ToFloat(f8[i]) * f32[i / (static_cast<int64_t>(f8.size()) / shape[0])];
+      case I4: return Int4Get(i);
       default: return f32[i];
     }
   }
   const void* data() const;
-  size_t bytes() const { return static_cast<size_t>(size()) * DTypeSize(dtype); }
+  size_t bytes() const { return dtype == I4 ? static_cast<size_t>(size() + 1) / 2 : static_cast<size_t>(size()) * DTypeSize(dtype); }
+  // I4: columns per group (K / groups).
+  int64_t Int4GroupSize() const { return shape[1] / (static_cast<int64_t>(bf16.size()) / shape[0]); }
+
+ private:
+  float Int4Get(int64_t i) const;
+
 };
 
 // Weights of a model by tensor name.

@@ -31,6 +31,7 @@ struct HfWeightPlan {
     std::optional<WeightScheme> scheme;  // stored quantized (graph/quantization.h)
     int64_t rows = 0, cols = 0;
     uint64_t bytes = 0;  // stored (quantized sources)
+    DType kept = DTYPE_UNSPECIFIED;  // quantized sources Loom computes with as stored: F8E4M3 or I4 (KeptDtype)
   };
   std::string dir;
   absl::flat_hash_map<std::string, std::shared_ptr<SafetensorsFile>> opened;  // owns the files of `sources`
@@ -94,7 +95,7 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
   uint64_t& total_bytes = plan.file_bytes;
   std::set<std::string> converted;  // dtypes rounded to bf16
   std::set<std::string> used;       // stored tensors read
-  std::map<std::pair<std::string, bool>, int> quantized;  // (scheme, kept as stored) -> projections stored so
+  std::map<std::pair<std::string, DType>, int> quantized;  // (scheme, dtype kept as stored) -> projections stored so
   for (const auto& [name, shape] : DecoderWeightShapes(config)) {
     // A projection the checkpoint stores quantized: its parts checked now, read back to bf16 later.
     if (config.quantization && shape.size() == 2 &&
@@ -105,10 +106,11 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
       if (*scheme) {
         absl::StatusOr<uint64_t> bytes = CheckQuantizedWeight(name, shape[0], shape[1], **scheme, plan.Lookup());
         if (!bytes.ok()) return bytes.status();
-        HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1], *bytes};
+        const DType kept = widen ? DTYPE_UNSPECIFIED : KeptDtype(name, shape[0], shape[1], **scheme, plan.Lookup());
+        HfWeightPlan::Source source{name, nullptr, **scheme, shape[0], shape[1], *bytes, kept};
         sources.push_back(std::move(source));
         total_bytes += *bytes;
-        ++quantized[{(*scheme)->Describe(), !widen && KeptQuantized(**scheme)}];
+        ++quantized[{(*scheme)->Describe(), kept}];
         for (const char* part : {"weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
                                  "qweight", "qzeros", "scales"}) {
           used.insert(absl::StrCat(module, ".", part));
@@ -152,8 +154,9 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
   }
   for (const auto& [scheme, count] : quantized) {
     notes->push_back(absl::StrCat(count, " projections stored as ", scheme.first,
-                                  scheme.second ? " are computed with as stored (FP8 matvec)"
-                                  : widen       ? " are widened to bf16 as they are read (--widen_quantized)"
+                                  scheme.second == F8E4M3 ? " are computed with as stored (FP8 matvec)"
+                                  : scheme.second == I4   ? " are computed with as stored (int4 matvec)"
+                                  : widen                 ? " are widened to bf16 as they are read (--widen_quantized)"
                                                 : " are widened to bf16 as they are read (Loom has no kernels for "
                                                   "them yet)"));
   }
@@ -175,15 +178,15 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
   return plan;
 }
 
-// Reads the weights of a plan, rounded to bf16, but for quantized ones Loom computes with as stored (unless `widen`).
-absl::Status ReadHfWeights(const HfWeightPlan& plan, bool widen, WeightStore* weights) {
+// Reads the weights of a plan, rounded to bf16, but for quantized ones Loom computes with as stored (source.kept).
+absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
   Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
   for (const HfWeightPlan::Source& source : plan.sources) {
     if (source.scheme) {
       absl::StatusOr<HostTensor> t =
-          !widen && KeptQuantized(*source.scheme)
-              ? ReadFp8Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
-              : ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
+          source.kept == F8E4M3 ? ReadFp8Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
+          : source.kept == I4   ? ReadInt4Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
+                                : ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
       if (!t.ok()) return t.status();
       weights->emplace(source.name, *std::move(t));
       progress.Add(source.bytes);
@@ -241,18 +244,18 @@ bool IsProjection(const std::string& name, const std::vector<int64_t>& shape) {
 // What loading a decoder takes of host memory (its weights as bf16) and, with `packed_copies`, running it: that
 // many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (f32 at most).
 absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies,
-                                bool fp8_projections) {
-  double projection_parameters = 0;  // one byte each when FP8
-  if (fp8_projections) {
-    for (const auto& [name, shape] : DecoderWeightShapes(c)) {
-      if (IsProjection(name, shape)) projection_parameters += double(shape[0]) * shape[1];
-    }
+                                const std::string& scheme) {
+  // Bytes a projection's parameter takes under a random model's scheme: FP8 one, W4A16 half (the scales aside).
+  const double saved = scheme == "FP8" ? 1.0 : scheme == "W4A16" ? 1.5 : 0.0;
+  double projection_parameters = 0;
+  for (const auto& [name, shape] : DecoderWeightShapes(c)) {
+    if (IsProjection(name, shape)) projection_parameters += double(shape[0]) * shape[1];
   }
-  const double weights = 2 * c.Parameters() - projection_parameters;
+  const double weights = 2 * c.Parameters() - saved * projection_parameters;
   const double packed = packed_copies * weights;
   const double kv = packed_copies > 0 ? 2.0 * 4 * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
   std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of %s weights", c.Parameters() / 1e9, weights / 1e9,
-                                       fp8_projections ? "FP8 and bf16" : "bf16");
+                                       scheme.empty() ? "bf16" : absl::StrCat(scheme, " and bf16"));
   if (packed_copies > 0) {
     absl::StrAppendFormat(&detail, ", %.1f GB packed, %.1f GB of KV cache at %d positions", packed / 1e9, kv / 1e9,
                           max_seq);
@@ -261,14 +264,17 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
 }
 
 
-// The graph's WEIGHT tensors named in `fp8` are declared FP8 (the decoder graph is built bf16): decided from the
-// config and the checkpoint's scheme before any weight is read, so a graph loaded without weights (loom compile)
-// is the one its weights will run.
-absl::Status DeclareFp8(const std::set<std::string>& fp8, Model* model) {
-  if (fp8.empty()) return absl::OkStatus();
+// The graph's WEIGHT tensors named in `kept` take its dtype (FP8 or I4; the decoder graph is built bf16): decided
+// from the config and the checkpoint's scheme before any weight is read, so a graph loaded without weights (loom
+// compile) is the one its weights will run.
+absl::Status DeclareKept(const std::map<std::string, std::pair<DType, int>>& kept, Model* model) {
+  if (kept.empty()) return absl::OkStatus();
   GraphDef def = model->graph.def();
   for (TensorDef& t : *def.mutable_tensors()) {
-    if (t.kind() == WEIGHT && fp8.contains(t.name())) t.set_dtype(F8E4M3);
+    auto it = kept.find(t.name());
+    if (t.kind() != WEIGHT || it == kept.end()) continue;
+    t.set_dtype(it->second.first);
+    if (it->second.first == I4) t.set_group_size(it->second.second);
   }
   absl::StatusOr<Graph> graph = Graph::Create(std::move(def));
   if (!graph.ok()) return graph.status();
@@ -358,9 +364,10 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     }
     if (absl::Status s = read_config(config_path); !s.ok()) return s;
   }
-  if (!options.scheme.empty() && (options.scheme != "FP8" || !random)) {
+  if (!options.scheme.empty() && ((options.scheme != "FP8" && options.scheme != "W4A16") || !random)) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme=", options.scheme,
-                                                   random ? ": random weights are generated as FP8 or bf16 (no scheme)"
+                                                   random ? ": random weights are generated as FP8, W4A16 or bf16 (no "
+                                                            "scheme)"
                                                           : " generates random weights (random:<preset>); a folder's "
                                                             "weights are as its config.json's quantization_config says"));
   }
@@ -383,7 +390,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   }
   if (options.load_weights) {
     if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies,
-                                            random && options.scheme == "FP8");
+                                            random ? options.scheme : "");
         !s.ok()) {
       return s;
     }
@@ -391,34 +398,53 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
-  // The weights that stay FP8: a random model's projections with --scheme=FP8, a checkpoint's FP8 ones kept as stored.
-  std::set<std::string> fp8;
-  if (random && options.scheme == "FP8") {
+  // The weights that stay quantized: a random model's projections with --scheme, a checkpoint's kept as stored.
+  const int group = options.group_size;
+  if (random && options.scheme == "W4A16") {
     for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
-      if (IsProjection(name, shape)) fp8.insert(name);
+      if (IsProjection(name, shape) && (group < 32 || (group & (group - 1)) != 0 || shape[1] % group != 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("--group_size=", group, ": W4A16 groups are a power of two, at "
+                                                       "least 32, dividing every projection's columns ('", name,
+                                                       "' has ", shape[1], ")"));
+      }
+    }
+  }
+  std::map<std::string, std::pair<DType, int>> kept;  // weight -> (dtype, I4's group size)
+  if (random && !options.scheme.empty()) {
+    for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
+      if (IsProjection(name, shape)) kept[name] = {options.scheme == "FP8" ? F8E4M3 : I4, group};
     }
   } else if (plan) {
     for (const HfWeightPlan::Source& source : plan->sources) {
-      if (source.scheme && !options.widen_quantized && KeptQuantized(*source.scheme)) fp8.insert(source.name);
+      if (source.kept != DTYPE_UNSPECIFIED) kept[source.name] = {source.kept, source.scheme->group_size};
     }
   }
-  if (absl::Status s = DeclareFp8(fp8, &model); !s.ok()) return s;
+  if (absl::Status s = DeclareKept(kept, &model); !s.ok()) return s;
   if (!options.load_weights) return model;
   if (random) {
-    // FP8: every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
-    std::function<HostTensor(const std::string&, HostTensor)> fp8;
+    // Every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
+    std::function<HostTensor(const std::string&, HostTensor)> quantize;
     if (options.scheme == "FP8") {
-      fp8 = [](const std::string& name, HostTensor w) {
+      quantize = [](const std::string& name, HostTensor w) {
         return IsProjection(name, w.shape) ? QuantizeRowsToFp8(w) : std::move(w);
       };
       model.notes.push_back("random projections quantized to FP8 (e4m3, a power-of-two scale per row)");
+    } else if (options.scheme == "W4A16") {
+      quantize = [group](const std::string& name, HostTensor w) {
+        return IsProjection(name, w.shape) ? QuantizeGroupsToInt4(w, group) : std::move(w);
+      };
+      model.notes.push_back(absl::StrCat("random projections quantized to int4 (symmetric, a bf16 scale per ", group,
+                                         " columns)"));
     }
-    model.weights = RandomDecoderWeights(model.config, options.seed, fp8);
-  } else if (absl::Status s = ReadHfWeights(*plan, options.widen_quantized, &model.weights); !s.ok()) {
+    model.weights = RandomDecoderWeights(model.config, options.seed, quantize);
+  } else if (absl::Status s = ReadHfWeights(*plan, &model.weights); !s.ok()) {
     return s;
   }
-  for (const std::string& name : fp8) {  // (the readers above make exactly these FP8)
-    if (model.weights.at(name).dtype != F8E4M3) return absl::InternalError(absl::StrCat(name, ": not read as FP8"));
+  for (const auto& [name, how] : kept) {  // (the readers above make exactly these quantized)
+    const DType dtype = how.first;
+    if (model.weights.at(name).dtype != dtype) {
+      return absl::InternalError(absl::StrCat(name, ": not read as ", DTypeName(dtype)));
+    }
   }
   return model;
 }
@@ -442,16 +468,23 @@ absl::Status ExportModel(const Model& model, const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   std::vector<std::pair<std::string, const HostTensor*>> tensors;
-  std::vector<HostTensor> widened;  // FP8 weights as f32: each e4m3 value times its row's scale, exact
+  // FP8 weights as f32 (each e4m3 value times its row's scale), int4 ones as bf16 (their values): exact.
+  std::vector<HostTensor> widened;
   widened.reserve(DecoderWeightShapes(model.config).size());
   for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
     const HostTensor& w = model.weights.at(name);
-    if (w.dtype != F8E4M3) {
+    if (w.dtype != F8E4M3 && w.dtype != I4) {
       tensors.emplace_back(name, &w);
       continue;
     }
-    HostTensor& f = widened.emplace_back(HostTensor::Zeros(F32, w.shape));
-    for (int64_t i = 0; i < w.size(); ++i) f.f32[i] = w.Get(i);
+    HostTensor& f = widened.emplace_back(HostTensor::Zeros(w.dtype == I4 ? BF16 : F32, w.shape));
+    for (int64_t i = 0; i < w.size(); ++i) {
+      if (w.dtype == I4) {
+        f.bf16[i] = FloatToBf16(w.Get(i));
+      } else {
+        f.f32[i] = w.Get(i);
+      }
+    }
     tensors.emplace_back(name, &f);
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;

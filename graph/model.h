@@ -28,8 +28,10 @@ struct ModelOptions {
   // checks the weights alone (PackWeights checks its own region before allocating it).
   int packed_copies = 0;
   // Random decoders: "FP8" quantizes every projection (not the LM head) to e4m3 with a scale per row
-  // (QuantizeRowsToFp8), as a checkpoint of that scheme would hold; "" keeps them bf16.
+  // (QuantizeRowsToFp8), "W4A16" to symmetric int4 with a bf16 scale per group_size columns
+  // (QuantizeGroupsToInt4), as a checkpoint of that scheme would hold; "" keeps them bf16.
   std::string scheme;
+  int group_size = 128;
   // Checkpoints: widen every quantized weight to bf16 as it is read, even those Loom computes with as stored (FP8
   // with a scale per row or tensor).
   bool widen_quantized = false;
@@ -53,7 +55,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
 
 // Writes config.json and model.safetensors into `dir` (created if missing), a
 // folder transformers loads as the config's family. FP8 weights are written as float32, each value times its row's
-// scale (exact): the weights Loom computes with, unrounded.
+// scale, int4 weights as bf16 (exact): the weights Loom computes with, unrounded.
 absl::Status ExportModel(const Model& model, const std::string& dir);
 
 }  // namespace loom::graph

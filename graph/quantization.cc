@@ -256,10 +256,7 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const nlohmann::json&
   return config;
 }
 
-namespace {
-
-
-absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
+absl::StatusOr<Parts> quantization_internal::FindParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
                                 const TensorLookup& lookup) {
   const std::string module = weight.substr(0, weight.size() - std::string(".weight").size());
   auto need = [&](const std::string& suffix) -> absl::StatusOr<StoredTensor> {
@@ -344,6 +341,8 @@ absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t
   }
   return p;
 }
+
+namespace {
 
 // Bits [bit, bit + bits) of a little-endian run of int32 words, as an unsigned value.
 uint32_t Field(const uint8_t* words, uint64_t bit, int bits) {

@@ -74,6 +74,20 @@ absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows
 // a NaN or an infinity gets a NaN scale, so the weight is refused where every weight is checked (packing).
 HostTensor QuantizeRowsToFp8(const HostTensor& w);
 
+// The dtype Loom computes with a stored quantized weight in: F8E4M3 (KeptQuantized), I4 (compressed-tensors'
+// pack-quantized 4-bit integers with bf16 scales per group of a power of two >= 32 columns that divides K, no
+// act-order: MATVEC_W4), or DTYPE_UNSPECIFIED where it is widened to bf16 as it is read. Reads only the header.
+DType KeptDtype(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& scheme,
+                const TensorLookup& lookup);
+// The weight as stored, for a scheme KeptDtype keeps as I4: an I4 HostTensor (each value's nibble, its group's
+// bf16 scale and zero point: 8 for a symmetric scheme).
+absl::StatusOr<HostTensor> ReadInt4Weight(const std::string& weight, int64_t rows, int64_t cols,
+                                          const WeightScheme& scheme, const TensorLookup& lookup);
+// Round-to-nearest symmetric int4 of a 2-D weight, a bf16 scale per `group_size` columns: what `loom quantize
+// --scheme=W4A16` writes (scale = absmax / 7.5 rounded to bf16, q = round(w / scale) clamped to [-8, 7], stored as
+// q + 8 with zero point 8). A group holding a NaN or an infinity gets a NaN scale (packing refuses the weight).
+HostTensor QuantizeGroupsToInt4(const HostTensor& w, int group_size);
+
 // The weight widened to bf16 (CheckQuantizedWeight first).
 absl::StatusOr<HostTensor> ReadQuantizedWeight(const std::string& weight, int64_t rows, int64_t cols,
                                                const WeightScheme& scheme, const TensorLookup& lookup);

@@ -32,6 +32,10 @@ struct Parts {
   StoredTensor values, scale, zero_point, shape, g_idx;
   int64_t groups = 0;  // scales per row (1 for channel and tensor)
 };
+// The stored tensors of the quantized weight `weight` under scheme `s`, checked (names, dtypes, shapes): refusals
+// name the file, tensor and field (quantization.cc).
+absl::StatusOr<Parts> FindParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
+                                const TensorLookup& lookup);
 using NeedFn = std::function<absl::StatusOr<StoredTensor>(const std::string& suffix)>;
 using BadFn = std::function<absl::Status(const StoredTensor& t, const std::string& suffix, const std::string& why)>;
 

@@ -114,6 +114,76 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   }
 }
 
+// Int4 weights of compressed-tensors' pack-quantized format with bf16 scales (llmcompressor's W4A16, symmetric or with
+// zero points) are kept as stored: each value's nibble, its group's scale and zero point, whose products rounded to
+// bf16 are the library's decompressed bits; the graph declares those weights I4 with their group size. float16
+// scales (their product rounds to float16 first) are widened as they are read.
+TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
+  for (const auto& [fixture, group] : std::vector<std::pair<std::string, int>>{{"w4a16-g32", 32},
+                                                                               {"w4a16-asym-g64", 64}}) {
+    SCOPED_TRACE(fixture);
+    absl::StatusOr<Model> m = LoadModel(kData + fixture);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const nlohmann::json reference = ReadJson(kData + fixture + "/reference.json");
+    for (const auto& [name, hash] : reference.items()) {
+      const HostTensor& w = m->weights.at(name);
+      ASSERT_EQ(w.dtype, I4) << name;
+      EXPECT_EQ(w.Int4GroupSize(), group) << name;
+      EXPECT_EQ(m->graph.tensor(name).dtype(), I4) << name;
+      EXPECT_EQ(m->graph.tensor(name).group_size(), static_cast<uint32_t>(group)) << name;
+      HostTensor widened = HostTensor::Zeros(BF16, w.shape);
+      for (int64_t i = 0; i < w.size(); ++i) widened.bf16[i] = FloatToBf16(w.Get(i));
+      EXPECT_EQ(Fnv1a64(widened), hash.get<std::string>()) << name;
+    }
+    bool noted = false;
+    for (const std::string& note : m->notes) noted = noted || note.find("(int4 matvec)") != std::string::npos;
+    EXPECT_TRUE(noted);
+    ModelOptions config_only;
+    config_only.load_weights = false;
+    absl::StatusOr<Model> graph_only = LoadModel(kData + fixture, config_only);
+    ASSERT_TRUE(graph_only.ok()) << graph_only.status();
+    for (const auto& [name, hash] : reference.items()) EXPECT_EQ(graph_only->graph.tensor(name).dtype(), I4) << name;
+    absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
+    ASSERT_TRUE(run.ok()) << run.status();
+  }
+  absl::StatusOr<Model> f16 = LoadModel(kData + "w4a16-g32-f16");
+  ASSERT_TRUE(f16.ok()) << f16.status();
+  for (const auto& [name, w] : f16->weights) EXPECT_NE(w.dtype, I4) << name;
+}
+
+// random:<preset> --scheme=W4A16 is `loom quantize --scheme=W4A16` of the bf16 model read back, bit for bit.
+TEST(Quantized, RandomInt4ProjectionsAreWhatQuantizeWrites) {
+  for (int group : {128, 32}) {
+    ModelOptions bf16, w4;
+    bf16.max_seq = w4.max_seq = 64;
+    w4.scheme = "W4A16";
+    w4.group_size = group;
+    absl::StatusOr<Model> a = LoadModel("random:tiny", bf16), b = LoadModel("random:tiny", w4);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_w4_", ::getpid());
+    fs::remove_all(dir);
+    ASSERT_TRUE(QuantizeModel(*a, {"W4A16", group}, dir.string()).ok());
+    absl::StatusOr<Model> back = LoadModel(dir.string());
+    ASSERT_TRUE(back.ok()) << back.status();
+    int projections = 0;
+    for (const auto& [name, w] : b->weights) {
+      const HostTensor& r = back->weights.at(name);
+      ASSERT_EQ(w.dtype, r.dtype) << name;
+      if (w.dtype != I4) continue;
+      ++projections;
+      EXPECT_EQ(w.f8, r.f8) << name;
+      EXPECT_EQ(w.bf16, r.bf16) << name;
+      EXPECT_EQ(w.i32, r.i32) << name;
+    }
+    EXPECT_EQ(projections, 14);
+    fs::remove_all(dir);
+  }
+  ModelOptions bad;
+  bad.scheme = "W4A16";
+  bad.group_size = 96;
+  EXPECT_NE(LoadModel("random:tiny", bad).status().message().find("--group_size=96"), std::string::npos);
+}
+
 // FloatToE4m3 (on the float's bits) against the definition (frexp, round to nearest even, saturating at 448) for
 // every bf16 value scaled by powers of two and a million random floats; E4m3ToFloat inverts it on every code.
 TEST(Quantized, FloatToE4m3RoundsToNearestEven) {

@@ -149,7 +149,7 @@ inline constexpr uint32_t FloatWord(size_t offset) { return 1u << (offset / 4); 
 }  // namespace loom::isa
 
 #include "instructions/vector.h"       // EMBED, RMS_NORM, ROPE_KV_APPEND, SILU_MUL, ADD, ARGMAX_*
-#include "instructions/matvec.h"       // MATVEC, MATVEC_FP8 and the packed weight layouts
+#include "instructions/matvec.h"       // MATVEC, MATVEC_FP8, MATVEC_W4 and the packed weight layouts
 #include "instructions/attention.h"    // ATTN_PARTIAL, ATTN_REDUCE
 #include "instructions/gemm.h"         // GEMM, PACK_ROWS, SUM_SPLITS
 #include "instructions/flash.h"        // FLASH_ATTN
@@ -176,6 +176,9 @@ LOOM_HD uint32_t ActivationBytes(const Instruction& inst) {
   } else if (ActivationTested(kVariant, Opcode::MATVEC_FP8) && inst.op() == Opcode::MATVEC_FP8) {
     const MatvecFp8Args& a = inst.as<MatvecFp8Args>();
     bytes = MatvecFp8ActivationBytes(a.rows, a.k);
+  } else if (ActivationTested(kVariant, Opcode::MATVEC_W4) && inst.op() == Opcode::MATVEC_W4) {
+    const MatvecW4Args& a = inst.as<MatvecW4Args>();
+    bytes = MatvecW4ActivationBytes(a.rows, a.k, a.group_shift);
   } else if (inst.op() == Opcode::ATTN_PARTIAL) {
     const AttnPartialArgs& a = inst.as<AttnPartialArgs>();
     const uint32_t group = a.num_kv_heads == 0 ? 0 : a.num_heads / a.num_kv_heads;

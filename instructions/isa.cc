@@ -79,8 +79,9 @@ absl::Status ValidateInstruction(const Instruction& inst, const std::vector<Tens
 }
 
 absl::Status CheckPageBytes(const Instruction& inst, uint32_t page_bytes) {
-  if (inst.op() == Opcode::MATVEC_FP8 && page_bytes != kDecodePageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("an FP8 matvec streams ", kDecodePageBytes,
+  if ((inst.op() == Opcode::MATVEC_FP8 || inst.op() == Opcode::MATVEC_W4) && page_bytes != kDecodePageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an ", inst.op() == Opcode::MATVEC_W4 ? "int4" : "FP8",
+                                                   " matvec streams ", kDecodePageBytes,
                                                    "-byte pages only (its kernel variant's); smem.page_bytes is ",
                                                    page_bytes));
   }

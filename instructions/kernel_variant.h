@@ -19,10 +19,14 @@ enum KernelVariant : uint32_t {
   // The decode opcodes + MATVEC_FP8 (decode programs with FP8 weights), in a variant of their own so the bf16
   // decode variant's code and registers stay as they are.
   kDecodeFp8Kernel = 4,
+  // The decode opcodes + MATVEC_W4 (decode programs with int4 weights), for the same reason.
+  kDecodeW4Kernel = 5,
 };
-inline constexpr uint32_t kNumKernelVariants = 5;
+inline constexpr uint32_t kNumKernelVariants = 6;
 // The variants decode programs run in: step tags, early hand-offs and decode pages (their opcodes' decode forms).
-LOOM_HD constexpr bool IsDecodeVariant(uint32_t v) { return v == kDecodeKernel || v == kDecodeFp8Kernel; }
+LOOM_HD constexpr bool IsDecodeVariant(uint32_t v) {
+  return v == kDecodeKernel || v == kDecodeFp8Kernel || v == kDecodeW4Kernel;
+}
 // The least variant that compiles `op`'s consumer code: the decode opcodes run in every variant, the tensor-core ones
 // (and PACK_ROWS, a GEMM's operand) from kTensorKernel up, the general-graph ones in kGraphKernel alone. The device
 // switch gates each case on VariantCompiles, so this is the one place that says which variant compiles what.
@@ -32,6 +36,7 @@ LOOM_HD constexpr KernelVariant KernelVariantOf(Opcode op) {
     return kGraphKernel;
   }
   if (op == Opcode::MATVEC_FP8) return kDecodeFp8Kernel;
+  if (op == Opcode::MATVEC_W4) return kDecodeW4Kernel;
   return op == Opcode::GEMM || op == Opcode::FLASH_ATTN || op == Opcode::SUM_SPLITS || op == Opcode::PACK_ROWS
              ? kTensorKernel
              : kDecodeKernel;

@@ -84,6 +84,44 @@ struct MatvecFp8Args {
 template <>
 inline constexpr uint32_t kFloatWords<MatvecFp8Args> = FloatWord(offsetof(MatvecFp8Args, norm_eps));
 
+// MATVEC_W4: MATVEC over an int4 weight (graph dtype I4), y[r] = dot(W[row_begin + r, 0:k], x) (+ bias), each element
+// bf16((u - z) * s) with u its 4-bit value and s, z its group's scale and zero point (exactly the graph's value). The
+// packed weight is bands of 16 rows, each band chunks of 64 columns (MatvecW4Byte), so a tile of whole bands is one
+// contiguous byte range; `meta` holds each row's groups. The fields are MatvecFp8Args' but for `meta` and
+// `group_shift`. Tiles are whole bands (row_begin and rows multiples of 16).
+struct MatvecW4Args {
+  uint32_t weight;  // I4 bytes [total_rows / 16 bands][MatvecW4RowStride(k) / 64 chunks][512]
+  uint32_t row_begin;
+  uint32_t rows;
+  uint32_t k;
+  uint32_t input;
+  uint32_t prologue;
+  uint32_t norm_weight;
+  float norm_eps;
+  uint32_t epilogue;  // kEpilogueStore, kEpilogueResidualAdd, kEpilogueRopeKvAppend or kEpilogueSiluMul
+  uint32_t out;
+  uint32_t residual;
+  uint32_t k_cache;
+  uint32_t v_cache;
+  uint32_t step_state;
+  uint32_t rope_table;
+  uint32_t heads_per_group;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t max_seq;
+  // I32 words [total_rows / 16][MatvecW4Groups(k, group_shift)][16]: row 16 b + i's group g at (b, g, i), its scale
+  // (bf16 bits) in the low half and 128 + its zero point (a bf16 value, exact) in the high half.
+  uint32_t meta;
+  uint32_t group_shift;  // log2 of the group's columns: 5 (32) or more
+  uint32_t bias;
+  static constexpr const char* kFields[] = {
+      "weight", "row_begin", "rows", "k", "input", "prologue", "norm_weight", "norm_eps", "epilogue", "out",
+      "residual", "k_cache", "v_cache", "step_state", "rope_table", "heads_per_group", "num_kv_heads", "head_dim", "max_seq",
+      "meta", "group_shift", "bias"};
+};
+template <>
+inline constexpr uint32_t kFloatWords<MatvecW4Args> = FloatWord(offsetof(MatvecW4Args, norm_eps));
+
 // A matvec weight row holds k elements padded with zeros to a multiple of
 // kMatvecRowAlign (the 256 columns a warp multiplies at once on the device), so
 // every k a checkpoint has streams through the same page loop. The input x is
@@ -130,6 +168,45 @@ LOOM_HD uint32_t MatvecFp8Position(uint32_t c) { return (c % 128) / 4 * 16 + c /
 LOOM_HD uint64_t MatvecFp8ActivationBytes(uint32_t rows, uint32_t k) {
   const uint32_t stride = MatvecFp8RowStride(k);
   return 4ull * stride + 4ull * rows * (stride / MatvecFp8SlotElems(stride));
+}
+
+// An int4 row: k values padded to a multiple of kMatvecW4ChunkColumns (the columns of one warp's 16-byte load per
+// lane: four 16-column steps of a 16-row mma tile), two values a byte. Rows come in bands of kMatvecW4BandRows (the
+// mma's M); a band's 64-column chunks are 512 bytes each, lane l's 16 bytes the A fragments of its four steps.
+inline constexpr uint32_t kMatvecW4ChunkColumns = 64;
+inline constexpr uint32_t kMatvecW4BandRows = 16;
+inline constexpr uint32_t kMatvecW4ChunkBytes = kMatvecW4ChunkColumns * kMatvecW4BandRows / 2;  // 512
+LOOM_HD uint32_t MatvecW4RowStride(uint32_t k) {
+  return (k + kMatvecW4ChunkColumns - 1) / kMatvecW4ChunkColumns * kMatvecW4ChunkColumns;
+}
+// Groups a padded row holds (the padding's own group past k where 64 does not divide k).
+LOOM_HD uint32_t MatvecW4Groups(uint32_t k, uint32_t group_shift) {
+  return (MatvecW4RowStride(k) + (1u << group_shift) - 1) >> group_shift;
+}
+// Partial sums: one per 256 columns of a row where the padded row is a multiple of 256 (a warp's four chunks of a
+// page are then one band's consecutive columns), else one per chunk.
+LOOM_HD uint32_t MatvecW4SlotColumns(uint32_t stride) { return stride % 256 == 0 ? 256 : kMatvecW4ChunkColumns; }
+// Within a chunk, the byte (and nibble: 0 low, 1 high) holding row r (0..15) and column c (0..63). Lane l = 4 g + t
+// holds, for step s (columns 16 s ..), the mma's A fragment as one 32-bit word: nibble i + 4 h is register i's half
+// h, and register i is row g + 8 (i & 1), column 2 t + h + 8 (i >> 1) of the step. So (word >> 4i) & 0x000f000f puts
+// register i's two values in the two halves of a bf16x2.
+struct W4Nibble {
+  uint32_t byte;
+  uint32_t high;
+};
+LOOM_HD W4Nibble MatvecW4Byte(uint32_t r, uint32_t c) {
+  const uint32_t step = c / 16, kk = c % 16;
+  const uint32_t lane = (r % 8) * 4 + (kk % 8) / 2;
+  const uint32_t nibble = (r / 8 + 2 * (kk / 8)) + 4 * (kk % 2);
+  return {lane * 16 + step * 4 + nibble / 2, nibble % 2};
+}
+// The device's activation slot for a tile: x's three bf16 pieces in the mma's B layout (6 bytes a column; x itself,
+// f32, arrives in its last two thirds and is converted over itself) | 32 zero bytes | the tile's meta words | the
+// partial sums.
+LOOM_HD uint64_t MatvecW4ActivationBytes(uint32_t rows, uint32_t k, uint32_t group_shift) {
+  const uint64_t stride = MatvecW4RowStride(k);
+  return 6 * stride + 32 + 4ull * rows * MatvecW4Groups(k, group_shift) +
+         4ull * rows * (stride / MatvecW4SlotColumns(static_cast<uint32_t>(stride)));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of

@@ -28,4 +28,5 @@
   V(CONV_GEMM, ConvGemmArgs) \
   V(NHWC_BF16, NhwcBf16Args) \
   V(SUM_SPLITS, SumSplitsArgs) \
-  V(MATVEC_FP8, MatvecFp8Args)
+  V(MATVEC_FP8, MatvecFp8Args) \
+  V(MATVEC_W4, MatvecW4Args)

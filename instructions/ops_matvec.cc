@@ -1,4 +1,5 @@
-// Host side of MATVEC and MATVEC_FP8: validation, footprint, float32 reference (every prologue and epilogue).
+// Host side of MATVEC, MATVEC_FP8 and MATVEC_W4: validation, footprint, float32 reference (every prologue and
+// epilogue).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -33,7 +34,7 @@ void ValidateMatvec(const Args& a, graph::DType weight_dtype, uint32_t stride, C
       if constexpr (std::is_same_v<Args, MatvecArgs>) {
         if (a.epilogue == kEpilogueArgmaxPartial) c.Tensor("partials", a.partials, F32, 2 * (U(a.tile_index) + 1));
       } else {
-        c.Require(a.epilogue != kEpilogueArgmaxPartial, "an FP8 matvec has no argmax epilogue");
+        c.Require(a.epilogue != kEpilogueArgmaxPartial, "a quantized matvec has no argmax epilogue");
       }
       break;
     case kEpilogueResidualAdd:
@@ -133,6 +134,18 @@ void Validate(const MatvecFp8Args& a, Checker& c) {
   c.Tensor("scales", a.scales, F32, U(a.row_begin) + a.rows);
 }
 
+void Validate(const MatvecW4Args& a, Checker& c) {
+  ValidateMatvec(a, graph::I4, MatvecW4RowStride(a.k) / 2, c);
+  c.Require(a.row_begin % kMatvecW4BandRows == 0 && a.rows % kMatvecW4BandRows == 0,
+            absl::StrCat("an int4 tile is whole bands of ", kMatvecW4BandRows, " rows (row_begin ", a.row_begin,
+                         ", rows ", a.rows, ")"));
+  c.Require(a.group_shift >= 5 && a.group_shift < 31,
+            absl::StrCat("group_shift ", a.group_shift, ": groups are a power of two of at least 32 columns"));
+  if (a.group_shift >= 5 && a.group_shift < 31) {
+    c.Tensor("meta", a.meta, I32, (U(a.row_begin) + a.rows) * MatvecW4Groups(a.k, a.group_shift));
+  }
+}
+
 Footprint Cost(const MatvecArgs& a, uint32_t) {
   Footprint f;
   f.weight_bytes = 2ull * a.rows * MatvecRowStride(a.k) + (a.bias != kNoTensor ? 2ull * a.rows : 0);
@@ -147,6 +160,17 @@ Footprint Cost(const MatvecFp8Args& a, uint32_t) {
   f.weight_bytes = 1ull * a.rows * MatvecFp8RowStride(a.k) + 4ull * a.rows + (a.bias != kNoTensor ? 2ull * a.rows : 0);
   f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
   f.smem_bytes = MatvecFp8ActivationBytes(a.rows, a.k);
+  f.flops = 2ull * a.rows * a.k;
+  return f;
+}
+
+Footprint Cost(const MatvecW4Args& a, uint32_t) {
+  Footprint f;
+  const uint32_t groups = a.group_shift < 31 ? MatvecW4Groups(a.k, a.group_shift) : 0;
+  f.weight_bytes = uint64_t{a.rows} * MatvecW4RowStride(a.k) / 2 + 4ull * a.rows * groups +
+                   (a.bias != kNoTensor ? 2ull * a.rows : 0);
+  f.activation_bytes = 4ull * a.k + 8ull * a.rows + (a.prologue == kPrologueRmsNorm ? 2ull * a.k : 0);
+  f.smem_bytes = a.group_shift < 31 ? MatvecW4ActivationBytes(a.rows, a.k, a.group_shift) : 0;
   f.flops = 2ull * a.rows * a.k;
   return f;
 }
@@ -179,6 +203,32 @@ void Reference(const MatvecFp8Args& a, const MachineView& m) {
                                           MatvecFp8Position(j % kMatvecFp8RowAlign)]);
     }
     y[r] = acc * scales[r];
+    if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
+  }
+  MatvecEpilogue(a, m, y);
+}
+
+// Each element's bf16 value, bf16((u - z) * s), times x, summed in column order in f32.
+void Reference(const MatvecW4Args& a, const MachineView& m) {
+  const std::vector<float> x = MatvecInput(a, m);
+  std::vector<float> y(a.rows);
+  const uint64_t stride = MatvecW4RowStride(a.k), chunks = stride / kMatvecW4ChunkColumns;
+  const uint32_t groups = MatvecW4Groups(a.k, a.group_shift);
+  const uint8_t* w = m.ptr<uint8_t>(a.weight);
+  const uint32_t* meta = m.ptr<uint32_t>(a.meta);
+  for (uint32_t r = 0; r < a.rows; ++r) {
+    const uint64_t row = a.row_begin + r, band = row / kMatvecW4BandRows;
+    float acc = 0.0f;
+    for (uint32_t j = 0; j < a.k; ++j) {
+      const W4Nibble at = MatvecW4Byte(row % kMatvecW4BandRows, j % kMatvecW4ChunkColumns);
+      const uint8_t byte = w[(band * chunks + j / kMatvecW4ChunkColumns) * kMatvecW4ChunkBytes + at.byte];
+      const int32_t u = (byte >> (4 * at.high)) & 15;
+      const uint32_t word = meta[(band * groups + (j >> a.group_shift)) * kMatvecW4BandRows + row % kMatvecW4BandRows];
+      const float scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
+      const float zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;
+      acc += x[j] * graph::Bf16ToFloat(graph::FloatToBf16((static_cast<float>(u) - zero) * scale));
+    }
+    y[r] = acc;
     if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
   }
   MatvecEpilogue(a, m, y);

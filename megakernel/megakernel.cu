@@ -130,6 +130,7 @@ LOOM_DEVICE_ENTRY(EmbedArgs, RunEmbed(a, ctx))
 LOOM_DEVICE_ENTRY(RmsNormArgs, RunRmsNorm(a, ctx))
 LOOM_DEVICE_ENTRY(MatvecArgs, RunMatvec<isa::IsDecodeVariant(kVariant)>(a, ctx))
 LOOM_DEVICE_ENTRY(MatvecFp8Args, RunMatvecFp8(a, ctx))
+LOOM_DEVICE_ENTRY(MatvecW4Args, RunMatvecW4(a, ctx))
 LOOM_DEVICE_ENTRY(RopeAppendArgs, RunRopeAppend(a, ctx))
 LOOM_DEVICE_ENTRY(AttnPartialArgs,
                   RunAttnPartial<isa::IsDecodeVariant(kVariant), !isa::IsDecodeVariant(kVariant)>(a, ctx))
@@ -301,7 +302,8 @@ cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint3
                                                   reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
                                                   reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>),
                                                   reinterpret_cast<void*>(Megakernel<isa::kWideKernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeFp8Kernel>)};
+                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeFp8Kernel>),
+                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeW4Kernel>)};
   void* kernel = kernels[variant];
   if (configured_smem[variant] < smem_bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);

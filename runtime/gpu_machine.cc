@@ -113,6 +113,7 @@ std::array<uint32_t, 2> TaggedOutputs(const isa::Instruction& inst) {
   switch (inst.op()) {
     case isa::Opcode::MATVEC: return {inst.as<isa::MatvecArgs>().out, kNone};
     case isa::Opcode::MATVEC_FP8: return {inst.as<isa::MatvecFp8Args>().out, kNone};
+    case isa::Opcode::MATVEC_W4: return {inst.as<isa::MatvecW4Args>().out, kNone};
     case isa::Opcode::ATTN_PARTIAL: {  // the fused merge's output, else the partials (ATTN_REDUCE reads them)
       const isa::AttnPartialArgs& a = inst.as<isa::AttnPartialArgs>();
       return a.out != kNone ? std::array<uint32_t, 2>{a.out, kNone} : std::array<uint32_t, 2>{a.partial_o, a.partial_ml};
@@ -147,7 +148,7 @@ std::vector<std::pair<uint64_t, uint64_t>> TaggedRanges(const GpuProgram& p) {
 }
 
 const char* VariantName(isa::KernelVariant v) {
-  constexpr const char* kNames[] = {"decode", "tensor-core", "general-graph", "wide-tile", "FP8 decode"};
+  constexpr const char* kNames[] = {"decode", "tensor-core", "general-graph", "wide-tile", "FP8 decode", "int4 decode"};
   return v < std::size(kNames) ? kNames[v] : "unknown";
 }
 

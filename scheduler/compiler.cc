@@ -1,6 +1,7 @@
 #include "scheduler/compiler.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "absl/strings/str_cat.h"
 #include "graph/proto_file.h"
@@ -73,8 +74,11 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
   uint64_t needed = 0;
   for (const graph::OpDef& op : graph.def().ops()) {
     if (op.type() == graph::LINEAR) {
-      const uint32_t k = static_cast<uint32_t>(graph.tensor(op.inputs(1)).shape(1));
-      needed = std::max(needed, isa::MatvecActivationBytes(kRowsOfRoom, k));
+      const graph::TensorDef& w = graph.tensor(op.inputs(1));
+      const uint32_t k = static_cast<uint32_t>(w.shape(1));
+      needed = std::max(needed, w.dtype() == graph::I4 && w.group_size() >= 32
+                                    ? isa::MatvecW4ActivationBytes(kRowsOfRoom, k, std::countr_zero(w.group_size()))
+                                    : isa::MatvecActivationBytes(kRowsOfRoom, k));
     }
   }
   FitActivationRing(needed, options, &resolved);

@@ -63,7 +63,7 @@ class StepUses {
     if (t < uses_.size()) uses_[t].writes.push_back({begin, end, inst, merge});
   }
 
-  // A MATVEC's or MATVEC_FP8's uses: its input read whole (taggable), its epilogue's writes.
+  // A MATVEC's, MATVEC_FP8's or MATVEC_W4's uses: its input read whole (taggable), its epilogue's writes.
   template <typename Args>
   void AddMatvec(const Args& a, size_t i) {
     Other(a.weight);
@@ -102,6 +102,12 @@ class StepUses {
       case Opcode::MATVEC_FP8: {
         const isa::MatvecFp8Args& a = inst.as<isa::MatvecFp8Args>();
         Other(a.scales);
+        AddMatvec(a, i);
+        break;
+      }
+      case Opcode::MATVEC_W4: {
+        const isa::MatvecW4Args& a = inst.as<isa::MatvecW4Args>();
+        Other(a.meta);
         AddMatvec(a, i);
         break;
       }

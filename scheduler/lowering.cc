@@ -4,6 +4,7 @@
 #include "scheduler/lowering.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -49,23 +50,30 @@ uint32_t Lowering::ArenaTensorFor(const std::string& name) {
 }
 
 uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowOrder order, uint32_t head_dim,
-                                   uint32_t num_kv_heads, bool allow_fp8) {
-  // FP8 sources stay FP8 where every source is one (and the reader has an FP8 form: allow_fp8); otherwise they are
-  // widened to bf16 as they are packed.
-  bool fp8 = allow_fp8;
-  for (const std::string& s : sources) fp8 = fp8 && graph_.tensor(s).dtype() == graph::F8E4M3;
-  const std::string key = absl::StrCat(RowOrder_Name(order), fp8 ? ":fp8:" : ":", absl::StrJoin(sources, "+"));
+                                   uint32_t num_kv_heads, bool allow_quantized) {
+  // Quantized sources stay so where every source is one of a kind (and the reader has a quantized form:
+  // allow_quantized); otherwise they are widened to bf16 as they are packed.
+  const graph::TensorDef& first = graph_.tensor(sources[0]);
+  int64_t rows = 0;
+  const int64_t cols = first.shape_size() == 1 ? 1 : first.shape(first.shape_size() - 1);
+  for (const std::string& s : sources) rows += graph::NumElements(graph_.tensor(s)) / cols;
+  bool fp8 = allow_quantized, w4 = allow_quantized && first.dtype() == graph::I4 && rows % isa::kMatvecW4BandRows == 0;
+  for (const std::string& s : sources) {
+    fp8 = fp8 && graph_.tensor(s).dtype() == graph::F8E4M3;
+    w4 = w4 && graph_.tensor(s).dtype() == graph::I4 && graph_.tensor(s).group_size() == first.group_size();
+  }
+  const char* kind = fp8 ? "-fp8:" : w4 ? "-w4:" : ":";
+  const std::string key = absl::StrCat(RowOrder_Name(order), kind, absl::StrJoin(sources, "+"));
   if (auto it = packed_ids_.find(key); it != packed_ids_.end()) return it->second;
   // A vector [n] packs as a column (cols 1); a matrix's rows are padded to the matvec row stride.
-  int64_t rows = 0;
-  const graph::TensorDef& first = graph_.tensor(sources[0]);
-  const int64_t cols = first.shape_size() == 1 ? 1 : first.shape(first.shape_size() - 1);
   const int64_t stride = first.shape_size() == 1 ? 1
                          : fp8                   ? isa::MatvecFp8RowStride(static_cast<uint32_t>(cols))
+                         : w4                    ? isa::MatvecW4RowStride(static_cast<uint32_t>(cols))
                                                  : isa::MatvecRowStride(static_cast<uint32_t>(cols));
-  for (const std::string& s : sources) rows += graph::NumElements(graph_.tensor(s)) / cols;
-  const std::string name = absl::StrCat("packed", fp8 ? "-fp8:" : ":", absl::StrJoin(sources, "+"));
-  const uint32_t id = AddTensor(name, fp8 ? graph::F8E4M3 : graph::BF16, {rows, stride}, WEIGHTS);
+  const std::string name = absl::StrCat("packed", kind, absl::StrJoin(sources, "+"));
+  const uint32_t id = w4    ? AddTensor(name, graph::I4, {rows, stride / 2}, WEIGHTS)
+                      : fp8 ? AddTensor(name, graph::F8E4M3, {rows, stride}, WEIGHTS)
+                            : AddTensor(name, graph::BF16, {rows, stride}, WEIGHTS);
   PackedWeight pw;
   pw.set_tensor(name);
   for (const std::string& s : sources) pw.add_sources(s);
@@ -75,6 +83,7 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
   pw.set_head_dim(head_dim);
   pw.set_num_kv_heads(num_kv_heads);
   if (fp8) pw.set_dtype(graph::F8E4M3);
+  if (w4) pw.set_dtype(graph::I4), pw.set_group_size(first.group_size());
   p_.packing.push_back(pw);
   packed_ids_[key] = id;
   if (fp8) {  // the rows' scales beside them, in the same order
@@ -87,6 +96,17 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
     ps.set_cols(1);
     ps.set_row_stride(1);
     p_.packing.push_back(ps);
+  }
+  if (w4) {  // the rows' groups beside them, in band order
+    const uint32_t shift = static_cast<uint32_t>(std::countr_zero(first.group_size()));
+    const std::string meta = absl::StrCat("meta:", absl::StrJoin(sources, "+"));
+    const int64_t words = rows * isa::MatvecW4Groups(static_cast<uint32_t>(cols), shift);
+    w4_meta_[id] = {AddTensor(meta, graph::I32, {words}, WEIGHTS), shift};
+    PackedWeight pm = pw;
+    pm.set_tensor(meta);
+    pm.set_dtype(graph::I32);
+    pm.set_int4_meta(true);
+    p_.packing.push_back(pm);
   }
   return id;
 }

@@ -67,10 +67,11 @@ class Lowering {
   // ---- tables ----
   uint32_t AddTensor(const std::string& name, graph::DType dtype, std::vector<int64_t> shape, Region region);
   uint32_t ArenaTensorFor(const std::string& graph_tensor);
-  // The sources packed as one tensor in `order` (rows padded to the matvec row stride). FP8 weights stay FP8 when
-  // every source is one and allow_fp8 (their scales in fp8_scales_), else they are widened to bf16.
+  // The sources packed as one tensor in `order` (rows padded to the matvec row stride). Quantized weights stay so
+  // when every source is one of the same kind and allow_quantized: FP8 (their scales in fp8_scales_), int4 of one
+  // group size in whole bands of 16 rows (their meta in w4_meta_); else they are widened to bf16.
   uint32_t PackedWeightFor(const std::vector<std::string>& sources, RowOrder order, uint32_t head_dim = 0,
-                           uint32_t num_kv_heads = 0, bool allow_fp8 = true);
+                           uint32_t num_kv_heads = 0, bool allow_quantized = true);
   uint32_t RopeTable(const graph::RopeAttrs& rope);
 
   // ---- barriers and waits ----
@@ -138,6 +139,11 @@ class Lowering {
   absl::flat_hash_map<std::string, uint32_t> tensor_ids_;
   absl::flat_hash_map<std::string, uint32_t> packed_ids_;
   absl::flat_hash_map<uint32_t, uint32_t> fp8_scales_;      // FP8 packed weight -> its rows' scales (f32)
+  struct W4Meta {
+    uint32_t meta;         // its rows' groups (I32 words)
+    uint32_t group_shift;  // log2 of the group's columns
+  };
+  absl::flat_hash_map<uint32_t, W4Meta> w4_meta_;            // int4 packed weight -> its meta
   absl::flat_hash_map<std::string, uint32_t> rope_tables_;  // by serialized RopeAttrs
   absl::Status error_;                                      // first problem found while emitting
   absl::flat_hash_map<std::string, Producer> ready_;

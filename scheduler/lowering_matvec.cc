@@ -23,6 +23,17 @@ isa::MatvecFp8Args Fp8Tile(const isa::MatvecArgs& a, uint32_t scales) {
   return f;
 }
 
+// A tile of an int4 weight: MATVEC's fields, the rows' groups in `meta`.
+isa::MatvecW4Args W4Tile(const isa::MatvecArgs& a, uint32_t meta, uint32_t group_shift) {
+  isa::MatvecW4Args f{};
+  f.weight = a.weight, f.row_begin = a.row_begin, f.rows = a.rows, f.k = a.k, f.input = a.input;
+  f.prologue = a.prologue, f.norm_weight = a.norm_weight, f.norm_eps = a.norm_eps, f.epilogue = a.epilogue;
+  f.out = a.out, f.residual = a.residual, f.k_cache = a.k_cache, f.v_cache = a.v_cache, f.step_state = a.step_state;
+  f.rope_table = a.rope_table, f.heads_per_group = a.heads_per_group, f.num_kv_heads = a.num_kv_heads;
+  f.head_dim = a.head_dim, f.max_seq = a.max_seq, f.meta = meta, f.group_shift = group_shift, f.bias = a.bias;
+  return f;
+}
+
 }  // namespace
 
 void Lowering::SetMatvecInput(const std::string& x, isa::MatvecArgs* args, std::vector<uint32_t>* ready) {
@@ -45,21 +56,34 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
                                                    " columns; the input vector is copied in 16-byte units, so the "
                                                    "column count must be a multiple of 4"));
   }
-  // An FP8 weight (PackedWeightFor kept it so): MATVEC_FP8 tiles, the rows' scales beside the weight.
+  // An FP8 weight (PackedWeightFor kept it so): MATVEC_FP8 tiles, the rows' scales beside the weight. An int4 one:
+  // MATVEC_W4 tiles of whole 16-row bands, the rows' groups beside it.
   const auto fp8 = fp8_scales_.find(g.weight);
   const bool is_fp8 = fp8 != fp8_scales_.end();
+  const auto w4 = w4_meta_.find(g.weight);
+  const bool is_w4 = w4 != w4_meta_.end();
+  if (is_w4) g.granule = isa::kMatvecW4BandRows;  // (a multiple of the RoPE and SiLU-mul pairs' 2)
   auto activation_bytes = [&](uint64_t rows) {
-    return is_fp8 ? isa::MatvecFp8ActivationBytes(static_cast<uint32_t>(rows), g.k)
-                  : isa::MatvecActivationBytes(static_cast<uint32_t>(rows), g.k);
+    return is_fp8  ? isa::MatvecFp8ActivationBytes(static_cast<uint32_t>(rows), g.k)
+           : is_w4 ? isa::MatvecW4ActivationBytes(static_cast<uint32_t>(rows), g.k, w4->second.group_shift)
+                   : isa::MatvecActivationBytes(static_cast<uint32_t>(rows), g.k);
   };
   if (activation_bytes(g.granule) > o_.smem().activation_bytes() && error_.ok()) {
     error_ = absl::UnimplementedError(absl::StrCat(
         "'", g.op, "': its input of ", g.k, " floats needs ", activation_bytes(g.granule),
         " bytes of activation ring; smem.activation_bytes is ", o_.smem().activation_bytes()));
   }
-  if (is_fp8 && o_.smem().page_bytes() != isa::kDecodePageBytes && error_.ok()) {
-    error_ = absl::UnimplementedError(absl::StrCat("'", g.op, "': an FP8 matvec streams ", isa::kDecodePageBytes,
-                                                   "-byte pages only; smem.page_bytes is ", o_.smem().page_bytes()));
+  if ((is_fp8 || is_w4) && o_.smem().page_bytes() != isa::kDecodePageBytes && error_.ok()) {
+    error_ = absl::UnimplementedError(absl::StrCat("'", g.op, "': an ", is_w4 ? "int4" : "FP8", " matvec streams ",
+                                                   isa::kDecodePageBytes, "-byte pages only; smem.page_bytes is ",
+                                                   o_.smem().page_bytes()));
+  }
+  for (uint64_t boundary : g.chunks) {
+    if (is_w4 && boundary % isa::kMatvecW4BandRows != 0 && error_.ok()) {
+      error_ = absl::UnimplementedError(absl::StrCat("'", g.op, "': an int4 matvec's tiles are bands of ",
+                                                     isa::kMatvecW4BandRows, " rows; its rows split at row ",
+                                                     boundary));
+    }
   }
   const int group = NewGroup(g.name);
   const std::vector<isa::Wait> waits = WaitsFor(g.ready);
@@ -99,8 +123,10 @@ std::vector<uint32_t> Lowering::EmitMatvec(MatvecGroup& g, bool chunk_barriers) 
       a.row_begin = static_cast<uint32_t>(bounds[t]);
       a.rows = static_cast<uint32_t>(bounds[t + 1] - bounds[t]);
       a.tile_index = tile_index++;
-      Emit(is_fp8 ? Make(Opcode::MATVEC_FP8, Fp8Tile(a, fp8->second)) : Make(Opcode::MATVEC, a), barrier, waits,
-           g.op, group);
+      Emit(is_fp8  ? Make(Opcode::MATVEC_FP8, Fp8Tile(a, fp8->second))
+           : is_w4 ? Make(Opcode::MATVEC_W4, W4Tile(a, w4->second.meta, w4->second.group_shift))
+                   : Make(Opcode::MATVEC, a),
+           barrier, waits, g.op, group);
     }
   }
   return barriers;
@@ -142,8 +168,8 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
   if (graph_.tensor(op.inputs(0)).shape(0) != 1) return Unsupported(op, "only batch-1 (decode) LINEARs are lowered");
   const graph::DType weight_dtype = graph_.tensor(op.inputs(1)).dtype();
   if (graph_.tensor(op.inputs(1)).kind() != graph::WEIGHT ||
-      (weight_dtype != graph::BF16 && weight_dtype != graph::F8E4M3)) {
-    return Unsupported(op, "the matvec weight must be a bf16 or FP8 weight");
+      (weight_dtype != graph::BF16 && weight_dtype != graph::F8E4M3 && weight_dtype != graph::I4)) {
+    return Unsupported(op, "the matvec weight must be a bf16, FP8 or int4 weight");
   }
   if (std::optional<absl::Status> s = TryQkv(op)) return *s;
   if (consumed_.contains(op.name())) return absl::OkStatus();
@@ -161,7 +187,7 @@ absl::Status Lowering::LowerLinear(const OpDef& op) {
   const bool residual_add = o_.fusion().residual_add() && consumers.size() == 1 &&
                             consumers[0]->type() == graph::ADD && !graph_.tensor(out).is_output();
   const bool argmax_head = !residual_add && o_.fusion().lm_head_argmax() && argmax != nullptr && consumers.size() == 1;
-  // The argmax epilogue is MATVEC's alone: an FP8 LM head read so is widened to bf16.
+  // The argmax epilogue is MATVEC's alone: a quantized LM head read so is widened to bf16.
   g.weight = PackedWeightFor({op.inputs(1)}, ROWS_IDENTITY, 0, 0, !argmax_head);
   g.rows = static_cast<uint64_t>(graph_.tensor(op.inputs(1)).shape(0));
   g.k = static_cast<uint32_t>(graph_.tensor(op.inputs(1)).shape(1));

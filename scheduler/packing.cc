@@ -1,6 +1,7 @@
 #include "scheduler/packing.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -47,6 +48,9 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     const bool f32 = p.dtype() == graph::F32;
     const bool fp8 = p.dtype() == graph::F8E4M3;    // e4m3 bytes of FP8 sources
     const bool row_scales = p.row_scales();         // the FP8 sources' row scales, one f32 a row
+    const bool int4 = p.dtype() == graph::I4;       // int4 sources' values, in bands of 16 rows
+    const bool int4_meta = p.int4_meta();           // int4 sources' groups (scale, zero point), in bands
+    const uint32_t group_shift = static_cast<uint32_t>(std::countr_zero(std::max(p.group_size(), 1u)));
     const uint64_t elem = f32 ? 4 : fp8 ? 1 : 2;
     if (f32 && (p.tile_rows() != 0 || (p.order() != ROWS_IDENTITY && !row_scales))) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
@@ -58,6 +62,14 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       return absl::InvalidArgumentError(
           absl::StrCat("packing '", p.tensor(), "': FP8 rows and their scales are matvec rows (stride ",
                        isa::MatvecFp8RowStride(static_cast<uint32_t>(cols)), ", scales f32 [rows])"));
+    }
+    if ((int4 || int4_meta) &&
+        (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || p.source_rows() != 0 ||
+         (int4_meta && p.dtype() != graph::I32) || p.group_size() < 32 || (p.group_size() & (p.group_size() - 1)) ||
+         cols % p.group_size() != 0 || stride != isa::MatvecW4RowStride(static_cast<uint32_t>(cols)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "packing '", p.tensor(), "': int4 rows and their groups are matvec bands (stride ",
+          isa::MatvecW4RowStride(static_cast<uint32_t>(cols)), ", groups of a power of two >= 32 dividing ", cols, ")"));
     }
     const bool transposed = p.order() == ROWS_TRANSPOSED;
     // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
@@ -84,19 +96,27 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
       const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
                                : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
       const graph::DType d = w->second.dtype;
+      if ((int4 || int4_meta) && (d != graph::I4 || src_cols != static_cast<int64_t>(cols) ||
+                                  w->second.Int4GroupSize() != p.group_size())) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                       "' is not an int4 weight with ", cols, " columns in groups of ",
+                                                       p.group_size()));
+      }
       if ((fp8 || row_scales) && (d != graph::F8E4M3 || (fp8 && src_cols != static_cast<int64_t>(cols)))) {
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
                                                        "' is not an FP8 weight with ", cols, " columns"));
       }
-      if (!fp8 && !row_scales &&
-          ((d != graph::BF16 && d != graph::F32 && d != graph::F8E4M3) || src_cols != static_cast<int64_t>(src_width))) {
+      if (!fp8 && !row_scales && !int4 && !int4_meta &&
+          ((d != graph::BF16 && d != graph::F32 && d != graph::F8E4M3 && d != graph::I4) ||
+           src_cols != static_cast<int64_t>(src_width))) {
         return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
                                                        "' is not bf16, f32 or FP8 with ", src_width,
                                                        transposed ? " rows (transposed)" : " columns"));
       }
       src.push_back(&w->second);
       src_names.push_back(&name);
-      rows += row_scales ? static_cast<uint64_t>(shape[0]) : static_cast<uint64_t>(w->second.size()) / src_width;
+      rows += row_scales || int4 || int4_meta ? static_cast<uint64_t>(shape[0])
+                                              : static_cast<uint64_t>(w->second.size()) / src_width;
     }
     const bool ranged = p.source_rows() > 0;
     if (ranged) {
@@ -115,7 +135,13 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     if (transposed && src.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': transposing needs one source"));
     }
-    if (!image && rows * stride * elem != dst.bytes()) {
+    const uint64_t groups = int4_meta ? isa::MatvecW4Groups(static_cast<uint32_t>(cols), group_shift) : 0;
+    const uint64_t expected = int4 ? rows * stride / 2 : int4_meta ? rows * groups * 4 : rows * stride * elem;
+    if ((int4 || int4_meta) && rows % isa::kMatvecW4BandRows != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': ", rows, " int4 rows are not bands of ",
+                                                     isa::kMatvecW4BandRows));
+    }
+    if (!image && expected != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
                                                      " rows, the tensor has room for ", dst.bytes() / (stride * elem)));
     }
@@ -134,6 +160,32 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     };
     // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
     auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
+      const uint64_t band = packed_row / isa::kMatvecW4BandRows, in_band = packed_row % isa::kMatvecW4BandRows;
+      if (int4) {  // each value's nibble where MatvecW4Byte puts it (the padding columns stay 0)
+        const uint64_t chunks = stride / isa::kMatvecW4ChunkColumns;
+        for (uint64_t c = 0; c < cols; ++c) {
+          const uint64_t i = row * cols + c;
+          const uint8_t u = (t->f8[i / 2] >> (4 * (i & 1))) & 15;
+          const isa::W4Nibble at = isa::MatvecW4Byte(static_cast<uint32_t>(in_band),
+                                                     static_cast<uint32_t>(c % isa::kMatvecW4ChunkColumns));
+          out[(band * chunks + c / isa::kMatvecW4ChunkColumns) * isa::kMatvecW4ChunkBytes + at.byte] |=
+              static_cast<uint8_t>(u << (4 * at.high));
+        }
+        return;
+      }
+      if (int4_meta) {  // each group's scale and 128 + zero point (bf16); a padding group scales by 0
+        const uint64_t src_groups = t->bf16.size() / static_cast<uint64_t>(t->shape[0]);
+        for (uint64_t g = 0; g < groups; ++g) {
+          uint32_t word = (0x4300u | 8u) << 16;
+          if (g < src_groups) {
+            const uint16_t scale = t->bf16[row * src_groups + g];
+            if (!std::isfinite(graph::Bf16ToFloat(scale))) refuse(t);
+            word = scale | ((0x4300u | static_cast<uint32_t>(t->i32[row * src_groups + g] & 15)) << 16);
+          }
+          std::memcpy(out + ((band * groups + g) * isa::kMatvecW4BandRows + in_band) * 4, &word, 4);
+        }
+        return;
+      }
       uint8_t* to = out + packed_row * stride * elem;
       if (row_scales) {  // the row's scale
         const float scale = t->f32[row];
@@ -188,7 +240,8 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         }
         uint64_t r = 0;
         for (const graph::HostTensor* t : src) {
-          const uint64_t n = row_scales ? static_cast<uint64_t>(t->shape[0]) : static_cast<uint64_t>(t->size()) / src_width;
+          const uint64_t n = row_scales || int4 || int4_meta ? static_cast<uint64_t>(t->shape[0])
+                                                             : static_cast<uint64_t>(t->size()) / src_width;
           for (uint64_t i = 0; i < n; ++i) copy_row(r++, t, i);
         }
         break;

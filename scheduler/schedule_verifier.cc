@@ -112,7 +112,9 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
   };
   for (const PackedWeight& p : s.packing()) {
     const int id = find(p.tensor());
-    const graph::DType dtype = p.dtype() == graph::F32 || p.dtype() == graph::F8E4M3 ? p.dtype() : graph::BF16;
+    const graph::DType dtype =
+        p.dtype() == graph::F32 || p.dtype() == graph::F8E4M3 || p.dtype() == graph::I4 || p.int4_meta() ? p.dtype()
+                                                                                                         : graph::BF16;
     if (id < 0 || s.tensors(id).region() != WEIGHTS || s.tensors(id).dtype() != dtype) {
       return Fail(absl::StrCat("packing names '", p.tensor(), "', which is not a ", graph::DTypeName(dtype),
                                " tensor in WEIGHTS"));
@@ -122,7 +124,9 @@ absl::Status CheckPackingAndConstants(const Schedule& s, const std::vector<isa::
       return Fail(absl::StrCat("packing of '", p.tensor(), "' is not a whole number of ", isa::kGemmTileM,
                                "-row operand image slabs"));
     }
-    if (p.cols() == 0 || stride < p.cols() || (p.tile_rows() == 0 && infos[id].elements % stride != 0) ||
+    // (int4 values: rows of stride / 2 bytes; their meta: rows of groups words)
+    const uint64_t row_elements = p.int4_meta() ? 1 : p.dtype() == graph::I4 ? stride / 2 : stride;
+    if (p.cols() == 0 || stride < p.cols() || (p.tile_rows() == 0 && infos[id].elements % row_elements != 0) ||
         p.sources_size() == 0) {
       return Fail(absl::StrCat("packing of '", p.tensor(), "' has no sources or a bad column count / row stride"));
     }

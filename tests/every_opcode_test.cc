@@ -136,6 +136,29 @@ Settings Build_MATVEC_FP8(OpBench& b, Queue& queue) {
   return {.partial = {a.out}};  // the first pair is not the tile's
 }
 
+// The same over an int4 weight: rows 16 .. 47 of 48 (whole bands), 1600 columns (a 64-column slot a chunk: 1600 is
+// no multiple of 256) in groups of 32 with zero points, the RMSNorm prologue, a bias.
+Settings Build_MATVEC_W4(OpBench& b, Queue& queue) {
+  constexpr uint32_t kRows = 32, kK = 1600, kTotal = kRows + 16, kShift = 5;
+  isa::MatvecW4Args a{};
+  a.weight = RandomWeight(b, uint64_t{kTotal} * isa::MatvecW4RowStride(kK) / 2, graph::I4);
+  a.meta = b.RandomW4Meta(kTotal, isa::MatvecW4Groups(kK, kShift), true);
+  a.group_shift = kShift;
+  a.row_begin = 16;
+  a.rows = kRows;
+  a.k = kK;
+  a.input = RandomArena(b, kK);
+  a.prologue = isa::kPrologueRmsNorm;
+  a.norm_weight = RandomWeight(b, kK, graph::BF16, 0.5f, 1.5f);
+  a.norm_eps = 1e-5f;
+  a.epilogue = isa::kEpilogueStore;
+  a.out = b.Output(kTotal);
+  a.bias = RandomWeight(b, kTotal);
+  a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = kNoTensor;
+  Push(queue, Op::MATVEC_W4, a);
+  return {.partial = {a.out}};  // the first band is not the tile's
+}
+
 // 4 query heads on 2 KV heads of 32 with Qwen3's per-head norms, appended at position 5 of 8.
 Settings Build_ROPE_KV_APPEND(OpBench& b, Queue& queue) {
   constexpr uint32_t kHeads = 4, kKv = 2, kDim = 32, kSeq = 8;

@@ -41,7 +41,7 @@ TEST(GpuOpcodes, MatvecAtEveryPageSize) {
   }
 }
 
-// The RoPE epilogue's layout for a matvec test (MatvecArgs or MatvecFp8Args): 2 KV heads of dim 16 with 3 query
+// The RoPE epilogue's layout for a matvec test (MatvecArgs, MatvecFp8Args or MatvecW4Args): 2 KV heads of dim 16 with 3 query
 // heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions, position 5.
 template <typename Args>
 void SetRopeLayout(OpBench& b, Args& a) {
@@ -167,6 +167,64 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
         a.bias = biased ? b.Weight(total) : isa::kNoTensor;
         if (biased) b.FillRandom(a.bias);
         b.RunAndCompare({Make(isa::Opcode::MATVEC_FP8, a)}, what);
+      }
+    }
+  }
+}
+
+// MATVEC_W4's forms: rows a multiple of 256 columns (a warp's four chunks of a page sum into one slot) and not (a
+// slot a chunk: 1600, 96, 3072 + 64), groups of 32 (two a chunk), 64, 128 and 256, with and without zero points,
+// k = 96 padded to 128 (the padding's own group, random nibbles in it), tiles ending inside a page, and every
+// prologue and epilogue; row_begin a band past the weight's first.
+TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
+  SKIP_WITHOUT_GPU();
+  struct Case { uint32_t rows, k, extra_rows, group_shift; };
+  const std::vector<Case> cases = {{16, 2048, 32, 7},  {64, 4096, 128, 7}, {32, 14336, 16, 7}, {48, 8192, 0, 6},
+                                   {16, 1600, 16, 5},  {32, 96, 16, 5},    {208, 2048, 0, 7},  {16, 3136, 0, 6},
+                                   {320, 1024, 64, 8}, {16, 28672, 0, 7}};
+  int n = 0;
+  for (const Case& c : cases) {
+    for (uint32_t epilogue : {isa::kEpilogueStore, isa::kEpilogueResidualAdd, isa::kEpilogueSiluMul,
+                              isa::kEpilogueRopeKvAppend}) {
+      for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
+        const uint32_t seed = Seed();
+        OpBench b(seed);
+        isa::MatvecW4Args a{};
+        a.rows = c.rows;
+        a.k = c.k;
+        a.row_begin = 16;
+        a.group_shift = c.group_shift;
+        uint32_t total = a.row_begin + a.rows + c.extra_rows;
+        const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;
+        const bool zero_points = ++n % 2 == 0;
+        a.input = b.Arena(c.k);
+        b.FillRandom(a.input);
+        a.prologue = prologue;
+        a.norm_weight = b.Weight(c.k);
+        b.FillRandom(a.norm_weight, 0.5f, 1.5f);
+        a.norm_eps = 1e-5f;
+        a.epilogue = epilogue;
+        a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
+        std::string what = absl::StrCat("MATVEC_W4 rows ", a.rows, " k ", c.k, " group ", 1u << c.group_shift,
+                                        zero_points ? " zero points" : "", " prologue ", prologue, " epilogue ",
+                                        epilogue, biased ? " bias" : "", " seed ", seed);
+        if (epilogue == isa::kEpilogueRopeKvAppend) {
+          SetRopeLayout(b, a);
+          total = a.rows;
+          what += " (rope)";
+        } else if (epilogue == isa::kEpilogueSiluMul) {
+          a.out = b.Output(total / 2 + 1);
+        } else {
+          a.out = b.Output(total);
+          a.residual = b.Arena(total);
+          b.FillRandom(a.residual);
+        }
+        a.weight = b.Weight(uint64_t{total} * isa::MatvecW4RowStride(c.k) / 2, graph::I4);
+        b.FillRandom(a.weight);
+        a.meta = b.RandomW4Meta(total, isa::MatvecW4Groups(c.k, c.group_shift), zero_points);
+        a.bias = biased ? b.Weight(total) : isa::kNoTensor;
+        if (biased) b.FillRandom(a.bias);
+        b.RunAndCompare({Make(isa::Opcode::MATVEC_W4, a)}, what);
       }
     }
   }

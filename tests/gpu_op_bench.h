@@ -235,9 +235,22 @@ class OpBench {
       for (uint64_t i = 0; i < table_[id].bytes / 2; ++i) Data<uint16_t>(id)[i] = graph::FloatToBf16(d(rng_));
     } else if (table_[id].dtype == graph::F8E4M3) {  // the nearest e4m3 values (subnormals and zeros among them)
       for (uint64_t i = 0; i < table_[id].bytes; ++i) Data<uint8_t>(id)[i] = graph::FloatToE4m3(d(rng_));
+    } else if (table_[id].dtype == graph::I4) {  // any byte is two 4-bit values
+      for (uint64_t i = 0; i < table_[id].bytes; ++i) Data<uint8_t>(id)[i] = static_cast<uint8_t>(rng_() & 0xff);
     } else {
       for (uint64_t i = 0; i < table_[id].bytes / 4; ++i) Data<float>(id)[i] = d(rng_);
     }
+  }
+  // A MATVEC_W4 meta tensor for `rows` rows of `groups` groups (isa::MatvecW4Args::meta): scales uniform in [lo, hi)
+  // rounded to bf16, zero points random (0..15) or 8 (symmetric).
+  uint32_t RandomW4Meta(uint32_t rows, uint32_t groups, bool zero_points, float lo = 0.01f, float hi = 0.1f) {
+    const uint32_t id = Weight(uint64_t{rows} * groups, graph::I32);
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (uint64_t i = 0; i < uint64_t{rows} * groups; ++i) {
+      const uint32_t zero = zero_points ? rng_() % 16 : 8;
+      Data<uint32_t>(id)[i] = graph::FloatToBf16(d(rng_)) | ((0x4300u | zero) << 16);
+    }
+    return id;
   }
   std::mt19937& rng() { return rng_; }
   // What a run starts from (read-only: the CPU-side checks validate against the table and run the references on

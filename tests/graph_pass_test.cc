@@ -695,10 +695,10 @@ TEST(GraphPass, EveryOpcodeIsEmittedBySomeLowering) {
       }
     }
   }
-  {
-    graph::ModelOptions fp8 = mo;
-    fp8.scheme = "FP8";
-    absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", fp8);
+  for (const char* scheme : {"FP8", "W4A16"}) {
+    graph::ModelOptions quantized = mo;
+    quantized.scheme = scheme;
+    absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", quantized);
     ASSERT_TRUE(m.ok()) << m.status();
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, {});
     ASSERT_TRUE(s.ok()) << s.status();

@@ -80,11 +80,12 @@ ABSL_FLAG(int32_t, steps_per_launch, 0, "run --backend=gpu: decode steps per ker
 ABSL_FLAG(uint64_t, seed, 0x10057, "seed of random:<preset> weights");
 ABSL_FLAG(std::string, scheme, "",
           "quantize: FP8 (e4m3, a scale per row), W4A16 (int4, a scale per group) or W8A16; compile / run of "
-          "random:<preset>: FP8 generates the projections as FP8 (a power-of-two scale per row)");
+          "random:<preset>: FP8 generates the projections as FP8 (a power-of-two scale per row), W4A16 as int4 (a "
+          "bf16 scale per --group_size columns)");
 ABSL_FLAG(bool, widen_quantized, false,
           "widen every quantized weight of a checkpoint to bf16 as it is read, FP8 ones too (they are computed with "
           "as stored otherwise)");
-ABSL_FLAG(int32_t, group_size, 128, "quantize --scheme=W4A16: columns per scale");
+ABSL_FLAG(int32_t, group_size, 128, "--scheme=W4A16 (quantize, or random weights): columns per scale");
 ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
           "prompt token, without packing the prefill weights)");
@@ -94,6 +95,8 @@ ABSL_FLAG(std::string, logits_out, "",
 
 namespace loom {
 namespace {
+
+bool Given(const std::string& name);  // whether the command line set the flag (below)
 
 struct Command {
   const char* name;
@@ -106,11 +109,12 @@ const std::vector<Command>& Commands() {
       {"compile",
        "loom compile --model=<random:PRESET|HF-FOLDER> [--options=FILE] [--prefill_rows=N] --out=schedule.pb",
        {"model", "options", "out", "num_sms", "policy", "granularity", "unfuse", "max_seq", "repeat", "seed",
-        "prefill_rows", "verify", "scheme", "widen_quantized"}},
+        "prefill_rows", "verify", "scheme", "group_size", "widen_quantized"}},
       {"inspect", "loom inspect schedule.pb [--instructions]", {"instructions"}},
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
-        "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat", "scheme", "widen_quantized"}},
+        "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat", "scheme", "group_size",
+        "widen_quantized"}},
       {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed", "widen_quantized"}},
       {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
        {"model", "out", "scheme", "group_size", "seed"}},
@@ -162,6 +166,10 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   mo.request = request;
   mo.seed = absl::GetFlag(FLAGS_seed);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
+  mo.group_size = absl::GetFlag(FLAGS_group_size);
+  if (loom::Given("group_size") && mo.scheme != "W4A16") {
+    return absl::InvalidArgumentError("--group_size is a W4A16 setting (--scheme=W4A16)");
+  }
   mo.widen_quantized = absl::GetFlag(FLAGS_widen_quantized);
   if (!mo.scheme.empty() && !absl::StartsWith(absl::GetFlag(FLAGS_model), "random:")) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme=", mo.scheme, " generates random weights; a folder's ",

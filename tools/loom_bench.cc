@@ -37,7 +37,10 @@ ABSL_FLAG(std::string, contexts, "128,1024", "comma-separated context lengths to
 ABSL_FLAG(int32_t, tokens, 128, "tokens generated per timed run");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per context (median reported)");
 ABSL_FLAG(int32_t, max_seq, 2048, "KV-cache capacity");
-ABSL_FLAG(std::string, scheme, "", "random models: FP8 generates the projections as FP8 (a scale per row)");
+ABSL_FLAG(std::string, scheme, "",
+          "random models: FP8 generates the projections as FP8 (a scale per row), W4A16 as int4 (a bf16 scale per "
+          "--group_size columns)");
+ABSL_FLAG(int32_t, group_size, 128, "--scheme=W4A16: columns per scale");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace of one run at the last context here (with --models: one file per model, its index "
@@ -169,6 +172,7 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
+  mo.group_size = absl::GetFlag(FLAGS_group_size);
   std::fprintf(stderr, "loading %s...\n", spec.c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(spec, mo);
   if (!model.ok()) return model.status();

@@ -449,6 +449,7 @@ template <typename Args>
 __device__ __forceinline__ void FinishMatvec(const Args& a, ConsumerContext& ctx, const MatvecEpilogueInputs& in,
                                              const float* partial, uint32_t slots_per_row) {
   constexpr bool kFp8 = std::is_same_v<Args, isa::MatvecFp8Args>;
+  constexpr bool kArgmax = std::is_same_v<Args, isa::MatvecArgs>;  // the quantized matvecs have no argmax epilogue
   const isa::MachineView& m = ctx.machine;
   const uint32_t rows = a.rows;
   const __nv_bfloat16* bias = a.bias != isa::kNoTensor ? m.ptr<__nv_bfloat16>(a.bias) + a.row_begin : nullptr;
@@ -499,7 +500,7 @@ __device__ __forceinline__ void FinishMatvec(const Args& a, ConsumerContext& ctx
       break;
     }
     case isa::kEpilogueArgmaxPartial: {
-      if constexpr (kFp8) break;  // (refused by validation: the LM head stays bf16)
+      if constexpr (!kArgmax) break;  // (refused by validation: the LM head stays bf16)
       float best = -INFINITY;
       uint32_t best_row = a.row_begin;
       for (uint32_t r = ctx.tid; r < rows; r += kConsumerThreads) {
@@ -508,7 +509,7 @@ __device__ __forceinline__ void FinishMatvec(const Args& a, ConsumerContext& ctx
         if (Better(y, a.row_begin + r, best, best_row)) best = y, best_row = a.row_begin + r;
       }
       ConsumerArgmax(&best, &best_row, ctx.tid, ctx.scratch);
-      if constexpr (!kFp8) {
+      if constexpr (kArgmax) {
         if (ctx.tid == 0) {
           m.ptr<float>(a.partials)[2 * a.tile_index] = best;
           m.ptr<float>(a.partials)[2 * a.tile_index + 1] = static_cast<float>(best_row);

@@ -1,6 +1,6 @@
-// MATVEC's and MATVEC_FP8's loader hooks (ops/loader_context.cuh): their pages for the weight loader, their
-// activation plan (the RoPE epilogue's position) for the activation loader. Their consumer code: ops/matvec.cuh,
-// ops/matvec_fp8.cuh.
+// MATVEC's, MATVEC_FP8's and MATVEC_W4's loader hooks (ops/loader_context.cuh): their pages for the weight loader,
+// their activation plan (the RoPE epilogue's position) for the activation loader. Their consumer code:
+// ops/matvec.cuh, ops/matvec_fp8.cuh, ops/matvec_w4.cuh.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "megakernel/ops/loader_context.cuh"
 #include "megakernel/ops/matvec.cuh"
 #include "megakernel/ops/matvec_fp8.cuh"
+#include "megakernel/ops/matvec_w4.cuh"
 
 namespace loom::megakernel {
 
@@ -20,17 +21,24 @@ __device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecArgs& a) {
   return uint64_t{isa::MatvecRowStride(a.k)} * 2;
 }
 __device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecFp8Args& a) { return isa::MatvecFp8RowStride(a.k); }
+// (int4: bands of 16 rows are contiguous, so a tile of whole bands starts at row_begin rows' bytes.)
+__device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecW4Args& a) { return isa::MatvecW4RowStride(a.k) / 2; }
 template <typename Args>
-inline constexpr bool kIsMatvec = std::is_same_v<Args, isa::MatvecArgs> || std::is_same_v<Args, isa::MatvecFp8Args>;
+inline constexpr bool kIsMatvec = std::is_same_v<Args, isa::MatvecArgs> || std::is_same_v<Args, isa::MatvecFp8Args> ||
+                                  std::is_same_v<Args, isa::MatvecW4Args>;
 template <typename Args>
 __device__ __forceinline__ constexpr isa::Opcode MatvecOpcode() {
-  return std::is_same_v<Args, isa::MatvecFp8Args> ? isa::Opcode::MATVEC_FP8 : isa::Opcode::MATVEC;
+  return std::is_same_v<Args, isa::MatvecFp8Args>  ? isa::Opcode::MATVEC_FP8
+         : std::is_same_v<Args, isa::MatvecW4Args> ? isa::Opcode::MATVEC_W4
+                                                   : isa::Opcode::MATVEC;
 }
 
 template <>
 inline constexpr bool kHasPageHook<isa::MatvecArgs> = true;
 template <>
 inline constexpr bool kHasPageHook<isa::MatvecFp8Args> = true;
+template <>
+inline constexpr bool kHasPageHook<isa::MatvecW4Args> = true;
 template <uint32_t kVariant, typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
 __device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&, LoaderContext& l) {
   const uint64_t row_bytes = MatvecRowBytes(a);
@@ -64,6 +72,8 @@ template <>
 inline constexpr bool kHasActivationHook<isa::MatvecArgs> = true;
 template <>
 inline constexpr bool kHasActivationHook<isa::MatvecFp8Args> = true;
+template <>
+inline constexpr bool kHasActivationHook<isa::MatvecW4Args> = true;
 template <typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
 __device__ __forceinline__ bool ActivationReadsPosition(const Args& a) {
   return a.epilogue == isa::kEpilogueRopeKvAppend;

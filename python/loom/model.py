@@ -99,13 +99,14 @@ def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057,
     ``max_seq`` is the KV-cache capacity in tokens (0: min(max_position_embeddings, 4096)); ``weights=False``
     reads the configuration and graph only (compiling needs no weights). A progress bar shows loading a large
     model when ``progress``. ``scheme="FP8"`` (``random:`` models) generates every projection as FP8 (e4m3, a
-    power-of-two scale per row); a folder's FP8 weights (a scale per row or tensor) are computed with as stored
-    unless ``widen_quantized``, which widens every quantized weight to bf16 as it is read.
+    power-of-two scale per row), ``scheme="W4A16"`` as symmetric int4 (a bf16 scale per 128 columns); a folder's
+    FP8 weights (a scale per row or tensor) and int4 ones (compressed-tensors, bf16 scales per group) are computed
+    with as stored unless ``widen_quantized``, which widens every quantized weight to bf16 as it is read.
     """
     spec = os.fspath(spec)
     max_seq, seed = check_int(max_seq, "max_seq"), check_int(seed, "seed", high=2**64 - 1)
-    if scheme not in ("", "FP8"):
-        raise ValueError(f"scheme={scheme!r}: random weights are generated as 'FP8' or bf16 ('')")
+    if scheme not in ("", "FP8", "W4A16"):
+        raise ValueError(f"scheme={scheme!r}: random weights are generated as 'FP8', 'W4A16' or bf16 ('')")
     if scheme and not spec.startswith("random:"):
         raise ValueError(f"scheme={scheme!r} generates random weights; a folder's weights are as its "
                          "config.json's quantization_config says")
