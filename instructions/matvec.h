@@ -87,8 +87,9 @@ inline constexpr uint32_t kFloatWords<MatvecFp8Args> = FloatWord(offsetof(Matvec
 // MATVEC_W4: MATVEC over an int4 weight (graph dtype I4), y[r] = dot(W[row_begin + r, 0:k], x) (+ bias), each element
 // bf16((u - z) * s) with u its 4-bit value and s, z its group's scale and zero point (exactly the graph's value). The
 // packed weight is bands of 16 rows, each band chunks of 64 columns (MatvecW4Byte), so a tile of whole bands is one
-// contiguous byte range; `meta` holds each row's groups. The fields are MatvecFp8Args' but for `meta` and
-// `group_shift`. Tiles are whole bands (row_begin and rows multiples of 16).
+// contiguous byte range; `meta` holds each row's groups, and a tile's meta words (contiguous too) come through the page
+// ring ahead of its weights. The fields are MatvecFp8Args' but for `meta` and `group_shift`. Tiles are whole bands
+// (row_begin and rows multiples of 16).
 struct MatvecW4Args {
   uint32_t weight;  // I4 bytes [total_rows / 16 bands][MatvecW4RowStride(k) / 64 chunks][512]
   uint32_t row_begin;
@@ -183,9 +184,17 @@ LOOM_HD uint32_t MatvecW4RowStride(uint32_t k) {
 LOOM_HD uint32_t MatvecW4Groups(uint32_t k, uint32_t group_shift) {
   return (MatvecW4RowStride(k) + (1u << group_shift) - 1) >> group_shift;
 }
-// Partial sums: one per 256 columns of a row where the padded row is a multiple of 256 (a warp's four chunks of a
-// page are then one band's consecutive columns), else one per chunk.
-LOOM_HD uint32_t MatvecW4SlotColumns(uint32_t stride) { return stride % 256 == 0 ? 256 : kMatvecW4ChunkColumns; }
+// A tile's meta words (bytes): its rows' groups, 4 bytes each.
+LOOM_HD uint64_t MatvecW4MetaBytes(uint32_t rows, uint32_t k, uint32_t group_shift) {
+  return 4ull * rows * MatvecW4Groups(k, group_shift);
+}
+// Partial sums of a row: where the padded row is a multiple of 2048 columns every 16 KB page holds 32 chunks of one
+// band and a warp sums its chunks of a band over the band's pages, one slot a warp (8); else, where it is a multiple
+// of 256, a warp's four chunks of a page are one band's consecutive columns, one slot a page (stride / 256); else
+// one a chunk (stride / 64).
+LOOM_HD uint32_t MatvecW4Slots(uint32_t stride) {
+  return stride % 2048 == 0 ? 8 : stride % 256 == 0 ? stride / 256 : stride / kMatvecW4ChunkColumns;
+}
 // Within a chunk, the byte (and nibble: 0 low, 1 high) holding row r (0..15) and column c (0..63). Lane l = 4 g + t
 // holds, for step s (columns 16 s ..), the mma's A fragment as one 32-bit word: nibble i + 4 h is register i's half
 // h, and register i is row g + 8 (i & 1), column 2 t + h + 8 (i >> 1) of the step. So (word >> 4i) & 0x000f000f puts
@@ -206,7 +215,7 @@ LOOM_HD W4Nibble MatvecW4Byte(uint32_t r, uint32_t c) {
 LOOM_HD uint64_t MatvecW4ActivationBytes(uint32_t rows, uint32_t k, uint32_t group_shift) {
   const uint64_t stride = MatvecW4RowStride(k);
   return 6 * stride + 32 + 4ull * rows * MatvecW4Groups(k, group_shift) +
-         4ull * rows * (stride / MatvecW4SlotColumns(static_cast<uint32_t>(stride)));
+         4ull * rows * MatvecW4Slots(static_cast<uint32_t>(stride));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of

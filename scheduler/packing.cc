@@ -69,7 +69,8 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
          cols % p.group_size() != 0 || stride != isa::MatvecW4RowStride(static_cast<uint32_t>(cols)))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "packing '", p.tensor(), "': int4 rows and their groups are matvec bands (stride ",
-          isa::MatvecW4RowStride(static_cast<uint32_t>(cols)), ", groups of a power of two >= 32 dividing ", cols, ")"));
+          isa::MatvecW4RowStride(static_cast<uint32_t>(cols)), ", groups of a power of two >= 32 dividing ", cols,
+          ")"));
     }
     const bool transposed = p.order() == ROWS_TRANSPOSED;
     // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
@@ -138,8 +139,8 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
     const uint64_t groups = int4_meta ? isa::MatvecW4Groups(static_cast<uint32_t>(cols), group_shift) : 0;
     const uint64_t expected = int4 ? rows * stride / 2 : int4_meta ? rows * groups * 4 : rows * stride * elem;
     if ((int4 || int4_meta) && rows % isa::kMatvecW4BandRows != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': ", rows, " int4 rows are not bands of ",
-                                                     isa::kMatvecW4BandRows));
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': ", rows,
+                                                     " int4 rows are not bands of ", isa::kMatvecW4BandRows));
     }
     if (!image && expected != dst.bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,

@@ -39,18 +39,14 @@ template <>
 inline constexpr bool kHasPageHook<isa::MatvecFp8Args> = true;
 template <>
 inline constexpr bool kHasPageHook<isa::MatvecW4Args> = true;
-template <uint32_t kVariant, typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
-__device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&, LoaderContext& l) {
-  const uint64_t row_bytes = MatvecRowBytes(a);
-  const uint64_t total = a.rows * row_bytes;
-  const uint8_t* tile = l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
-  l.InstructionRead();
-  constexpr uint32_t kOpcode = static_cast<uint32_t>(MatvecOpcode<Args>());
+// `total` bytes from `src` into the ring, a page at a time, throttled (above).
+__device__ __forceinline__ void StreamMatvecPages(const uint8_t* src, uint64_t total, uint32_t opcode,
+                                                  LoaderContext& l) {
   for (uint64_t offset = 0; offset < total; offset += l.p.page_bytes) {
     const uint32_t bytes = static_cast<uint32_t>(total - offset < l.p.page_bytes ? total - offset : l.p.page_bytes);
-    uint8_t* page = l.EmptyPage(kOpcode);
+    uint8_t* page = l.EmptyPage(opcode);
     while (l.in_flight >= l.max_in_flight) {
-      MbarrierWait(&l.s.full[l.landed.index], l.landed.phase, l.Where(kOpcode, l.landed.index, kStuckPageWait));
+      MbarrierWait(&l.s.full[l.landed.index], l.landed.phase, l.Where(opcode, l.landed.index, kStuckPageWait));
       ++l.landed;
       --l.in_flight;
     }
@@ -61,10 +57,23 @@ __device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&
       // Evict-first: a MATVEC weight is read once per step, and the step's gigabytes of them would otherwise push
       // out of L2 what is read again (the KV cache, activations): -3% ms/token (docs/history/performance_log.md).
       MbarrierArriveExpectTx(l.Full(), bytes);
-      BulkCopyToShared(page, tile + offset, bytes, l.Full(), CreatePolicyEvictFirst());
+      BulkCopyToShared(page, src + offset, bytes, l.Full(), CreatePolicyEvictFirst());
     }
     ++l.ring;
   }
+}
+
+template <uint32_t kVariant, typename Args, typename = std::enable_if_t<kIsMatvec<Args>>>
+__device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&, LoaderContext& l) {
+  const uint64_t row_bytes = MatvecRowBytes(a);
+  l.InstructionRead();
+  constexpr uint32_t kOpcode = static_cast<uint32_t>(MatvecOpcode<Args>());
+  if constexpr (std::is_same_v<Args, isa::MatvecW4Args>) {  // the tile's meta words first (contiguous: whole bands)
+    const uint64_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
+    StreamMatvecPages(l.p.machine.ptr<uint8_t>(a.meta) + 4 * a.row_begin * groups,
+                      isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift), kOpcode, l);
+  }
+  StreamMatvecPages(l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes, a.rows * row_bytes, kOpcode, l);
 }
 
 // MATVEC's activation hook: the RoPE epilogue needs this step's position (for the consumers' prologue).

@@ -10,9 +10,10 @@
 // page loop free of conversions, which bound MATVEC_FP8 (its ~1000 cycles a 16 KB page against ~1230 of HBM).
 //
 // Pages are 16 KB: 32 chunks of 512 bytes (16 rows x 64 columns); warp w takes chunks 4w .. 4w+3 of each page. A
-// warp sums its chunks of one band in one D and writes one partial sum per row and slot (256 columns where the row
-// is a multiple of 256: a warp's four chunks; else 64: each chunk), and the epilogue adds a row's slots in order:
-// deterministic, no atomics. The prologue and epilogues are MATVEC's (ops/matvec.cuh).
+// warp sums its chunks of one band in accumulators of its own and writes one partial sum per row and slot
+// (isa::MatvecW4Slots), and the epilogue adds a row's slots in order: deterministic, no atomics. The tile's meta
+// words come through the ring first (the loader streams them with the weights, so they are not a load on the
+// critical path). The prologue and epilogues are MATVEC's (ops/matvec.cuh).
 //
 // Activation slot (isa::MatvecW4ActivationBytes): B image [stride / 64][3 pieces][4 lanes][4 steps][2 words] (x, f32,
 // arrives at its byte 2 * stride) | 32 zero bytes (the B of lanes 12-31: columns 3-7) | meta [rows / 16][groups][16]
@@ -28,7 +29,8 @@ namespace loom::megakernel {
 inline constexpr uint32_t kW4ChunkBytes = isa::kMatvecW4ChunkBytes;
 inline constexpr uint32_t kW4ImageChunkBytes = isa::kMatvecW4ChunkColumns * 6;  // 3 bf16 pieces a column
 inline constexpr uint32_t kW4ChunksPerWarp = 4;
-static_assert(kW4ChunksPerWarp * kConsumerWarps * kW4ChunkBytes == isa::kDecodePageBytes, "a page is every warp's chunks");
+static_assert(kW4ChunksPerWarp * kConsumerWarps * kW4ChunkBytes == isa::kDecodePageBytes,
+              "a page is every warp's chunks");
 
 // The top 8 significant bits of f (bf16 by truncation: exact, and f minus it is exact in f32).
 __device__ __forceinline__ float TopBf16(float f) { return __uint_as_float(__float_as_uint(f) & 0xffff0000u); }
@@ -106,10 +108,19 @@ __device__ __forceinline__ W4Meta LoadW4Meta(uint32_t meta, uint32_t band, uint3
   return {Broadcast16(lo, 0x1010), Broadcast16(lo, 0x3232), Broadcast16(hi, 0x1010), Broadcast16(hi, 0x3232)};
 }
 
-// Row g's and row g + 8's sums of D (columns 0-2: the pieces), into their partial-sum slot; D is cleared.
-__device__ __forceinline__ void FlushW4(float (&d)[4], uint32_t band, uint32_t slot, uint32_t slots, uint32_t lane,
-                                        float* partial) {
-  float lo = d[0] + d[1], hi = d[2] + d[3];  // lane 4g + t: columns 2t, 2t + 1
+// Row g's and row g + 8's sums of the chunks' accumulators (each D's columns 0-2: the pieces), into their
+// partial-sum slot, in a fixed order; the accumulators are cleared.
+template <uint32_t kAcc>
+__device__ __forceinline__ void FlushW4(float (&d)[kAcc][4], uint32_t band, uint32_t slot, uint32_t slots,
+                                        uint32_t lane, float* partial) {
+  float e[4];
+#pragma unroll
+  for (uint32_t i = 0; i < 4; ++i) {
+    e[i] = kAcc == 4 ? (d[0][i] + d[1][i]) + (d[2 % kAcc][i] + d[3 % kAcc][i]) : d[0][i];
+#pragma unroll
+    for (uint32_t c = 0; c < kAcc; ++c) d[c][i] = 0.0f;
+  }
+  float lo = e[0] + e[1], hi = e[2] + e[3];  // lane 4g + t: columns 2t, 2t + 1
   lo += __shfl_down_sync(0xffffffffu, lo, 1);
   hi += __shfl_down_sync(0xffffffffu, hi, 1);
   const uint32_t row = band * isa::kMatvecW4BandRows + (lane >> 2);
@@ -117,57 +128,116 @@ __device__ __forceinline__ void FlushW4(float (&d)[4], uint32_t band, uint32_t s
     partial[row * slots + slot] = lo;
     partial[(row + 8) * slots + slot] = hi;
   }
-  d[0] = d[1] = d[2] = d[3] = 0.0f;
+}
+
+// The four 16-column steps of one chunk: A from the page (the lane's 16 bytes), B from the image, into d.
+template <uint32_t kStepsPerGroup>
+__device__ __forceinline__ void W4Chunk(uint32_t page_chunk, uint32_t b_chunk, uint32_t meta, uint32_t band,
+                                        uint32_t cc, uint32_t group_shift, uint32_t groups, uint32_t g,
+                                        float (&d)[4]) {
+  const uint4 q = tile::LoadShared128Bits(page_chunk);
+  const uint4 b01 = tile::LoadShared128Bits(b_chunk);
+  const uint4 b23 = tile::LoadShared128Bits(b_chunk + 16);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
+  W4Meta m;
+#pragma unroll
+  for (uint32_t step = 0; step < 4; ++step) {
+    if (step % kStepsPerGroup == 0) {
+      m = LoadW4Meta(meta, band, (cc * isa::kMatvecW4ChunkColumns + step * 16) >> group_shift, groups, g);
+    }
+    const uint32_t w = words[step];
+    MmaBf16(d, W4Dequant(W4Pair<0>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<1>(w), m.zero_hi, m.scale_hi),
+            W4Dequant(W4Pair<2>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<3>(w), m.zero_hi, m.scale_hi),
+            b[2 * step], b[2 * step + 1]);
+  }
+}
+
+// A warp's four consecutive chunks of one band (columns 64 cc ..), into one accumulator each.
+template <uint32_t kStepsPerGroup>
+__device__ __forceinline__ void W4Quad(uint32_t page_chunk, uint32_t b_chunk, uint32_t b_stride, uint32_t meta,
+                                       uint32_t band, uint32_t cc, uint32_t group_shift, uint32_t groups, uint32_t g,
+                                       float (&d)[kW4ChunksPerWarp][4]) {
+  constexpr uint32_t kMetas = 4 / kStepsPerGroup;  // groups a chunk
+  uint4 q[kW4ChunksPerWarp], b01[kW4ChunksPerWarp], b23[kW4ChunksPerWarp];
+  W4Meta m[kW4ChunksPerWarp][kMetas];
+#pragma unroll
+  for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
+    q[s] = tile::LoadShared128Bits(page_chunk + s * kW4ChunkBytes);
+    b01[s] = tile::LoadShared128Bits(b_chunk + s * b_stride);
+    b23[s] = tile::LoadShared128Bits(b_chunk + s * b_stride + 16);
+#pragma unroll
+    for (uint32_t h = 0; h < kMetas; ++h) {
+      const uint32_t column = (cc + s) * isa::kMatvecW4ChunkColumns + h * kStepsPerGroup * 16;
+      m[s][h] = LoadW4Meta(meta, band, column >> group_shift, groups, g);
+    }
+  }
+#pragma unroll
+  for (uint32_t step = 0; step < 4; ++step) {
+#pragma unroll
+    for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
+      const uint32_t w = step == 0 ? q[s].x : step == 1 ? q[s].y : step == 2 ? q[s].z : q[s].w;
+      const uint32_t b0 = step < 2 ? (step == 0 ? b01[s].x : b01[s].z) : (step == 2 ? b23[s].x : b23[s].z);
+      const uint32_t b1 = step < 2 ? (step == 0 ? b01[s].y : b01[s].w) : (step == 2 ? b23[s].y : b23[s].w);
+      const W4Meta& mm = m[s][step / kStepsPerGroup];
+      MmaBf16(d[s], W4Dequant(W4Pair<0>(w), mm.zero_lo, mm.scale_lo), W4Dequant(W4Pair<1>(w), mm.zero_hi, mm.scale_hi),
+              W4Dequant(W4Pair<2>(w), mm.zero_lo, mm.scale_lo), W4Dequant(W4Pair<3>(w), mm.zero_hi, mm.scale_hi),
+              b0, b1);
+    }
+  }
 }
 
 // kStepsPerGroup: 16-column steps a group holds within a chunk (2 for groups of 32, else 4: one group a chunk).
-// kQuad: rows a multiple of 256 columns, so a warp's four chunks of a page are one band's consecutive columns.
-template <uint32_t kStepsPerGroup, bool kQuad>
+// kMode (isa::MatvecW4Slots): 2, rows a multiple of 2048 columns: every page is 32 chunks of one band and a warp
+// keeps a chunk's accumulator each over the band's pages (its four chunks' mma chains independent), one slot a warp;
+// 1, a multiple of 256: a warp's four chunks of a page are one band's consecutive columns, one slot a page; 0: a
+// slot a chunk.
+template <uint32_t kStepsPerGroup, uint32_t kMode>
 __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t stride, ConsumerContext& ctx,
                                          uint32_t image, uint32_t zero, uint32_t meta, float* partial) {
+  constexpr uint32_t kAcc = kMode == 0 ? 1 : kW4ChunksPerWarp;
   const uint32_t chunks_per_band = stride / isa::kMatvecW4ChunkColumns;
   const uint32_t tile_chunks = a.rows / isa::kMatvecW4BandRows * chunks_per_band;
   const uint32_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
-  const uint32_t slots = stride / isa::MatvecW4SlotColumns(stride);
+  const uint32_t slots = isa::MatvecW4Slots(stride);
   const uint32_t g = ctx.lane >> 2, t = ctx.lane & 3;
   // B: lanes of groups 0-2 read their piece's 32 bytes of each chunk's image; the others the zero block.
   const uint32_t b_lane = g < 3 ? image + (g * 4 + t) * 32 : zero;
   const uint32_t b_stride = g < 3 ? kW4ImageChunkBytes : 0;
+  constexpr uint32_t kPageChunks = kConsumerWarps * kW4ChunksPerWarp;
   const uint32_t warp_first = ctx.warp * kW4ChunksPerWarp;
   uint32_t band = warp_first / chunks_per_band, cc = warp_first % chunks_per_band;  // this warp's next chunk
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (uint32_t page_start = 0; page_start < tile_chunks; page_start += kConsumerWarps * kW4ChunksPerWarp) {
+  float d[kAcc][4] = {};
+  for (uint32_t page_start = 0; page_start < tile_chunks; page_start += kPageChunks) {
     const uint32_t page = tile::SharedAddress(ctx.AcquirePage()) + warp_first * kW4ChunkBytes + ctx.lane * 16;
     const bool mine = page_start + warp_first < tile_chunks;  // the same for the warp: mma.sync needs every lane
-    const uint32_t quad_band = band, quad_slot = cc / 4;
-#pragma unroll
-    for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
-      if (page_start + warp_first + s < tile_chunks) {
-        const uint4 q = tile::LoadShared128Bits(page + s * kW4ChunkBytes);
-        const uint4 b01 = tile::LoadShared128Bits(b_lane + cc * b_stride);
-        const uint4 b23 = tile::LoadShared128Bits(b_lane + cc * b_stride + 16);
-        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-        const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-        W4Meta m;
-#pragma unroll
-        for (uint32_t step = 0; step < 4; ++step) {
-          if (step % kStepsPerGroup == 0) {
-            m = LoadW4Meta(meta, band, (cc * isa::kMatvecW4ChunkColumns + step * 16) >> a.group_shift, groups, g);
-          }
-          const uint32_t w = words[step];
-          MmaBf16(d, W4Dequant(W4Pair<0>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<1>(w), m.zero_hi, m.scale_hi),
-                  W4Dequant(W4Pair<2>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<3>(w), m.zero_hi, m.scale_hi),
-                  b[2 * step], b[2 * step + 1]);
-        }
-        if (!kQuad) FlushW4(d, band, cc, slots, ctx.lane, partial);
+    const uint32_t page_band = band, page_slot = kMode == 2 ? ctx.warp : cc / 4;
+    if constexpr (kMode != 0) {
+      // The warp's four chunks are one band's consecutive columns: every load first, then the four chunks' mma
+      // chains interleaved step by step (four independent accumulators), so no chain waits on a load or on itself.
+      if (mine) {
+        W4Quad<kStepsPerGroup>(page, b_lane + cc * b_stride, b_stride, meta, band, cc, a.group_shift, groups, g, d);
       }
-      if (++cc == chunks_per_band) cc = 0, ++band;
+      cc += kW4ChunksPerWarp;
+      if (cc >= chunks_per_band) cc -= chunks_per_band, ++band;
+    } else {
+#pragma unroll
+      for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
+        if (page_start + warp_first + s < tile_chunks) {
+          W4Chunk<kStepsPerGroup>(page + s * kW4ChunkBytes, b_lane + cc * b_stride, meta, band, cc, a.group_shift,
+                                  groups, g, d[0]);
+          FlushW4(d, band, cc, slots, ctx.lane, partial);
+        }
+        if (++cc == chunks_per_band) cc = 0, ++band;
+      }
     }
     ctx.ReleasePage();
-    if (kQuad && mine) FlushW4(d, quad_band, quad_slot, slots, ctx.lane, partial);
     // On to this warp's chunks of the next page.
-    cc += (kConsumerWarps - 1) * kW4ChunksPerWarp;
+    cc += kPageChunks - kW4ChunksPerWarp;
     while (cc >= chunks_per_band) cc -= chunks_per_band, ++band;
+    // Mode 2: the band's last page (the warp's next chunk is in the next band).
+    if (kMode == 1 && mine) FlushW4(d, page_band, page_slot, slots, ctx.lane, partial);
+    if (kMode == 2 && mine && band != page_band) FlushW4(d, page_band, page_slot, slots, ctx.lane, partial);
   }
 }
 
@@ -179,34 +249,42 @@ __device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, Consumer
   const uint32_t zero = image + 6 * stride;
   const uint32_t meta = zero + 32;
   float* partial = ctx.act + (6 * stride + 32) / 4 + a.rows * groups;
-  // The tile's meta words (contiguous: whole bands), copied beside x; MatvecPrologue's wait covers them.
-  const uint32_t meta_words = a.rows * groups;
-  const uint4* meta_src = ctx.machine.ptr<uint4>(a.meta) + a.row_begin * groups / 4;
-  for (uint32_t j = ctx.tid; j < meta_words / 4; j += kConsumerThreads) {
-    CpAsync16Shared(meta + 16 * j, meta_src + j, 16);
-  }
-  CpAsyncCommit();
   if (ctx.tid < 8) tile::StoreShared32(zero + 4 * ctx.tid, 0u);
   const MatvecEpilogueInputs in = MatvecPrologue(a, stride, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // The input observed in the data: its wait ended here (the trace's "waits met").
   if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
   BuildW4Image(x, stride, image, ctx.tid);
-  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  const bool quad = isa::MatvecW4SlotColumns(stride) == 256;
-  if (a.group_shift == 5) {
-    if (quad) {
-      StreamW4<2, true>(a, stride, ctx, image, zero, meta, partial);
-    } else {
-      StreamW4<2, false>(a, stride, ctx, image, zero, meta, partial);
+  // The tile's meta words, the first of its pages through the ring (the loader's hook), copied into the slot: after
+  // the input's wait, which their load overlaps.
+  const uint32_t meta_bytes = static_cast<uint32_t>(isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift));
+  for (uint32_t done = 0; done < meta_bytes; done += ctx.page_bytes) {
+    const uint32_t page = tile::SharedAddress(ctx.AcquirePage());
+    const uint32_t bytes = min(ctx.page_bytes, meta_bytes - done);
+    for (uint32_t j = 16 * ctx.tid; j < bytes; j += 16 * kConsumerThreads) {
+      tile::StoreShared128(meta + done + j, tile::LoadShared128Bits(page + j));
     }
-  } else if (quad) {
-    StreamW4<4, true>(a, stride, ctx, image, zero, meta, partial);
-  } else {
-    StreamW4<4, false>(a, stride, ctx, image, zero, meta, partial);
+    ctx.ReleasePage();
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  FinishMatvec(a, ctx, in, partial, stride / isa::MatvecW4SlotColumns(stride));
+  const uint32_t mode = stride % 2048 == 0 ? 2 : stride % 256 == 0 ? 1 : 0;
+  if (a.group_shift == 5) {
+    if (mode == 2) {
+      StreamW4<2, 2>(a, stride, ctx, image, zero, meta, partial);
+    } else if (mode == 1) {
+      StreamW4<2, 1>(a, stride, ctx, image, zero, meta, partial);
+    } else {
+      StreamW4<2, 0>(a, stride, ctx, image, zero, meta, partial);
+    }
+  } else if (mode == 2) {
+    StreamW4<4, 2>(a, stride, ctx, image, zero, meta, partial);
+  } else if (mode == 1) {
+    StreamW4<4, 1>(a, stride, ctx, image, zero, meta, partial);
+  } else {
+    StreamW4<4, 0>(a, stride, ctx, image, zero, meta, partial);
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  FinishMatvec(a, ctx, in, partial, isa::MatvecW4Slots(stride));
 }
 
 }  // namespace loom::megakernel
