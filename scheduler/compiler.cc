@@ -81,7 +81,9 @@ absl::StatusOr<Schedule> Compile(const graph::Graph& graph, const std::string& m
                                     : isa::MatvecActivationBytes(kRowsOfRoom, k));
     }
   }
-  FitActivationRing(needed, options, &resolved);
+  // At most what leaves two pages: a wider input is refused by the matvec lowering, naming its op and bytes.
+  const uint64_t most = (kMaxSmemBytes - kSmemReserveBytes - 2ull * resolved.smem().page_bytes()) / 1024 * 1024;
+  FitActivationRing(std::min(needed, most), options, &resolved);
   if (absl::Status s = ValidateOptions(resolved); !s.ok()) return s;
   absl::StatusOr<Program> program = LowerDecodeGraph(graph, resolved);
   if (!program.ok()) return program.status();

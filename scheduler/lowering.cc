@@ -57,7 +57,8 @@ uint32_t Lowering::PackedWeightFor(const std::vector<std::string>& sources, RowO
   int64_t rows = 0;
   const int64_t cols = first.shape_size() == 1 ? 1 : first.shape(first.shape_size() - 1);
   for (const std::string& s : sources) rows += graph::NumElements(graph_.tensor(s)) / cols;
-  bool fp8 = allow_quantized, w4 = allow_quantized && first.dtype() == graph::I4 && rows % isa::kMatvecW4BandRows == 0;
+  bool fp8 = allow_quantized && !has_int4_;
+  bool w4 = allow_quantized && first.dtype() == graph::I4 && rows % isa::kMatvecW4BandRows == 0;
   for (const std::string& s : sources) {
     fp8 = fp8 && graph_.tensor(s).dtype() == graph::F8E4M3;
     w4 = w4 && graph_.tensor(s).dtype() == graph::I4 && graph_.tensor(s).group_size() == first.group_size();

@@ -59,7 +59,11 @@ struct Producer {
 
 class Lowering {
  public:
-  Lowering(const graph::Graph& graph, const CompileOptions& options) : graph_(graph), o_(options) {}
+  Lowering(const graph::Graph& graph, const CompileOptions& options) : graph_(graph), o_(options) {
+    // A decode program runs in one kernel variant, which compiles one quantized matvec: where a graph holds int4 and
+    // FP8 weights, the int4 ones stay (the larger saving) and the FP8 ones are widened to bf16.
+    for (const graph::TensorDef& t : graph.def().tensors()) has_int4_ = has_int4_ || t.dtype() == graph::I4;
+  }
 
   absl::StatusOr<Program> Run();
 
@@ -144,6 +148,7 @@ class Lowering {
     uint32_t group_shift;  // log2 of the group's columns
   };
   absl::flat_hash_map<uint32_t, W4Meta> w4_meta_;            // int4 packed weight -> its meta
+  bool has_int4_ = false;                                    // the graph holds int4 weights
   absl::flat_hash_map<std::string, uint32_t> rope_tables_;  // by serialized RopeAttrs
   absl::Status error_;                                      // first problem found while emitting
   absl::flat_hash_map<std::string, Producer> ready_;

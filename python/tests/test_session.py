@@ -235,14 +235,15 @@ def test_threads_share_a_session_one_call_at_a_time(tiny_schedule):
     assert session.closed and all("closed" in e for e in errors)
 
 
-def test_fp8_projections_generate_as_the_cli():
-    # random:tiny with FP8 projections (MATVEC_FP8 tiles): the Session and `loom run --scheme=FP8` agree, with and
-    # without the prefill pass, and an FP8 checkpoint's quantize -> load keeps its weights as stored.
-    fp8 = loom.load("random:tiny", max_seq=64, scheme="FP8")
-    assert any("quantized to FP8" in note for note in fp8.notes)
-    for prefill in (True, False):
-        out = loom.Session(fp8, backend="cpu").generate([5, 17, 42, 7], max_new_tokens=6, prefill=prefill)
-        assert out.new_ids == cli_tokens("--prompt=5,17,42,7", "--tokens=6", "--scheme=FP8",
-                                         f"--prefill={str(prefill).lower()}")
-    with pytest.raises(ValueError, match="FP8"):
-        loom.load("random:tiny", scheme="W4A16")
+def test_quantized_projections_generate_as_the_cli():
+    # random:tiny with FP8 projections (MATVEC_FP8 tiles) and int4 ones (MATVEC_W4): the Session and `loom run
+    # --scheme=...` agree, with and without the prefill pass.
+    for scheme, note in (("FP8", "quantized to FP8"), ("W4A16", "quantized to int4")):
+        model = loom.load("random:tiny", max_seq=64, scheme=scheme)
+        assert any(note in n for n in model.notes)
+        for prefill in (True, False):
+            out = loom.Session(model, backend="cpu").generate([5, 17, 42, 7], max_new_tokens=6, prefill=prefill)
+            assert out.new_ids == cli_tokens("--prompt=5,17,42,7", "--tokens=6", f"--scheme={scheme}",
+                                             f"--prefill={str(prefill).lower()}")
+    with pytest.raises(ValueError, match="W4A16"):
+        loom.load("random:tiny", scheme="INT3")
