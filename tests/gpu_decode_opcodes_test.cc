@@ -60,6 +60,33 @@ void SetRopeLayout(OpBench& b, Args& a) {
   b.FillRandom(a.rope_table, 0.001f, 1.0f);
 }
 
+// A quantized matvec case's input (k random floats), prologue, epilogue and outputs (MatvecFp8Args or MatvecW4Args):
+// `total` output rows, or the RoPE layout's (then *total is its rows). Returns what to add to the case's name.
+template <typename Args>
+std::string SetMatvecCase(OpBench& b, Args& a, uint32_t k, uint32_t prologue, uint32_t epilogue, uint32_t* total) {
+  a.input = b.Arena(k);
+  b.FillRandom(a.input);
+  a.prologue = prologue;
+  a.norm_weight = b.Weight(k);
+  b.FillRandom(a.norm_weight, 0.5f, 1.5f);
+  a.norm_eps = 1e-5f;
+  a.epilogue = epilogue;
+  a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
+  if (epilogue == isa::kEpilogueRopeKvAppend) {
+    SetRopeLayout(b, a);
+    *total = a.rows;
+    return " (rope)";
+  }
+  if (epilogue == isa::kEpilogueSiluMul) {
+    a.out = b.Output(*total / 2 + 1);
+  } else {
+    a.out = b.Output(*total);
+    a.residual = b.Arena(*total);
+    b.FillRandom(a.residual);
+  }
+  return "";
+}
+
 TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, total_rows; };
@@ -139,27 +166,9 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
         uint32_t total = c.total_rows + a.rows + 2;
         const uint64_t stride = isa::MatvecFp8RowStride(c.k);
         const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;  // every epilogue with and without
-        a.input = b.Arena(c.k);
-        b.FillRandom(a.input);
-        a.prologue = prologue;
-        a.norm_weight = b.Weight(c.k);
-        b.FillRandom(a.norm_weight, 0.5f, 1.5f);
-        a.norm_eps = 1e-5f;
-        a.epilogue = epilogue;
-        a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
         std::string what = absl::StrCat("MATVEC_FP8 rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
-        if (epilogue == isa::kEpilogueRopeKvAppend) {
-          SetRopeLayout(b, a);
-          total = a.rows;
-          what += " (rope)";
-        } else if (epilogue == isa::kEpilogueSiluMul) {
-          a.out = b.Output(total / 2 + 1);
-        } else {
-          a.out = b.Output(total);
-          a.residual = b.Arena(total);
-          b.FillRandom(a.residual);
-        }
+        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total);
         a.weight = b.Weight(uint64_t{total} * stride, graph::F8E4M3);
         b.FillRandom(a.weight);
         a.scales = b.Weight(total, graph::F32);
@@ -200,28 +209,10 @@ TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
         uint32_t total = a.row_begin + a.rows + c.extra_rows;
         const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;
         const bool zero_points = ++n % 2 == 0;
-        a.input = b.Arena(c.k);
-        b.FillRandom(a.input);
-        a.prologue = prologue;
-        a.norm_weight = b.Weight(c.k);
-        b.FillRandom(a.norm_weight, 0.5f, 1.5f);
-        a.norm_eps = 1e-5f;
-        a.epilogue = epilogue;
-        a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
         std::string what = absl::StrCat("MATVEC_W4 rows ", a.rows, " k ", c.k, " group ", 1u << c.group_shift,
                                         zero_points ? " zero points" : "", " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
-        if (epilogue == isa::kEpilogueRopeKvAppend) {
-          SetRopeLayout(b, a);
-          total = a.rows;
-          what += " (rope)";
-        } else if (epilogue == isa::kEpilogueSiluMul) {
-          a.out = b.Output(total / 2 + 1);
-        } else {
-          a.out = b.Output(total);
-          a.residual = b.Arena(total);
-          b.FillRandom(a.residual);
-        }
+        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total);
         a.weight = b.Weight(uint64_t{total} * isa::MatvecW4RowStride(c.k) / 2, graph::I4);
         b.FillRandom(a.weight);
         a.meta = b.RandomW4Meta(total, isa::MatvecW4Groups(c.k, c.group_shift), zero_points);

@@ -192,115 +192,73 @@ TEST(VmPrefill, PrefillThenDecodeMatchesTheOracle) {
   }
 }
 
-// Projections stored FP8 (random:<preset> --scheme=FP8: e4m3 with a power-of-two scale per row): decode runs them
-// as MATVEC_FP8 tiles (the LM head stays a bf16 MATVEC) and matches the oracle on the same weights (1e-5, identical
-// tokens); a one-pass prefill reads them widened to bf16 (exact with power-of-two scales), then decode, likewise.
-TEST(VmOracleFp8, Fp8ProjectionsDecodeAndPrefillMatchTheOracle) {
-  // (qwen2: q/k/v biases, head_dim 32, which the prefill pass does not cover)
-  for (const auto& [spec, prefill] : std::vector<std::pair<std::string, bool>>{{"random:tiny", true},
-                                                                               {"random:tiny-qwen2", false}}) {
-    graph::ModelOptions mo;
-    mo.max_seq = 128;
-    mo.scheme = "FP8";
-    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
-    ASSERT_TRUE(m.ok()) << m.status();
-    int fp8_weights = 0;
-    for (const graph::TensorDef& t : m->graph.def().tensors()) fp8_weights += t.dtype() == graph::F8E4M3 ? 1 : 0;
-    EXPECT_EQ(fp8_weights, 7 * m->config.num_layers) << spec;  // q, k, v, o, gate, up, down
-    const std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
-    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
-    ASSERT_TRUE(oracle.ok()) << oracle.status();
-    scheduler::CompileOptions o;
-    o.set_num_sms(6);
-    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*s);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
-    int fp8_tiles = 0, bf16_tiles = 0;
-    for (const auto& queue : decoded->queues) {
-      for (const isa::Instruction& inst : queue) {
-        fp8_tiles += inst.op() == isa::Opcode::MATVEC_FP8 ? 1 : 0;
-        bf16_tiles += inst.op() == isa::Opcode::MATVEC ? 1 : 0;
-      }
+// A random model with quantized projections (`scheme`, `group`): decode runs them as `opcode` tiles (the LM head
+// stays a bf16 MATVEC) and matches the oracle on the same weights (1e-5, identical tokens); with `prefill`, a
+// one-pass prefill reads them widened to bf16, then decode, likewise.
+void CheckQuantizedDecode(const std::string& spec, const std::string& scheme, int group, graph::DType dtype,
+                          isa::Opcode opcode, bool prefill) {
+  SCOPED_TRACE(absl::StrCat(spec, " ", scheme, " group ", group));
+  graph::ModelOptions mo;
+  mo.max_seq = 128;
+  mo.scheme = scheme;
+  mo.group_size = group;
+  absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  int quantized_weights = 0;
+  for (const graph::TensorDef& t : m->graph.def().tensors()) quantized_weights += t.dtype() == dtype ? 1 : 0;
+  EXPECT_EQ(quantized_weights, 7 * m->config.num_layers);  // q, k, v, o, gate, up, down
+  const std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
+  absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  scheduler::CompileOptions o;
+  o.set_num_sms(6);
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*s);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  int quantized_tiles = 0, bf16_tiles = 0;
+  for (const auto& queue : decoded->queues) {
+    for (const isa::Instruction& inst : queue) {
+      quantized_tiles += inst.op() == opcode ? 1 : 0;
+      bf16_tiles += inst.op() == isa::Opcode::MATVEC ? 1 : 0;
     }
-    EXPECT_GT(fp8_tiles, 0) << spec;
-    EXPECT_GT(bf16_tiles, 0) << spec << ": the LM head";
-    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> steps = runtime::ReferenceVm::Create(*s, m->weights);
-    ASSERT_TRUE(steps.ok()) << steps.status();
-    ASSERT_TRUE((*steps)->Reset(prompt).ok());
-    for (size_t step = 0; step + 1 < prompt.size() + 16; ++step) {
-      ASSERT_TRUE((*steps)->Run(1).ok());
-      ASSERT_LE(RelativeError((*steps)->logits(), oracle->logits[step]), kLogitTolerance) << spec << " step " << step;
-    }
-    EXPECT_EQ((*steps)->tokens(), oracle->tokens) << spec;
-    if (!prefill) continue;
-
-    // The prompt as one pass, then decode.
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, static_cast<int>(prompt.size()));
-    ASSERT_TRUE(pass.ok()) << spec << ": " << pass.status();
-    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
-    ASSERT_TRUE(vm.ok()) << vm.status();
-    ASSERT_TRUE((*vm)->Reset(prompt).ok());
-    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
-    ASSERT_TRUE((*vm)->Run(15).ok());
-    EXPECT_EQ((*vm)->tokens(), oracle->tokens) << spec << " after a prefill pass";
   }
+  EXPECT_GT(quantized_tiles, 0);
+  EXPECT_GT(bf16_tiles, 0) << "the LM head";
+  absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> steps = runtime::ReferenceVm::Create(*s, m->weights);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_TRUE((*steps)->Reset(prompt).ok());
+  for (size_t step = 0; step + 1 < prompt.size() + 16; ++step) {
+    ASSERT_TRUE((*steps)->Run(1).ok());
+    ASSERT_LE(RelativeError((*steps)->logits(), oracle->logits[step]), kLogitTolerance) << "step " << step;
+  }
+  EXPECT_EQ((*steps)->tokens(), oracle->tokens);
+  if (!prefill) return;
+  absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, static_cast<int>(prompt.size()));
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
+  ASSERT_TRUE(vm.ok()) << vm.status();
+  ASSERT_TRUE((*vm)->Reset(prompt).ok());
+  ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+  ASSERT_TRUE((*vm)->Run(15).ok());
+  EXPECT_EQ((*vm)->tokens(), oracle->tokens) << "after a prefill pass";
 }
 
-// Projections stored int4 (random:<preset> --scheme=W4A16: symmetric, a bf16 scale per group): decode runs them as
-// MATVEC_W4 tiles (whole bands of 16 rows; the LM head stays a bf16 MATVEC) and matches the oracle on the same
-// weights (1e-5, identical tokens), for groups of 128, 64 (192 and 320 columns: a 64-column slot a chunk) and 32
-// (224 columns padded to 256, the padding its own group); a one-pass prefill reads them widened to bf16 (exact:
-// each value is a bf16), then decode, likewise.
+// FP8 (random:<preset> --scheme=FP8: e4m3 with a power-of-two scale per row, exact widened to bf16 for the prefill).
+// (qwen2: q/k/v biases, head_dim 32, which the prefill pass does not cover.)
+TEST(VmOracleFp8, Fp8ProjectionsDecodeAndPrefillMatchTheOracle) {
+  CheckQuantizedDecode("random:tiny", "FP8", 0, graph::F8E4M3, isa::Opcode::MATVEC_FP8, true);
+  CheckQuantizedDecode("random:tiny-qwen2", "FP8", 0, graph::F8E4M3, isa::Opcode::MATVEC_FP8, false);
+}
+
+// Int4 (random:<preset> --scheme=W4A16: symmetric, a bf16 scale per group; MATVEC_W4 tiles are whole bands of 16
+// rows), groups of 128, 64 (192 and 320 columns: a 64-column slot a chunk) and 32 (224 columns padded to 256, the
+// padding its own group); each value is a bf16, so the prefill's widened weights are exact.
 TEST(VmOracleW4, Int4ProjectionsDecodeAndPrefillMatchTheOracle) {
-  struct Case { std::string spec; int group; bool prefill; };
-  for (const Case& c : std::vector<Case>{{"random:tiny", 128, true}, {"random:tiny-mistral", 64, false},
-                                         {"random:tiny-qwen2", 32, false}, {"random:tiny-qwen3", 128, false}}) {
-    graph::ModelOptions mo;
-    mo.max_seq = 128;
-    mo.scheme = "W4A16";
-    mo.group_size = c.group;
-    absl::StatusOr<graph::Model> m = graph::LoadModel(c.spec, mo);
-    ASSERT_TRUE(m.ok()) << m.status();
-    int int4_weights = 0;
-    for (const graph::TensorDef& t : m->graph.def().tensors()) int4_weights += t.dtype() == graph::I4 ? 1 : 0;
-    EXPECT_EQ(int4_weights, 7 * m->config.num_layers) << c.spec;  // q, k, v, o, gate, up, down
-    const std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
-    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
-    ASSERT_TRUE(oracle.ok()) << oracle.status();
-    scheduler::CompileOptions o;
-    o.set_num_sms(6);
-    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    absl::StatusOr<scheduler::DecodedSchedule> decoded = scheduler::DecodeSchedule(*s);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
-    int w4_tiles = 0, bf16_tiles = 0;
-    for (const auto& queue : decoded->queues) {
-      for (const isa::Instruction& inst : queue) {
-        w4_tiles += inst.op() == isa::Opcode::MATVEC_W4 ? 1 : 0;
-        bf16_tiles += inst.op() == isa::Opcode::MATVEC ? 1 : 0;
-      }
-    }
-    EXPECT_GT(w4_tiles, 0) << c.spec;
-    EXPECT_GT(bf16_tiles, 0) << c.spec << ": the LM head";
-    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> steps = runtime::ReferenceVm::Create(*s, m->weights);
-    ASSERT_TRUE(steps.ok()) << steps.status();
-    ASSERT_TRUE((*steps)->Reset(prompt).ok());
-    for (size_t step = 0; step + 1 < prompt.size() + 16; ++step) {
-      ASSERT_TRUE((*steps)->Run(1).ok());
-      ASSERT_LE(RelativeError((*steps)->logits(), oracle->logits[step]), kLogitTolerance) << c.spec << " step " << step;
-    }
-    EXPECT_EQ((*steps)->tokens(), oracle->tokens) << c.spec;
-    if (!c.prefill) continue;
-    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, static_cast<int>(prompt.size()));
-    ASSERT_TRUE(pass.ok()) << c.spec << ": " << pass.status();
-    absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
-    ASSERT_TRUE(vm.ok()) << vm.status();
-    ASSERT_TRUE((*vm)->Reset(prompt).ok());
-    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
-    ASSERT_TRUE((*vm)->Run(15).ok());
-    EXPECT_EQ((*vm)->tokens(), oracle->tokens) << c.spec << " after a prefill pass";
-  }
+  CheckQuantizedDecode("random:tiny", "W4A16", 128, graph::I4, isa::Opcode::MATVEC_W4, true);
+  CheckQuantizedDecode("random:tiny-mistral", "W4A16", 64, graph::I4, isa::Opcode::MATVEC_W4, false);
+  CheckQuantizedDecode("random:tiny-qwen2", "W4A16", 32, graph::I4, isa::Opcode::MATVEC_W4, false);
+  CheckQuantizedDecode("random:tiny-qwen3", "W4A16", 128, graph::I4, isa::Opcode::MATVEC_W4, false);
 }
 
 // The gated depthwise-conv LM (no attention): decode steps carry each layer's conv state from token to token
