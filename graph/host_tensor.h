@@ -40,7 +40,9 @@ struct HostTensor {
     }
   }
   const void* data() const;
-  size_t bytes() const { return dtype == I4 ? static_cast<size_t>(size() + 1) / 2 : static_cast<size_t>(size()) * DTypeSize(dtype); }
+  size_t bytes() const {
+    return dtype == I4 ? static_cast<size_t>(size() + 1) / 2 : static_cast<size_t>(size()) * DTypeSize(dtype);
+  }
   // I4: columns per group (K / groups).
   int64_t Int4GroupSize() const { return shape[1] / (static_cast<int64_t>(bf16.size()) / shape[0]); }
 

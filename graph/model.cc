@@ -183,10 +183,8 @@ absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
   Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
   for (const HfWeightPlan::Source& source : plan.sources) {
     if (source.scheme) {
-      absl::StatusOr<HostTensor> t =
-          source.kept == F8E4M3 ? ReadFp8Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
-          : source.kept == I4   ? ReadInt4Weight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup())
-                                : ReadQuantizedWeight(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
+      const auto read = source.kept == F8E4M3 ? ReadFp8Weight : source.kept == I4 ? ReadInt4Weight : ReadQuantizedWeight;
+      absl::StatusOr<HostTensor> t = read(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
       if (!t.ok()) return t.status();
       weights->emplace(source.name, *std::move(t));
       progress.Add(source.bytes);

@@ -256,8 +256,8 @@ absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(const nlohmann::json&
   return config;
 }
 
-absl::StatusOr<Parts> quantization_internal::FindParts(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& s,
-                                const TensorLookup& lookup) {
+absl::StatusOr<Parts> quantization_internal::FindParts(const std::string& weight, int64_t rows, int64_t cols,
+                                                      const WeightScheme& s, const TensorLookup& lookup) {
   const std::string module = weight.substr(0, weight.size() - std::string(".weight").size());
   auto need = [&](const std::string& suffix) -> absl::StatusOr<StoredTensor> {
     std::optional<StoredTensor> t = lookup(module + "." + suffix);

@@ -41,8 +41,8 @@ TEST(GpuOpcodes, MatvecAtEveryPageSize) {
   }
 }
 
-// The RoPE epilogue's layout for a matvec test (MatvecArgs, MatvecFp8Args or MatvecW4Args): 2 KV heads of dim 16 with 3 query
-// heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions, position 5.
+// The RoPE epilogue's layout for a matvec test (MatvecArgs, MatvecFp8Args or MatvecW4Args): 2 KV heads of dim 16
+// with 3 query heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions, position 5.
 template <typename Args>
 void SetRopeLayout(OpBench& b, Args& a) {
   a.head_dim = 16;

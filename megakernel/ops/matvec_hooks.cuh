@@ -22,7 +22,9 @@ __device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecArgs& a) {
 }
 __device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecFp8Args& a) { return isa::MatvecFp8RowStride(a.k); }
 // (int4: bands of 16 rows are contiguous, so a tile of whole bands starts at row_begin rows' bytes.)
-__device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecW4Args& a) { return isa::MatvecW4RowStride(a.k) / 2; }
+__device__ __forceinline__ uint64_t MatvecRowBytes(const isa::MatvecW4Args& a) {
+  return isa::MatvecW4RowStride(a.k) / 2;
+}
 template <typename Args>
 inline constexpr bool kIsMatvec = std::is_same_v<Args, isa::MatvecArgs> || std::is_same_v<Args, isa::MatvecFp8Args> ||
                                   std::is_same_v<Args, isa::MatvecW4Args>;
