@@ -33,7 +33,9 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the case generator");
 ABSL_FLAG(double, seconds, 0, "stop starting cases after this many seconds (0: run them all)");
 ABSL_FLAG(std::string, report, "", "write one line per case here");
 ABSL_FLAG(std::string, dir, "/tmp", "where each case's config.json is written");
-ABSL_FLAG(std::string, scheme, "", "FP8: every case's projections FP8 (MATVEC_FP8 in decode; the cases are the same)");
+ABSL_FLAG(std::string, scheme, "",
+          "FP8: every case's projections FP8 (MATVEC_FP8 in decode), W4A16: int4 in the largest group of 128 / 64 / 32 "
+          "that divides them (MATVEC_W4); the cases are the same");
 ABSL_FLAG(bool, compile_only, false, "compile each case and lower its pass, no GPU or VM (the case mix, the refusals)");
 
 namespace loom {
@@ -164,6 +166,12 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
   graph::ModelOptions mo;
   mo.max_seq = static_cast<int>(c.max_seq);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
+  // W4A16: the largest group of 128, 64 and 32 that divides every projection's columns (the case's shapes are
+  // checkpoints'; a group none divides is refused by LoadModel, naming the weight).
+  for (uint32_t group : {128u, 64u, 32u}) {
+    mo.group_size = static_cast<int>(group);
+    if (c.hidden % group == 0 && c.intermediate % group == 0 && c.heads * c.head_dim % group == 0) break;
+  }
   absl::StatusOr<graph::Model> model = graph::LoadModel("random:" + path, mo);
   if (!model.ok()) {
     *detail = std::string(model.status().message());
