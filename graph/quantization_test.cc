@@ -145,6 +145,20 @@ TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
     for (const auto& [name, hash] : reference.items()) EXPECT_EQ(graph_only->graph.tensor(name).dtype(), I4) << name;
     absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
     ASSERT_TRUE(run.ok()) << run.status();
+    // Exported (transformers' reference), the int4 projections are bf16: each value exactly.
+    const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_w4_export_", ::getpid());
+    ASSERT_TRUE(ExportModel(*m, dir.string()).ok());
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / "model.safetensors").string());
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (const auto& [name, hash] : reference.items()) {
+      const SafetensorsEntry& e = (*file)->header().tensors.at(name);
+      const HostTensor& w = m->weights.at(name);
+      ASSERT_EQ(e.dtype, "BF16") << name;
+      ASSERT_EQ(e.end - e.begin, 2u * w.size()) << name;
+      const uint16_t* values = reinterpret_cast<const uint16_t*>((*file)->Data(e));
+      for (int64_t i = 0; i < w.size(); ++i) ASSERT_EQ(Bf16ToFloat(values[i]), w.Get(i)) << name << " element " << i;
+    }
+    fs::remove_all(dir);
   }
   absl::StatusOr<Model> f16 = LoadModel(kData + "w4a16-g32-f16");
   ASSERT_TRUE(f16.ok()) << f16.status();
