@@ -250,7 +250,9 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
     if (IsProjection(name, shape)) projection_parameters += double(shape[0]) * shape[1];
   }
   const double weights = 2 * c.Parameters() - saved * projection_parameters;
-  const double packed = packed_copies * weights;
+  // The decode schedule's copy is packed as the weights are stored; the prefill pass's GEMM images are bf16 whatever
+  // the scheme (its tensor cores read quantized weights widened).
+  const double packed = (packed_copies > 0 ? weights : 0.0) + std::max(0, packed_copies - 1) * 2 * c.Parameters();
   const double kv = packed_copies > 0 ? 2.0 * 4 * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
   std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of %s weights", c.Parameters() / 1e9, weights / 1e9,
                                        scheme.empty() ? "bf16" : absl::StrCat(scheme, " and bf16"));
