@@ -216,17 +216,22 @@ void Reference(const MatvecW4Args& a, const MachineView& m) {
   const uint32_t groups = MatvecW4Groups(a.k, a.group_shift);
   const uint8_t* w = m.ptr<uint8_t>(a.weight);
   const uint32_t* meta = m.ptr<uint32_t>(a.meta);
+  float value[16];  // the row's current group's 16 values
   for (uint32_t r = 0; r < a.rows; ++r) {
     const uint64_t row = a.row_begin + r, band = row / kMatvecW4BandRows;
     float acc = 0.0f;
     for (uint32_t j = 0; j < a.k; ++j) {
+      if (j % (1u << a.group_shift) == 0) {
+        const uint32_t word = meta[(band * groups + (j >> a.group_shift)) * kMatvecW4BandRows + row % kMatvecW4BandRows];
+        const float scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
+        const float zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;
+        for (int u = 0; u < 16; ++u) {
+          value[u] = graph::Bf16ToFloat(graph::FloatToBf16((static_cast<float>(u) - zero) * scale));
+        }
+      }
       const W4Nibble at = MatvecW4Byte(row % kMatvecW4BandRows, j % kMatvecW4ChunkColumns);
       const uint8_t byte = w[(band * chunks + j / kMatvecW4ChunkColumns) * kMatvecW4ChunkBytes + at.byte];
-      const int32_t u = (byte >> (4 * at.high)) & 15;
-      const uint32_t word = meta[(band * groups + (j >> a.group_shift)) * kMatvecW4BandRows + row % kMatvecW4BandRows];
-      const float scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
-      const float zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;
-      acc += x[j] * graph::Bf16ToFloat(graph::FloatToBf16((static_cast<float>(u) - zero) * scale));
+      acc += x[j] * value[(byte >> (4 * at.high)) & 15];
     }
     y[r] = acc;
     if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);
