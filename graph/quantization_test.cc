@@ -41,6 +41,35 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(f);
 }
 
+// `loom export` of `m` writes each projection named in `reference` as `dtype` (F32 or BF16) holding exactly the
+// values Loom computes with (HostTensor::Get), every `step`-th element checked.
+void ExpectExportedValues(const Model& m, const nlohmann::json& reference, const std::string& dtype, int64_t step) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_export_", dtype, "_", ::getpid());
+  ASSERT_TRUE(ExportModel(m, dir.string()).ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / "model.safetensors").string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  const uint64_t size = dtype == "F32" ? 4 : 2;
+  for (const auto& [name, hash] : reference.items()) {
+    const SafetensorsEntry& e = (*file)->header().tensors.at(name);
+    const HostTensor& w = m.weights.at(name);
+    ASSERT_EQ(e.dtype, dtype) << name;
+    ASSERT_EQ(e.end - e.begin, size * w.size()) << name;
+    const uint8_t* data = (*file)->Data(e);
+    for (int64_t i = 0; i < w.size(); i += step) {
+      float v;
+      if (size == 4) {
+        std::memcpy(&v, data + 4 * i, 4);
+      } else {
+        uint16_t b;
+        std::memcpy(&b, data + 2 * i, 2);
+        v = Bf16ToFloat(b);
+      }
+      ASSERT_EQ(v, w.Get(i)) << name << " element " << i;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Quantized, EveryFixtureReadsBackToTheLibrarysBits) {
   for (const char* scheme :
        {"w4a16-g32", "w4a16-asym-g64", "w8a16-channel", "fp8-channel", "fp8-tensor", "w4a16-g32-f16", "awq-g32",
@@ -96,21 +125,7 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   ASSERT_TRUE(run.ok()) << run.status();
 
   // Exported (transformers' reference), the FP8 projections are float32: each value times its row's scale.
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_fp8_export_", ::getpid());
-  ASSERT_TRUE(ExportModel(*m, dir.string()).ok());
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / "model.safetensors").string());
-  ASSERT_TRUE(file.ok()) << file.status();
-  for (const auto& [name, hash] : reference.items()) {
-    const SafetensorsEntry& e = (*file)->header().tensors.at(name);
-    const HostTensor& w = m->weights.at(name);
-    ASSERT_EQ(e.dtype, "F32") << name;
-    ASSERT_EQ(e.end - e.begin, 4u * w.size()) << name;
-    const float* values = reinterpret_cast<const float*>((*file)->Data(e));
-    for (int64_t i = 0; i < w.size(); i += 97) {
-      ASSERT_EQ(values[i], E4m3ToFloat(w.f8[i]) * w.f32[i / w.shape[1]]) << name << " element " << i;
-    }
-  }
-  fs::remove_all(dir);
+  ExpectExportedValues(*m, reference, "F32", 97);
   }
 }
 
@@ -146,19 +161,7 @@ TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
     absl::StatusOr<OracleDecode> run = DecodeWithOracle(*m, {3, 1, 4}, 3);
     ASSERT_TRUE(run.ok()) << run.status();
     // Exported (transformers' reference), the int4 projections are bf16: each value exactly.
-    const fs::path dir = fs::temp_directory_path() / absl::StrCat("loom_w4_export_", ::getpid());
-    ASSERT_TRUE(ExportModel(*m, dir.string()).ok());
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open((dir / "model.safetensors").string());
-    ASSERT_TRUE(file.ok()) << file.status();
-    for (const auto& [name, hash] : reference.items()) {
-      const SafetensorsEntry& e = (*file)->header().tensors.at(name);
-      const HostTensor& w = m->weights.at(name);
-      ASSERT_EQ(e.dtype, "BF16") << name;
-      ASSERT_EQ(e.end - e.begin, 2u * w.size()) << name;
-      const uint16_t* values = reinterpret_cast<const uint16_t*>((*file)->Data(e));
-      for (int64_t i = 0; i < w.size(); ++i) ASSERT_EQ(Bf16ToFloat(values[i]), w.Get(i)) << name << " element " << i;
-    }
-    fs::remove_all(dir);
+    ExpectExportedValues(*m, reference, "BF16", 1);
   }
   absl::StatusOr<Model> f16 = LoadModel(kData + "w4a16-g32-f16");
   ASSERT_TRUE(f16.ok()) << f16.status();

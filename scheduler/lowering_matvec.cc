@@ -11,26 +11,26 @@ namespace loom::scheduler::lowering_internal {
 
 namespace {
 
-// A tile of an FP8 weight: MATVEC's fields, the rows' scales in the word MATVEC keeps for its argmax partials (an
-// FP8 tile has no argmax epilogue).
-isa::MatvecFp8Args Fp8Tile(const isa::MatvecArgs& a, uint32_t scales) {
-  isa::MatvecFp8Args f{};
+// A quantized matvec's tile: MATVEC's fields but its weight-specific ones (FP8's `scales`, int4's `meta` and
+// `group_shift`), which the caller sets (a quantized tile has no argmax epilogue, so no `partials`).
+template <typename Args>
+Args QuantizedTile(const isa::MatvecArgs& a) {
+  Args f{};
   f.weight = a.weight, f.row_begin = a.row_begin, f.rows = a.rows, f.k = a.k, f.input = a.input;
   f.prologue = a.prologue, f.norm_weight = a.norm_weight, f.norm_eps = a.norm_eps, f.epilogue = a.epilogue;
   f.out = a.out, f.residual = a.residual, f.k_cache = a.k_cache, f.v_cache = a.v_cache, f.step_state = a.step_state;
   f.rope_table = a.rope_table, f.heads_per_group = a.heads_per_group, f.num_kv_heads = a.num_kv_heads;
-  f.head_dim = a.head_dim, f.max_seq = a.max_seq, f.scales = scales, f.tile_index = a.tile_index, f.bias = a.bias;
+  f.head_dim = a.head_dim, f.max_seq = a.max_seq, f.bias = a.bias;
   return f;
 }
-
-// A tile of an int4 weight: MATVEC's fields, the rows' groups in `meta`.
+isa::MatvecFp8Args Fp8Tile(const isa::MatvecArgs& a, uint32_t scales) {
+  isa::MatvecFp8Args f = QuantizedTile<isa::MatvecFp8Args>(a);
+  f.scales = scales, f.tile_index = a.tile_index;
+  return f;
+}
 isa::MatvecW4Args W4Tile(const isa::MatvecArgs& a, uint32_t meta, uint32_t group_shift) {
-  isa::MatvecW4Args f{};
-  f.weight = a.weight, f.row_begin = a.row_begin, f.rows = a.rows, f.k = a.k, f.input = a.input;
-  f.prologue = a.prologue, f.norm_weight = a.norm_weight, f.norm_eps = a.norm_eps, f.epilogue = a.epilogue;
-  f.out = a.out, f.residual = a.residual, f.k_cache = a.k_cache, f.v_cache = a.v_cache, f.step_state = a.step_state;
-  f.rope_table = a.rope_table, f.heads_per_group = a.heads_per_group, f.num_kv_heads = a.num_kv_heads;
-  f.head_dim = a.head_dim, f.max_seq = a.max_seq, f.meta = meta, f.group_shift = group_shift, f.bias = a.bias;
+  isa::MatvecW4Args f = QuantizedTile<isa::MatvecW4Args>(a);
+  f.meta = meta, f.group_shift = group_shift;
   return f;
 }
 
