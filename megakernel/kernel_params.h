@@ -71,6 +71,8 @@ struct TraceEvent {
   uint64_t ready;
   uint64_t end;
   uint64_t handed;  // past the slot's act_full mbarrier (0: not recorded); the consumers then load what they read
+  uint64_t pages_begin;  // a streaming opcode (MATVEC*) done with its prologue, about to take its first page (0: none)
+  uint64_t pages_end;    // ... done with its last page, about to start its epilogue (0: none)
 };
 
 struct KernelParams {

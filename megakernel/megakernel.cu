@@ -193,7 +193,7 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
     ctx.act_phase = (waited_phases >> act.index) & 1u;
     // Step tags in decode programs only (they run this variant): elsewhere the tag code compiles away, and the
     // loader above polls every wait (TTFT was 1.5% slower with it in the tensor-core variant).
-    ctx.flags = isa::IsDecodeVariant(kVariant) ? inst.flags : 0;
+    ctx.flags = isa::IsDecodeVariant(kVariant) ? inst.flags | (p.trace != nullptr ? kContextTracing : 0u) : 0;
     ctx.ready = isa::IsDecodeVariant(kVariant) && p.trace != nullptr ? &s.act_ready[act.index] : nullptr;
     const uint64_t info = s.act_info[act.index];
     ctx.act_flags = static_cast<uint32_t>(info);
@@ -232,6 +232,11 @@ __device__ __forceinline__ void Consumers(const KernelParams& p, const SharedLay
         e.start = start;
         e.ready = ready > start ? ready : start;
         e.end = GlobalTimer();
+        // The marks an opcode stamped (ConsumerContext::Mark), cleared for the next (zero at launch: Megakernel).
+        uint64_t* marks = TraceMarks(s.scratch);
+        e.pages_begin = marks[0];
+        e.pages_end = marks[1];
+        marks[0] = marks[1] = 0;
       }
       MbarrierWait(&s.freed[signal_slot.index], signal_slot.phase ^ 1u,
                    w.Where(p, sm, inst.opcode, signal_slot.index, kStuckSignalWait));
@@ -275,6 +280,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
       s.act_ready[i] = 0;
     }
     *s.split_rows = 0;
+    TraceMarks(s.scratch)[0] = TraceMarks(s.scratch)[1] = 0;
     FenceBarrierInit();
   }
   __syncthreads();

@@ -58,6 +58,11 @@ absl::Status WriteChromeTrace(const std::string& path, const TraceInput& in) {
                                     {"wait_us", (e.ready - e.start) / 1e3},
                                     {"handoff_us", e.handed > e.ready ? (e.handed - e.ready) / 1e3 : 0.0}}}});
         if (in.op_names != nullptr) events.back()["args"]["op"] = (*in.op_names)[sm][i - (*in.queue_begin)[sm]];
+        // A streaming opcode's page phase (its prologue before, its epilogue after), from the instruction's start.
+        if (e.pages_begin >= e.start && e.pages_end >= e.pages_begin && e.pages_begin != 0) {
+          events.back()["args"]["pages_begin_us"] = (e.pages_begin - e.start) / 1e3;
+          events.back()["args"]["pages_end_us"] = (e.pages_end - e.start) / 1e3;
+        }
       }
     }
   }

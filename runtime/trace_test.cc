@@ -28,7 +28,7 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
   const std::vector<uint32_t> queue_begin = {0, 2, 4};
   std::vector<TraceEvent> events;
   for (uint64_t l = 0; l < 2; ++l) {
-    events.push_back({1000 * l, 1000 * l + 100, 1000 * l + 300, 1000 * l + 150});
+    events.push_back({1000 * l, 1000 * l + 100, 1000 * l + 300, 1000 * l + 150, 1000 * l + 160, 1000 * l + 280});
     events.push_back({1000 * l + 300, 1000 * l + 350, 1000 * l + 500, 0});  // hand-off not recorded
   }
   const std::vector<std::vector<std::string>> ops = {{"layers.0.qkv", "layers.0.attn,layers.0.out"},
@@ -60,6 +60,9 @@ TEST(Trace, StagesSumLayersAndMeasureSpans) {
   json << f.rdbuf();
   EXPECT_NE(json.str().find("\"op\":\"layers.1.attn,layers.1.out\""), std::string::npos) << json.str();
   EXPECT_NE(json.str().find("\"wait_us\":0.05"), std::string::npos) << json.str();
+  // The qkv's page phase, from its start; the attention's (no marks) has none.
+  EXPECT_NE(json.str().find("\"pages_begin_us\":0.16,\"pages_end_us\":0.28"), std::string::npos) << json.str();
+  EXPECT_EQ(json.str().find("\"pages_begin_us\":0.0,"), std::string::npos) << json.str();
   std::filesystem::remove(path);
 }
 

@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
 ABSL_FLAG(std::string, trace, "",
           "write a Chrome trace of one run at the last context here (with --models: one file per model, its index "
           "before the extension)");
+ABSL_FLAG(bool, trace_no_loads, false,
+          "with --trace: also trace a run with weight loads skipped (what the consumers and the dependency chain take "
+          "alone; garbage results), into the trace's name with .no_loads before the extension");
 
 namespace loom {
 namespace {
@@ -164,6 +167,20 @@ struct SweepRow {
   std::vector<double> ms;  // per context
 };
 
+// `text` inserted before the path's extension (at its end without one): trace.json -> trace<text>.json.
+std::string InsertBeforeExtension(const std::string& path, const std::string& text) {
+  const size_t dot = path.rfind('.');
+  const size_t slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return absl::StrCat(path, text);
+  return absl::StrCat(path.substr(0, dot), text, path.substr(dot));
+}
+
+// trace.json -> trace.2.json for model 2 of a sweep.
+std::string TracePathFor(const std::string& path, size_t index, size_t models) {
+  if (path.empty() || models < 2) return path;
+  return InsertBeforeExtension(path, absl::StrCat(".", index));
+}
+
 // The whole bench for one model: its floor, streaming and consumer rates, decode per context (and a trace).
 absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileOptions options,
                                     const std::vector<int>& contexts, const std::string& trace_path) {
@@ -244,31 +261,26 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
                 median[0] / floor_ms, median[1]);
     row.ms.push_back(median[0]);
   }
-  if (!trace_path.empty()) {
+  for (int skip = 0; skip < (absl::GetFlag(FLAGS_trace_no_loads) ? 2 : 1) && !trace_path.empty(); ++skip) {
     if (absl::Status st = d.SetPosition(contexts.back() - 1); !st.ok()) return st;
     constexpr int kTraceSteps = 8;
+    d.machine().SetSkipWeightLoads(skip == 1);
     absl::StatusOr<float> t = d.Run(kTraceSteps, true);
+    d.machine().SetSkipWeightLoads(false);
     if (!t.ok()) return t.status();
     absl::StatusOr<runtime::GpuProgram> program = runtime::ProgramFromSchedule(*s);
     if (!program.ok()) return program.status();
     const std::vector<std::vector<std::string>> ops = runtime::OpNames(*s);
     runtime::TraceInput in{&*program, &d.machine().queue_begin(), &d.machine().trace(), kTraceSteps,
                               s->weight_bytes_per_step(), &ops};
-    if (absl::Status st = runtime::WriteChromeTrace(trace_path, in); !st.ok()) return st;
-    std::printf("\ncontext %d, traced (%s):\n%s", contexts.back(), trace_path.c_str(),
-                runtime::TraceSummary(in).c_str());
+    const std::string path = skip == 0 ? trace_path : InsertBeforeExtension(trace_path, ".no_loads");
+    if (absl::Status st = runtime::WriteChromeTrace(path, in); !st.ok()) return st;
+    std::printf("\ncontext %d, traced%s (%s):\n%s", contexts.back(), skip == 1 ? " with weight loads skipped" : "",
+                path.c_str(), runtime::TraceSummary(in).c_str());
   }
   return row;
 }
 
-// trace.json -> trace.2.json for model 2 of a sweep.
-std::string TracePathFor(const std::string& path, size_t index, size_t models) {
-  if (path.empty() || models < 2) return path;
-  const size_t dot = path.rfind('.');
-  const size_t slash = path.rfind('/');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return absl::StrCat(path, ".", index);
-  return absl::StrCat(path.substr(0, dot), ".", index, path.substr(dot));
-}
 
 int Main() {
   // The flags first: a bad one is named on any machine.

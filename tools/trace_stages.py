@@ -6,7 +6,8 @@
 Per stage (instructions of one layer op, all layers and SMs): medians of the wait for the barriers, the
 hand-off of the activation slot and the rest of the instruction. Per layer: the hop from the last SM's end of
 the stage before to the first SM whose waits were met, the spread of those, the time from the last waits met to
-the last end, and the spread of the ends (the stage waits for its slowest SM).
+the last end, and the spread of the ends (the stage waits for its slowest SM). A streaming opcode's (MATVEC*)
+rest splits into its part before its first page (after the waits), its pages and its epilogue.
 """
 import argparse
 import collections
@@ -38,13 +39,21 @@ def main():
     if not stages:
         sys.exit(f"{args.trace}: no layer instructions at step >= {args.first_step} (a decode trace with op names?)")
 
-    print(f"{'stage':24s} {'count':>6s} {'wait us':>8s} {'hand-off':>9s} {'rest':>7s}")
+    print(f"{'stage':24s} {'count':>6s} {'wait us':>8s} {'hand-off':>9s} {'rest':>7s} {'(before pages':>14s} "
+          f"{'pages':>6s} {'after)':>7s}")
     for name, groups in stages.items():
         es = [e for g in groups.values() for e in g]
         wait = [e["args"]["wait_us"] for e in es]
         hand = [e["args"].get("handoff_us", 0.0) for e in es]
         rest = [e["dur"] - w - h for e, w, h in zip(es, wait, hand)]
-        print(f"{name:24s} {len(es):6d} {median(wait):8.2f} {median(hand):9.2f} {median(rest):7.2f}")
+        line = f"{name:24s} {len(es):6d} {median(wait):8.2f} {median(hand):9.2f} {median(rest):7.2f}"
+        marked = [(e, w + h) for e, w, h in zip(es, wait, hand) if "pages_begin_us" in e["args"]]
+        if marked:
+            before = [e["args"]["pages_begin_us"] - r for e, r in marked]
+            pages = [e["args"]["pages_end_us"] - e["args"]["pages_begin_us"] for e, _ in marked]
+            after = [e["dur"] - e["args"]["pages_end_us"] for e, _ in marked]
+            line += f" {median(before):14.2f} {median(pages):6.2f} {median(after):7.2f}"
+        print(line)
 
     print(f"\nper layer, us: {'stage':24s} {'hop':>6s} {'ready spread':>13s} {'last ready -> last end':>23s} "
           f"{'end spread':>11s}")

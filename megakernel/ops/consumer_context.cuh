@@ -14,6 +14,14 @@
 
 namespace loom::megakernel {
 
+// Tracing: an instruction's two marks (TraceEvent's pages_begin, pages_end), in the words after the split count.
+__device__ __forceinline__ uint64_t* TraceMarks(float* scratch) {
+  return reinterpret_cast<uint64_t*>(scratch + kSplitCountAfterScratch) + 1;
+}
+
+// ConsumerContext::flags' bit beside the instruction's isa::kFlag* bits (8 bits): this launch is traced.
+inline constexpr uint32_t kContextTracing = 1u << 8;
+
 struct ConsumerContext {
   uint32_t tid;   // 0 .. kConsumerThreads-1
   uint32_t warp;  // tid / 32
@@ -22,7 +30,7 @@ struct ConsumerContext {
   float* act;      // this instruction's activation slot
   uint32_t act_flags;   // kActivation* bits: what the activation loader put in the slot
   uint32_t act_length;  // ATTN_PARTIAL, MATVEC's RoPE epilogue: this step's position + 1 (activation loader)
-  uint32_t flags;       // the instruction's isa::kFlag* bits (step tags)
+  uint32_t flags;       // the instruction's isa::kFlag* bits (step tags), and kContextTracing
   uint64_t* act_waited; // kActivationEarly: completes once the waits are met
   uint32_t act_phase;
   uint64_t* ready;      // tracing: where the time the waits were met goes (a tagged input's consumers stamp it)
@@ -39,6 +47,13 @@ struct ConsumerContext {
   uint32_t step;
   uint32_t launch_step;   // the step's index in this launch (EMBED and ARGMAX_REDUCE fold the step boundary)
   uint32_t launch_steps;  // steps this launch runs
+
+  // Tracing (kContextTracing in flags, decode variants): stamps mark `k` of this instruction's trace event
+  // (TraceEvent: 0 its pages begin, 1 they are done), in shared memory beside the split count. Tested on the flags
+  // word rather than a pointer: a pointer live across the page loop spilled 16 bytes in the decode variant.
+  __device__ __forceinline__ void Mark(uint32_t k) const {
+    if ((flags & kContextTracing) && tid == 0) TraceMarks(scratch)[k] = GlobalTimer();
+  }
 
   // Waits until the next page of the ring is full; returns it.
   __device__ __forceinline__ const uint8_t* AcquirePage() const { return WaitPage(ring); }

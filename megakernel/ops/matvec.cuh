@@ -534,6 +534,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // The input observed in the data: its wait ended here (the trace's "waits met").
   if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
+  ctx.Mark(0);
 
   // Stream the tile's pages. 32-bit element indices (the host checks rows * k < 2^32),
   // no division in the loop: a column that advances and wraps, slots by shift.
@@ -584,6 +585,7 @@ __device__ __forceinline__ void RunMatvec(const isa::MatvecArgs& a, ConsumerCont
   }
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  ctx.Mark(1);
 
   FinishMatvec(a, ctx, in, partial, slots_per_row);
 }

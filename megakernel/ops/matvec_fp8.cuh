@@ -144,6 +144,7 @@ __device__ __forceinline__ void RunMatvecFp8(const isa::MatvecFp8Args& a, Consum
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // The input observed in the data: its wait ended here (the trace's "waits met").
   if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
+  ctx.Mark(0);
   const uint32_t tile_elems = a.rows * k;  // 32-bit element indices: the host checks rows * stride < 2^32
   if (kFp8PageElems % k == 0 && slot_elems == isa::kMatvecFp8WarpColumns) {
     StreamFp8XInRegisters(tile_elems, k, ctx, x, partial);
@@ -153,6 +154,7 @@ __device__ __forceinline__ void RunMatvecFp8(const isa::MatvecFp8Args& a, Consum
     StreamFp8XShared<4>(tile_elems, k, ctx, x, partial);
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  ctx.Mark(1);
   FinishMatvec(a, ctx, in, partial, k / slot_elems);
 }
 
