@@ -23,19 +23,18 @@ float Dot(const float* x, const HostTensor& w, int64_t w_offset, int64_t k) {
   } else if (w.dtype == F8E4M3) {  // unscaled: the caller multiplies the row's sum by its scale
     const uint8_t* row = w.f8.data() + w_offset;
     for (int64_t i = 0; i < k; ++i) acc += x[i] * E4m3ToFloat(row[i]);
-  } else if (w.dtype == I4) {  // each element its bf16 value ((u - z) * s, rounded once), a group's 16 at a time
+  } else if (w.dtype == I4) {  // each group's sum of (u - z) x, times its scale (in f32, as FP8's row scale)
     const int64_t cols = w.shape[1], groups = static_cast<int64_t>(w.bf16.size()) / w.shape[0];
     const int64_t group = cols / groups;
-    float value[16];
+    float sum = 0.0f;
     for (int64_t i = 0; i < k; ++i) {
-      if (i == 0 || (w_offset + i) % cols % group == 0) {
-        const int64_t g = (w_offset + i) / cols * groups + (w_offset + i) % cols / group;
-        for (int u = 0; u < 16; ++u) {
-          value[u] = Bf16ToFloat(FloatToBf16(static_cast<float>(u - w.i32[g]) * Bf16ToFloat(w.bf16[g])));
-        }
-      }
       const int64_t e = w_offset + i;
-      acc += x[i] * value[(w.f8[e / 2] >> (4 * (e & 1))) & 15];
+      const int64_t g = e / cols * groups + e % cols / group;
+      sum += x[i] * static_cast<float>(((w.f8[e / 2] >> (4 * (e & 1))) & 15) - w.i32[g]);
+      if (i + 1 == k || (e + 1) % cols % group == 0) {
+        acc += sum * Bf16ToFloat(w.bf16[g]);
+        sum = 0.0f;
+      }
     }
   } else {
     const float* row = w.f32.data() + w_offset;

@@ -84,8 +84,9 @@ struct MatvecFp8Args {
 template <>
 inline constexpr uint32_t kFloatWords<MatvecFp8Args> = FloatWord(offsetof(MatvecFp8Args, norm_eps));
 
-// MATVEC_W4: MATVEC over an int4 weight (graph dtype I4), y[r] = dot(W[row_begin + r, 0:k], x) (+ bias), each element
-// bf16((u - z) * s) with u its 4-bit value and s, z its group's scale and zero point (exactly the graph's value). The
+// MATVEC_W4: MATVEC over an int4 weight (graph dtype I4), y[r] = sum over the row's groups of s * sum (u - z) x (+ bias),
+// with u a 4-bit value and s, z its group's scale and zero point, in f32 (the graph's int4 product, as FP8's: the
+// scale after the group's sum, not each element rounded to bf16 first). The
 // packed weight is bands of 16 rows, each band chunks of 64 columns (MatvecW4Byte), so a tile of whole bands is one
 // contiguous byte range; `meta` holds each row's groups, and a tile's meta words (contiguous too) come through the page
 // ring ahead of its weights. The fields are MatvecFp8Args' but for `meta` and `group_shift`. Tiles are whole bands
@@ -209,13 +210,15 @@ LOOM_HD W4Nibble MatvecW4Byte(uint32_t r, uint32_t c) {
   const uint32_t nibble = (r / 8 + 2 * (kk / 8)) + 4 * (kk % 2);
   return {lane * 16 + step * 4 + nibble / 2, nibble % 2};
 }
+// The columns of one sum of x the device keeps (x's sum over a group's part of a chunk: the zero point's term).
+LOOM_HD uint32_t MatvecW4SumColumns(uint32_t group_shift) { return group_shift == 5 ? 32 : kMatvecW4ChunkColumns; }
 // The device's activation slot for a tile: x's three bf16 pieces in the mma's B layout (6 bytes a column; x itself,
 // f32, arrives in its last two thirds and is converted over itself) | 32 zero bytes | the tile's meta words | the
-// partial sums.
+// partial sums | x's sums over MatvecW4SumColumns.
 LOOM_HD uint64_t MatvecW4ActivationBytes(uint32_t rows, uint32_t k, uint32_t group_shift) {
   const uint64_t stride = MatvecW4RowStride(k);
   return 6 * stride + 32 + 4ull * rows * MatvecW4Groups(k, group_shift) +
-         4ull * rows * MatvecW4Slots(static_cast<uint32_t>(stride));
+         4ull * rows * MatvecW4Slots(static_cast<uint32_t>(stride)) + 4 * (stride / MatvecW4SumColumns(group_shift));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of

@@ -208,7 +208,7 @@ void Reference(const MatvecFp8Args& a, const MachineView& m) {
   MatvecEpilogue(a, m, y);
 }
 
-// Each element's bf16 value, bf16((u - z) * s), times x, summed in column order in f32.
+// Each group's sum of (u - z) x in column order, times its scale, added in group order, in f32 (the graph's value).
 void Reference(const MatvecW4Args& a, const MachineView& m) {
   const std::vector<float> x = MatvecInput(a, m);
   std::vector<float> y(a.rows);
@@ -216,22 +216,22 @@ void Reference(const MatvecW4Args& a, const MachineView& m) {
   const uint32_t groups = MatvecW4Groups(a.k, a.group_shift);
   const uint8_t* w = m.ptr<uint8_t>(a.weight);
   const uint32_t* meta = m.ptr<uint32_t>(a.meta);
-  float value[16];  // the row's current group's 16 values
   for (uint32_t r = 0; r < a.rows; ++r) {
     const uint64_t row = a.row_begin + r, band = row / kMatvecW4BandRows;
-    float acc = 0.0f;
+    float acc = 0.0f, sum = 0.0f, scale = 0.0f, zero = 0.0f;
     for (uint32_t j = 0; j < a.k; ++j) {
       if (j % (1u << a.group_shift) == 0) {
         const uint32_t word = meta[(band * groups + (j >> a.group_shift)) * kMatvecW4BandRows + row % kMatvecW4BandRows];
-        const float scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
-        const float zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;
-        for (int u = 0; u < 16; ++u) {
-          value[u] = graph::Bf16ToFloat(graph::FloatToBf16((static_cast<float>(u) - zero) * scale));
-        }
+        scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
+        zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;  // the high half: 128 + z, a bf16 value
       }
       const W4Nibble at = MatvecW4Byte(row % kMatvecW4BandRows, j % kMatvecW4ChunkColumns);
       const uint8_t byte = w[(band * chunks + j / kMatvecW4ChunkColumns) * kMatvecW4ChunkBytes + at.byte];
-      acc += x[j] * value[(byte >> (4 * at.high)) & 15];
+      sum += x[j] * (static_cast<float>((byte >> (4 * at.high)) & 15) - zero);
+      if (j + 1 == a.k || (j + 1) % (1u << a.group_shift) == 0) {
+        acc += sum * scale;
+        sum = 0.0f;
+      }
     }
     y[r] = acc;
     if (a.bias != kNoTensor) y[r] += graph::Bf16ToFloat(m.ptr<uint16_t>(a.bias)[a.row_begin + r]);

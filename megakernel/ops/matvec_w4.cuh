@@ -1,23 +1,23 @@
 // MATVEC_W4 on the device: y = W[row_begin : row_begin+rows, :] . x (+ bias), W int4 in groups (isa::MatvecW4Args),
 // on the tensor cores.
 //
-// Each element is dequantized to its exact bf16 value, bf16((u - z) * s) (lop3 puts two nibbles into two bf16 values
-// 128 + u, then sub.rn.bf16x2 by 128 + z, exact, and mul.rn.bf16x2 by s, one rounding: the graph's value), and
-// multiplied on mma.sync.m16n8k16 (bf16 in, f32 accumulation). A tile is bands of 16 rows (the mma's M); x is B,
-// split exactly into three bf16 pieces (x = p0 + p1 + p2: each the top 8 significant bits of what is left, so the
-// three hold x's 24 bits) in B's columns 0-2, so each product is exact in f32 and the row's value is the sum of D's
-// three columns. Converting x per instruction (in the prologue, 6 bytes a column) rather than per weight keeps the
-// page loop free of conversions, which bound MATVEC_FP8 (its ~1000 cycles a 16 KB page against ~1230 of HBM).
+// For each row and group the value is s * (sum (128 + u) x - (128 + z) sum x), in f32: lop3 puts two nibbles into
+// two bf16 values 128 + u (exact), mma.sync.m16n8k16 multiplies them by x split exactly into three bf16 pieces (x =
+// p0 + p1 + p2, each the top 8 significant bits of what is left, in B's columns 0-2), so each product is exact in f32;
+// then the group's part of the accumulator takes the zero point's term (x's sum over the same columns, from the
+// prologue) and the scale, and is added into the row's sum. Two integer operations and a quarter of an mma a pair of
+// weights: dequantizing each element to bf16 first (a subtract and a multiply more a pair) made the page loop issue
+// 364 instructions a warp per 16 KB page and run at 21 GB/s an SM, below HBM's 34 (H200).
 //
 // Pages are 16 KB: 32 chunks of 512 bytes (16 rows x 64 columns); warp w takes chunks 4w .. 4w+3 of each page. A
-// warp sums its chunks of one band in accumulators of its own and writes one partial sum per row and slot
+// warp sums its chunks of one band in running sums of its own and writes one partial sum per row and slot
 // (isa::MatvecW4Slots), and the epilogue adds a row's slots in order: deterministic, no atomics. The tile's meta
 // words come through the ring first (the loader streams them with the weights, so they are not a load on the
 // critical path). The prologue and epilogues are MATVEC's (ops/matvec.cuh).
 //
 // Activation slot (isa::MatvecW4ActivationBytes): B image [stride / 64][3 pieces][4 lanes][4 steps][2 words] (x, f32,
 // arrives at its byte 2 * stride) | 32 zero bytes (the B of lanes 12-31: columns 3-7) | meta [rows / 16][groups][16]
-// | partial[rows][slots]
+// | partial[rows][slots] | x's sums over isa::MatvecW4SumColumns
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,16 +40,36 @@ __device__ __forceinline__ float TopBf16(float f) { return __uint_as_float(__flo
 // at byte 2 * stride of the slot and the image is written over it from byte 0, in rounds of kRoundColumns: a round
 // reads its columns, waits for every thread's reads, then writes, and a round's writes end (byte 6 * its end
 // column) before the next round's reads start (byte 2 * stride + 4 * that column), so one barrier a round orders
-// every write after the reads it overwrites.
-__device__ __forceinline__ void BuildW4Image(const float* x, uint32_t stride, uint32_t image, uint32_t tid) {
+// every write after the reads it overwrites. A warp's pairs of one round are 64 consecutive columns (a chunk): their
+// sums over kSumColumns (32 or 64: isa::MatvecW4SumColumns) go to `sums`, reduced in a fixed order.
+template <uint32_t kSumColumns>
+__device__ __forceinline__ void BuildW4Image(const float* x, uint32_t stride, uint32_t image, float* sums,
+                                             uint32_t tid) {
   constexpr uint32_t kPairs = 8;  // column pairs a thread a round
   constexpr uint32_t kRoundColumns = 2 * kPairs * kConsumerThreads;
+  const uint32_t lane = tid % 32;
   for (uint32_t base = 0; base < stride; base += kRoundColumns) {
     float2 v[kPairs];
 #pragma unroll
     for (uint32_t i = 0; i < kPairs; ++i) {
       const uint32_t col = base + 2 * (tid + i * kConsumerThreads);
-      if (col < stride) v[i] = *reinterpret_cast<const float2*>(x + col);
+      v[i] = col < stride ? *reinterpret_cast<const float2*>(x + col) : float2{0.0f, 0.0f};
+    }
+    // The eight sums' shuffles level by level (independent chains: eight chains one after another made this
+    // prologue 2.7 us longer on a 14336-column row, H200); whole warps: stride is a multiple of 64, so a warp's
+    // chunk is in or out.
+    float sum[kPairs];
+#pragma unroll
+    for (uint32_t i = 0; i < kPairs; ++i) sum[i] = v[i].x + v[i].y;
+#pragma unroll
+    for (uint32_t d = 1; d < kSumColumns / 2; d *= 2) {
+#pragma unroll
+      for (uint32_t i = 0; i < kPairs; ++i) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], d);
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < kPairs; ++i) {
+      const uint32_t col = base + 2 * (tid + i * kConsumerThreads);
+      if (lane % (kSumColumns / 2) == 0 && col < stride) sums[col / kSumColumns] = sum[i];
     }
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
 #pragma unroll
@@ -77,18 +97,6 @@ __device__ __forceinline__ uint32_t W4Pair(uint32_t word) {
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(word >> (4 * kI)), "n"(0x000f000f), "n"(0x43004300));
   return r;
 }
-// (pair - zero) * scale, each a bf16x2: the subtraction exact, the product rounded once.
-__device__ __forceinline__ uint32_t W4Dequant(uint32_t pair, uint32_t zero, uint32_t scale) {
-  uint32_t d, r;
-  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(pair), "r"(zero));
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(d), "r"(scale));
-  return r;
-}
-__device__ __forceinline__ uint32_t Broadcast16(uint32_t word, uint32_t selector) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(word), "r"(selector));
-  return r;
-}
 __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -96,82 +104,73 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-// The scale and zero point of rows g and g + 8 of `band` for group `group`, as bf16 pairs.
-struct W4Meta {
-  uint32_t scale_lo, zero_lo, scale_hi, zero_hi;
-};
-__device__ __forceinline__ W4Meta LoadW4Meta(uint32_t meta, uint32_t band, uint32_t group, uint32_t groups,
-                                             uint32_t g) {
-  const uint32_t at = meta + ((band * groups + group) * isa::kMatvecW4BandRows + g) * 4;
-  const uint32_t lo = __float_as_uint(tile::LoadShared32(at)), hi = __float_as_uint(tile::LoadShared32(at + 32));
-  return {Broadcast16(lo, 0x1010), Broadcast16(lo, 0x3232), Broadcast16(hi, 0x1010), Broadcast16(hi, 0x3232)};
+// One 16-column step: the lane's word of nibbles (its A fragment, as 128 + u) times B into d.
+__device__ __forceinline__ void MmaW4Step(float (&d)[4], uint32_t word, uint32_t b0, uint32_t b1) {
+  MmaBf16(d, W4Pair<0>(word), W4Pair<1>(word), W4Pair<2>(word), W4Pair<3>(word), b0, b1);
 }
 
-// Row g's and row g + 8's sums of the chunks' accumulators (each D's columns 0-2: the pieces), into their
-// partial-sum slot, in a fixed order; the accumulators are cleared.
-template <uint32_t kAcc>
-__device__ __forceinline__ void FlushW4(float (&d)[kAcc][4], uint32_t band, uint32_t slot, uint32_t slots,
-                                        uint32_t lane, float* partial) {
-  float e[4];
-#pragma unroll
-  for (uint32_t i = 0; i < 4; ++i) {
-    e[i] = kAcc == 4 ? (d[0][i] + d[1][i]) + (d[2 % kAcc][i] + d[3 % kAcc][i]) : d[0][i];
-#pragma unroll
-    for (uint32_t c = 0; c < kAcc; ++c) d[c][i] = 0.0f;
-  }
-  float lo = e[0] + e[1], hi = e[2] + e[3];  // lane 4g + t: columns 2t, 2t + 1
-  lo += __shfl_down_sync(0xffffffffu, lo, 1);
-  hi += __shfl_down_sync(0xffffffffu, hi, 1);
+// A lane's running sums of rows g (lo) and g + 8 (hi) over its columns of D (2t, 2t + 1: lanes t = 0, 1 hold the
+// three pieces between them, lanes 2, 3 zeros), each group's part already scaled.
+struct W4Sums {
+  float lo = 0.0f, hi = 0.0f;
+};
+
+// Adds e, D over one group's part of a band (four values: rows g, g + 8 at the lane's two columns), into the sums:
+// less (128 + z) times x's sum over the same columns (`xsum`, given to lanes t = 0 only, so the term counts once a
+// row), times the group's scale. `meta_at`: the group's word of row g (row g + 8's 32 bytes on).
+__device__ __forceinline__ void FoldW4(const float (&e)[4], uint32_t meta_at, float xsum, W4Sums& sums) {
+  const uint32_t lo = __float_as_uint(tile::LoadShared32(meta_at));
+  const uint32_t hi = __float_as_uint(tile::LoadShared32(meta_at + 32));
+  const float e_lo = fmaf(-__uint_as_float(lo & 0xffff0000u), xsum, e[0] + e[1]);
+  const float e_hi = fmaf(-__uint_as_float(hi & 0xffff0000u), xsum, e[2] + e[3]);
+  sums.lo = fmaf(__uint_as_float(lo << 16), e_lo, sums.lo);
+  sums.hi = fmaf(__uint_as_float(hi << 16), e_hi, sums.hi);
+}
+
+// Rows g's and g + 8's sums into their partial-sum slot (lanes t = 0 add lane t = 1's), in a fixed order; cleared.
+__device__ __forceinline__ void FlushW4(W4Sums& sums, uint32_t band, uint32_t slot, uint32_t slots, uint32_t lane,
+                                        float* partial) {
+  const float lo = sums.lo + __shfl_down_sync(0xffffffffu, sums.lo, 1);
+  const float hi = sums.hi + __shfl_down_sync(0xffffffffu, sums.hi, 1);
   const uint32_t row = band * isa::kMatvecW4BandRows + (lane >> 2);
   if ((lane & 3) == 0) {
     partial[row * slots + slot] = lo;
     partial[(row + 8) * slots + slot] = hi;
   }
+  sums = W4Sums{};
 }
 
-// The four 16-column steps of one chunk: A from the page (the lane's 16 bytes), B from the image, into d.
-template <uint32_t kStepsPerGroup>
-__device__ __forceinline__ void W4Chunk(uint32_t page_chunk, uint32_t b_chunk, uint32_t meta, uint32_t band,
-                                        uint32_t cc, uint32_t group_shift, uint32_t groups, uint32_t g,
-                                        float (&d)[4]) {
-  const uint4 q = tile::LoadShared128Bits(page_chunk);
-  const uint4 b01 = tile::LoadShared128Bits(b_chunk);
-  const uint4 b23 = tile::LoadShared128Bits(b_chunk + 16);
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  const uint32_t b[8] = {b01.x, b01.y, b01.z, b01.w, b23.x, b23.y, b23.z, b23.w};
-  W4Meta m;
-#pragma unroll
-  for (uint32_t step = 0; step < 4; ++step) {
-    if (step % kStepsPerGroup == 0) {
-      m = LoadW4Meta(meta, band, (cc * isa::kMatvecW4ChunkColumns + step * 16) >> group_shift, groups, g);
-    }
-    const uint32_t w = words[step];
-    MmaBf16(d, W4Dequant(W4Pair<0>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<1>(w), m.zero_hi, m.scale_hi),
-            W4Dequant(W4Pair<2>(w), m.zero_lo, m.scale_lo), W4Dequant(W4Pair<3>(w), m.zero_hi, m.scale_hi),
-            b[2 * step], b[2 * step + 1]);
+// Where a lane reads its groups: meta words of band `band`, group `group` at row + (band * groups + group) * 64; x's
+// sums (lane t = 0: sum j at xsum + 4 j; the others the zero block, step 0).
+struct W4Lane {
+  uint32_t meta_row;  // meta + 4 g
+  uint32_t groups;
+  uint32_t xsum, xsum_step;
+  __device__ __forceinline__ uint32_t Meta(uint32_t band, uint32_t group) const {
+    return meta_row + (band * groups + group) * (4 * isa::kMatvecW4BandRows);
   }
-}
+  __device__ __forceinline__ float Sum(uint32_t j) const { return tile::LoadShared32(xsum + j * xsum_step); }
+};
 
-// A warp's four consecutive chunks of one band (columns 64 cc ..), into one accumulator each.
-template <uint32_t kStepsPerGroup>
-__device__ __forceinline__ void W4Quad(uint32_t page_chunk, uint32_t b_chunk, uint32_t b_stride, uint32_t meta,
-                                       uint32_t band, uint32_t cc, uint32_t group_shift, uint32_t groups, uint32_t g,
-                                       float (&d)[kW4ChunksPerWarp][4]) {
-  constexpr uint32_t kMetas = 4 / kStepsPerGroup;  // groups a chunk
+// kFold: the columns one fold covers: 32 (groups of 32: half a chunk, x's sums over 32 columns), 64 (groups of 64:
+// a chunk) or 128 (larger groups: two chunks of one group, x's sums over 64 columns added).
+template <uint32_t kFold>
+inline constexpr uint32_t kW4Halves = kFold == 32 ? 2 : 1;  // accumulators a chunk
+
+// A warp's four consecutive chunks of one band (columns 64 cc .., cc a multiple of 4): every load first, then the
+// four chunks' mma chains interleaved step by step (independent accumulators), then the folds.
+template <uint32_t kFold>
+__device__ __forceinline__ void W4Quad(uint32_t page_chunk, uint32_t b_chunk, uint32_t b_stride, const W4Lane& ln,
+                                       uint32_t band, uint32_t cc, uint32_t group_shift, W4Sums& sums) {
+  constexpr uint32_t kHalves = kW4Halves<kFold>;
   uint4 q[kW4ChunksPerWarp], b01[kW4ChunksPerWarp], b23[kW4ChunksPerWarp];
-  W4Meta m[kW4ChunksPerWarp][kMetas];
 #pragma unroll
   for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
     q[s] = tile::LoadShared128Bits(page_chunk + s * kW4ChunkBytes);
     b01[s] = tile::LoadShared128Bits(b_chunk + s * b_stride);
     b23[s] = tile::LoadShared128Bits(b_chunk + s * b_stride + 16);
-#pragma unroll
-    for (uint32_t h = 0; h < kMetas; ++h) {
-      const uint32_t column = (cc + s) * isa::kMatvecW4ChunkColumns + h * kStepsPerGroup * 16;
-      m[s][h] = LoadW4Meta(meta, band, column >> group_shift, groups, g);
-    }
   }
+  float d[kW4ChunksPerWarp * kHalves][4] = {};
 #pragma unroll
   for (uint32_t step = 0; step < 4; ++step) {
 #pragma unroll
@@ -179,54 +178,80 @@ __device__ __forceinline__ void W4Quad(uint32_t page_chunk, uint32_t b_chunk, ui
       const uint32_t w = step == 0 ? q[s].x : step == 1 ? q[s].y : step == 2 ? q[s].z : q[s].w;
       const uint32_t b0 = step < 2 ? (step == 0 ? b01[s].x : b01[s].z) : (step == 2 ? b23[s].x : b23[s].z);
       const uint32_t b1 = step < 2 ? (step == 0 ? b01[s].y : b01[s].w) : (step == 2 ? b23[s].y : b23[s].w);
-      const W4Meta& mm = m[s][step / kStepsPerGroup];
-      MmaBf16(d[s], W4Dequant(W4Pair<0>(w), mm.zero_lo, mm.scale_lo), W4Dequant(W4Pair<1>(w), mm.zero_hi, mm.scale_hi),
-              W4Dequant(W4Pair<2>(w), mm.zero_lo, mm.scale_lo), W4Dequant(W4Pair<3>(w), mm.zero_hi, mm.scale_hi),
-              b0, b1);
+      MmaW4Step(d[s * kHalves + (kHalves == 2 ? step / 2 : 0)], w, b0, b1);
+    }
+  }
+  if constexpr (kFold == 128) {
+#pragma unroll
+    for (uint32_t p = 0; p < 2; ++p) {
+      float e[4];
+#pragma unroll
+      for (uint32_t i = 0; i < 4; ++i) e[i] = d[2 * p][i] + d[2 * p + 1][i];
+      const uint32_t c = cc + 2 * p;
+      FoldW4(e, ln.Meta(band, (c * isa::kMatvecW4ChunkColumns) >> group_shift), ln.Sum(c) + ln.Sum(c + 1), sums);
+    }
+  } else {
+#pragma unroll
+    for (uint32_t a = 0; a < kW4ChunksPerWarp * kHalves; ++a) {
+      const uint32_t unit = cc * kHalves + a;  // the group (a fold is one group's columns) and its sum of x
+      FoldW4(d[a], ln.Meta(band, unit), ln.Sum(unit), sums);
     }
   }
 }
 
-// kStepsPerGroup: 16-column steps a group holds within a chunk (2 for groups of 32, else 4: one group a chunk).
+// One chunk (columns 64 cc ..) of one band into the sums.
+template <uint32_t kFold>
+__device__ __forceinline__ void W4Chunk(uint32_t page_chunk, uint32_t b_chunk, const W4Lane& ln, uint32_t band,
+                                        uint32_t cc, uint32_t group_shift, W4Sums& sums) {
+  constexpr uint32_t kHalves = kW4Halves<kFold>;
+  const uint4 q = tile::LoadShared128Bits(page_chunk);
+  const uint4 b01 = tile::LoadShared128Bits(b_chunk);
+  const uint4 b23 = tile::LoadShared128Bits(b_chunk + 16);
+  float d[kHalves][4] = {};
+  MmaW4Step(d[0], q.x, b01.x, b01.y);
+  MmaW4Step(d[0], q.y, b01.z, b01.w);
+  MmaW4Step(d[kHalves - 1], q.z, b23.x, b23.y);
+  MmaW4Step(d[kHalves - 1], q.w, b23.z, b23.w);
+#pragma unroll
+  for (uint32_t h = 0; h < kHalves; ++h) {
+    const uint32_t unit = cc * kHalves + h;  // x's sum over this fold's columns
+    FoldW4(d[h], ln.Meta(band, (unit * (isa::kMatvecW4ChunkColumns / kHalves)) >> group_shift), ln.Sum(unit), sums);
+  }
+}
+
 // kMode (isa::MatvecW4Slots): 2, rows a multiple of 2048 columns: every page is 32 chunks of one band and a warp
-// keeps a chunk's accumulator each over the band's pages (its four chunks' mma chains independent), one slot a warp;
-// 1, a multiple of 256: a warp's four chunks of a page are one band's consecutive columns, one slot a page; 0: a
-// slot a chunk.
-template <uint32_t kStepsPerGroup, uint32_t kMode>
+// keeps its sums over the band's pages, one slot a warp; 1, a multiple of 256: a warp's four chunks of a page are one
+// band's consecutive columns, one slot a page; 0: a slot a chunk.
+template <uint32_t kFold, uint32_t kMode>
 __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t stride, ConsumerContext& ctx,
-                                         uint32_t image, uint32_t zero, uint32_t meta, float* partial) {
-  constexpr uint32_t kAcc = kMode == 0 ? 1 : kW4ChunksPerWarp;
+                                         uint32_t image, const W4Lane& ln, float* partial) {
   const uint32_t chunks_per_band = stride / isa::kMatvecW4ChunkColumns;
   const uint32_t tile_chunks = a.rows / isa::kMatvecW4BandRows * chunks_per_band;
-  const uint32_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
   const uint32_t slots = isa::MatvecW4Slots(stride);
   const uint32_t g = ctx.lane >> 2, t = ctx.lane & 3;
-  // B: lanes of groups 0-2 read their piece's 32 bytes of each chunk's image; the others the zero block.
+  // B: lanes of groups 0-2 read their piece's 32 bytes of each chunk's image; the others the zero block (ln.xsum's
+  // step is 0 there too: the same 32 zero bytes).
+  const uint32_t zero = image + 6 * stride;
   const uint32_t b_lane = g < 3 ? image + (g * 4 + t) * 32 : zero;
   const uint32_t b_stride = g < 3 ? kW4ImageChunkBytes : 0;
   constexpr uint32_t kPageChunks = kConsumerWarps * kW4ChunksPerWarp;
   const uint32_t warp_first = ctx.warp * kW4ChunksPerWarp;
   uint32_t band = warp_first / chunks_per_band, cc = warp_first % chunks_per_band;  // this warp's next chunk
-  float d[kAcc][4] = {};
+  W4Sums sums;
   for (uint32_t page_start = 0; page_start < tile_chunks; page_start += kPageChunks) {
     const uint32_t page = tile::SharedAddress(ctx.AcquirePage()) + warp_first * kW4ChunkBytes + ctx.lane * 16;
     const bool mine = page_start + warp_first < tile_chunks;  // the same for the warp: mma.sync needs every lane
     const uint32_t page_band = band, page_slot = kMode == 2 ? ctx.warp : cc / 4;
     if constexpr (kMode != 0) {
-      // The warp's four chunks are one band's consecutive columns: every load first, then the four chunks' mma
-      // chains interleaved step by step (four independent accumulators), so no chain waits on a load or on itself.
-      if (mine) {
-        W4Quad<kStepsPerGroup>(page, b_lane + cc * b_stride, b_stride, meta, band, cc, a.group_shift, groups, g, d);
-      }
+      if (mine) W4Quad<kFold>(page, b_lane + cc * b_stride, b_stride, ln, band, cc, a.group_shift, sums);
       cc += kW4ChunksPerWarp;
       if (cc >= chunks_per_band) cc -= chunks_per_band, ++band;
     } else {
 #pragma unroll
       for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
         if (page_start + warp_first + s < tile_chunks) {
-          W4Chunk<kStepsPerGroup>(page + s * kW4ChunkBytes, b_lane + cc * b_stride, meta, band, cc, a.group_shift,
-                                  groups, g, d[0]);
-          FlushW4(d, band, cc, slots, ctx.lane, partial);
+          W4Chunk<kFold>(page + s * kW4ChunkBytes, b_lane + cc * b_stride, ln, band, cc, a.group_shift, sums);
+          FlushW4(sums, band, cc, slots, ctx.lane, partial);
         }
         if (++cc == chunks_per_band) cc = 0, ++band;
       }
@@ -236,25 +261,43 @@ __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t st
     cc += kPageChunks - kW4ChunksPerWarp;
     while (cc >= chunks_per_band) cc -= chunks_per_band, ++band;
     // Mode 2: the band's last page (the warp's next chunk is in the next band).
-    if (kMode == 1 && mine) FlushW4(d, page_band, page_slot, slots, ctx.lane, partial);
-    if (kMode == 2 && mine && band != page_band) FlushW4(d, page_band, page_slot, slots, ctx.lane, partial);
+    if (kMode == 1 && mine) FlushW4(sums, page_band, page_slot, slots, ctx.lane, partial);
+    if (kMode == 2 && mine && band != page_band) FlushW4(sums, page_band, page_slot, slots, ctx.lane, partial);
+  }
+}
+
+template <uint32_t kFold>
+__device__ __forceinline__ void StreamW4Modes(const isa::MatvecW4Args& a, uint32_t stride, ConsumerContext& ctx,
+                                              uint32_t image, const W4Lane& ln, float* partial) {
+  if (stride % 2048 == 0) {
+    StreamW4<kFold, 2>(a, stride, ctx, image, ln, partial);
+  } else if (stride % 256 == 0) {
+    StreamW4<kFold, 1>(a, stride, ctx, image, ln, partial);
+  } else {
+    StreamW4<kFold, 0>(a, stride, ctx, image, ln, partial);
   }
 }
 
 __device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, ConsumerContext& ctx) {
   const uint32_t stride = isa::MatvecW4RowStride(a.k);  // the padded row from here on
   const uint32_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
+  const uint32_t slots = isa::MatvecW4Slots(stride);
   const uint32_t image = tile::SharedAddress(ctx.act);
   float* x = ctx.act + stride / 2;  // byte 2 * stride: the image's last two thirds (BuildW4Image)
   const uint32_t zero = image + 6 * stride;
   const uint32_t meta = zero + 32;
   float* partial = ctx.act + (6 * stride + 32) / 4 + a.rows * groups;
+  float* xsums = partial + a.rows * slots;
   if (ctx.tid < 8) tile::StoreShared32(zero + 4 * ctx.tid, 0u);
   const MatvecEpilogueInputs in = MatvecPrologue(a, stride, ctx, x);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   // The input observed in the data: its wait ended here (the trace's "waits met").
   if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
-  BuildW4Image(x, stride, image, ctx.tid);
+  if (a.group_shift == 5) {
+    BuildW4Image<32>(x, stride, image, xsums, ctx.tid);
+  } else {
+    BuildW4Image<isa::kMatvecW4ChunkColumns>(x, stride, image, xsums, ctx.tid);
+  }
   // The tile's meta words, the first of its pages through the ring (the loader's hook), copied into the slot: after
   // the input's wait, which their load overlaps.
   const uint32_t meta_bytes = static_cast<uint32_t>(isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift));
@@ -267,24 +310,20 @@ __device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, Consumer
     ctx.ReleasePage();
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  const uint32_t mode = stride % 2048 == 0 ? 2 : stride % 256 == 0 ? 1 : 0;
+  ctx.Mark(0);  // (the meta page taken: the weights' pages begin)
+  const bool first_of_row = (ctx.lane & 3) == 0;
+  const W4Lane ln{meta + 4 * (ctx.lane >> 2), groups,
+                  first_of_row ? static_cast<uint32_t>(tile::SharedAddress(xsums)) : zero, first_of_row ? 4u : 0u};
   if (a.group_shift == 5) {
-    if (mode == 2) {
-      StreamW4<2, 2>(a, stride, ctx, image, zero, meta, partial);
-    } else if (mode == 1) {
-      StreamW4<2, 1>(a, stride, ctx, image, zero, meta, partial);
-    } else {
-      StreamW4<2, 0>(a, stride, ctx, image, zero, meta, partial);
-    }
-  } else if (mode == 2) {
-    StreamW4<4, 2>(a, stride, ctx, image, zero, meta, partial);
-  } else if (mode == 1) {
-    StreamW4<4, 1>(a, stride, ctx, image, zero, meta, partial);
+    StreamW4Modes<32>(a, stride, ctx, image, ln, partial);
+  } else if (a.group_shift == 6) {
+    StreamW4Modes<64>(a, stride, ctx, image, ln, partial);
   } else {
-    StreamW4<4, 0>(a, stride, ctx, image, zero, meta, partial);
+    StreamW4Modes<128>(a, stride, ctx, image, ln, partial);
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
-  FinishMatvec(a, ctx, in, partial, isa::MatvecW4Slots(stride));
+  ctx.Mark(1);
+  FinishMatvec(a, ctx, in, partial, slots);
 }
 
 }  // namespace loom::megakernel
