@@ -20,7 +20,9 @@ struct HostTensor {
   std::vector<int32_t> i32;    // dtype I32; I4: the groups' zero points (0..15), [N, groups]
   // dtype F8E4M3 (a LINEAR weight [N, K]): e4m3 bits; element (n, k) is e4m3(f8[n * K + k]) * f32[n], in f32.
   // dtype I4 (a LINEAR weight [N, K]): two 4-bit values u a byte, element i in byte i / 2 (the low nibble first);
-  // element (n, k) is bf16((u - z) * s) with s, z its group's (group g = k / (K / groups)).
+  // element (n, k) is bf16((u - z) * s) with s, z its group's (group g = k / (K / groups)): the library's decompress.
+  // A product with x multiplies by (u - z) * s unrounded (Int4Product): each group's sum of (u - z) x times s, in f32,
+  // as FP8's row scale comes after the row's sum.
   std::vector<uint8_t> f8;
 
   static HostTensor Zeros(DType dtype, std::vector<int64_t> shape);
@@ -45,6 +47,8 @@ struct HostTensor {
   }
   // I4: columns per group (K / groups).
   int64_t Int4GroupSize() const { return shape[1] / (static_cast<int64_t>(bf16.size()) / shape[0]); }
+  // I4: element i's (u - z) * s, exact in f32 (Get rounds it to bf16).
+  float Int4Product(int64_t i) const;
 
  private:
   float Int4Get(int64_t i) const;

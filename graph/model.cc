@@ -468,7 +468,8 @@ absl::Status ExportModel(const Model& model, const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
   std::vector<std::pair<std::string, const HostTensor*>> tensors;
-  // FP8 weights as f32 (each e4m3 value times its row's scale), int4 ones as bf16 (their values): exact.
+  // FP8 weights as f32 (each e4m3 value times its row's scale), int4 ones as f32 too ((u - z) * s unrounded): exactly
+  // the values Loom multiplies by.
   std::vector<HostTensor> widened;
   widened.reserve(DecoderWeightShapes(model.config).size());
   for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
@@ -477,14 +478,8 @@ absl::Status ExportModel(const Model& model, const std::string& dir) {
       tensors.emplace_back(name, &w);
       continue;
     }
-    HostTensor& f = widened.emplace_back(HostTensor::Zeros(w.dtype == I4 ? BF16 : F32, w.shape));
-    for (int64_t i = 0; i < w.size(); ++i) {
-      if (w.dtype == I4) {
-        f.bf16[i] = FloatToBf16(w.Get(i));
-      } else {
-        f.f32[i] = w.Get(i);
-      }
-    }
+    HostTensor& f = widened.emplace_back(HostTensor::Zeros(F32, w.shape));
+    for (int64_t i = 0; i < w.size(); ++i) f.f32[i] = w.dtype == I4 ? w.Int4Product(i) : w.Get(i);
     tensors.emplace_back(name, &f);
   }
   if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors); !s.ok()) return s;

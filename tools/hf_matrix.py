@@ -12,8 +12,8 @@ bf16 safetensors folder, and then
      greedy generate() from the prompt against Loom's tokens.
 With --scheme FP8|W4A16|W8A16 the entry is quantized first: `loom quantize` writes a compressed-tensors folder,
 Loom runs that folder, and transformers runs its weights as Loom reads them back (`loom export` of it: the
-dequantized weights, in float32 for FP8, which Loom computes with as stored, in bf16 for int4 (exact) and the
-schemes it widens),
+dequantized weights, in float32 for FP8 and int4, which Loom computes with as stored (int4: (u - z) * s unrounded),
+in bf16 for the schemes it widens),
 the reference the issue allows where transformers' own compressed-tensors integration is not installed; the reading itself is checked bit for bit against the library on
 the CPU (graph/quantization_test.cc).
 One line per entry (stdout; progress on stderr). Exit status 0 only if every entry agrees (--allow-refused: or is
