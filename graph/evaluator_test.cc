@@ -2,6 +2,7 @@
 // consistency laws (prefill == repeated decode, streaming conv == whole conv).
 #include "graph/evaluator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -60,6 +61,48 @@ TEST(Evaluator, LinearRmsNormSiluAddArgmaxMatchHandComputation) {
     }
     EXPECT_EQ(ev.Get("am").i32[t], best);
   }
+}
+
+// An int4 weight's product with x is each group's sum of (u - z) x times the group's scale, in f32: the unrounded
+// (u - z) * s, not the library's bf16 decompress of it. Scale 1 + 2^-7 and (u - z) = 15 make the difference: 15.1171875
+// needs 11 significant bits, bf16 keeps 8 (15.125). Every value is exact in f32, so the expectation is order-free.
+TEST(Evaluator, Int4ProductIsEachGroupsSumTimesItsScale) {
+  GraphBuilder b("g");
+  b.Input("x", {1, 64}, F32);
+  b.Weight("w", {2, 64});
+  b.Linear("y", "x", "w");
+  absl::StatusOr<Graph> built = std::move(b).Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  GraphDef def = built->def();
+  for (TensorDef& t : *def.mutable_tensors()) {
+    if (t.name() == "w") t.set_dtype(I4), t.set_group_size(32);
+  }
+  absl::StatusOr<Graph> g = Graph::Create(std::move(def));
+  ASSERT_TRUE(g.ok()) << g.status();
+  HostTensor w = HostTensor::Zeros(I4, {2, 64});
+  w.bf16 = {FloatToBf16(1.0078125f), FloatToBf16(0.5f), FloatToBf16(2.0f), FloatToBf16(1.0078125f)};  // [row][group]
+  w.i32 = {0, 8, 3, 15};
+  std::fill(w.f8.begin(), w.f8.end(), uint8_t{0});
+  HostTensor x = HostTensor::Zeros(F32, {1, 64});
+  double expect[2] = {0, 0};
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 64; ++c) {
+      const int u = static_cast<int>((r * 7 + c * 5) % 16);
+      const int64_t e = r * 64 + c;
+      w.f8[e / 2] |= static_cast<uint8_t>(u << (4 * (e & 1)));
+      const int64_t group = r * 2 + c / 32;
+      expect[r] += (c % 3 == 0 ? 1.0 : 0.25) * (u - w.i32[group]) * Bf16ToFloat(w.bf16[group]);
+    }
+  }
+  for (int64_t c = 0; c < 64; ++c) x.f32[c] = c % 3 == 0 ? 1.0f : 0.25f;
+  // Row 0, column 3: u = 15, z = 0: the product unrounded, the element (the library's decompress) rounded.
+  EXPECT_EQ(w.Int4Product(3), 15.1171875f);
+  EXPECT_EQ(w.Get(3), 15.125f);
+  WeightStore weights = {{"w", w}};
+  Evaluator ev(*g, weights);
+  ASSERT_TRUE(ev.Run({{"x", x}}).ok());
+  EXPECT_EQ(ev.Get("y").f32[0], static_cast<float>(expect[0]));
+  EXPECT_EQ(ev.Get("y").f32[1], static_cast<float>(expect[1]));
 }
 
 TEST(Evaluator, ArgmaxPicksLowestIndexOnTies) {
