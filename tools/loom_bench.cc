@@ -226,7 +226,9 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
               static_cast<double>(d.machine().weights_bytes()) / 1e9,
               static_cast<double>(d.machine().weights_bytes()) / (*stream_ms * 1e-3) / 1e9);
   const double weight_gb = static_cast<double>(d.machine().weights_bytes()) / 1e9;
-  std::printf("consumer rate (same tiles, weight loads skipped): %.3f ms = %.0f GB/s, %.1f GB/s per SM\n", *consume_ms,
+  std::printf("consumer rate (the same bf16 MATVEC tiles, weight loads skipped; not the quantized opcodes'): %.3f ms = "
+              "%.0f GB/s, %.1f GB/s per SM\n",
+              *consume_ms,
               weight_gb / (*consume_ms * 1e-3), weight_gb / (*consume_ms * 1e-3) / s->num_sms());
   std::printf("\n%8s %8s %12s %12s %10s %10s %14s\n", "context", "tokens", "ms/token", "min..max", "floor", "x floor",
               "no-loads ms");
