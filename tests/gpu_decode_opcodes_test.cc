@@ -182,16 +182,18 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
 }
 
 // MATVEC_W4's forms: rows a multiple of 256 columns (a warp's four chunks of a page sum into one slot) and not (a
-// slot a chunk: 1600, 96, 3072 + 64), groups of 32 (two a chunk), 64, 128 and 256, with and without zero points,
+// slot a chunk: 1600, 96, 3072 + 64, 896), groups of 32 (two a chunk), 64, 128 and 256, with and without zero points,
 // k = 96 padded to 128 (the padding's own group, random nibbles in it), tiles ending inside a page, rows of a
 // multiple of 2048 columns (a warp's chunks summed over a band's pages), and every prologue and epilogue; row_begin
-// a band past the weight's first.
+// a band past the weight's first. Each of the three slot layouts meets each fold (groups of 32: half a chunk; 64: a
+// chunk; 128 and up: two chunks, or one where a slot is a chunk).
 TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, k, extra_rows, group_shift; };
   const std::vector<Case> cases = {{16, 2048, 32, 7},  {64, 4096, 128, 7}, {32, 14336, 16, 7}, {48, 8192, 0, 6},
                                    {16, 1600, 16, 5},  {32, 96, 16, 5},    {208, 2048, 0, 7},  {16, 3136, 0, 6},
-                                   {320, 1024, 64, 8}, {16, 16384, 0, 7}};
+                                   {320, 1024, 64, 8}, {16, 16384, 0, 7}, {32, 896, 16, 7},  {16, 1536, 0, 5},
+                                   {32, 2048, 16, 5},  {16, 768, 0, 6}};
   int n = 0;
   for (const Case& c : cases) {
     for (uint32_t epilogue : {isa::kEpilogueStore, isa::kEpilogueResidualAdd, isa::kEpilogueSiluMul,
