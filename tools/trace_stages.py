@@ -41,6 +41,7 @@ def main():
 
     print(f"{'stage':24s} {'count':>6s} {'wait us':>8s} {'hand-off':>9s} {'rest':>7s} {'(before pages':>14s} "
           f"{'pages':>6s} {'after)':>7s}")
+    totals = collections.Counter()  # a layer's sum of the stages' medians, by part
     for name, groups in stages.items():
         es = [e for g in groups.values() for e in g]
         wait = [e["args"]["wait_us"] for e in es]
@@ -53,7 +54,13 @@ def main():
             pages = [e["args"]["pages_end_us"] - e["args"]["pages_begin_us"] for e, _ in marked]
             after = [e["dur"] - e["args"]["pages_end_us"] for e, _ in marked]
             line += f" {median(before):14.2f} {median(pages):6.2f} {median(after):7.2f}"
+            totals.update({"before pages": median(before), "pages": median(pages), "after pages": median(after)})
+        else:
+            totals["other stages' rest"] += median(rest)
+        totals.update({"waits": median(wait), "hand-offs": median(hand)})
         print(line)
+    print("a layer, the stages' medians summed (us): " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items())
+          + f"; all {sum(totals.values()):.1f}")
 
     print(f"\nper layer, us: {'stage':24s} {'hop':>6s} {'ready spread':>13s} {'last ready -> last end':>23s} "
           f"{'end spread':>11s}")
