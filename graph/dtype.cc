@@ -21,6 +21,20 @@ float HalfToFloat(uint16_t h) {
   return sign ? -value : value;
 }
 
+// `f` rounded to the nearest float16 value (ties to even), as a float: what a float16 multiply stores.
+float RoundToHalf(float f) {
+  const float a = std::fabs(f);
+  if (!(a < 65520.0f)) return std::isnan(f) ? f : std::copysign(INFINITY, f);  // 65520 rounds up past the largest
+  if (a < 6.103515625e-05f) return std::copysign(std::nearbyint(a * 16777216.0f) / 16777216.0f, f);  // 2^-24 steps
+  uint32_t x;
+  std::memcpy(&x, &a, 4);
+  x += 0x0FFFu + ((x >> 13) & 1u);  // keep 10 mantissa bits, to nearest even (a carry moves the exponent up)
+  x &= ~0x1FFFu;
+  float r;
+  std::memcpy(&r, &x, 4);
+  return std::copysign(r, f);
+}
+
 namespace {
 float DecodeE4m3(uint8_t b) {
   const int sign = b >> 7, exp = (b >> 3) & 15, mant = b & 7;

@@ -36,6 +36,9 @@ inline constexpr float kE4m3Max = 448.0f;
 
 // IEEE half -> float (safetensors "F16" weights are converted to bf16 on load).
 float HalfToFloat(uint16_t h);
+// `f` rounded to the nearest float16 value (ties to even), as a float: what a float16 multiply stores (infinity past
+// the largest float16).
+float RoundToHalf(float f);
 
 // Bytes per element of a dtype (I4: per byte of packed values); 0 for DTYPE_UNSPECIFIED.
 int DTypeSize(DType dtype);

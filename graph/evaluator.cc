@@ -32,7 +32,7 @@ float Dot(const float* x, const HostTensor& w, int64_t w_offset, int64_t k) {
       const int64_t g = e / cols * groups + e % cols / group;
       sum += x[i] * static_cast<float>(((w.f8[e / 2] >> (4 * (e & 1))) & 15) - w.i32[g]);
       if (i + 1 == k || (e + 1) % cols % group == 0) {
-        acc += sum * Bf16ToFloat(w.bf16[g]);
+        acc += sum * w.Int4Scale(g);
         sum = 0.0f;
       }
     }

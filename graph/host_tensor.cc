@@ -64,10 +64,13 @@ float HostTensor::Int4Product(int64_t i) const {
   const int64_t cols = shape[1], groups = static_cast<int64_t>(bf16.size()) / shape[0];
   const int64_t g = i / cols * groups + i % cols / (cols / groups);
   const int32_t u = (f8[i / 2] >> (4 * (i & 1))) & 15;
-  // (u - z) is exact (5 bits), and its product with a bf16 scale (8 significant bits) is exact in f32.
-  return static_cast<float>(u - i32[g]) * Bf16ToFloat(bf16[g]);
+  // (u - z) is exact (5 bits), and its product with a bf16 or float16 scale (8 or 11 significant bits) is exact in f32.
+  return static_cast<float>(u - i32[g]) * Int4Scale(g);
 }
 
-float HostTensor::Int4Get(int64_t i) const { return Bf16ToFloat(FloatToBf16(Int4Product(i))); }
+float HostTensor::Int4Get(int64_t i) const {
+  const float product = Int4Product(i);
+  return Bf16ToFloat(FloatToBf16(half_scales ? RoundToHalf(product) : product));
+}
 
 }  // namespace loom::graph

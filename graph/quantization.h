@@ -74,13 +74,15 @@ absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows
 // a NaN or an infinity gets a NaN scale, so the weight is refused where every weight is checked (packing).
 HostTensor QuantizeRowsToFp8(const HostTensor& w);
 
-// The dtype Loom computes with a stored quantized weight in: F8E4M3 (KeptQuantized), I4 (compressed-tensors'
-// pack-quantized 4-bit integers with bf16 scales per group of a power of two >= 32 columns that divides K, no
-// act-order: MATVEC_W4), or DTYPE_UNSPECIFIED where it is widened to bf16 as it is read. Reads only the header.
+// The dtype Loom computes with a stored quantized weight in: F8E4M3 (KeptQuantized), I4 (4-bit integers packed by
+// compressed-tensors, AWQ (GEMM) or GPTQ, with bf16 or float16 scales per group of a power of two >= 32 columns
+// that divides K, no act-order: MATVEC_W4), or DTYPE_UNSPECIFIED where it is widened to bf16 as it is read. Reads
+// only the header.
 DType KeptDtype(const std::string& weight, int64_t rows, int64_t cols, const WeightScheme& scheme,
                 const TensorLookup& lookup);
 // The weight as stored, for a scheme KeptDtype keeps as I4: an I4 HostTensor (each value's nibble, its group's
-// bf16 scale and zero point: 8 for a symmetric scheme).
+// bf16 or float16 scale and zero point: 8 for a symmetric scheme), repacked into rows from AWQ's and GPTQ's
+// packings.
 absl::StatusOr<HostTensor> ReadInt4Weight(const std::string& weight, int64_t rows, int64_t cols,
                                           const WeightScheme& scheme, const TensorLookup& lookup);
 // Round-to-nearest symmetric int4 of a 2-D weight, a bf16 scale per `group_size` columns: what `loom quantize

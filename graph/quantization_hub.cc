@@ -172,18 +172,46 @@ absl::StatusOr<Parts> FindHubParts(const std::string& weight, int64_t rows, int6
   return p;
 }
 
+namespace {
+
+// The integer codes of a hub-format weight: q(r, c), and the zero point z(r, g) of row r's group g.
+class HubCodes {
+ public:
+  HubCodes(const Parts& p, int64_t rows, const WeightScheme& s)
+      : values_(p.values.file->Data(*p.values.entry)), zeros_(p.zero_point.file->Data(*p.zero_point.entry)),
+        rows_(rows), bits_(s.bits), per_(32 / s.bits), awq_(s.format == "awq-gemm") {
+    // GPTQ's v1 format stored each zero point minus one, subtracting from the whole word; reading adds it back the
+    // same way (GPTQModel's convert_gptq_v1_to_v2_format), carries and all.
+    for (int i = 0; s.format == "gptq" && i < per_; ++i) v1_offset_ |= 1u << (i * s.bits);
+  }
+  int32_t Value(int64_t r, int64_t c) const {
+    if (awq_) return static_cast<int32_t>(Bits(values_, c * (rows_ / 8) + r / 8, 4 * kAwqNibble[r % 8], 4));
+    return static_cast<int32_t>(Bits(values_, (c / per_) * rows_ + r, static_cast<int>(c % per_) * bits_, bits_));
+  }
+  int32_t Zero(int64_t r, int64_t g) const {
+    if (awq_) return static_cast<int32_t>(Bits(zeros_, g * (rows_ / 8) + r / 8, 4 * kAwqNibble[r % 8], 4));
+    uint32_t word;
+    std::memcpy(&word, zeros_ + 4 * (g * (rows_ / per_) + r / per_), 4);
+    word += v1_offset_;
+    return static_cast<int32_t>((word >> ((r % per_) * bits_)) & ((1u << bits_) - 1));
+  }
+
+ private:
+  static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // of row r % 8 in its word
+  const uint8_t* values_;
+  const uint8_t* zeros_;
+  int64_t rows_;
+  int bits_, per_;
+  bool awq_;
+  uint32_t v1_offset_ = 0;
+};
+
+}  // namespace
+
 void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const std::vector<float>& scales,
                    bool half, HostTensor* out) {
-  const uint8_t* values = p.values.file->Data(*p.values.entry);
-  const uint8_t* zeros = p.zero_point.file->Data(*p.zero_point.entry);
+  const HubCodes codes(p, rows, s);
   const int group = s.group_size > 0 ? s.group_size : static_cast<int>(cols);
-  const int per = 32 / s.bits;
-  constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // of row r % 8 in its word
-  // GPTQ's v1 format stored each zero point minus one, subtracting from the whole word; reading adds it back the
-  // same way (GPTQModel's convert_gptq_v1_to_v2_format), carries and all.
-  uint32_t v1_offset = 0;
-  for (int i = 0; s.format == "gptq" && i < per; ++i) v1_offset |= 1u << (i * s.bits);
-  const int64_t zero_words = rows / per;
   // Each column's group: g_idx (checked by FindHubParts) in activation order, else column / group_size.
   std::vector<int32_t> group_of(cols);
   for (int64_t c = 0; c < cols; ++c) group_of[c] = static_cast<int32_t>(c / group);
@@ -191,19 +219,23 @@ void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightSchem
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t g = group_of[c];
-      int32_t q, z;
-      if (s.format == "awq-gemm") {
-        q = static_cast<int32_t>(Bits(values, c * zero_words + r / 8, 4 * kAwqNibble[r % 8], 4));
-        z = static_cast<int32_t>(Bits(zeros, g * zero_words + r / 8, 4 * kAwqNibble[r % 8], 4));
-      } else {
-        q = static_cast<int32_t>(Bits(values, (c / per) * rows + r, static_cast<int>(c % per) * s.bits, s.bits));
-        uint32_t word;
-        std::memcpy(&word, zeros + 4 * (g * zero_words + r / per), 4);
-        word += v1_offset;
-        z = static_cast<int32_t>((word >> ((r % per) * s.bits)) & ((1u << s.bits) - 1));
-      }
-      const float w = static_cast<float>(q - z) * scales[g * rows + r];
+      const float w = static_cast<float>(codes.Value(r, c) - codes.Zero(r, g)) * scales[g * rows + r];
       out->bf16[r * cols + c] = FloatToBf16(half ? RoundToHalf(w) : w);
+    }
+  }
+}
+
+void ReadHubInt4(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, HostTensor* out) {
+  const HubCodes codes(p, rows, s);
+  const int64_t groups = p.groups;
+  const uint8_t* scales = p.scale.file->Data(*p.scale.entry);  // [groups, rows] 16-bit
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out->f8[(r * cols + c) / 2] |= static_cast<uint8_t>(codes.Value(r, c) << (4 * ((r * cols + c) & 1)));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      out->i32[r * groups + g] = codes.Zero(r, g);
+      std::memcpy(&out->bf16[r * groups + g], scales + 2 * (g * rows + r), 2);
     }
   }
 }

@@ -1,5 +1,5 @@
-// 4-bit integer weights kept as stored (dtype I4): which checkpoints' weights Loom computes with in int4, reading
-// them, and round-to-nearest int4 for random models.
+// 4-bit integer weights kept as stored (dtype I4): which checkpoints' weights Loom computes with in int4 (compressed-
+// tensors', AWQ's and GPTQ's, bf16 or float16 scales), reading them, and round-to-nearest int4 for random models.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -13,16 +13,16 @@ namespace loom::graph {
 using quantization_internal::FindParts;
 using quantization_internal::IsHubFormat;
 using quantization_internal::Parts;
+using quantization_internal::ReadHubInt4;
 
 namespace {
 
-// The scheme fields MATVEC_W4 computes with: 4-bit integers, dense int32 packing, a group of a power of two >= 32
-// columns (its lanes take a group's scale per 16-column step; 32 is the smallest group checkpoints use) dividing
-// K, each column's group its index / group_size (no act-order).
+// The scheme fields MATVEC_W4 computes with: 4-bit integers, dense int32 packing (compressed-tensors) or AWQ's or
+// GPTQ's, a group of a power of two >= 32 columns (its lanes take a group's scale per 16-column step; 32 is the
+// smallest group checkpoints use) dividing K, each column's group its index / group_size (no act-order).
 bool Int4Scheme(const WeightScheme& s, int64_t cols) {
   const int g = s.group_size;
-  return !s.is_float && s.bits == 4 && !s.act_order && !IsHubFormat(s.format) && g >= 32 && (g & (g - 1)) == 0 &&
-         cols % g == 0;
+  return !s.is_float && s.bits == 4 && !s.act_order && g >= 32 && (g & (g - 1)) == 0 && cols % g == 0;
 }
 
 }  // namespace
@@ -32,8 +32,8 @@ DType KeptDtype(const std::string& weight, int64_t rows, int64_t cols, const Wei
   if (KeptQuantized(scheme)) return F8E4M3;
   if (!Int4Scheme(scheme, cols)) return DTYPE_UNSPECIFIED;
   absl::StatusOr<Parts> p = FindParts(weight, rows, cols, scheme, lookup);
-  // bf16 scales only: a float16 scale's product rounds to float16, which the kernel's bf16 multiply does not do.
-  return p.ok() && p->scale.entry->dtype == "BF16" ? I4 : DTYPE_UNSPECIFIED;
+  // bf16 or float16 scales (both exact in the 19 bits a meta word keeps: isa::MatvecW4MetaWord); f32 ones widen.
+  return p.ok() && (p->scale.entry->dtype == "BF16" || p->scale.entry->dtype == "F16") ? I4 : DTYPE_UNSPECIFIED;
 }
 
 absl::StatusOr<HostTensor> ReadInt4Weight(const std::string& weight, int64_t rows, int64_t cols,
@@ -47,6 +47,14 @@ absl::StatusOr<HostTensor> ReadInt4Weight(const std::string& weight, int64_t row
   HostTensor out;
   out.dtype = I4;
   out.shape = {rows, cols};
+  out.half_scales = p->scale.entry->dtype == "F16";
+  if (IsHubFormat(s.format)) {
+    out.f8.assign(static_cast<size_t>(rows * cols / 2), 0);
+    out.bf16.resize(static_cast<size_t>(rows * groups));
+    out.i32.resize(static_cast<size_t>(rows * groups));
+    ReadHubInt4(*p, rows, cols, s, &out);
+    return out;
+  }
   out.f8.resize(static_cast<size_t>(rows * cols / 2));
   // Dense packing of 4-bit values in int32 words is two values a byte, the low nibble first: the row's bytes as
   // they are (cols is a multiple of the group, so of 32: whole words).

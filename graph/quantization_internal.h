@@ -24,8 +24,6 @@ bool IsNull(const nlohmann::json& object, const std::string& key);
 // An `ignore` pattern matching module names that contain `part`.
 std::string ContainsPattern(const std::string& part);
 std::string Shape(const std::vector<int64_t>& s);
-// `f` rounded to the nearest float16 value (ties to even): what a float16 multiply stores.
-float RoundToHalf(float f);
 
 // The stored tensors of one quantized weight.
 struct Parts {
@@ -50,5 +48,8 @@ absl::StatusOr<Parts> FindHubParts(const std::string& weight, int64_t rows, int6
 // stored [groups, rows] as floats.
 void ReadHubWeight(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, const std::vector<float>& scales,
                    bool half, HostTensor* out);
+// The 4-bit weight as stored, into an I4 HostTensor sized [rows, cols] with `p.groups` groups a row (zeroed values):
+// each value's nibble, each group's zero point and 16-bit scale (a group's columns by index: no act-order).
+void ReadHubInt4(const Parts& p, int64_t rows, int64_t cols, const WeightScheme& s, HostTensor* out);
 
 }  // namespace loom::graph::quantization_internal

@@ -12,6 +12,7 @@
 #include <functional>
 #include <unistd.h>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "graph/decode_oracle.h"
@@ -135,13 +136,16 @@ TEST(Quantized, Fp8WeightsAreKeptAsStored) {
   }
 }
 
-// Int4 weights of compressed-tensors' pack-quantized format with bf16 scales (llmcompressor's W4A16, symmetric or with
-// zero points) are kept as stored: each value's nibble, its group's scale and zero point, whose products rounded to
-// bf16 are the library's decompressed bits; the graph declares those weights I4 with their group size. float16
-// scales (their product rounds to float16 first) are widened as they are read.
-TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
-  for (const auto& [fixture, group] : std::vector<std::pair<std::string, int>>{{"w4a16-g32", 32},
-                                                                               {"w4a16-asym-g64", 64}}) {
+// 4-bit weights in groups of a power of two >= 32 columns are kept as stored, whoever packed them (compressed-
+// tensors' pack-quantized, symmetric or with zero points; AutoAWQ's GEMM packing; GPTQ v1 and v2), with bf16 or
+// float16 scales: each value's nibble, its group's scale and zero point, whose products rounded as the library
+// rounds them (float16 first for float16 scales) are the library's decompressed bits; the graph declares those
+// weights I4 with their group size. Activation order, other widths and per-channel scales are widened.
+TEST(Quantized, Int4WeightsAreKeptAsStored) {
+  const std::vector<std::tuple<std::string, int, bool>> kept = {
+      {"w4a16-g32", 32, false},     {"w4a16-asym-g64", 64, false}, {"w4a16-g32-f16", 32, true},
+      {"awq-g32", 32, true},        {"gptq-g32-asym", 32, true},   {"gptq-v2-g64-sym", 64, true}};
+  for (const auto& [fixture, group, half] : kept) {
     SCOPED_TRACE(fixture);
     absl::StatusOr<Model> m = LoadModel(kData + fixture);
     ASSERT_TRUE(m.ok()) << m.status();
@@ -149,6 +153,7 @@ TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
     for (const auto& [name, hash] : reference.items()) {
       const HostTensor& w = m->weights.at(name);
       ASSERT_EQ(w.dtype, I4) << name;
+      EXPECT_EQ(w.half_scales, half) << name;
       EXPECT_EQ(w.Int4GroupSize(), group) << name;
       EXPECT_EQ(m->graph.tensor(name).dtype(), I4) << name;
       EXPECT_EQ(m->graph.tensor(name).group_size(), static_cast<uint32_t>(group)) << name;
@@ -167,9 +172,11 @@ TEST(Quantized, Int4WeightsWithBf16ScalesAreKeptAsStored) {
     // Exported (transformers' reference), the int4 projections are f32: each (u - z) * s exactly.
     ExpectExportedValues(*m, reference, "F32", 1);
   }
-  absl::StatusOr<Model> f16 = LoadModel(kData + "w4a16-g32-f16");
-  ASSERT_TRUE(f16.ok()) << f16.status();
-  for (const auto& [name, w] : f16->weights) EXPECT_NE(w.dtype, I4) << name;
+  for (const char* fixture : {"gptq-desc-act-g32", "gptq-2bit-g32-asym", "gptq-8bit-channel", "w8a16-channel"}) {
+    absl::StatusOr<Model> widened = LoadModel(kData + fixture);
+    ASSERT_TRUE(widened.ok()) << fixture << ": " << widened.status();
+    for (const auto& [name, w] : widened->weights) EXPECT_NE(w.dtype, I4) << fixture << ": " << name;
+  }
 }
 
 // random:<preset> --scheme=W4A16 is `loom quantize --scheme=W4A16` of the bf16 model read back, bit for bit.

@@ -112,7 +112,7 @@ struct MatvecW4Args {
   uint32_t head_dim;
   uint32_t max_seq;
   // I32 words [total_rows / 16][MatvecW4Groups(k, group_shift)][16]: row 16 b + i's group g at (b, g, i), its scale
-  // (bf16 bits) in the low half and 128 + its zero point (a bf16 value, exact) in the high half.
+  // and zero point (MatvecW4MetaWord).
   uint32_t meta;
   uint32_t group_shift;  // log2 of the group's columns: 5 (32) or more
   uint32_t bias;
@@ -210,6 +210,15 @@ LOOM_HD W4Nibble MatvecW4Byte(uint32_t r, uint32_t c) {
   const uint32_t nibble = (r / 8 + 2 * (kk / 8)) + 4 * (kk % 2);
   return {lane * 16 + step * 4 + nibble / 2, nibble % 2};
 }
+// A group's meta word: its scale as f32 bits whose low 13 bits are zero (a bf16 or float16 scale: both exact, so one
+// device path serves both), its zero point z (0..15) in those low bits' first byte. The device takes the scale with
+// one AND and 128 + z, a float, with one byte permute (bits 0x43 z 00 00); the word is invalid where the scale does
+// not fit 19 bits (an f32 scale with more mantissa) or z > 15.
+inline constexpr uint32_t kMatvecW4ScaleMask = 0xffffe000u;
+LOOM_HD bool MatvecW4ScaleFits(uint32_t scale_bits) { return (scale_bits & ~kMatvecW4ScaleMask) == 0; }
+LOOM_HD uint32_t MatvecW4MetaWord(uint32_t scale_bits, uint32_t zero) { return scale_bits | (zero & 15u); }
+LOOM_HD uint32_t MatvecW4MetaScaleBits(uint32_t word) { return word & kMatvecW4ScaleMask; }
+LOOM_HD uint32_t MatvecW4MetaZero(uint32_t word) { return word & 0xffu; }
 // The columns of one sum of x the device keeps (x's sum over a group's part of a chunk: the zero point's term).
 LOOM_HD uint32_t MatvecW4SumColumns(uint32_t group_shift) { return group_shift == 5 ? 32 : kMatvecW4ChunkColumns; }
 // The device's activation slot for a tile: x's three bf16 pieces in the mma's B layout (6 bytes a column; x itself,

@@ -1,6 +1,7 @@
 // Host side of MATVEC, MATVEC_FP8 and MATVEC_W4: validation, footprint, float32 reference (every prologue and
 // epilogue).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -222,8 +223,8 @@ void Reference(const MatvecW4Args& a, const MachineView& m) {
     for (uint32_t j = 0; j < a.k; ++j) {
       if (j % (1u << a.group_shift) == 0) {
         const uint32_t word = meta[(band * groups + (j >> a.group_shift)) * kMatvecW4BandRows + row % kMatvecW4BandRows];
-        scale = graph::Bf16ToFloat(static_cast<uint16_t>(word));
-        zero = graph::Bf16ToFloat(static_cast<uint16_t>(word >> 16)) - 128.0f;  // the high half: 128 + z, a bf16 value
+        scale = std::bit_cast<float>(MatvecW4MetaScaleBits(word));
+        zero = static_cast<float>(MatvecW4MetaZero(word));
       }
       const W4Nibble at = MatvecW4Byte(row % kMatvecW4BandRows, j % kMatvecW4ChunkColumns);
       const uint8_t byte = w[(band * chunks + j / kMatvecW4ChunkColumns) * kMatvecW4ChunkBytes + at.byte];

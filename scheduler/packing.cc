@@ -174,14 +174,15 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
         }
         return;
       }
-      if (int4_meta) {  // each group's scale and 128 + zero point (bf16); a padding group scales by 0
+      if (int4_meta) {  // each group's scale and zero point (isa::MatvecW4MetaWord); a padding group scales by 0
         const uint64_t src_groups = t->bf16.size() / static_cast<uint64_t>(t->shape[0]);
         for (uint64_t g = 0; g < groups; ++g) {
-          uint32_t word = (0x4300u | 8u) << 16;
+          uint32_t word = isa::MatvecW4MetaWord(0, 8);
           if (g < src_groups) {
-            const uint16_t scale = t->bf16[row * src_groups + g];
-            if (!std::isfinite(graph::Bf16ToFloat(scale))) refuse(t);
-            word = scale | ((0x4300u | static_cast<uint32_t>(t->i32[row * src_groups + g] & 15)) << 16);
+            const float scale = t->Int4Scale(static_cast<int64_t>(row * src_groups + g));
+            if (!std::isfinite(scale)) refuse(t);
+            word = isa::MatvecW4MetaWord(std::bit_cast<uint32_t>(scale),
+                                         static_cast<uint32_t>(t->i32[row * src_groups + g]));
           }
           std::memcpy(out + ((band * groups + g) * isa::kMatvecW4BandRows + in_band) * 4, &word, 4);
         }

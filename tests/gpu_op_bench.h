@@ -3,6 +3,7 @@
 // inputs every run). Shared by the gpu_test sources; without a Hopper GPU every test skips, saying why.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <map>
 #include <cstring>
@@ -242,13 +243,16 @@ class OpBench {
     }
   }
   // A MATVEC_W4 meta tensor for `rows` rows of `groups` groups (isa::MatvecW4Args::meta): scales uniform in [lo, hi)
-  // rounded to bf16, zero points random (0..15) or 8 (symmetric).
+  // rounded to bf16 or to float16 (each group either, as checkpoints store them), zero points random (0..15) or 8
+  // (symmetric).
   uint32_t RandomW4Meta(uint32_t rows, uint32_t groups, bool zero_points, float lo = 0.01f, float hi = 0.1f) {
     const uint32_t id = Weight(uint64_t{rows} * groups, graph::I32);
     std::uniform_real_distribution<float> d(lo, hi);
     for (uint64_t i = 0; i < uint64_t{rows} * groups; ++i) {
       const uint32_t zero = zero_points ? rng_() % 16 : 8;
-      Data<uint32_t>(id)[i] = graph::FloatToBf16(d(rng_)) | ((0x4300u | zero) << 16);
+      const float s = d(rng_);
+      const uint32_t scale = (rng_() & 1) ? uint32_t{graph::FloatToBf16(s)} << 16 : std::bit_cast<uint32_t>(graph::RoundToHalf(s));
+      Data<uint32_t>(id)[i] = isa::MatvecW4MetaWord(scale, zero);
     }
     return id;
   }

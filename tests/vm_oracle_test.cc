@@ -207,7 +207,8 @@ void CheckQuantizedDecode(const std::string& spec, const std::string& scheme, in
   int quantized_weights = 0;
   for (const graph::TensorDef& t : m->graph.def().tensors()) quantized_weights += t.dtype() == dtype ? 1 : 0;
   EXPECT_EQ(quantized_weights, 7 * m->config.num_layers);  // q, k, v, o, gate, up, down
-  const std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
+  std::vector<int32_t> prompt = {17, 923, 4, 512, 33, 7, 250, 1};
+  for (int32_t& t : prompt) t %= m->config.vocab_size;
   absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 16);
   ASSERT_TRUE(oracle.ok()) << oracle.status();
   scheduler::CompileOptions o;
@@ -259,6 +260,16 @@ TEST(VmOracleW4, Int4ProjectionsDecodeAndPrefillMatchTheOracle) {
   CheckQuantizedDecode("random:tiny-mistral", "W4A16", 64, graph::I4, isa::Opcode::MATVEC_W4, false);
   CheckQuantizedDecode("random:tiny-qwen2", "W4A16", 32, graph::I4, isa::Opcode::MATVEC_W4, false);
   CheckQuantizedDecode("random:tiny-qwen3", "W4A16", 128, graph::I4, isa::Opcode::MATVEC_W4, false);
+}
+
+// Checkpoints whose int4 weights the hub's libraries packed (tests/data/quantized, written by compressed-tensors,
+// AutoAWQ's and GPTQModel's own packing): float16 scales, zero points, AWQ's and GPTQ's layouts, all read into
+// MATVEC_W4's and computed as stored, decode and prefill against the oracle.
+TEST(VmOracleW4, HubInt4CheckpointsDecodeAndPrefillMatchTheOracle) {
+  for (const char* fixture : {"w4a16-g32-f16", "awq-g32", "gptq-g32-asym", "gptq-v2-g64-sym"}) {
+    CheckQuantizedDecode(absl::StrCat(LOOM_SOURCE_DIR, "/tests/data/quantized/", fixture), "", 0, graph::I4,
+                         isa::Opcode::MATVEC_W4, true);
+  }
 }
 
 // The gated depthwise-conv LM (no attention): decode steps carry each layer's conv state from token to token

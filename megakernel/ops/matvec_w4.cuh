@@ -121,10 +121,11 @@ struct W4Sums {
 __device__ __forceinline__ void FoldW4(const float (&e)[4], uint32_t meta_at, float xsum, W4Sums& sums) {
   const uint32_t lo = __float_as_uint(tile::LoadShared32(meta_at));
   const uint32_t hi = __float_as_uint(tile::LoadShared32(meta_at + 32));
-  const float e_lo = fmaf(-__uint_as_float(lo & 0xffff0000u), xsum, e[0] + e[1]);
-  const float e_hi = fmaf(-__uint_as_float(hi & 0xffff0000u), xsum, e[2] + e[3]);
-  sums.lo = fmaf(__uint_as_float(lo << 16), e_lo, sums.lo);
-  sums.hi = fmaf(__uint_as_float(hi << 16), e_hi, sums.hi);
+  // 128 + z: the bytes 0x43, z, 0, 0 (isa::MatvecW4MetaWord), one permute; the scale: one AND.
+  const float e_lo = fmaf(-__uint_as_float(__byte_perm(lo, 0x43000000u, 0x7044)), xsum, e[0] + e[1]);
+  const float e_hi = fmaf(-__uint_as_float(__byte_perm(hi, 0x43000000u, 0x7044)), xsum, e[2] + e[3]);
+  sums.lo = fmaf(__uint_as_float(lo & isa::kMatvecW4ScaleMask), e_lo, sums.lo);
+  sums.hi = fmaf(__uint_as_float(hi & isa::kMatvecW4ScaleMask), e_hi, sums.hi);
 }
 
 // Rows g's and g + 8's sums into their partial-sum slot (lanes t = 0 add lane t = 1's), in a fixed order; cleared.
