@@ -1,12 +1,12 @@
 #include "graph/decoder.h"
 
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "graph/graph_builder.h"
+#include "graph/parallel.h"
 
 namespace loom::graph {
 namespace {
@@ -26,21 +26,13 @@ uint64_t HashName(const std::string& name) {
 
 // Fills `t` with center + uniform(-half_width, half_width), element i from hash(seed, name, i).
 void FillUniform(HostTensor& t, uint64_t stream, float center, float half_width) {
-  const int64_t n = t.size();
-  const int threads = static_cast<int>(std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
-  const int64_t chunk = (n + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  for (int w = 0; w < threads; ++w) {
-    workers.emplace_back([&, w] {
-      const int64_t end = std::min(n, (w + 1) * chunk);
-      for (int64_t i = w * chunk; i < end; ++i) {
-        const uint64_t r = SplitMix64(stream ^ static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull);
-        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0,1)
-        t.bf16[i] = FloatToBf16(center + (2.0f * u - 1.0f) * half_width);
-      }
-    });
-  }
-  for (std::thread& worker : workers) worker.join();
+  ParallelFor(t.size(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t r = SplitMix64(stream ^ static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull);
+      const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0,1)
+      t.bf16[i] = FloatToBf16(center + (2.0f * u - 1.0f) * half_width);
+    }
+  });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "graph/quantization.h"
 
+#include "graph/parallel.h"
 #include "graph/quantization_internal.h"
 
 #include <algorithm>
@@ -450,23 +451,25 @@ absl::StatusOr<HostTensor> ReadFp8Weight(const std::string& weight, int64_t rows
 HostTensor QuantizeRowsToFp8(const HostTensor& w) {
   const int64_t rows = w.shape[0], cols = w.size() / std::max<int64_t>(rows, 1);
   HostTensor out = HostTensor::Zeros(F8E4M3, w.shape);
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    float absmax = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      row[c] = w.dtype == BF16 ? Bf16ToFloat(w.bf16[r * cols + c]) : w.Get(r * cols + c);
-      absmax = std::max(absmax, std::fabs(row[c]));
+  ParallelFor(rows, [&](int64_t row_begin, int64_t row_end) {
+    std::vector<float> row(cols);
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      float absmax = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        row[c] = w.dtype == BF16 ? Bf16ToFloat(w.bf16[r * cols + c]) : w.Get(r * cols + c);
+        absmax = std::max(absmax, std::fabs(row[c]));
+      }
+      // The least power of two with absmax / scale <= 448 (2^-126 for an all-zero row).
+      int e = 0;
+      std::frexp(absmax / kE4m3Max, &e);  // absmax / 448 = f * 2^e, f in [0.5, 1)
+      float scale = absmax > 0 ? std::ldexp(1.0f, e) : std::ldexp(1.0f, -126);
+      if (absmax > 0 && absmax / (scale / 2) <= kE4m3Max) scale /= 2;  // an exact power of two
+      if (!std::isfinite(absmax)) scale = NAN;  // a non-finite weight stays one (packing refuses it by name)
+      out.f32[r] = scale;
+      const float inverse = 1.0f / scale;  // exact: a power of two
+      for (int64_t c = 0; c < cols; ++c) out.f8[r * cols + c] = FloatToE4m3(row[c] * inverse);
     }
-    // The least power of two with absmax / scale <= 448 (2^-126 for an all-zero row).
-    int e = 0;
-    std::frexp(absmax / kE4m3Max, &e);  // absmax / 448 = f * 2^e, f in [0.5, 1)
-    float scale = absmax > 0 ? std::ldexp(1.0f, e) : std::ldexp(1.0f, -126);
-    if (absmax > 0 && absmax / (scale / 2) <= kE4m3Max) scale /= 2;  // an exact power of two
-    if (!std::isfinite(absmax)) scale = NAN;  // a non-finite weight stays one (packing refuses it by name)
-    out.f32[r] = scale;
-    const float inverse = 1.0f / scale;  // exact: a power of two
-    for (int64_t c = 0; c < cols; ++c) out.f8[r * cols + c] = FloatToE4m3(row[c] * inverse);
-  }
+  });
   return out;
 }
 

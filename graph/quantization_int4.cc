@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "graph/parallel.h"
 #include "graph/quantization_internal.h"
 
 namespace loom::graph {
@@ -86,26 +87,28 @@ HostTensor QuantizeGroupsToInt4(const HostTensor& w, int group_size) {
   out.f8.assign(static_cast<size_t>((rows * cols + 1) / 2), 0);
   out.bf16.resize(static_cast<size_t>(rows * groups));
   out.i32.assign(static_cast<size_t>(rows * groups), 8);
-  std::vector<float> v(static_cast<size_t>(group_size));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t begin = r * cols + g * group_size;
-      float absmax = 0;
-      for (int64_t j = 0; j < group_size; ++j) {
-        v[j] = w.dtype == BF16 ? Bf16ToFloat(w.bf16[begin + j]) : w.Get(begin + j);
-        absmax = std::max(absmax, std::fabs(v[j]));
-      }
-      const Bf16Bits scale_bits = FloatToBf16(std::isfinite(absmax) ? std::max(absmax / 7.5f, FLT_EPSILON) : NAN);
-      out.bf16[r * groups + g] = scale_bits;
-      const float scale = Bf16ToFloat(scale_bits);
-      for (int64_t j = 0; j < group_size; ++j) {  // group_size is even: pairs fill whole bytes
-        const float x = v[j] / scale;
-        // (a NaN compares false: 0; +-inf clamp; both only where the scale is NaN, which packing refuses)
-        const int32_t q = x >= 7.0f ? 7 : x <= -8.0f ? -8 : x == x ? static_cast<int32_t>(std::nearbyint(x)) : 0;
-        out.f8[(begin + j) / 2] |= static_cast<uint8_t>((q + 8) << (4 * ((begin + j) & 1)));
+  ParallelFor(rows, [&](int64_t row_begin, int64_t row_end) {  // (whole rows: even columns, whole bytes)
+    std::vector<float> v(static_cast<size_t>(group_size));
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t begin = r * cols + g * group_size;
+        float absmax = 0;
+        for (int64_t j = 0; j < group_size; ++j) {
+          v[j] = w.dtype == BF16 ? Bf16ToFloat(w.bf16[begin + j]) : w.Get(begin + j);
+          absmax = std::max(absmax, std::fabs(v[j]));
+        }
+        const Bf16Bits scale_bits = FloatToBf16(std::isfinite(absmax) ? std::max(absmax / 7.5f, FLT_EPSILON) : NAN);
+        out.bf16[r * groups + g] = scale_bits;
+        const float scale = Bf16ToFloat(scale_bits);
+        for (int64_t j = 0; j < group_size; ++j) {  // group_size is even: pairs fill whole bytes
+          const float x = v[j] / scale;
+          // (a NaN compares false: 0; +-inf clamp; both only where the scale is NaN, which packing refuses)
+          const int32_t q = x >= 7.0f ? 7 : x <= -8.0f ? -8 : x == x ? static_cast<int32_t>(std::nearbyint(x)) : 0;
+          out.f8[(begin + j) / 2] |= static_cast<uint8_t>((q + 8) << (4 * ((begin + j) & 1)));
+        }
       }
     }
-  }
+  });
   return out;
 }
 

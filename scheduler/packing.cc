@@ -1,11 +1,15 @@
 #include "scheduler/packing.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "graph/host_memory.h"
 #include "graph/progress.h"
@@ -26,6 +30,264 @@ bool AnyNonFinite(const uint16_t* v, uint64_t n) {
   return most == kBf16Exponent;
 }
 
+// Packs `p` into its tensor `dst` of `region` (each packed tensor its own bytes: packings run in parallel).
+absl::Status PackOne(const Schedule& s, const PackedWeight& p, const Tensor& dst, const graph::WeightStore& weights,
+                     std::vector<uint8_t>& region) {
+  const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
+  if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
+  const bool f32 = p.dtype() == graph::F32;
+  const bool fp8 = p.dtype() == graph::F8E4M3;    // e4m3 bytes of FP8 sources
+  const bool row_scales = p.row_scales();         // the FP8 sources' row scales, one f32 a row
+  const bool int4 = p.dtype() == graph::I4;       // int4 sources' values, in bands of 16 rows
+  const bool int4_meta = p.int4_meta();           // int4 sources' groups (scale, zero point), in bands
+  const uint32_t group_shift = static_cast<uint32_t>(std::countr_zero(std::max(p.group_size(), 1u)));
+  const uint64_t elem = f32 ? 4 : fp8 ? 1 : 2;
+  if (f32 && (p.tile_rows() != 0 || (p.order() != ROWS_IDENTITY && !row_scales))) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
+  }
+  if ((fp8 || row_scales) &&
+      (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || (row_scales && !f32) ||
+       (row_scales && (cols != 1 || stride != 1)) ||
+       (fp8 && (stride % isa::kMatvecFp8RowAlign != 0 || stride != isa::MatvecFp8RowStride(cols))))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packing '", p.tensor(), "': FP8 rows and their scales are matvec rows (stride ",
+                     isa::MatvecFp8RowStride(static_cast<uint32_t>(cols)), ", scales f32 [rows])"));
+  }
+  if ((int4 || int4_meta) &&
+      (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || p.source_rows() != 0 ||
+       (int4_meta && p.dtype() != graph::I32) || p.group_size() < 32 || (p.group_size() & (p.group_size() - 1)) ||
+       cols % p.group_size() != 0 || stride != isa::MatvecW4RowStride(static_cast<uint32_t>(cols)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "packing '", p.tensor(), "': int4 rows and their groups are matvec bands (stride ",
+        isa::MatvecW4RowStride(static_cast<uint32_t>(cols)), ", groups of a power of two >= 32 dividing ", cols,
+        ")"));
+  }
+  const bool transposed = p.order() == ROWS_TRANSPOSED;
+  // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
+  const uint64_t run = p.column_group(), padded = p.column_group_padded();
+  const bool grouped = run > 0;
+  if (grouped && (padded < run || cols % padded != 0 || p.order() != ROWS_IDENTITY || f32)) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': columns in runs of ", run,
+                                                   " padded to ", padded, " do not fit ", cols, " bf16 columns"));
+  }
+  // The FP8 sources' row scales: one per row of each source (a [rows, K] weight).
+  const uint64_t src_width = grouped ? cols / padded * run : row_scales ? 0 : cols;
+  auto column = [&](uint64_t c) { return grouped ? c / run * padded + c % run : c; };
+  std::vector<const graph::HostTensor*> src;
+  std::vector<const std::string*> src_names;
+  uint64_t rows = 0;
+  for (const std::string& name : p.sources()) {
+    auto w = weights.find(name);
+    if (w == weights.end()) {
+      return absl::NotFoundError(absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is missing"));
+    }
+    const std::vector<int64_t>& shape = w->second.shape;
+    // Rows of a weight of rank >= 2 are its first dimension (a CONV2D weight's rows are [KH, KW, C / groups]).
+    const int64_t size = w->second.size();
+    const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
+                             : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
+    const graph::DType d = w->second.dtype;
+    if ((int4 || int4_meta) && (d != graph::I4 || src_cols != static_cast<int64_t>(cols) ||
+                                w->second.Int4GroupSize() != p.group_size())) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                     "' is not an int4 weight with ", cols, " columns in groups of ",
+                                                     p.group_size()));
+    }
+    if ((fp8 || row_scales) && (d != graph::F8E4M3 || (fp8 && src_cols != static_cast<int64_t>(cols)))) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                     "' is not an FP8 weight with ", cols, " columns"));
+    }
+    if (!fp8 && !row_scales && !int4 && !int4_meta &&
+        ((d != graph::BF16 && d != graph::F32 && d != graph::F8E4M3 && d != graph::I4) ||
+         src_cols != static_cast<int64_t>(src_width))) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
+                                                     "' is not bf16, f32 or FP8 with ", src_width,
+                                                     transposed ? " rows (transposed)" : " columns"));
+    }
+    src.push_back(&w->second);
+    src_names.push_back(&name);
+    rows += row_scales || int4 || int4_meta ? static_cast<uint64_t>(shape[0])
+                                            : static_cast<uint64_t>(w->second.size()) / src_width;
+  }
+  const bool ranged = p.source_rows() > 0;
+  if (ranged) {
+    if (src.size() != 1 || p.order() != ROWS_IDENTITY || p.source_row_begin() + p.source_rows() > rows) {
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': rows [", p.source_row_begin(), ", +",
+                                                     p.source_rows(), ") of one source of ", rows, " rows needed"));
+    }
+    rows = p.source_rows();
+  }
+  const bool image = p.tile_rows() > 0;
+  if (image && (p.tile_rows() != isa::kGemmTileM || stride != cols ||
+                isa::GemmImageBytes(static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)) != dst.bytes())) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': not a ", isa::kGemmTileM,
+                                                   "-row operand image of ", rows, " x ", cols));
+  }
+  if (transposed && src.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': transposing needs one source"));
+  }
+  const uint64_t groups = int4_meta ? isa::MatvecW4Groups(static_cast<uint32_t>(cols), group_shift) : 0;
+  const uint64_t expected = int4 ? rows * stride / 2 : int4_meta ? rows * groups * 4 : rows * stride * elem;
+  if ((int4 || int4_meta) && rows % isa::kMatvecW4BandRows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': ", rows,
+                                                   " int4 rows are not bands of ", isa::kMatvecW4BandRows));
+  }
+  if (!image && expected != dst.bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
+                                                   " rows, the tensor has room for ", dst.bytes() / (stride * elem)));
+  }
+  // Row-major rows go straight to the region (zero-filled: the padding stays zero); an image's rows are
+  // ordered first, then swizzled.
+  std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
+  uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
+  // Every weight is checked for NaN and infinities on its way into the region (a broken checkpoint is refused
+  // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one. A general
+  // graph's constants may hold infinities (an ONNX attention mask's -inf), never NaN.
+  const graph::HostTensor* non_finite = nullptr;
+  const bool infinities = s.has_graph();
+  auto bad = [&](float v) { return std::isnan(v) || (!infinities && std::isinf(v)); };
+  auto refuse = [&](const graph::HostTensor* t) {
+    if (non_finite == nullptr) non_finite = t;
+  };
+  // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
+  auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
+    const uint64_t band = packed_row / isa::kMatvecW4BandRows, in_band = packed_row % isa::kMatvecW4BandRows;
+    if (int4) {  // each value's nibble where MatvecW4Byte puts it (the padding columns stay 0)
+      const uint64_t chunks = stride / isa::kMatvecW4ChunkColumns;
+      for (uint64_t c = 0; c < cols; ++c) {
+        const uint64_t i = row * cols + c;
+        const uint8_t u = (t->f8[i / 2] >> (4 * (i & 1))) & 15;
+        const isa::W4Nibble at = isa::MatvecW4Byte(static_cast<uint32_t>(in_band),
+                                                   static_cast<uint32_t>(c % isa::kMatvecW4ChunkColumns));
+        out[(band * chunks + c / isa::kMatvecW4ChunkColumns) * isa::kMatvecW4ChunkBytes + at.byte] |=
+            static_cast<uint8_t>(u << (4 * at.high));
+      }
+      return;
+    }
+    if (int4_meta) {  // each group's scale and zero point (isa::MatvecW4MetaWord); a padding group scales by 0
+      const uint64_t src_groups = t->bf16.size() / static_cast<uint64_t>(t->shape[0]);
+      for (uint64_t g = 0; g < groups; ++g) {
+        uint32_t word = isa::MatvecW4MetaWord(0, 8);
+        if (g < src_groups) {
+          const float scale = t->Int4Scale(static_cast<int64_t>(row * src_groups + g));
+          if (!std::isfinite(scale)) refuse(t);
+          word = isa::MatvecW4MetaWord(std::bit_cast<uint32_t>(scale),
+                                       static_cast<uint32_t>(t->i32[row * src_groups + g]));
+        }
+        std::memcpy(out + ((band * groups + g) * isa::kMatvecW4BandRows + in_band) * 4, &word, 4);
+      }
+      return;
+    }
+    uint8_t* to = out + packed_row * stride * elem;
+    if (row_scales) {  // the row's scale
+      const float scale = t->f32[row];
+      if (!std::isfinite(scale)) refuse(t);
+      std::memcpy(to, &scale, 4);
+      return;
+    }
+    if (fp8) {  // e4m3 bytes; each 512-column run in the device's lane order, which keeps runs of 4 columns whole
+      const uint8_t* from = t->f8.data() + row * cols;
+      bool nan = false;
+      for (uint64_t c = 0; c < cols; c += 4) {
+        const uint64_t n = std::min<uint64_t>(4, cols - c);
+        uint8_t* dst = to + c / isa::kMatvecFp8RowAlign * isa::kMatvecFp8RowAlign +
+                       isa::MatvecFp8Position(static_cast<uint32_t>(c % isa::kMatvecFp8RowAlign));
+        std::memcpy(dst, from + c, n);
+        for (uint64_t i = 0; i < n; ++i) nan |= (from[c + i] & 0x7f) == 0x7f;  // e4m3's NaN
+      }
+      if (nan) refuse(t);
+      return;
+    }
+    if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
+      const uint16_t* from = t->bf16.data() + row * cols;
+      if (AnyNonFinite(from, cols)) {
+        for (uint64_t c = 0; c < cols; ++c) {
+          if (bad(graph::Bf16ToFloat(from[c]))) refuse(t);
+        }
+      }
+      std::memcpy(to, from, cols * 2);
+      return;
+    }
+    for (uint64_t c = 0; c < src_width; ++c) {
+      const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * src_width + c));
+      if (bad(v)) refuse(t);
+      if (f32) {
+        std::memcpy(to + c * 4, &v, 4);
+      } else {
+        const uint16_t bits = t->dtype == graph::BF16 && !transposed ? t->bf16[row * src_width + c]
+                              : t->dtype == graph::BF16 ? t->bf16[c * rows + row]
+                                                        : graph::FloatToBf16(v);
+        std::memcpy(to + column(c) * 2, &bits, 2);
+      }
+    }
+  };
+  switch (p.order()) {
+    case ROWS_TRANSPOSED:
+      for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], r);
+      break;
+    case ROWS_IDENTITY: {
+      if (ranged) {
+        for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], p.source_row_begin() + r);
+        break;
+      }
+      uint64_t r = 0;
+      for (const graph::HostTensor* t : src) {
+        const uint64_t n = row_scales || int4 || int4_meta ? static_cast<uint64_t>(t->shape[0])
+                                                           : static_cast<uint64_t>(t->size()) / src_width;
+        for (uint64_t i = 0; i < n; ++i) copy_row(r++, t, i);
+      }
+      break;
+    }
+    case ROWS_INTERLEAVE_PAIRS: {
+      if (src.size() != 2 || src[0]->size() != src[1]->size() || src[0]->shape != src[1]->shape) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': interleaving needs two equal sources"));
+      }
+      for (uint64_t i = 0; i < rows / 2; ++i) {
+        copy_row(2 * i, src[0], i);
+        copy_row(2 * i + 1, src[1], i);
+      }
+      break;
+    }
+    case ROWS_QKV_GROUPED: {
+      const uint64_t hd = p.head_dim(), kv = p.num_kv_heads();
+      auto src_rows = [&](int i) { return static_cast<uint64_t>(src[i]->shape.empty() ? 0 : src[i]->shape[0]); };
+      if (src.size() != 3 || hd == 0 || kv == 0 || src_rows(1) != kv * hd || src_rows(2) != kv * hd ||
+          src[2]->size() != src[1]->size() || src_rows(0) % (kv * hd) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': q, k, v do not fit ", kv,
+                                                       " KV heads of dimension ", hd));
+      }
+      const uint32_t group = static_cast<uint32_t>(src_rows(0) / (kv * hd));
+      for (uint64_t r = 0; r < rows; ++r) {
+        const isa::QkvRow row = isa::QkvGroupedRow(static_cast<uint32_t>(r), group, static_cast<uint32_t>(hd));
+        copy_row(r, src[row.kind], uint64_t{row.head} * hd + row.dim);
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
+  }
+  if (non_finite != nullptr) {
+    const std::string& name = *src_names[std::find(src.begin(), src.end(), non_finite) - src.begin()];
+    int64_t first = 0;  // the weight's first non-finite element, as an index into its shape
+    while (first < non_finite->size() && !bad(non_finite->Get(first))) ++first;
+    std::string index;
+    for (int64_t d = static_cast<int64_t>(non_finite->shape.size()) - 1, rest = first; d >= 0; --d) {
+      index = absl::StrCat(rest % non_finite->shape[d], index.empty() ? "" : ",", index);
+      rest /= non_finite->shape[d];
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight '", name, "' holds ", non_finite->Get(first), " at [", index, "]: Loom refuses weights that ",
+        infinities ? "are NaN" : "are not finite (a broken checkpoint?)"));
+  }
+  if (image) {
+    const std::vector<uint16_t> swizzled =
+        isa::PackSwizzled(reinterpret_cast<const uint16_t*>(ordered.data()), static_cast<uint32_t>(rows),
+                          static_cast<uint32_t>(cols), isa::kGemmTileM, isa::Swizzle::k128B);
+    std::memcpy(region.data() + dst.offset(), swizzled.data(), dst.bytes());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph::WeightStore& weights) {
@@ -38,264 +300,51 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
   absl::flat_hash_map<std::string, const Tensor*> by_name;
   for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
 
-  graph::Progress progress("packing weights", s.weight_bytes());
+  std::vector<const Tensor*> dsts;
   for (const PackedWeight& p : s.packing()) {
     auto it = by_name.find(p.tensor());
     if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("packing: no tensor '", p.tensor(), "'"));
-    const Tensor& dst = *it->second;
-    const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
-    if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
-    const bool f32 = p.dtype() == graph::F32;
-    const bool fp8 = p.dtype() == graph::F8E4M3;    // e4m3 bytes of FP8 sources
-    const bool row_scales = p.row_scales();         // the FP8 sources' row scales, one f32 a row
-    const bool int4 = p.dtype() == graph::I4;       // int4 sources' values, in bands of 16 rows
-    const bool int4_meta = p.int4_meta();           // int4 sources' groups (scale, zero point), in bands
-    const uint32_t group_shift = static_cast<uint32_t>(std::countr_zero(std::max(p.group_size(), 1u)));
-    const uint64_t elem = f32 ? 4 : fp8 ? 1 : 2;
-    if (f32 && (p.tile_rows() != 0 || (p.order() != ROWS_IDENTITY && !row_scales))) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': f32 rows are row-major in order"));
+    dsts.push_back(it->second);
+  }
+  // Each packing writes its own tensor (they run in parallel below).
+  absl::flat_hash_set<const Tensor*> written;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    if (!written.insert(dsts[i]).second) {
+      return absl::InvalidArgumentError(absl::StrCat("packing names '", dsts[i]->name(), "' twice"));
     }
-    if ((fp8 || row_scales) &&
-        (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || (row_scales && !f32) ||
-         (row_scales && (cols != 1 || stride != 1)) ||
-         (fp8 && (stride % isa::kMatvecFp8RowAlign != 0 || stride != isa::MatvecFp8RowStride(cols))))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("packing '", p.tensor(), "': FP8 rows and their scales are matvec rows (stride ",
-                       isa::MatvecFp8RowStride(static_cast<uint32_t>(cols)), ", scales f32 [rows])"));
+  }
+  // The packings on up to 8 threads, each taking the next one; the first failure in packing order is returned (as
+  // one thread would). Operand images (a full-size ordered copy and a swizzled one each) pack one at a time, so the
+  // host holds at most one image's temporaries. Progress is reported on the calling thread (a Python hook takes
+  // the GIL there).
+  graph::Progress progress("packing weights", s.weight_bytes());
+  std::vector<absl::Status> status(s.packing_size());
+  std::atomic<int> next{0};
+  std::atomic<uint64_t> packed{0};
+  std::mutex image_lock;
+  uint64_t reported = 0;
+  auto work = [&](bool report) {
+    for (int i; (i = next.fetch_add(1)) < s.packing_size();) {
+      const PackedWeight& p = s.packing(i);
+      std::unique_lock<std::mutex> image(image_lock, std::defer_lock);
+      if (p.tile_rows() > 0) image.lock();
+      status[i] = PackOne(s, p, *dsts[i], weights, region);
+      packed += dsts[i]->bytes();
+      if (report) {
+        const uint64_t now = packed;
+        progress.Add(now - reported);
+        reported = now;
+      }
     }
-    if ((int4 || int4_meta) &&
-        (p.tile_rows() != 0 || p.column_group() != 0 || p.order() == ROWS_TRANSPOSED || p.source_rows() != 0 ||
-         (int4_meta && p.dtype() != graph::I32) || p.group_size() < 32 || (p.group_size() & (p.group_size() - 1)) ||
-         cols % p.group_size() != 0 || stride != isa::MatvecW4RowStride(static_cast<uint32_t>(cols)))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "packing '", p.tensor(), "': int4 rows and their groups are matvec bands (stride ",
-          isa::MatvecW4RowStride(static_cast<uint32_t>(cols)), ", groups of a power of two >= 32 dividing ", cols,
-          ")"));
-    }
-    const bool transposed = p.order() == ROWS_TRANSPOSED;
-    // A source row's width, and where its column c goes (column groups padded: runs of `run` at the start of `padded`).
-    const uint64_t run = p.column_group(), padded = p.column_group_padded();
-    const bool grouped = run > 0;
-    if (grouped && (padded < run || cols % padded != 0 || p.order() != ROWS_IDENTITY || f32)) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': columns in runs of ", run,
-                                                     " padded to ", padded, " do not fit ", cols, " bf16 columns"));
-    }
-    // The FP8 sources' row scales: one per row of each source (a [rows, K] weight).
-    const uint64_t src_width = grouped ? cols / padded * run : row_scales ? 0 : cols;
-    auto column = [&](uint64_t c) { return grouped ? c / run * padded + c % run : c; };
-    std::vector<const graph::HostTensor*> src;
-    std::vector<const std::string*> src_names;
-    uint64_t rows = 0;
-    for (const std::string& name : p.sources()) {
-      auto w = weights.find(name);
-      if (w == weights.end()) {
-        return absl::NotFoundError(absl::StrCat("packing '", p.tensor(), "': weight '", name, "' is missing"));
-      }
-      const std::vector<int64_t>& shape = w->second.shape;
-      // Rows of a weight of rank >= 2 are its first dimension (a CONV2D weight's rows are [KH, KW, C / groups]).
-      const int64_t size = w->second.size();
-      const int64_t src_cols = transposed ? (shape.size() == 2 ? shape[0] : 0)
-                               : shape.size() <= 1 ? 1 : shape[0] == 0 ? 0 : size / shape[0];
-      const graph::DType d = w->second.dtype;
-      if ((int4 || int4_meta) && (d != graph::I4 || src_cols != static_cast<int64_t>(cols) ||
-                                  w->second.Int4GroupSize() != p.group_size())) {
-        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
-                                                       "' is not an int4 weight with ", cols, " columns in groups of ",
-                                                       p.group_size()));
-      }
-      if ((fp8 || row_scales) && (d != graph::F8E4M3 || (fp8 && src_cols != static_cast<int64_t>(cols)))) {
-        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
-                                                       "' is not an FP8 weight with ", cols, " columns"));
-      }
-      if (!fp8 && !row_scales && !int4 && !int4_meta &&
-          ((d != graph::BF16 && d != graph::F32 && d != graph::F8E4M3 && d != graph::I4) ||
-           src_cols != static_cast<int64_t>(src_width))) {
-        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': weight '", name,
-                                                       "' is not bf16, f32 or FP8 with ", src_width,
-                                                       transposed ? " rows (transposed)" : " columns"));
-      }
-      src.push_back(&w->second);
-      src_names.push_back(&name);
-      rows += row_scales || int4 || int4_meta ? static_cast<uint64_t>(shape[0])
-                                              : static_cast<uint64_t>(w->second.size()) / src_width;
-    }
-    const bool ranged = p.source_rows() > 0;
-    if (ranged) {
-      if (src.size() != 1 || p.order() != ROWS_IDENTITY || p.source_row_begin() + p.source_rows() > rows) {
-        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': rows [", p.source_row_begin(), ", +",
-                                                       p.source_rows(), ") of one source of ", rows, " rows needed"));
-      }
-      rows = p.source_rows();
-    }
-    const bool image = p.tile_rows() > 0;
-    if (image && (p.tile_rows() != isa::kGemmTileM || stride != cols ||
-                  isa::GemmImageBytes(static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)) != dst.bytes())) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': not a ", isa::kGemmTileM,
-                                                     "-row operand image of ", rows, " x ", cols));
-    }
-    if (transposed && src.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': transposing needs one source"));
-    }
-    const uint64_t groups = int4_meta ? isa::MatvecW4Groups(static_cast<uint32_t>(cols), group_shift) : 0;
-    const uint64_t expected = int4 ? rows * stride / 2 : int4_meta ? rows * groups * 4 : rows * stride * elem;
-    if ((int4 || int4_meta) && rows % isa::kMatvecW4BandRows != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': ", rows,
-                                                     " int4 rows are not bands of ", isa::kMatvecW4BandRows));
-    }
-    if (!image && expected != dst.bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': sources hold ", rows,
-                                                     " rows, the tensor has room for ", dst.bytes() / (stride * elem)));
-    }
-    // Row-major rows go straight to the region (zero-filled: the padding stays zero); an image's rows are
-    // ordered first, then swizzled.
-    std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
-    uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
-    // Every weight is checked for NaN and infinities on its way into the region (a broken checkpoint is refused
-    // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one. A general
-    // graph's constants may hold infinities (an ONNX attention mask's -inf), never NaN.
-    const graph::HostTensor* non_finite = nullptr;
-    const bool infinities = s.has_graph();
-    auto bad = [&](float v) { return std::isnan(v) || (!infinities && std::isinf(v)); };
-    auto refuse = [&](const graph::HostTensor* t) {
-      if (non_finite == nullptr) non_finite = t;
-    };
-    // Row `row` of source `t` (its column `row` when transposed) as packed row `packed_row`.
-    auto copy_row = [&](uint64_t packed_row, const graph::HostTensor* t, uint64_t row) {
-      const uint64_t band = packed_row / isa::kMatvecW4BandRows, in_band = packed_row % isa::kMatvecW4BandRows;
-      if (int4) {  // each value's nibble where MatvecW4Byte puts it (the padding columns stay 0)
-        const uint64_t chunks = stride / isa::kMatvecW4ChunkColumns;
-        for (uint64_t c = 0; c < cols; ++c) {
-          const uint64_t i = row * cols + c;
-          const uint8_t u = (t->f8[i / 2] >> (4 * (i & 1))) & 15;
-          const isa::W4Nibble at = isa::MatvecW4Byte(static_cast<uint32_t>(in_band),
-                                                     static_cast<uint32_t>(c % isa::kMatvecW4ChunkColumns));
-          out[(band * chunks + c / isa::kMatvecW4ChunkColumns) * isa::kMatvecW4ChunkBytes + at.byte] |=
-              static_cast<uint8_t>(u << (4 * at.high));
-        }
-        return;
-      }
-      if (int4_meta) {  // each group's scale and zero point (isa::MatvecW4MetaWord); a padding group scales by 0
-        const uint64_t src_groups = t->bf16.size() / static_cast<uint64_t>(t->shape[0]);
-        for (uint64_t g = 0; g < groups; ++g) {
-          uint32_t word = isa::MatvecW4MetaWord(0, 8);
-          if (g < src_groups) {
-            const float scale = t->Int4Scale(static_cast<int64_t>(row * src_groups + g));
-            if (!std::isfinite(scale)) refuse(t);
-            word = isa::MatvecW4MetaWord(std::bit_cast<uint32_t>(scale),
-                                         static_cast<uint32_t>(t->i32[row * src_groups + g]));
-          }
-          std::memcpy(out + ((band * groups + g) * isa::kMatvecW4BandRows + in_band) * 4, &word, 4);
-        }
-        return;
-      }
-      uint8_t* to = out + packed_row * stride * elem;
-      if (row_scales) {  // the row's scale
-        const float scale = t->f32[row];
-        if (!std::isfinite(scale)) refuse(t);
-        std::memcpy(to, &scale, 4);
-        return;
-      }
-      if (fp8) {  // e4m3 bytes; each 512-column run in the device's lane order, which keeps runs of 4 columns whole
-        const uint8_t* from = t->f8.data() + row * cols;
-        bool nan = false;
-        for (uint64_t c = 0; c < cols; c += 4) {
-          const uint64_t n = std::min<uint64_t>(4, cols - c);
-          uint8_t* dst = to + c / isa::kMatvecFp8RowAlign * isa::kMatvecFp8RowAlign +
-                         isa::MatvecFp8Position(static_cast<uint32_t>(c % isa::kMatvecFp8RowAlign));
-          std::memcpy(dst, from + c, n);
-          for (uint64_t i = 0; i < n; ++i) nan |= (from[c + i] & 0x7f) == 0x7f;  // e4m3's NaN
-        }
-        if (nan) refuse(t);
-        return;
-      }
-      if (!f32 && !transposed && !grouped && t->dtype == graph::BF16) {
-        const uint16_t* from = t->bf16.data() + row * cols;
-        if (AnyNonFinite(from, cols)) {
-          for (uint64_t c = 0; c < cols; ++c) {
-            if (bad(graph::Bf16ToFloat(from[c]))) refuse(t);
-          }
-        }
-        std::memcpy(to, from, cols * 2);
-        return;
-      }
-      for (uint64_t c = 0; c < src_width; ++c) {
-        const float v = t->Get(static_cast<int64_t>(transposed ? c * rows + row : row * src_width + c));
-        if (bad(v)) refuse(t);
-        if (f32) {
-          std::memcpy(to + c * 4, &v, 4);
-        } else {
-          const uint16_t bits = t->dtype == graph::BF16 && !transposed ? t->bf16[row * src_width + c]
-                                : t->dtype == graph::BF16 ? t->bf16[c * rows + row]
-                                                          : graph::FloatToBf16(v);
-          std::memcpy(to + column(c) * 2, &bits, 2);
-        }
-      }
-    };
-    switch (p.order()) {
-      case ROWS_TRANSPOSED:
-        for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], r);
-        break;
-      case ROWS_IDENTITY: {
-        if (ranged) {
-          for (uint64_t r = 0; r < rows; ++r) copy_row(r, src[0], p.source_row_begin() + r);
-          break;
-        }
-        uint64_t r = 0;
-        for (const graph::HostTensor* t : src) {
-          const uint64_t n = row_scales || int4 || int4_meta ? static_cast<uint64_t>(t->shape[0])
-                                                             : static_cast<uint64_t>(t->size()) / src_width;
-          for (uint64_t i = 0; i < n; ++i) copy_row(r++, t, i);
-        }
-        break;
-      }
-      case ROWS_INTERLEAVE_PAIRS: {
-        if (src.size() != 2 || src[0]->size() != src[1]->size() || src[0]->shape != src[1]->shape) {
-          return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': interleaving needs two equal sources"));
-        }
-        for (uint64_t i = 0; i < rows / 2; ++i) {
-          copy_row(2 * i, src[0], i);
-          copy_row(2 * i + 1, src[1], i);
-        }
-        break;
-      }
-      case ROWS_QKV_GROUPED: {
-        const uint64_t hd = p.head_dim(), kv = p.num_kv_heads();
-        auto src_rows = [&](int i) { return static_cast<uint64_t>(src[i]->shape.empty() ? 0 : src[i]->shape[0]); };
-        if (src.size() != 3 || hd == 0 || kv == 0 || src_rows(1) != kv * hd || src_rows(2) != kv * hd ||
-            src[2]->size() != src[1]->size() || src_rows(0) % (kv * hd) != 0) {
-          return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': q, k, v do not fit ", kv,
-                                                         " KV heads of dimension ", hd));
-        }
-        const uint32_t group = static_cast<uint32_t>(src_rows(0) / (kv * hd));
-        for (uint64_t r = 0; r < rows; ++r) {
-          const isa::QkvRow row = isa::QkvGroupedRow(static_cast<uint32_t>(r), group, static_cast<uint32_t>(hd));
-          copy_row(r, src[row.kind], uint64_t{row.head} * hd + row.dim);
-        }
-        break;
-      }
-      default:
-        return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': unknown row order"));
-    }
-    if (non_finite != nullptr) {
-      const std::string& name = *src_names[std::find(src.begin(), src.end(), non_finite) - src.begin()];
-      int64_t first = 0;  // the weight's first non-finite element, as an index into its shape
-      while (first < non_finite->size() && !bad(non_finite->Get(first))) ++first;
-      std::string index;
-      for (int64_t d = static_cast<int64_t>(non_finite->shape.size()) - 1, rest = first; d >= 0; --d) {
-        index = absl::StrCat(rest % non_finite->shape[d], index.empty() ? "" : ",", index);
-        rest /= non_finite->shape[d];
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weight '", name, "' holds ", non_finite->Get(first), " at [", index, "]: Loom refuses weights that ",
-          infinities ? "are NaN" : "are not finite (a broken checkpoint?)"));
-    }
-    if (image) {
-      const std::vector<uint16_t> swizzled =
-          isa::PackSwizzled(reinterpret_cast<const uint16_t*>(ordered.data()), static_cast<uint32_t>(rows),
-                            static_cast<uint32_t>(cols), isa::kGemmTileM, isa::Swizzle::k128B);
-      std::memcpy(region.data() + dst.offset(), swizzled.data(), dst.bytes());
-    }
-    progress.Add(dst.bytes());
+  };
+  std::vector<std::thread> workers;
+  const int threads = std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  for (int w = 1; w < std::min(threads, s.packing_size()); ++w) workers.emplace_back(work, false);
+  work(true);
+  for (std::thread& worker : workers) worker.join();
+  progress.Add(packed - reported);
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
   }
   progress.Done();
   for (const Constant& c : s.constants()) {
