@@ -7,8 +7,9 @@
 // tensor; symmetric or with packed zero points) and `float-quantized` FP8 e4m3 (channel or tensor). Every field that
 // changes the math is honoured or refused by name: activation quantization (`input_activations`), a quantized KV
 // cache, sparsity, transforms, block strategies, compressed-tensors' act-order groups, dynamic weight scales. FP8
-// weights with a scale per row or tensor are kept as stored (MATVEC_FP8 reads them); every other scheme is widened
-// to bf16 as it is read, and the caller says so.
+// weights with a scale per row or tensor (MATVEC_FP8) and 4-bit weights in groups (MATVEC_W4; also AWQ's and GPTQ's,
+// quantization_hub.cc) are kept as stored (KeptDtype); every other scheme is widened to bf16 as it is read, and the
+// caller says so.
 #pragma once
 
 #include <cstdint>
