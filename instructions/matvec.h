@@ -196,6 +196,28 @@ LOOM_HD uint64_t MatvecW4MetaBytes(uint32_t rows, uint32_t k, uint32_t group_shi
 LOOM_HD uint32_t MatvecW4Slots(uint32_t stride) {
   return stride % 2048 == 0 ? 8 : stride % 256 == 0 ? stride / 256 : stride / kMatvecW4ChunkColumns;
 }
+// A padded row wider than kMatvecW4MaxPieceColumns that is a multiple of 2048 columns (whole pages a band) is
+// multiplied in pieces: columns [p P, (p + 1) P) for P = MatvecW4PieceColumns (whole pages, at most the maximum; the
+// last piece may be shorter), one piece's x image in the slot at a time, each piece's x read again from global
+// memory, the piece's pages streamed band by band. The image takes 6 bytes a column: a 70B model's 28672-wide down
+// projection needs 172 KB whole, which leaves an SM's ring 2 pages of 16 KB for the whole step; in pieces of 14336
+// columns, 86 KB. A piece's x is its own (no prologue: an RMSNorm would need the whole row first).
+inline constexpr uint32_t kMatvecW4MaxPieceColumns = 16384;
+inline constexpr uint32_t kMatvecW4PageColumns = 2048;  // a 16 KB page of one band
+LOOM_HD uint32_t MatvecW4PieceColumns(uint32_t stride) {
+  if (stride <= kMatvecW4MaxPieceColumns || stride % kMatvecW4PageColumns != 0) return stride;
+  const uint32_t pages = stride / kMatvecW4PageColumns, most = kMatvecW4MaxPieceColumns / kMatvecW4PageColumns;
+  const uint32_t pieces = (pages + most - 1) / most;
+  return (pages + pieces - 1) / pieces * kMatvecW4PageColumns;
+}
+LOOM_HD uint32_t MatvecW4Pieces(uint32_t stride) {
+  const uint32_t piece = MatvecW4PieceColumns(stride);
+  return (stride + piece - 1) / piece;
+}
+// A row's partial sums in all: its pieces' slots, piece after piece.
+LOOM_HD uint32_t MatvecW4RowSlots(uint32_t stride) {
+  return MatvecW4Pieces(stride) * MatvecW4Slots(MatvecW4PieceColumns(stride));
+}
 // Within a chunk, the byte (and nibble: 0 low, 1 high) holding row r (0..15) and column c (0..63). Lane l = 4 g + t
 // holds, for step s (columns 16 s ..), the mma's A fragment as one 32-bit word: nibble i + 4 h is register i's half
 // h, and register i is row g + 8 (i & 1), column 2 t + h + 8 (i >> 1) of the step. So (word >> 4i) & 0x000f000f puts
@@ -221,13 +243,14 @@ LOOM_HD uint32_t MatvecW4MetaScaleBits(uint32_t word) { return word & kMatvecW4S
 LOOM_HD uint32_t MatvecW4MetaZero(uint32_t word) { return word & 0xffu; }
 // The columns of one sum of x the device keeps (x's sum over a group's part of a chunk: the zero point's term).
 LOOM_HD uint32_t MatvecW4SumColumns(uint32_t group_shift) { return group_shift == 5 ? 32 : kMatvecW4ChunkColumns; }
-// The device's activation slot for a tile: x's three bf16 pieces in the mma's B layout (6 bytes a column; x itself,
-// f32, arrives in its last two thirds and is converted over itself) | 32 zero bytes | the tile's meta words | the
-// partial sums | x's sums over MatvecW4SumColumns.
+// The device's activation slot for a tile: x's three bf16 pieces in the mma's B layout (6 bytes a column of a piece;
+// x itself, f32, arrives in its last two thirds and is converted over itself) | 32 zero bytes | the tile's meta words
+// | the partial sums | x's sums over MatvecW4SumColumns (of a piece).
 LOOM_HD uint64_t MatvecW4ActivationBytes(uint32_t rows, uint32_t k, uint32_t group_shift) {
-  const uint64_t stride = MatvecW4RowStride(k);
-  return 6 * stride + 32 + 4ull * rows * MatvecW4Groups(k, group_shift) +
-         4ull * rows * MatvecW4Slots(static_cast<uint32_t>(stride)) + 4 * (stride / MatvecW4SumColumns(group_shift));
+  const uint32_t stride = MatvecW4RowStride(k);
+  const uint64_t piece = MatvecW4PieceColumns(stride);
+  return 6 * piece + 32 + 4ull * rows * MatvecW4Groups(k, group_shift) + 4ull * rows * MatvecW4RowSlots(stride) +
+         4 * (piece / MatvecW4SumColumns(group_shift));
 }
 
 // The grouped QKV layout of a fused QKV weight: for each KV head g, the rows of

@@ -145,6 +145,10 @@ void Validate(const MatvecW4Args& a, Checker& c) {
   if (a.group_shift >= 5 && a.group_shift < 31) {
     c.Tensor("meta", a.meta, I32, (U(a.row_begin) + a.rows) * MatvecW4Groups(a.k, a.group_shift));
   }
+  const uint32_t stride = MatvecW4RowStride(a.k);
+  c.Require(MatvecW4Pieces(stride) == 1 || a.prologue == kPrologueNone,
+            absl::StrCat("k ", a.k, " is multiplied in pieces of ", MatvecW4PieceColumns(stride),
+                         " columns, which take no prologue (an RMSNorm needs the whole row first)"));
 }
 
 Footprint Cost(const MatvecArgs& a, uint32_t) {

@@ -170,7 +170,8 @@ absl::Status PackOne(const Schedule& s, const PackedWeight& p, const Tensor& dst
         uint32_t word = isa::MatvecW4MetaWord(0, 8);
         if (g < src_groups) {
           const float scale = t->Int4Scale(static_cast<int64_t>(row * src_groups + g));
-          if (!std::isfinite(scale)) refuse(t);
+          // (every bf16 or float16 scale fits the word's 19 bits; anything else would be truncated: refused)
+          if (!std::isfinite(scale) || !isa::MatvecW4ScaleFits(std::bit_cast<uint32_t>(scale))) refuse(t);
           word = isa::MatvecW4MetaWord(std::bit_cast<uint32_t>(scale),
                                        static_cast<uint32_t>(t->i32[row * src_groups + g]));
         }

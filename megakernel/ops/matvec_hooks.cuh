@@ -74,6 +74,19 @@ __device__ __forceinline__ void LoadPages(const Args& a, const isa::Instruction&
     const uint64_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
     StreamMatvecPages(l.p.machine.ptr<uint8_t>(a.meta) + 4 * a.row_begin * groups,
                       isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift), kOpcode, l);
+    // A row in pieces (isa::MatvecW4Pieces): each piece's columns of each band, whole pages, piece after piece (a
+    // chunk of 64 columns of a band is 512 bytes: 8 a column).
+    const uint32_t stride = isa::MatvecW4RowStride(a.k), piece = isa::MatvecW4PieceColumns(stride);
+    if (piece != stride) {
+      const uint8_t* weight = l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes;
+      const uint32_t bands = a.rows / isa::kMatvecW4BandRows, runs = isa::MatvecW4Pieces(stride) * bands;
+#pragma unroll 1
+      for (uint32_t run = 0; run < runs; ++run) {  // (one loop: two nested ones made the loader spill)
+        const uint32_t begin = run / bands * piece;
+        StreamMatvecPages(weight + 8ull * (run % bands * stride + begin), 8 * min(piece, stride - begin), kOpcode, l);
+      }
+      return;
+    }
   }
   StreamMatvecPages(l.p.machine.ptr<uint8_t>(a.weight) + a.row_begin * row_bytes, a.rows * row_bytes, kOpcode, l);
 }

@@ -15,9 +15,11 @@
 // words come through the ring first (the loader streams them with the weights, so they are not a load on the
 // critical path). The prologue and epilogues are MATVEC's (ops/matvec.cuh).
 //
-// Activation slot (isa::MatvecW4ActivationBytes): B image [stride / 64][3 pieces][4 lanes][4 steps][2 words] (x, f32,
-// arrives at its byte 2 * stride) | 32 zero bytes (the B of lanes 12-31: columns 3-7) | meta [rows / 16][groups][16]
-// | partial[rows][slots] | x's sums over isa::MatvecW4SumColumns
+// Activation slot (isa::MatvecW4ActivationBytes): B image [columns / 64][3 pieces][4 lanes][4 steps][2 words] (x,
+// f32, arrives at its byte 2 * columns) | 32 zero bytes (the B of lanes 12-31: columns 3-7) | meta [rows / 16][groups]
+// [16] | partial[rows][row slots] | x's sums over isa::MatvecW4SumColumns. `columns` is the padded row's, or for a row
+// in pieces (isa::MatvecW4Pieces: wider than 16384 columns) a piece's: the piece's x is loaded, its image built and
+// its pages (each band's part of the piece, whole pages) streamed, then the next piece's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -142,11 +144,13 @@ __device__ __forceinline__ void FlushW4(W4Sums& sums, uint32_t band, uint32_t sl
 }
 
 // Where a lane reads its groups: meta words of band `band`, group `group` at row + (band * groups + group) * 64; x's
-// sums (lane t = 0: sum j at xsum + 4 j; the others the zero block, step 0).
+// sums (lane t = 0: sum j at xsum + 4 j; the others the zero block, step 0). chunk0: the piece's first chunk (chunks
+// and fold units below count from the piece's start, groups from the row's).
 struct W4Lane {
   uint32_t meta_row;  // meta + 4 g
   uint32_t groups;
   uint32_t xsum, xsum_step;
+  uint32_t chunk0;
   __device__ __forceinline__ uint32_t Meta(uint32_t band, uint32_t group) const {
     return meta_row + (band * groups + group) * (4 * isa::kMatvecW4BandRows);
   }
@@ -189,13 +193,14 @@ __device__ __forceinline__ void W4Quad(uint32_t page_chunk, uint32_t b_chunk, ui
 #pragma unroll
       for (uint32_t i = 0; i < 4; ++i) e[i] = d[2 * p][i] + d[2 * p + 1][i];
       const uint32_t c = cc + 2 * p;
-      FoldW4(e, ln.Meta(band, (c * isa::kMatvecW4ChunkColumns) >> group_shift), ln.Sum(c) + ln.Sum(c + 1), sums);
+      FoldW4(e, ln.Meta(band, ((ln.chunk0 + c) * isa::kMatvecW4ChunkColumns) >> group_shift),
+             ln.Sum(c) + ln.Sum(c + 1), sums);
     }
   } else {
 #pragma unroll
     for (uint32_t a = 0; a < kW4ChunksPerWarp * kHalves; ++a) {
       const uint32_t unit = cc * kHalves + a;  // the group (a fold is one group's columns) and its sum of x
-      FoldW4(d[a], ln.Meta(band, unit), ln.Sum(unit), sums);
+      FoldW4(d[a], ln.Meta(band, ln.chunk0 * kHalves + unit), ln.Sum(unit), sums);
     }
   }
 }
@@ -216,23 +221,25 @@ __device__ __forceinline__ void W4Chunk(uint32_t page_chunk, uint32_t b_chunk, c
 #pragma unroll
   for (uint32_t h = 0; h < kHalves; ++h) {
     const uint32_t unit = cc * kHalves + h;  // x's sum over this fold's columns
-    FoldW4(d[h], ln.Meta(band, (unit * (isa::kMatvecW4ChunkColumns / kHalves)) >> group_shift), ln.Sum(unit), sums);
+    FoldW4(d[h], ln.Meta(band, ((ln.chunk0 * kHalves + unit) * (isa::kMatvecW4ChunkColumns / kHalves)) >> group_shift),
+           ln.Sum(unit), sums);
   }
 }
 
 // kMode (isa::MatvecW4Slots): 2, rows a multiple of 2048 columns: every page is 32 chunks of one band and a warp
 // keeps its sums over the band's pages, one slot a warp; 1, a multiple of 256: a warp's four chunks of a page are one
 // band's consecutive columns, one slot a page; 0: a slot a chunk.
+// `stride`: the piece's columns (the row's where it is one piece); its partial sums are slots [slot0, slot0 +
+// MatvecW4Slots(stride)) of the row's `row_slots`.
 template <uint32_t kFold, uint32_t kMode>
 __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t stride, ConsumerContext& ctx,
-                                         uint32_t image, const W4Lane& ln, float* partial) {
+                                         uint32_t image, uint32_t zero, const W4Lane& ln, uint32_t slot0,
+                                         uint32_t row_slots, float* partial) {
   const uint32_t chunks_per_band = stride / isa::kMatvecW4ChunkColumns;
   const uint32_t tile_chunks = a.rows / isa::kMatvecW4BandRows * chunks_per_band;
-  const uint32_t slots = isa::MatvecW4Slots(stride);
   const uint32_t g = ctx.lane >> 2, t = ctx.lane & 3;
   // B: lanes of groups 0-2 read their piece's 32 bytes of each chunk's image; the others the zero block (ln.xsum's
   // step is 0 there too: the same 32 zero bytes).
-  const uint32_t zero = image + 6 * stride;
   const uint32_t b_lane = g < 3 ? image + (g * 4 + t) * 32 : zero;
   const uint32_t b_stride = g < 3 ? kW4ImageChunkBytes : 0;
   constexpr uint32_t kPageChunks = kConsumerWarps * kW4ChunksPerWarp;
@@ -252,7 +259,7 @@ __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t st
       for (uint32_t s = 0; s < kW4ChunksPerWarp; ++s) {
         if (page_start + warp_first + s < tile_chunks) {
           W4Chunk<kFold>(page + s * kW4ChunkBytes, b_lane + cc * b_stride, ln, band, cc, a.group_shift, sums);
-          FlushW4(sums, band, cc, slots, ctx.lane, partial);
+          FlushW4(sums, band, slot0 + cc, row_slots, ctx.lane, partial);
         }
         if (++cc == chunks_per_band) cc = 0, ++band;
       }
@@ -262,25 +269,92 @@ __device__ __forceinline__ void StreamW4(const isa::MatvecW4Args& a, uint32_t st
     cc += kPageChunks - kW4ChunksPerWarp;
     while (cc >= chunks_per_band) cc -= chunks_per_band, ++band;
     // Mode 2: the band's last page (the warp's next chunk is in the next band).
-    if (kMode == 1 && mine) FlushW4(sums, page_band, page_slot, slots, ctx.lane, partial);
-    if (kMode == 2 && mine && band != page_band) FlushW4(sums, page_band, page_slot, slots, ctx.lane, partial);
+    if (kMode == 1 && mine) FlushW4(sums, page_band, slot0 + page_slot, row_slots, ctx.lane, partial);
+    if (kMode == 2 && mine && band != page_band) {
+      FlushW4(sums, page_band, slot0 + page_slot, row_slots, ctx.lane, partial);
+    }
   }
 }
 
 template <uint32_t kFold>
 __device__ __forceinline__ void StreamW4Modes(const isa::MatvecW4Args& a, uint32_t stride, ConsumerContext& ctx,
-                                              uint32_t image, const W4Lane& ln, float* partial) {
+                                              uint32_t image, uint32_t zero, const W4Lane& ln, uint32_t slot0,
+                                              uint32_t row_slots, float* partial) {
   if (stride % 2048 == 0) {
-    StreamW4<kFold, 2>(a, stride, ctx, image, ln, partial);
+    StreamW4<kFold, 2>(a, stride, ctx, image, zero, ln, slot0, row_slots, partial);
   } else if (stride % 256 == 0) {
-    StreamW4<kFold, 1>(a, stride, ctx, image, ln, partial);
+    StreamW4<kFold, 1>(a, stride, ctx, image, zero, ln, slot0, row_slots, partial);
   } else {
-    StreamW4<kFold, 0>(a, stride, ctx, image, ln, partial);
+    StreamW4<kFold, 0>(a, stride, ctx, image, zero, ln, slot0, row_slots, partial);
   }
 }
 
-__device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, ConsumerContext& ctx) {
-  const uint32_t stride = isa::MatvecW4RowStride(a.k);  // the padded row from here on
+// A piece's x (isa::MatvecW4Pieces): input columns [begin, begin + columns) into x, past k zeros; with a tagged input
+// each float4 read until it carries this step's tag, as the prologue does.
+__device__ __forceinline__ void LoadW4Piece(const isa::MatvecW4Args& a, ConsumerContext& ctx, float* x,
+                                            uint32_t begin, uint32_t columns) {
+  const uint32_t n = min(a.k, begin + columns) - begin;
+  const float* src = ctx.machine.ptr<float>(a.input) + begin;
+  IssueMatvecInput(src, x, n, ctx.tid);
+  CpAsyncWait<0>();
+  if (ctx.flags & isa::kFlagTaggedInput) {
+    for (uint32_t j = ctx.tid; j < n / 4; j += kConsumerThreads) {
+      AwaitTaggedFloat4(a.input, reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(x), j, ctx);
+    }
+  }
+  for (uint32_t i = n + ctx.tid; i < columns; i += kConsumerThreads) x[i] = 0.0f;
+}
+
+// The tile's meta words, the first of its pages through the ring (the loader's hook), copied into the slot: after the
+// input's wait, which their load overlaps.
+__device__ __forceinline__ void CopyW4Meta(const isa::MatvecW4Args& a, ConsumerContext& ctx, uint32_t meta) {
+  const uint32_t meta_bytes = static_cast<uint32_t>(isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift));
+  for (uint32_t done = 0; done < meta_bytes; done += ctx.page_bytes) {
+    const uint32_t page = tile::SharedAddress(ctx.AcquirePage());
+    const uint32_t bytes = min(ctx.page_bytes, meta_bytes - done);
+    for (uint32_t j = 16 * ctx.tid; j < bytes; j += 16 * kConsumerThreads) {
+      tile::StoreShared128(meta + done + j, tile::LoadShared128Bits(page + j));
+    }
+    ctx.ReleasePage();
+  }
+}
+
+__device__ __forceinline__ W4Lane MakeW4Lane(const ConsumerContext& ctx, uint32_t meta, uint32_t groups,
+                                             const float* xsums, uint32_t zero, uint32_t chunk0) {
+  const bool first_of_row = (ctx.lane & 3) == 0;
+  return W4Lane{meta + 4 * (ctx.lane >> 2), groups,
+                first_of_row ? static_cast<uint32_t>(tile::SharedAddress(xsums)) : zero, first_of_row ? 4u : 0u,
+                chunk0};
+}
+
+// A row in pieces (isa::MatvecW4Pieces; no prologue): piece by piece, its x loaded, its image and sums built over it,
+// its pages streamed (whole pages of one band: the slot layout of rows of a multiple of 2048 columns), its partial
+// sums in its own slots. The first piece's x is in the slot already.
+template <uint32_t kFold>
+__device__ __forceinline__ void StreamW4Pieces(const isa::MatvecW4Args& a, ConsumerContext& ctx, uint32_t stride,
+                                               uint32_t piece, uint32_t image, uint32_t meta, float* xsums,
+                                               float* partial) {
+  const uint32_t zero = image + 6 * piece, groups = isa::MatvecW4Groups(a.k, a.group_shift);
+  const uint32_t row_slots = isa::MatvecW4RowSlots(stride);
+  for (uint32_t begin = 0; begin < stride; begin += piece) {
+    const uint32_t columns = min(piece, stride - begin);
+    float* x = ctx.act + columns / 2;
+    if (begin > 0) {  // every warp is done with the last piece's image and sums
+      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+      LoadW4Piece(a, ctx, x, begin, columns);
+      NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    }
+    BuildW4Image<kFold == 32 ? 32 : isa::kMatvecW4ChunkColumns>(x, columns, image, xsums, ctx.tid);
+    if (begin == 0) CopyW4Meta(a, ctx, meta);
+    NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+    if (begin == 0) ctx.Mark(0);  // (the meta page taken: the weights' pages begin)
+    const W4Lane ln = MakeW4Lane(ctx, meta, groups, xsums, zero, begin / isa::kMatvecW4ChunkColumns);
+    StreamW4<kFold, 2>(a, columns, ctx, image, zero, ln, begin / piece * isa::MatvecW4Slots(piece), row_slots, partial);
+  }
+}
+
+// A row of one piece: x and the epilogue's inputs from the prologue, then the image, the meta words, the pages.
+__device__ __forceinline__ void RunMatvecW4Whole(const isa::MatvecW4Args& a, ConsumerContext& ctx, uint32_t stride) {
   const uint32_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
   const uint32_t slots = isa::MatvecW4Slots(stride);
   const uint32_t image = tile::SharedAddress(ctx.act);
@@ -299,32 +373,57 @@ __device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, Consumer
   } else {
     BuildW4Image<isa::kMatvecW4ChunkColumns>(x, stride, image, xsums, ctx.tid);
   }
-  // The tile's meta words, the first of its pages through the ring (the loader's hook), copied into the slot: after
-  // the input's wait, which their load overlaps.
-  const uint32_t meta_bytes = static_cast<uint32_t>(isa::MatvecW4MetaBytes(a.rows, a.k, a.group_shift));
-  for (uint32_t done = 0; done < meta_bytes; done += ctx.page_bytes) {
-    const uint32_t page = tile::SharedAddress(ctx.AcquirePage());
-    const uint32_t bytes = min(ctx.page_bytes, meta_bytes - done);
-    for (uint32_t j = 16 * ctx.tid; j < bytes; j += 16 * kConsumerThreads) {
-      tile::StoreShared128(meta + done + j, tile::LoadShared128Bits(page + j));
-    }
-    ctx.ReleasePage();
-  }
+  CopyW4Meta(a, ctx, meta);
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   ctx.Mark(0);  // (the meta page taken: the weights' pages begin)
-  const bool first_of_row = (ctx.lane & 3) == 0;
-  const W4Lane ln{meta + 4 * (ctx.lane >> 2), groups,
-                  first_of_row ? static_cast<uint32_t>(tile::SharedAddress(xsums)) : zero, first_of_row ? 4u : 0u};
+  const W4Lane ln = MakeW4Lane(ctx, meta, groups, xsums, zero, 0);
   if (a.group_shift == 5) {
-    StreamW4Modes<32>(a, stride, ctx, image, ln, partial);
+    StreamW4Modes<32>(a, stride, ctx, image, zero, ln, 0, slots, partial);
   } else if (a.group_shift == 6) {
-    StreamW4Modes<64>(a, stride, ctx, image, ln, partial);
+    StreamW4Modes<64>(a, stride, ctx, image, zero, ln, 0, slots, partial);
   } else {
-    StreamW4Modes<128>(a, stride, ctx, image, ln, partial);
+    StreamW4Modes<128>(a, stride, ctx, image, zero, ln, 0, slots, partial);
   }
   NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
   ctx.Mark(1);
   FinishMatvec(a, ctx, in, partial, slots);
+}
+
+// A row in pieces (isa::MatvecW4Pieces; no prologue, isa::Validate): the slot holds one piece's image at a time.
+__device__ __forceinline__ void RunMatvecW4Pieces(const isa::MatvecW4Args& a, ConsumerContext& ctx, uint32_t stride) {
+  const uint32_t piece = isa::MatvecW4PieceColumns(stride);
+  const uint32_t groups = isa::MatvecW4Groups(a.k, a.group_shift);
+  const uint32_t row_slots = isa::MatvecW4RowSlots(stride);
+  const uint32_t image = tile::SharedAddress(ctx.act);
+  const uint32_t zero = image + 6 * piece;
+  const uint32_t meta = zero + 32;
+  float* partial = ctx.act + (6 * piece + 32) / 4 + a.rows * groups;
+  float* xsums = partial + a.rows * row_slots;
+  if (ctx.tid < 8) tile::StoreShared32(zero + 4 * ctx.tid, 0u);
+  MatvecEpilogueInputs in = LoadEpilogueInputs(a, ctx);
+  if (a.epilogue == isa::kEpilogueRopeKvAppend && 2 * ctx.tid < a.rows) LoadRopeInputs(a, ctx, 2 * ctx.tid, &in);
+  LoadW4Piece(a, ctx, ctx.act + piece / 2, 0, piece);
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  if (ctx.ready != nullptr && ctx.tid == 0 && (ctx.flags & isa::kFlagTaggedInput)) *ctx.ready = GlobalTimer();
+  if (a.group_shift == 5) {
+    StreamW4Pieces<32>(a, ctx, stride, piece, image, meta, xsums, partial);
+  } else if (a.group_shift == 6) {
+    StreamW4Pieces<64>(a, ctx, stride, piece, image, meta, xsums, partial);
+  } else {
+    StreamW4Pieces<128>(a, ctx, stride, piece, image, meta, xsums, partial);
+  }
+  NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
+  ctx.Mark(1);
+  FinishMatvec(a, ctx, in, partial, row_slots);
+}
+
+__device__ __forceinline__ void RunMatvecW4(const isa::MatvecW4Args& a, ConsumerContext& ctx) {
+  const uint32_t stride = isa::MatvecW4RowStride(a.k);  // the padded row from here on
+  if (isa::MatvecW4Pieces(stride) > 1) {
+    RunMatvecW4Pieces(a, ctx, stride);
+  } else {
+    RunMatvecW4Whole(a, ctx, stride);
+  }
 }
 
 }  // namespace loom::megakernel
