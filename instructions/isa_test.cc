@@ -58,6 +58,40 @@ TEST(Isa, GroupedQkvLayoutIsAPermutationWithAdjacentRopePairs) {
   EXPECT_EQ(k1.dim, kDim / 2);
 }
 
+// MATVEC_W4 rows wider than 16384 columns (multiples of 2048) go in pieces of whole pages, the last may be shorter;
+// each piece's partial sums are slots of their own; such a row takes no prologue (an RMSNorm needs the whole row).
+TEST(Isa, WideInt4RowsAreMultipliedInPieces) {
+  EXPECT_EQ(MatvecW4Pieces(14336), 1u);
+  EXPECT_EQ(MatvecW4Pieces(16384), 1u);
+  EXPECT_EQ(MatvecW4PieceColumns(28672), 14336u);
+  EXPECT_EQ(MatvecW4Pieces(28672), 2u);
+  EXPECT_EQ(MatvecW4PieceColumns(18432), 10240u);  // 9 pages: 5 + 4
+  EXPECT_EQ(MatvecW4Pieces(18432), 2u);
+  EXPECT_EQ(MatvecW4PieceColumns(53248), 14336u);  // 26 pages: 7 + 7 + 7 + 5
+  EXPECT_EQ(MatvecW4Pieces(53248), 4u);
+  EXPECT_EQ(MatvecW4Pieces(29568), 1u);  // not whole pages a band: one piece (the whole image)
+  EXPECT_EQ(MatvecW4RowSlots(28672), 16u);
+  EXPECT_LT(MatvecW4ActivationBytes(16, 28672, 7), 6u * 14336 + 32 + 16 * 4 * (224 + 16) + 4 * 224 + 1);
+  const uint32_t k = 28672, rows = 16, groups = MatvecW4Groups(k, 7);
+  std::vector<TensorInfo> tensors = {{"w", graph::I4, uint64_t{rows} * k / 2},
+                                     {"x", graph::F32, k},
+                                     {"y", graph::F32, rows},
+                                     {"meta", graph::I32, uint64_t{rows} * groups},
+                                     {"norm", graph::BF16, k}};
+  Instruction inst{};
+  inst.opcode = static_cast<uint8_t>(Opcode::MATVEC_W4);
+  MatvecW4Args& a = inst.as<MatvecW4Args>();
+  a = MatvecW4Args{};
+  a.weight = 0, a.rows = rows, a.k = k, a.input = 1, a.out = 2, a.meta = 3, a.group_shift = 7, a.bias = kNoTensor;
+  EXPECT_TRUE(ValidateInstruction(inst, tensors).ok()) << ValidateInstruction(inst, tensors);
+  a.prologue = kPrologueRmsNorm;
+  a.norm_weight = 4;
+  a.norm_eps = 1e-5f;
+  EXPECT_NE(ValidateInstruction(inst, tensors).message().find("pieces of 14336 columns, which take no prologue"),
+            std::string::npos)
+      << ValidateInstruction(inst, tensors);
+}
+
 TEST(Isa, ValidationNamesTheFieldAndTensor) {
   // Rows of 32 columns are padded to 256 in the packed weight.
   std::vector<TensorInfo> tensors = {{"w", graph::BF16, 64 * 256}, {"x", graph::F32, 32}, {"y", graph::F32, 64}};
