@@ -3,6 +3,8 @@ logits, errors, closed sessions."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,19 @@ def test_quantized_projections_generate_as_the_cli():
                                              f"--prefill={str(prefill).lower()}")
     with pytest.raises(ValueError, match="W4A16"):
         loom.load("random:tiny", scheme="INT3")
+
+
+@pytest.mark.parametrize("fixture", ["awq-g32", "gptq-g32-asym", "w4a16-g32-f16"])
+def test_hub_int4_checkpoints_generate_as_the_checked_cli(fixture):
+    # AutoAWQ's, GPTQModel's and compressed-tensors' (float16 scales) int4 packings, read as int4 (MATVEC_W4): the
+    # Session's tokens are `loom run --check`'s, which the op-by-op oracle confirms.
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "quantized", fixture)
+    model = loom.load(folder, max_seq=64)
+    assert any("(int4 matvec)" in n for n in model.notes), model.notes
+    out = loom.Session(model, backend="cpu").generate([5, 17, 42, 7], max_new_tokens=6)
+    r = run_cli("run", f"--model={folder}", "--max_seq=64", "--backend=cpu", "--prompt=5,17,42,7", "--tokens=6",
+                "--check")
+    assert r.returncode == 0, r.stderr
+    assert "identical to the op-by-op oracle" in r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("tokens:"))
+    assert out.new_ids == [int(t) for t in line.split()[1:]]
