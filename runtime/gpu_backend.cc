@@ -8,6 +8,7 @@
 #include "scheduler/decoded_schedule.h"
 #include "scheduler/options.h"
 #include "scheduler/packing.h"
+#include "scheduler/prefill.h"
 
 namespace loom::runtime {
 
@@ -72,7 +73,11 @@ absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::
   std::string why;
   if (!GpuAvailable(&why)) return absl::UnavailableError(why);
   // Before packing: a model that cannot fit is refused in a second, not after minutes of work.
-  if (absl::Status s = CheckDeviceMemory(schedule.weight_bytes(), schedule.arena_bytes()); !s.ok()) return s;
+  if (absl::Status s = CheckDeviceMemory(schedule.weight_bytes(), schedule.arena_bytes(),
+                                         scheduler::PrefillWeightBytes(schedule));
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(schedule, weights);
   if (!packed.ok()) return packed.status();
   absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);

@@ -36,16 +36,28 @@ absl::Status CudaError(cudaError_t e, const std::string& what) {
 
 }  // namespace
 
-absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes) {
-  size_t free_bytes = 0, total_bytes = 0;
-  LOOM_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+absl::Status FitsDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint64_t prefill_bytes,
+                              uint64_t free_bytes, uint64_t total_bytes) {
   constexpr uint64_t kSlack = uint64_t{64} << 20;  // instructions, counters, trace, allocation granularity
   const uint64_t needed = weight_bytes + arena_bytes + kSlack;
   if (needed <= free_bytes) return absl::OkStatus();
+  // The prefill pass's operand images are a second copy of the projections in bf16 (141 GB for a 70B model in int4):
+  // say what leaving them out would need.
+  const std::string without_prefill =
+      prefill_bytes == 0 ? ""
+                         : absl::StrFormat("; %.2f GB of the weights are the prefill pass's bf16 operand images: "
+                                           "--prefill=false (prompts run as decode steps) needs %.2f GB",
+                                           prefill_bytes / 1e9, (needed - prefill_bytes) / 1e9);
   return absl::ResourceExhaustedError(absl::StrFormat(
       "the model needs %.2f GB of GPU memory (weights %.2f GB, KV cache and activations %.2f GB); the GPU has "
-      "%.2f GB free of %.2f GB (a smaller --max_seq shrinks the KV cache)",
-      needed / 1e9, weight_bytes / 1e9, arena_bytes / 1e9, free_bytes / 1e9, total_bytes / 1e9));
+      "%.2f GB free of %.2f GB (a smaller --max_seq shrinks the KV cache)%s",
+      needed / 1e9, weight_bytes / 1e9, arena_bytes / 1e9, free_bytes / 1e9, total_bytes / 1e9, without_prefill));
+}
+
+absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint64_t prefill_bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return FitsDeviceMemory(weight_bytes, arena_bytes, prefill_bytes, free_bytes, total_bytes);
 }
 
 absl::Status CheckProgramForDevice(const GpuProgram& p) {

@@ -37,10 +37,13 @@ struct GpuProgram {
   std::optional<isa::KernelVariant> kernel_variant;
 };
 
-// Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and
-// activations) fit the free memory of device 0; the error says how much is
-// needed and how much is free.
-absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes);
+// Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and activations) fit the free memory of
+// device 0; the error says how much is needed and how much is free, and where `prefill_bytes` of the weights are the
+// prefill pass's operand images, what the model needs without them. FitsDeviceMemory: the same against given free
+// and total bytes.
+absl::Status CheckDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint64_t prefill_bytes = 0);
+absl::Status FitsDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint64_t prefill_bytes,
+                              uint64_t free_bytes, uint64_t total_bytes);
 
 // Seconds without a barrier counter moving after which a launch is stopped: no instruction runs that long (the
 // longest measured, an LM-head tile or a 2048-row GEMM tile, take microseconds to a millisecond), so only a wait

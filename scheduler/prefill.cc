@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/dtype.h"
@@ -203,6 +204,16 @@ bool HasPrefillWeights(const Schedule& decode) {
     if (p.tile_rows() > 0) return true;
   }
   return false;
+}
+
+uint64_t PrefillWeightBytes(const Schedule& decode) {
+  absl::flat_hash_map<std::string, uint64_t> bytes;
+  for (const Tensor& t : decode.tensors()) bytes[t.name()] = t.bytes();
+  uint64_t total = 0;
+  for (const PackedWeight& p : decode.packing()) {
+    if (p.tile_rows() > 0 && bytes.contains(p.tensor())) total += bytes[p.tensor()];
+  }
+  return total;
 }
 
 absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& options, Program* program) {

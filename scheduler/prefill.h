@@ -36,6 +36,8 @@ absl::Status AddPrefillWeights(const graph::Graph& graph, const CompileOptions& 
 
 // True when `decode` was compiled with the prefill weights.
 bool HasPrefillWeights(const Schedule& decode);
+// The bytes of the WEIGHTS region those operand images take (0 without them).
+uint64_t PrefillWeightBytes(const Schedule& decode);
 
 struct PrefillOptions {
   // Also write every row's logits to the pass's tensor "prefill.logits" [rows, vocab] (the LM head streamed once
