@@ -284,6 +284,17 @@ absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq) {
 WeightStore RandomDecoderWeights(const DecoderConfig& c, uint64_t seed,
                                  const std::function<HostTensor(const std::string&, HostTensor)>& transform) {
   WeightStore weights;
+  const absl::Status s = VisitRandomDecoderWeights(c, seed, transform, [&](const std::string& name, HostTensor t) {
+    weights.emplace(name, std::move(t));
+    return absl::OkStatus();
+  });
+  (void)s;  // (the visitor above never fails)
+  return weights;
+}
+
+absl::Status VisitRandomDecoderWeights(const DecoderConfig& c, uint64_t seed,
+                                       const std::function<HostTensor(const std::string&, HostTensor)>& transform,
+                                       const std::function<absl::Status(const std::string&, HostTensor)>& visit) {
   constexpr float kStd = 0.02f;
   const float half_width = kStd * std::sqrt(3.0f);  // uniform with this std
   for (const auto& [name, shape] : DecoderWeightShapes(c)) {
@@ -295,9 +306,9 @@ WeightStore RandomDecoderWeights(const DecoderConfig& c, uint64_t seed,
                                   : is_bias                                ? 0.1f
                                                                            : half_width;
     FillUniform(t, SplitMix64(seed ^ HashName(name)), is_norm ? 1.0f : 0.0f, width);
-    weights.emplace(name, transform ? transform(name, std::move(t)) : std::move(t));
+    if (absl::Status s = visit(name, transform ? transform(name, std::move(t)) : std::move(t)); !s.ok()) return s;
   }
-  return weights;
+  return absl::OkStatus();
 }
 
 }  // namespace loom::graph

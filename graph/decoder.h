@@ -72,6 +72,10 @@ absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& config, int max_seq
 // on every machine. Linear weights are uniform with std 0.02, norms near 1, biases small. `transform` (if set) is
 // applied to each weight as it is made (name, bf16 tensor -> the tensor kept), so a quantized model never holds
 // every weight in bf16 at once.
+// The same, each weight handed to `visit` as it is made (none kept); stops at the first error `visit` returns.
+absl::Status VisitRandomDecoderWeights(const DecoderConfig& config, uint64_t seed,
+                                       const std::function<HostTensor(const std::string&, HostTensor)>& transform,
+                                       const std::function<absl::Status(const std::string&, HostTensor)>& visit);
 WeightStore RandomDecoderWeights(const DecoderConfig& config, uint64_t seed,
                                  const std::function<HostTensor(const std::string&, HostTensor)>& transform = {});
 

@@ -179,14 +179,15 @@ absl::StatusOr<HfWeightPlan> PlanHfWeights(const std::string& dir, const Decoder
 }
 
 // Reads the weights of a plan, rounded to bf16, but for quantized ones Loom computes with as stored (source.kept).
-absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
+absl::Status ReadHfWeights(const HfWeightPlan& plan,
+                           const std::function<absl::Status(const std::string&, HostTensor)>& visit) {
   Progress progress(absl::StrCat("reading weights from ", plan.dir), plan.file_bytes);
   for (const HfWeightPlan::Source& source : plan.sources) {
     if (source.scheme) {
       const auto read = source.kept == F8E4M3 ? ReadFp8Weight : source.kept == I4 ? ReadInt4Weight : ReadQuantizedWeight;
       absl::StatusOr<HostTensor> t = read(source.name, source.rows, source.cols, *source.scheme, plan.Lookup());
       if (!t.ok()) return t.status();
-      weights->emplace(source.name, *std::move(t));
+      if (absl::Status s = visit(source.name, *std::move(t)); !s.ok()) return s;
       progress.Add(source.bytes);
       continue;
     }
@@ -194,7 +195,7 @@ absl::Status ReadHfWeights(const HfWeightPlan& plan, WeightStore* weights) {
     if (!t.ok()) return t.status();
     const SafetensorsEntry& e = source.file->header().tensors.at(source.name);
     progress.Add(e.end - e.begin);
-    weights->emplace(source.name, *std::move(t));
+    if (absl::Status s = visit(source.name, *std::move(t)); !s.ok()) return s;
   }
   progress.Done();
   return absl::OkStatus();
@@ -388,7 +389,7 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     if (!p.ok()) return p.status();
     plan = *std::move(p);
   }
-  if (options.load_weights) {
+  if (options.load_weights && !options.weight_visitor) {  // (a visitor takes each weight as it comes)
     if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies,
                                             random ? options.scheme : "");
         !s.ok()) {
@@ -421,9 +422,9 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   }
   if (absl::Status s = DeclareKept(kept, &model); !s.ok()) return s;
   if (!options.load_weights) return model;
+  // Random: every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
+  std::function<HostTensor(const std::string&, HostTensor)> quantize;
   if (random) {
-    // Every projection but the LM head, as checkpoints of the scheme hold them, each quantized as it is made.
-    std::function<HostTensor(const std::string&, HostTensor)> quantize;
     if (options.scheme == "FP8") {
       quantize = [](const std::string& name, HostTensor w) {
         return IsProjection(name, w.shape) ? QuantizeRowsToFp8(w) : std::move(w);
@@ -436,15 +437,21 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
       model.notes.push_back(absl::StrCat("random projections quantized to int4 (symmetric, a bf16 scale per ", group,
                                          " columns)"));
     }
-    model.weights = RandomDecoderWeights(model.config, options.seed, quantize);
-  } else if (absl::Status s = ReadHfWeights(*plan, &model.weights); !s.ok()) {
-    return s;
   }
-  for (const auto& [name, how] : kept) {  // (the readers above make exactly these quantized)
-    const DType dtype = how.first;
-    if (model.weights.at(name).dtype != dtype) {
-      return absl::InternalError(absl::StrCat(name, ": not read as ", DTypeName(dtype)));
+  // Each weight into the model, or to the caller's visitor; the kept ones checked to be read as they are declared
+  // (the readers make exactly these quantized).
+  auto visit = [&](const std::string& name, HostTensor w) -> absl::Status {
+    if (auto it = kept.find(name); it != kept.end() && w.dtype != it->second.first) {
+      return absl::InternalError(absl::StrCat(name, ": not read as ", DTypeName(it->second.first)));
     }
+    if (options.weight_visitor) return options.weight_visitor(name, std::move(w));
+    model.weights.emplace(name, std::move(w));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = random ? VisitRandomDecoderWeights(model.config, options.seed, quantize, visit)
+                              : ReadHfWeights(*plan, visit);
+      !s.ok()) {
+    return s;
   }
   return model;
 }

@@ -35,6 +35,10 @@ struct ModelOptions {
   // Checkpoints: widen every quantized weight to bf16 as it is read, even those Loom computes with as stored (FP8
   // with a scale per row or tensor).
   bool widen_quantized = false;
+  // When set (with load_weights), each weight is handed to it as it is read or made, in DecoderWeightShapes' order,
+  // and none is kept in Model::weights: a caller that writes each one out (a streamed `loom quantize`) holds one at a
+  // time, and the host-memory check counts the largest instead of them all.
+  std::function<absl::Status(const std::string& name, HostTensor weight)> weight_visitor;
 };
 
 struct Model {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <cstdint>
 #include <filesystem>
@@ -366,6 +367,44 @@ TEST(Quantized, FieldsThatChangeTheMathAreRefusedByName) {
 
 // `loom quantize` writes what the reader reads back: every projection within half a step of the original (bf16
 // scales and results as the format has them), every other weight unchanged; bad settings refused.
+std::string FileBytes(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// `loom quantize` streams (QuantizeCheckpoint: each weight quantized and written as it is read, one held at a time):
+// its folder is bit for bit QuantizeModel's of the model loaded whole, for random weights and for a folder (an
+// AWQ checkpoint's int4 projections, read as int4, quantized again).
+TEST(Quantized, StreamedQuantizeIsTheInMemoryOneBitForBit) {
+  const fs::path whole = fs::temp_directory_path() / absl::StrCat("loom_q_whole_", ::getpid());
+  const fs::path streamed = fs::temp_directory_path() / absl::StrCat("loom_q_streamed_", ::getpid());
+  for (const auto& [spec, scheme, group] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"random:tiny", "W4A16", 32}, {"random:tiny", "FP8", 0}, {kData + "awq-g32", "W4A16", 64},
+           {kData + "fp8-channel", "W8A16", 0}}) {
+    SCOPED_TRACE(spec + " " + scheme);
+    fs::remove_all(whole);
+    fs::remove_all(streamed);
+    absl::StatusOr<Model> m = LoadModel(spec);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(QuantizeModel(*m, {scheme, group}, whole.string()).ok());
+    std::vector<std::string> notes;
+    const absl::Status s = QuantizeCheckpoint(spec, {}, {scheme, group}, streamed.string(), &notes);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(notes, m->notes);
+    for (const char* file : {"model.safetensors", "config.json"}) {
+      const std::string a = FileBytes(whole / file), b = FileBytes(streamed / file);
+      EXPECT_FALSE(a.empty()) << file;
+      EXPECT_TRUE(a == b) << file << ": " << a.size() << " against " << b.size() << " bytes";
+    }
+    EXPECT_TRUE(LoadModel(streamed.string()).ok());
+  }
+  // A bad scheme is refused before anything is written.
+  fs::remove_all(streamed);
+  EXPECT_FALSE(QuantizeCheckpoint("random:tiny", {}, {"INT3", 0}, streamed.string()).ok());
+  EXPECT_FALSE(fs::exists(streamed));
+  fs::remove_all(whole);
+}
+
 TEST(Quantized, QuantizeWritesWhatTheReaderReadsBack) {
   absl::StatusOr<Model> tiny = LoadModel("random:tiny");
   ASSERT_TRUE(tiny.ok()) << tiny.status();

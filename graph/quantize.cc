@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "graph/dtype.h"
 #include "graph/hf_config.h"
 #include "graph/json_file.h"
@@ -128,6 +129,83 @@ absl::Status QuantizeProjection(const std::string& module, const HostTensor& w, 
   return absl::OkStatus();
 }
 
+bool IsQuantizedProjection(const std::string& name, const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && absl::EndsWith(name, "_proj.weight");
+}
+
+// What model.safetensors holds, in order (data unset): each projection's parts as QuantizeProjection adds them,
+// every other weight as bf16. The writer checks each tensor written against it.
+std::vector<RawTensor> OutputLayout(const DecoderConfig& config, const Scheme& s) {
+  std::vector<RawTensor> layout;
+  for (const auto& [name, shape] : DecoderWeightShapes(config)) {
+    if (!IsQuantizedProjection(name, shape)) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      layout.push_back({name, "BF16", shape, nullptr, static_cast<uint64_t>(2 * n)});
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - 7);
+    const int64_t rows = shape[0], cols = shape[1];
+    const int64_t groups = s.group_size > 0 ? cols / s.group_size : 1, words = (cols * s.bits + 31) / 32;
+    if (s.is_float) {
+      layout.push_back({module + ".weight", "F8_E4M3", {rows, cols}, nullptr, static_cast<uint64_t>(rows * cols)});
+    } else {
+      layout.push_back({module + ".weight_packed", "I32", {rows, words}, nullptr, static_cast<uint64_t>(4 * rows * words)});
+    }
+    layout.push_back({module + ".weight_scale", "BF16", {rows, groups}, nullptr, static_cast<uint64_t>(2 * rows * groups)});
+    if (!s.is_float) layout.push_back({module + ".weight_shape", "I64", {2}, nullptr, 16});
+  }
+  return layout;
+}
+
+// One weight into the file: a projection quantized, any other as bf16 (widened if it was read otherwise).
+absl::Status WriteWeight(const std::string& name, const HostTensor& w, const Scheme& s, SafetensorsWriter& out) {
+  if (IsQuantizedProjection(name, w.shape)) {
+    Stored stored;
+    if (absl::Status st = QuantizeProjection(name.substr(0, name.size() - 7), w, s, &stored); !st.ok()) return st;
+    for (const RawTensor& t : stored.tensors) {
+      if (absl::Status st = out.Append(t); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  if (w.dtype == BF16) return out.Append({name, "BF16", w.shape, w.data(), static_cast<uint64_t>(w.bytes())});
+  HostTensor widened = HostTensor::Zeros(BF16, w.shape);
+  for (int64_t i = 0; i < w.size(); ++i) widened.bf16[i] = FloatToBf16(w.Get(i));
+  return out.Append({name, "BF16", w.shape, widened.data(), static_cast<uint64_t>(widened.bytes())});
+}
+
+// The folder's config.json and its writer for model.safetensors (the folder created).
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> StartFolder(const DecoderConfig& config, const Scheme& s,
+                                                               const std::string& dir, std::string* config_json) {
+  absl::StatusOr<nlohmann::json> json = HfConfigToJson(config);
+  if (!json.ok()) return json.status();
+  (*json)["quantization_config"] = QuantizationConfigJson(s);
+  *config_json = json->dump(2) + "\n";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  std::vector<RawTensor> layout = OutputLayout(config, s);
+  uint64_t bytes = 0;
+  for (const RawTensor& t : layout) bytes += t.bytes;
+  // Refused before any weight is read where the file cannot fit (a 70B model's int4 folder is 37 GB).
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && space.available < bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat("%s: model.safetensors needs %.1f GB of disk, has %.1f GB free",
+                                                        dir, bytes / 1e9, space.available / 1e9));
+  }
+  return SafetensorsWriter::Create((fs::path(dir) / "model.safetensors").string(), std::move(layout));
+}
+
+uint64_t WeightBytes(const DecoderConfig& config) {
+  uint64_t total = 0;
+  for (const auto& [name, shape] : DecoderWeightShapes(config)) {
+    uint64_t n = 2;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    total += n;
+  }
+  return total;
+}
+
 }  // namespace
 
 absl::Status QuantizeModel(const Model& model, const QuantizeOptions& options, const std::string& dir) {
@@ -135,30 +213,48 @@ absl::Status QuantizeModel(const Model& model, const QuantizeOptions& options, c
   if (!scheme.ok()) return scheme.status();
   if (model.gated_conv) return absl::UnimplementedError("quantize: decoders of the Llama families only");
   if (model.weights.empty()) return absl::FailedPreconditionError("quantize needs a model loaded with its weights");
-  absl::StatusOr<nlohmann::json> config = HfConfigToJson(model.config);
-  if (!config.ok()) return config.status();
-  (*config)["quantization_config"] = QuantizationConfigJson(*scheme);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
-  Stored stored;
-  uint64_t total = 0;
-  for (const auto& [name, shape] : DecoderWeightShapes(model.config)) total += model.weights.at(name).bytes();
-  Progress progress(absl::StrCat("quantizing to ", options.scheme), total);
+  std::string config_json;
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> out = StartFolder(model.config, *scheme, dir, &config_json);
+  if (!out.ok()) return out.status();
+  Progress progress(absl::StrCat("quantizing to ", options.scheme), WeightBytes(model.config));
   for (const auto& [name, shape] : DecoderWeightShapes(model.config)) {
     const HostTensor& w = model.weights.at(name);
-    progress.Add(w.bytes());
-    if (shape.size() == 2 && absl::EndsWith(name, "_proj.weight")) {
-      if (absl::Status s = QuantizeProjection(name.substr(0, name.size() - 7), w, *scheme, &stored); !s.ok()) return s;
-      continue;
-    }
-    stored.tensors.push_back({name, "BF16", w.shape, w.data(), static_cast<uint64_t>(w.bytes())});
+    if (absl::Status s = WriteWeight(name, w, *scheme, **out); !s.ok()) return s;
+    progress.Add(static_cast<uint64_t>(2 * w.size()));
   }
   progress.Done();
-  if (absl::Status s = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), stored.tensors); !s.ok()) {
-    return s;
-  }
-  return WriteFileAtomically((fs::path(dir) / "config.json").string(), config->dump(2) + "\n");
+  if (absl::Status s = (*out)->Finish(); !s.ok()) return s;
+  return WriteFileAtomically((fs::path(dir) / "config.json").string(), config_json);
+}
+
+absl::Status QuantizeCheckpoint(const std::string& spec, const ModelOptions& options, const QuantizeOptions& quantize,
+                                const std::string& dir, std::vector<std::string>* notes) {
+  absl::StatusOr<Scheme> scheme = SchemeOf(quantize);
+  if (!scheme.ok()) return scheme.status();
+  ModelOptions config_only = options;
+  config_only.load_weights = false;
+  config_only.weight_visitor = nullptr;
+  absl::StatusOr<Model> model = LoadModel(spec, config_only);
+  if (!model.ok()) return model.status();
+  if (model->gated_conv) return absl::UnimplementedError("quantize: decoders of the Llama families only");
+  std::string config_json;
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> out = StartFolder(model->config, *scheme, dir, &config_json);
+  if (!out.ok()) return out.status();
+  // Each weight quantized and written as it is read: the host holds one at a time (a 70B folder's 141 GB of bf16
+  // never all at once).
+  Progress progress(absl::StrCat("quantizing to ", quantize.scheme), WeightBytes(model->config));
+  ModelOptions streamed = options;
+  streamed.load_weights = true;
+  streamed.weight_visitor = [&](const std::string& name, HostTensor w) {
+    progress.Add(static_cast<uint64_t>(2 * w.size()));
+    return WriteWeight(name, w, *scheme, **out);
+  };
+  absl::StatusOr<Model> read = LoadModel(spec, streamed);
+  if (!read.ok()) return read.status();
+  progress.Done();
+  if (notes != nullptr) *notes = read->notes;
+  if (absl::Status s = (*out)->Finish(); !s.ok()) return s;
+  return WriteFileAtomically((fs::path(dir) / "config.json").string(), config_json);
 }
 
 }  // namespace loom::graph

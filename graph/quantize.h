@@ -20,5 +20,10 @@ struct QuantizeOptions {
 // Writes `model` (a decoder loaded with its weights) quantized into `dir` (created if missing). The LM head, the
 // embeddings and the norms stay bf16 (the LM head listed in `ignore`).
 absl::Status QuantizeModel(const Model& model, const QuantizeOptions& options, const std::string& dir);
+// The same for the model `spec` names (LoadModel's, with `options`), each weight quantized and written as it is read
+// or made: the host holds one weight at a time. The file is bit for bit QuantizeModel's of the loaded model. `notes`:
+// the loader's.
+absl::Status QuantizeCheckpoint(const std::string& spec, const ModelOptions& options, const QuantizeOptions& quantize,
+                                const std::string& dir, std::vector<std::string>* notes = nullptr);
 
 }  // namespace loom::graph

@@ -158,32 +158,72 @@ absl::StatusOr<HostTensor> SafetensorsFile::ReadBf16(const std::string& name) co
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors) {
+  absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w = SafetensorsWriter::Create(path, tensors);
+  if (!w.ok()) return w.status();
+  for (const RawTensor& t : tensors) {
+    if (absl::Status s = (*w)->Append(t); !s.ok()) return s;
+  }
+  return (*w)->Finish();
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(const std::string& path,
+                                                                             std::vector<RawTensor> layout) {
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const RawTensor& t : tensors) {
+  for (const RawTensor& t : layout) {
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
-  std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter);
+  w->path_ = path;
+  w->temp_ = absl::StrCat(path, ".tmp.", getpid());
+  w->layout_ = std::move(layout);
+  w->out_ = std::make_unique<std::ofstream>(w->temp_, std::ios::binary | std::ios::trunc);
+  if (!*w->out_) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
   uint64_t len = json.size();
   char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((len >> (8 * i)) & 0xff);
-  out.write(len_bytes, 8);
-  out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const RawTensor& t : tensors) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
-  out.close();
-  if (!out) {
-    std::remove(temp.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  w->out_->write(len_bytes, 8);
+  w->out_->write(json.data(), static_cast<std::streamsize>(json.size()));
+  return w;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (out_ != nullptr) {  // not finished: nothing lands
+    out_->close();
+    std::remove(temp_.c_str());
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename into place"));
+}
+
+absl::Status SafetensorsWriter::Append(const RawTensor& t) {
+  if (out_ == nullptr || next_ >= layout_.size() || layout_[next_].name != t.name ||
+      layout_[next_].dtype != t.dtype || layout_[next_].shape != t.shape || layout_[next_].bytes != t.bytes) {
+    return absl::InternalError(absl::StrCat(path_, ": tensor '", t.name, "' ", t.dtype, " of ", t.bytes,
+                                            " bytes is not the layout's next"));
+  }
+  ++next_;
+  out_->write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
+  if (!*out_) return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (out_ == nullptr || next_ != layout_.size()) {
+    return absl::InternalError(absl::StrCat(path_, ": finished after ", next_, " of ", layout_.size(), " tensors"));
+  }
+  out_->close();
+  const bool written = static_cast<bool>(*out_);
+  out_.reset();
+  if (!written) {
+    std::remove(temp_.c_str());
+    return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+  }
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+    std::remove(temp_.c_str());
+    return absl::PermissionDeniedError(absl::StrCat(path_, ": cannot rename into place"));
   }
   return absl::OkStatus();
 }

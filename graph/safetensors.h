@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,6 +65,26 @@ struct RawTensor {
   uint64_t bytes = 0;
 };
 absl::Status WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors);
+
+// A safetensors file written tensor by tensor: the header from `layout` (names, dtypes, shapes, byte counts; data
+// unused) first, then each tensor's bytes as Append gives them, which must follow the layout's order, names and
+// sizes; Finish renames the file into place (atomically, as WriteSafetensors). A writer dropped before Finish
+// removes its temporary file.
+class SafetensorsWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
+                                                                   std::vector<RawTensor> layout);
+  ~SafetensorsWriter();
+  absl::Status Append(const RawTensor& t);
+  absl::Status Finish();
+
+ private:
+  SafetensorsWriter() = default;
+  std::string path_, temp_;
+  std::vector<RawTensor> layout_;
+  size_t next_ = 0;
+  std::unique_ptr<std::ofstream> out_;
+};
 
 // Writes tensors (bf16, f32 or i32) as a safetensors file, atomically.
 absl::Status WriteSafetensors(const std::string& path,

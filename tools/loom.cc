@@ -498,10 +498,11 @@ int QuantizeCommand() {
   }
   graph::ModelOptions mo;
   mo.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
-  if (!model.ok()) return Fail(model.status());
-  for (const std::string& note : model->notes) std::fprintf(stderr, "note: %s\n", note.c_str());
-  if (absl::Status s = graph::QuantizeModel(*model, qo, absl::GetFlag(FLAGS_out)); !s.ok()) return Fail(s);
+  // Streamed: each weight quantized and written as it is read (a 70B folder never held whole).
+  std::vector<std::string> notes;
+  const absl::Status s = graph::QuantizeCheckpoint(absl::GetFlag(FLAGS_model), mo, qo, absl::GetFlag(FLAGS_out), &notes);
+  for (const std::string& note : notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  if (!s.ok()) return Fail(s);
   std::printf("quantized %s to %s as %s (config.json with its quantization_config, model.safetensors)\n",
               absl::GetFlag(FLAGS_model).c_str(), absl::GetFlag(FLAGS_out).c_str(), qo.scheme.c_str());
   return 0;
