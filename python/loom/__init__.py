@@ -18,7 +18,7 @@ from __future__ import annotations
 from . import _loom
 from ._loom import DType, Graph, GraphBuilder
 from .errors import Error, InvalidArgumentError, NotFoundError, UnavailableError
-from .model import Model, load
+from .model import Model, load, quantize
 from .schedule import Schedule, compile
 from .session import Generation, Session, Token
 
@@ -41,6 +41,7 @@ __all__ = [
     "compile",
     "gpu_available",
     "load",
+    "quantize",
 ]
 
 

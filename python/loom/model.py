@@ -52,7 +52,8 @@ class Model(NativeWrapper):
 
         ``scheme``: "FP8" (e4m3, a scale per row), "W4A16" (int4, a scale per ``group_size`` columns) or "W8A16"
         (int8, a scale per row); round to nearest, symmetric; the LM head, embeddings and norms stay bf16.
-        ``loom.load(folder)`` reads it back (widened to bf16: Loom has no quantized kernels yet).
+        ``loom.load(folder)`` reads it back (FP8 and int4 computed with as stored, W8A16 widened to bf16).
+        ``loom.quantize`` does the same from a spec, one weight in memory at a time.
         """
         check_int(group_size, "group_size", 1)
         self._native.quantize(os.fspath(folder), scheme, group_size)
@@ -114,6 +115,20 @@ def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057,
         native = _loom.load_model(spec, max_seq, weights, seed, scheme, bool(widen_quantized))
     text = None if spec.startswith("random:") else TextCodec.from_folder(spec)
     return Model(native, native.max_seq, text)
+
+
+def quantize(spec: str | os.PathLike[str], folder: str | os.PathLike[str], scheme: str, group_size: int = 128, *,
+             seed: int = 0x10057, progress: bool = True) -> None:
+    """``loom quantize``: the model ``spec`` names (``random:<preset or config.json>`` or a Hugging Face folder)
+    written quantized into ``folder`` as a compressed-tensors checkpoint, each weight quantized and written as it is
+    read, so the host holds one weight at a time (a 70B folder's 141 GB of bf16 never at once); the file is bit for
+    bit what ``loom.load(spec).quantize(folder, ...)`` writes. ``scheme``: "FP8", "W4A16" or "W8A16" (see
+    ``Model.quantize``). A disk that cannot hold the result is refused before any weight is read.
+    """
+    check_int(group_size, "group_size", 1)
+    seed = check_int(seed, "seed", high=2**64 - 1)
+    with progress_bars(progress):
+        _loom.quantize_checkpoint(os.fspath(spec), os.fspath(folder), scheme, group_size, seed)
 
 
 def _dtype_of(graph: _loom.Graph, name: str) -> str | None:

@@ -152,6 +152,17 @@ void BindModel(nb::module_& m) {
           nb::arg("dir"), nb::arg("scheme"), nb::arg("group_size") = 128,
           "Writes the model quantized (FP8, W4A16, W8A16) as a compressed-tensors folder (loom quantize).");
 
+  m.def(
+      "quantize_checkpoint",
+      [](const std::string& spec, const std::filesystem::path& dir, const std::string& scheme, int group_size,
+         uint64_t seed) {
+        nb::gil_scoped_release release;
+        graph::ModelOptions o;
+        o.seed = seed;
+        Check(graph::QuantizeCheckpoint(spec, o, {scheme, group_size}, dir.string()));
+      },
+      nb::arg("spec"), nb::arg("dir"), nb::arg("scheme"), nb::arg("group_size") = 128, nb::arg("seed") = 0x10057u,
+      "Quantizes the model `spec` names into `dir`, one weight at a time (loom quantize; see loom.quantize).");
   m.def("load_model", &LoadModel, nb::arg("spec"), nb::arg("max_seq") = 0, nb::arg("weights") = true,
         nb::arg("seed") = 0x10057u, nb::arg("scheme") = "", nb::arg("widen_quantized") = false, "Loads random:<preset> or a Hugging Face folder (see loom.load).");
   m.def("compile", &Compile, nb::arg("model"), nb::arg("options_file") = "", nb::arg("num_sms") = 0,

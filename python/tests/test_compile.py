@@ -138,3 +138,15 @@ def test_quantize_writes_a_compressed_tensors_folder(tiny, tmp_path):
         tiny.quantize(tmp_path / "bad", "INT3")
     with pytest.raises(loom.InvalidArgumentError, match="group_size"):
         tiny.quantize(tmp_path / "bad", "W4A16", group_size=2.0)
+
+
+def test_quantize_from_a_spec_streams_the_same_folder(tiny, tmp_path):
+    # loom.quantize reads (or makes) one weight at a time: the same bytes as quantizing the loaded model.
+    tiny.quantize(tmp_path / "whole", "W4A16", group_size=32)
+    loom.quantize("random:tiny", tmp_path / "streamed", "W4A16", 32)
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes()
+    with pytest.raises(loom.Error, match="one of FP8, W4A16, W8A16"):
+        loom.quantize("random:tiny", tmp_path / "bad", "INT3")
+    with pytest.raises(loom.Error, match="not-a-folder"):
+        loom.quantize(tmp_path / "not-a-folder", tmp_path / "bad", "FP8")
