@@ -77,22 +77,39 @@ struct Stored {
   }
 };
 
-// One projection [rows, cols]: its quantized values, bf16 scales (and shape) under `module`.
-absl::Status QuantizeProjection(const std::string& module, const HostTensor& w, const Scheme& s, Stored* out) {
-  const int64_t rows = w.shape[0], cols = w.shape[1];
+// The stored parts of one projection [rows, cols] under `module`, in the order they are written (data unset): its
+// values (e4m3 bytes, or integers in dense int32 words), its bf16 scales, and for integers its shape.
+absl::StatusOr<std::vector<RawTensor>> ProjectionParts(const std::string& module, int64_t rows, int64_t cols,
+                                                       const Scheme& s) {
   const int64_t group = s.group_size > 0 ? s.group_size : cols;
   if (cols % group != 0) {
     return absl::InvalidArgumentError(absl::StrCat("quantize: '", module, ".weight' has ", cols,
                                                    " columns, not a multiple of --group_size ", group));
   }
-  const int64_t groups = cols / group;
+  const uint64_t groups = cols / group, words = (cols * s.bits + 31) / 32;
+  std::vector<RawTensor> parts;
+  if (s.is_float) {
+    parts.push_back({module + ".weight", "F8_E4M3", {rows, cols}, nullptr, static_cast<uint64_t>(rows * cols)});
+  } else {
+    parts.push_back({module + ".weight_packed", "I32", {rows, static_cast<int64_t>(words)}, nullptr, 4 * rows * words});
+  }
+  parts.push_back({module + ".weight_scale", "BF16", {rows, static_cast<int64_t>(groups)}, nullptr, 2 * rows * groups});
+  if (!s.is_float) parts.push_back({module + ".weight_shape", "I64", {2}, nullptr, 16});
+  return parts;
+}
+
+// One projection [rows, cols]: its parts (ProjectionParts) quantized.
+absl::Status QuantizeProjection(const std::string& module, const HostTensor& w, const Scheme& s, Stored* out) {
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  absl::StatusOr<std::vector<RawTensor>> parts = ProjectionParts(module, rows, cols, s);
+  if (!parts.ok()) return parts.status();
+  const int64_t group = s.group_size > 0 ? s.group_size : cols, groups = cols / group;
   // Symmetric: scale = absmax / (the largest value's magnitude: 448 for e4m3, (2^bits - 1) / 2 for integers), as
   // compressed-tensors' calculate_qparams, kept at least FLT_EPSILON, stored (and used) as bf16.
   const float top = s.is_float ? kE4m3Max : ((1 << s.bits) - 1) / 2.0f;
   const int32_t q_min = -(1 << (s.bits - 1)), q_max = (1 << (s.bits - 1)) - 1;
-  std::string scales(static_cast<size_t>(rows * groups) * 2, '\0');
+  std::string values((*parts)[0].bytes, '\0'), scales((*parts)[1].bytes, '\0');
   const int64_t words = (cols * s.bits + 31) / 32;
-  std::string values(static_cast<size_t>(s.is_float ? rows * cols : rows * words * 4), '\0');
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       float absmax = 0;
@@ -116,15 +133,12 @@ absl::Status QuantizeProjection(const std::string& module, const HostTensor& w, 
       }
     }
   }
-  if (s.is_float) {
-    out->Add(module + ".weight", "F8_E4M3", {rows, cols}, std::move(values));
-  } else {
-    out->Add(module + ".weight_packed", "I32", {rows, words}, std::move(values));
-  }
-  out->Add(module + ".weight_scale", "BF16", {rows, groups}, std::move(scales));
-  if (!s.is_float) {
-    const int64_t shape[2] = {rows, cols};
-    out->Add(module + ".weight_shape", "I64", {2}, std::string(reinterpret_cast<const char*>(shape), sizeof(shape)));
+  const int64_t shape[2] = {rows, cols};
+  std::string bytes[3] = {std::move(values), std::move(scales),
+                          std::string(reinterpret_cast<const char*>(shape), sizeof(shape))};
+  for (size_t i = 0; i < parts->size(); ++i) {
+    const RawTensor& part = (*parts)[i];
+    out->Add(part.name, part.dtype, part.shape, std::move(bytes[i]));
   }
   return absl::OkStatus();
 }
@@ -132,10 +146,14 @@ absl::Status QuantizeProjection(const std::string& module, const HostTensor& w, 
 bool IsQuantizedProjection(const std::string& name, const std::vector<int64_t>& shape) {
   return shape.size() == 2 && absl::EndsWith(name, "_proj.weight");
 }
+std::string ModuleOf(const std::string& weight) {
+  return weight.substr(0, weight.size() - std::string(".weight").size());
+}
 
 // What model.safetensors holds, in order (data unset): each projection's parts as QuantizeProjection adds them,
 // every other weight as bf16. The writer checks each tensor written against it.
-std::vector<RawTensor> OutputLayout(const DecoderConfig& config, const Scheme& s) {
+// (A group size that does not divide a projection's columns is refused here, before any weight is read.)
+absl::StatusOr<std::vector<RawTensor>> OutputLayout(const DecoderConfig& config, const Scheme& s) {
   std::vector<RawTensor> layout;
   for (const auto& [name, shape] : DecoderWeightShapes(config)) {
     if (!IsQuantizedProjection(name, shape)) {
@@ -144,16 +162,9 @@ std::vector<RawTensor> OutputLayout(const DecoderConfig& config, const Scheme& s
       layout.push_back({name, "BF16", shape, nullptr, static_cast<uint64_t>(2 * n)});
       continue;
     }
-    const std::string module = name.substr(0, name.size() - 7);
-    const int64_t rows = shape[0], cols = shape[1];
-    const int64_t groups = s.group_size > 0 ? cols / s.group_size : 1, words = (cols * s.bits + 31) / 32;
-    if (s.is_float) {
-      layout.push_back({module + ".weight", "F8_E4M3", {rows, cols}, nullptr, static_cast<uint64_t>(rows * cols)});
-    } else {
-      layout.push_back({module + ".weight_packed", "I32", {rows, words}, nullptr, static_cast<uint64_t>(4 * rows * words)});
-    }
-    layout.push_back({module + ".weight_scale", "BF16", {rows, groups}, nullptr, static_cast<uint64_t>(2 * rows * groups)});
-    if (!s.is_float) layout.push_back({module + ".weight_shape", "I64", {2}, nullptr, 16});
+    absl::StatusOr<std::vector<RawTensor>> parts = ProjectionParts(ModuleOf(name), shape[0], shape[1], s);
+    if (!parts.ok()) return parts.status();
+    layout.insert(layout.end(), parts->begin(), parts->end());
   }
   return layout;
 }
@@ -162,7 +173,7 @@ std::vector<RawTensor> OutputLayout(const DecoderConfig& config, const Scheme& s
 absl::Status WriteWeight(const std::string& name, const HostTensor& w, const Scheme& s, SafetensorsWriter& out) {
   if (IsQuantizedProjection(name, w.shape)) {
     Stored stored;
-    if (absl::Status st = QuantizeProjection(name.substr(0, name.size() - 7), w, s, &stored); !st.ok()) return st;
+    if (absl::Status st = QuantizeProjection(ModuleOf(name), w, s, &stored); !st.ok()) return st;
     for (const RawTensor& t : stored.tensors) {
       if (absl::Status st = out.Append(t); !st.ok()) return st;
     }
@@ -181,19 +192,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> StartFolder(const DecoderConf
   if (!json.ok()) return json.status();
   (*json)["quantization_config"] = QuantizationConfigJson(s);
   *config_json = json->dump(2) + "\n";
+  absl::StatusOr<std::vector<RawTensor>> layout = OutputLayout(config, s);
+  if (!layout.ok()) return layout.status();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
-  std::vector<RawTensor> layout = OutputLayout(config, s);
   uint64_t bytes = 0;
-  for (const RawTensor& t : layout) bytes += t.bytes;
+  for (const RawTensor& t : *layout) bytes += t.bytes;
   // Refused before any weight is read where the file cannot fit (a 70B model's int4 folder is 37 GB).
   const fs::space_info space = fs::space(dir, ec);
   if (!ec && space.available < bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat("%s: model.safetensors needs %.1f GB of disk, has %.1f GB free",
                                                         dir, bytes / 1e9, space.available / 1e9));
   }
-  return SafetensorsWriter::Create((fs::path(dir) / "model.safetensors").string(), std::move(layout));
+  return SafetensorsWriter::Create((fs::path(dir) / "model.safetensors").string(), *std::move(layout));
 }
 
 uint64_t WeightBytes(const DecoderConfig& config) {
