@@ -227,9 +227,12 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> DecoderWeightShapes(co
   return shapes;
 }
 
-absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq) {
+absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq, DType kv_dtype) {
   if (absl::Status s = c.Validate(); !s.ok()) return s;
   if (max_seq <= 0) return absl::InvalidArgumentError("max_seq must be positive");
+  if (kv_dtype != F32 && kv_dtype != BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_dtype ", DType_Name(kv_dtype), ": a KV cache is F32 or BF16"));
+  }
   if (absl::Status s = c.CheckWindows(max_seq); !s.ok()) return s;
   GraphBuilder b("decoder");
   for (const auto& [name, shape] : DecoderWeightShapes(c)) b.Weight(name, shape);
@@ -260,8 +263,8 @@ absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& c, int max_seq) {
     }
     const std::string qr = b.Rope(n("q_rope"), q, pos, rope);
     const std::string kr = b.Rope(n("k_rope"), k, pos, rope);
-    const std::string kc = b.State(n("k_cache"), {c.num_kv_heads, max_seq, c.head_dim});
-    const std::string vc = b.State(n("v_cache"), {c.num_kv_heads, max_seq, c.head_dim});
+    const std::string kc = b.State(n("k_cache"), {c.num_kv_heads, max_seq, c.head_dim}, kv_dtype);
+    const std::string vc = b.State(n("v_cache"), {c.num_kv_heads, max_seq, c.head_dim}, kv_dtype);
     const std::string a = b.Attention(n("attn"), qr, kr, v, kc, vc, pos, attn);
     const std::string o = linear("o", a, "self_attn.o_proj", c.o_bias);
     const std::string x1 = b.Add(n("attn_residual"), x, o);

@@ -64,9 +64,9 @@ HostTensor RandomBf16Weight(const std::string& name, std::vector<int64_t> shape,
                             float half_width);
 
 // The batch-1 decode graph: inputs token[1] (i32) and pos[1] (i32), one KV cache
-// [kv_heads, max_seq, head_dim] per layer (STATE), outputs logits[1,vocab] and
+// [kv_heads, max_seq, head_dim] of kv_dtype (F32 or BF16) per layer (STATE), outputs logits[1,vocab] and
 // next_token[1].
-absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& config, int max_seq);
+absl::StatusOr<Graph> BuildDecoderGraph(const DecoderConfig& config, int max_seq, DType kv_dtype = F32);
 
 // Deterministic random bf16 weights: the same (config, seed) gives the same bits
 // on every machine. Linear weights are uniform with std 0.02, norms near 1, biases small. `transform` (if set) is

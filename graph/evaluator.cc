@@ -175,12 +175,20 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
         return OpError(op, absl::StrCat("positions ", pos, "..", pos + tokens - 1, " outside the KV cache of ",
                                         capacity));
       }
+      // A bf16 cache holds K and V rounded to nearest even (the instructions' KvStore); its values are read widened.
+      auto set = [](HostTensor& cache, int64_t i, float x) {
+        if (cache.dtype == BF16) {
+          cache.bf16[i] = FloatToBf16(x);
+        } else {
+          cache.f32[i] = x;
+        }
+      };
       for (int64_t t = 0; t < tokens; ++t) {  // append
         for (int64_t g = 0; g < kv; ++g) {
           for (int64_t j = 0; j < dh; ++j) {
             const int64_t dst = (g * capacity + pos + t) * dh + j;
-            k_cache.f32[dst] = k.f32[t * kv * dh + g * dh + j];
-            v_cache.f32[dst] = v.f32[t * kv * dh + g * dh + j];
+            set(k_cache, dst, k.f32[t * kv * dh + g * dh + j]);
+            set(v_cache, dst, v.f32[t * kv * dh + g * dh + j]);
           }
         }
       }
@@ -195,8 +203,8 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
           float max_score = -std::numeric_limits<float>::infinity();
           for (int64_t p = 0; p < visible; ++p) {
             float s = 0.0f;
-            const float* kp = k_cache.f32.data() + (g * capacity + p) * dh;
-            for (int64_t j = 0; j < dh; ++j) s += qh[j] * kp[j];
+            const int64_t kp = (g * capacity + p) * dh;
+            for (int64_t j = 0; j < dh; ++j) s += qh[j] * k_cache.Get(kp + j);
             scores[p] = s * scale;
             max_score = std::max(max_score, scores[p]);
           }
@@ -204,9 +212,9 @@ absl::Status Evaluator::RunOp(const OpDef& op) {
           for (int64_t p = 0; p < visible; ++p) denom += (scores[p] = std::exp(scores[p] - max_score));
           float* oh = out.f32.data() + t * h * dh + head * dh;
           for (int64_t p = 0; p < visible; ++p) {
-            const float* vp = v_cache.f32.data() + (g * capacity + p) * dh;
+            const int64_t vp = (g * capacity + p) * dh;
             const float weight = scores[p] / denom;
-            for (int64_t j = 0; j < dh; ++j) oh[j] += weight * vp[j];
+            for (int64_t j = 0; j < dh; ++j) oh[j] += weight * v_cache.Get(vp + j);
           }
         }
       }

@@ -158,8 +158,8 @@ class OpChecker {
     LOOM_RETURN_IF_ERROR(Expect(In(0), {t, h * dh}, {F32}));
     LOOM_RETURN_IF_ERROR(Expect(In(1), {t, kv * dh}, {F32}));
     LOOM_RETURN_IF_ERROR(Expect(In(2), {t, kv * dh}, {F32}));
-    LOOM_RETURN_IF_ERROR(Expect(In(3), {kv, s, dh}, {F32}));
-    LOOM_RETURN_IF_ERROR(Expect(In(4), {kv, s, dh}, {F32}));
+    LOOM_RETURN_IF_ERROR(Expect(In(3), {kv, s, dh}, {F32, BF16}));
+    LOOM_RETURN_IF_ERROR(Expect(In(4), {kv, s, dh}, {In(3).dtype()}));
     LOOM_RETURN_IF_ERROR(Kind(In(3), STATE));
     LOOM_RETURN_IF_ERROR(Kind(In(4), STATE));
     LOOM_RETURN_IF_ERROR(Expect(In(5), {1}, {I32}));

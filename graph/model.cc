@@ -241,9 +241,10 @@ bool IsProjection(const std::string& name, const std::vector<int64_t>& shape) {
 }
 
 // What loading a decoder takes of host memory (its weights as bf16) and, with `packed_copies`, running it: that
-// many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (f32 at most).
+// many packed images of the weights (the decode schedule's, the prefill pass's) and the KV cache (of kv_bytes an
+// element).
 absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c, int max_seq, int packed_copies,
-                                const std::string& scheme) {
+                                const std::string& scheme, int kv_bytes) {
   // Bytes a projection's parameter takes under a random model's scheme: FP8 one, W4A16 half (the scales aside).
   const double saved = scheme == "FP8" ? 1.0 : scheme == "W4A16" ? 1.5 : 0.0;
   double projection_parameters = 0;
@@ -254,7 +255,7 @@ absl::Status CheckHostMemoryFor(const std::string& spec, const DecoderConfig& c,
   // The decode schedule's copy is packed as the weights are stored; the prefill pass's GEMM images are bf16 whatever
   // the scheme (its tensor cores read quantized weights widened).
   const double packed = (packed_copies > 0 ? weights : 0.0) + std::max(0, packed_copies - 1) * 2 * c.Parameters();
-  const double kv = packed_copies > 0 ? 2.0 * 4 * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
+  const double kv = packed_copies > 0 ? 2.0 * kv_bytes * c.num_layers * c.num_kv_heads * double{c.head_dim} * max_seq : 0;
   std::string detail = absl::StrFormat("%.2fB parameters: %.1f GB of %s weights", c.Parameters() / 1e9, weights / 1e9,
                                        scheme.empty() ? "bf16" : absl::StrCat(scheme, " and bf16"));
   if (packed_copies > 0) {
@@ -285,12 +286,25 @@ absl::Status DeclareKept(const std::map<std::string, std::pair<DType, int>>& kep
 
 }  // namespace
 
+absl::StatusOr<DType> ParseKvDtype(const std::string& name) {
+  if (name == "f32") return F32;
+  if (name == "bf16") return BF16;
+  return absl::InvalidArgumentError(absl::StrCat("kv_dtype '", name, "': f32 or bf16"));
+}
+
 absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& options) {
   Model model;
   model.spec = spec;
   const bool random = absl::StartsWith(spec, "random:");
   const std::string config_path = (fs::path(spec) / "config.json").string();
+  if (options.kv_dtype != F32 && options.kv_dtype != BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_dtype ", DType_Name(options.kv_dtype), ": F32 or BF16"));
+  }
   if (absl::EndsWith(spec, ".onnx") && !fs::is_directory(spec)) {  // an ONNX model: graph and initializers
+    if (options.kv_dtype != F32) {
+      return absl::UnimplementedError(absl::StrCat(spec, ": kv_dtype BF16 applies to the decoder families' KV cache; "
+                                                   "an ONNX graph's state keeps the dtypes the file gives it"));
+    }
     absl::StatusOr<OnnxModel> onnx = ImportOnnx(spec);
     if (!onnx.ok()) return onnx.status();
     model.graph = std::move(onnx->graph);
@@ -326,6 +340,9 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
     gated = *config;
   }
   if (gated) {
+    if (options.kv_dtype != F32) {
+      return absl::UnimplementedError(absl::StrCat(spec, ": kv_dtype BF16: a gated-conv model has no KV cache"));
+    }
     absl::StatusOr<Graph> graph = BuildGatedConvGraph(*gated, options.max_seq > 0 ? options.max_seq : 4096);
     if (!graph.ok()) return graph.status();
     model.graph = *std::move(graph);
@@ -391,12 +408,12 @@ absl::StatusOr<Model> LoadModel(const std::string& spec, const ModelOptions& opt
   }
   if (options.load_weights && !options.weight_visitor) {  // (a visitor takes each weight as it comes)
     if (absl::Status s = CheckHostMemoryFor(spec, model.config, max_seq, options.packed_copies,
-                                            random ? options.scheme : "");
+                                            random ? options.scheme : "", options.kv_dtype == BF16 ? 2 : 4);
         !s.ok()) {
       return s;
     }
   }
-  absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq);
+  absl::StatusOr<Graph> graph = BuildDecoderGraph(model.config, max_seq, options.kv_dtype);
   if (!graph.ok()) return graph.status();
   model.graph = *std::move(graph);
   // The weights that stay quantized: a random model's projections with --scheme, a checkpoint's kept as stored.

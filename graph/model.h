@@ -32,6 +32,9 @@ struct ModelOptions {
   // (QuantizeGroupsToInt4), as a checkpoint of that scheme would hold; "" keeps them bf16.
   std::string scheme;
   int group_size = 128;
+  // Decoders' KV cache: F32 (the default) or BF16 (half its memory and of the bytes decode attention reads a position;
+  // K and V rounded to nearest even as they are appended). Other models refuse BF16.
+  DType kv_dtype = F32;
   // Checkpoints: widen every quantized weight to bf16 as it is read, even those Loom computes with as stored (FP8
   // with a scale per row or tensor).
   bool widen_quantized = false;
@@ -51,6 +54,10 @@ struct Model {
   WeightStore weights;  // empty unless ModelOptions::load_weights
   std::optional<GatedConvConfig> gated_conv;  // family "gated-conv" (config then holds its sizes for messages)
 };
+
+// "f32" or "bf16" (a --kv_dtype flag's, loom.load's kv_dtype) as ModelOptions::kv_dtype; anything else refused by
+// name.
+absl::StatusOr<DType> ParseKvDtype(const std::string& name);
 
 // Refuses, before building a graph or reading a weight, a config with an implausible field (config_limits.h), a
 // folder whose files lack a weight the config names, and weights (plus options.packed_copies) the host's free

@@ -58,29 +58,35 @@ LOOM_HD uint32_t ActiveSplits(uint32_t length, uint32_t num_splits, uint32_t min
   return active < num_splits ? active : num_splits;
 }
 
+// A KV cache holds f32 values (the default) or bf16 (ModelOptions::kv_dtype: half the bytes attention reads a
+// position, K and V rounded to nearest even as they are appended); its dtype is the cache tensor's in the tensor
+// table, the same for a layer's K and V (validation).
+LOOM_HD uint32_t KvBytes(const MachineView& m, uint32_t cache) { return m.IsBf16(cache) ? 2 : 4; }
+
 // ATTN_PARTIAL's activation slot on the device (byte offsets): q[group *
 // head_dim], a score per (head, position), the partial outputs of
 // kAttnThreads / head_dim position groups (each [group * head_dim]), and, when
-// they fit, the split's K and V rows ([positions * head_dim] each).
+// they fit, the split's K and V rows ([positions * head_dim] each, of kv_bytes: the cache's element).
 inline constexpr uint32_t kAttnThreads = 256;
 // Query heads per KV head that ATTN_PARTIAL keeps accumulators for.
 inline constexpr uint32_t kAttnMaxGroupHeads = 8;
 struct AttnPartialSlot {
   uint64_t q, scores, red, k, v, bytes;
 };
-LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uint32_t positions, bool with_kv) {
+LOOM_HD AttnPartialSlot AttnPartialLayout(uint32_t group, uint32_t head_dim, uint32_t positions, bool with_kv,
+                                          uint32_t kv_bytes) {
   AttnPartialSlot s;
   s.q = 0;
   s.scores = 4ull * group * head_dim;
   s.red = s.scores + (4ull * group * positions + 15) / 16 * 16;
   s.k = s.red + 4ull * group * kAttnThreads;
-  s.v = s.k + (with_kv ? 4ull * positions * head_dim : 0);
-  s.bytes = s.v + (with_kv ? 4ull * positions * head_dim : 0);
+  s.v = s.k + (with_kv ? uint64_t{kv_bytes} * positions * head_dim : 0);
+  s.bytes = s.v + (with_kv ? uint64_t{kv_bytes} * positions * head_dim : 0);
   return s;
 }
 // Without K and V: what the slot must always have room for.
 LOOM_HD uint64_t AttnPartialActivationBytes(uint32_t group, uint32_t head_dim, uint32_t positions) {
-  return AttnPartialLayout(group, head_dim, positions, false).bytes;
+  return AttnPartialLayout(group, head_dim, positions, false, 4).bytes;
 }
 // A split whose rows do not fit the slot takes them `chunk` positions at a time through kAttnChunkBuffers K and V
 // buffers (the copies of the next kAttnChunkBuffers - 1 chunks fly while one is computed; a running maximum and sum
@@ -91,22 +97,22 @@ inline constexpr uint32_t kAttnChunkBuffers = 2;
 struct AttnChunkSlot {
   uint64_t q, scores, red, alpha, k, v, bytes;
 };
-LOOM_HD AttnChunkSlot AttnChunkLayout(uint32_t group, uint32_t head_dim, uint32_t chunk) {
+LOOM_HD AttnChunkSlot AttnChunkLayout(uint32_t group, uint32_t head_dim, uint32_t chunk, uint32_t kv_bytes) {
   AttnChunkSlot s;
   s.q = 0;
   s.scores = 4ull * group * head_dim;
   s.red = s.scores + (4ull * group * chunk + 15) / 16 * 16;
   s.alpha = s.red + 4ull * group * kAttnThreads;
   s.k = s.alpha + 4ull * kAttnMaxGroupHeads;
-  s.v = s.k + 4ull * kAttnChunkBuffers * chunk * head_dim;
-  s.bytes = s.v + 4ull * kAttnChunkBuffers * chunk * head_dim;
+  s.v = s.k + uint64_t{kv_bytes} * kAttnChunkBuffers * chunk * head_dim;
+  s.bytes = s.v + uint64_t{kv_bytes} * kAttnChunkBuffers * chunk * head_dim;
   return s;
 }
 // The positions of the largest chunk whose layout fits `bytes` (0: none of kAttnMinChunk does).
 inline constexpr uint32_t kAttnMinChunk = 8;
-LOOM_HD uint32_t AttnChunkPositions(uint32_t group, uint32_t head_dim, uint64_t bytes) {
-  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0).bytes + 16;
-  const uint64_t per = 4ull * group + 8ull * kAttnChunkBuffers * head_dim;
+LOOM_HD uint32_t AttnChunkPositions(uint32_t group, uint32_t head_dim, uint64_t bytes, uint32_t kv_bytes) {
+  const uint64_t fixed = AttnChunkLayout(group, head_dim, 0, kv_bytes).bytes + 16;
+  const uint64_t per = 4ull * group + 2ull * kv_bytes * kAttnChunkBuffers * head_dim;
   const uint64_t chunk = bytes > fixed ? (bytes - fixed) / per : 0;
   return chunk >= kAttnMinChunk ? static_cast<uint32_t>(chunk < 0xffffu ? chunk : 0xffffu) : 0;
 }

@@ -67,6 +67,9 @@ enum StepStateWord : uint32_t {
 // Tensors live in one of two regions: packed weights (read-only) or the arena.
 enum Region : uint32_t { kWeightRegion = 0, kArenaRegion = 1, kNumRegions = 2 };
 
+// graph::DType BF16 (isa.cc checks the value): the dtype device code reads from the table, a KV cache's (f32 or bf16).
+inline constexpr uint32_t kDTypeBf16 = 1;
+
 // One entry of the schedule's tensor table as the VM and device see it.
 struct TensorDesc {
   uint64_t offset;  // bytes from the region's base
@@ -91,6 +94,7 @@ struct MachineView {
     uint8_t* base = t.region == kArenaRegion ? regions[kArenaRegion] : regions[kWeightRegion];
     return reinterpret_cast<T*>(base + t.offset);
   }
+  LOOM_HD bool IsBf16(uint32_t tensor) const { return tensors[tensor].dtype == kDTypeBf16; }
 };
 
 struct Wait {

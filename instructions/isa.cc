@@ -7,6 +7,8 @@
 
 namespace loom::isa {
 
+static_assert(kDTypeBf16 == graph::BF16, "device code reads a KV cache's dtype from the tensor table");
+
 const char* OpcodeName(Opcode op) {
   switch (op) {
 #define LOOM_NAME(name, args) \

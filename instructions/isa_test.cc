@@ -167,30 +167,34 @@ TEST(Isa, MatvecSlotsFitOneWarpsShareOfAPage) {
 // The chunked slot of a split whose rows do not fit (isa::AttnChunkLayout): the largest chunk that fits is what
 // AttnChunkPositions returns, its regions do not overlap, and a slot too small for kAttnMinChunk positions has none.
 TEST(Isa, AttentionChunkLayoutFitsTheSlot) {
-  for (uint32_t group : {1u, 4u, 8u}) {
-    for (uint32_t hd : {64u, 128u}) {
-      for (uint64_t bytes : {4096ull, 30720ull, 47104ull, 59392ull}) {
-        const uint32_t chunk = AttnChunkPositions(group, hd, bytes);
-        if (chunk == 0) {
-          EXPECT_GT(AttnChunkLayout(group, hd, kAttnMinChunk).bytes, bytes) << group << " " << hd << " " << bytes;
-          continue;
+  for (uint32_t kv_bytes : {4u, 2u}) {  // f32 and bf16 caches
+    for (uint32_t group : {1u, 4u, 8u}) {
+      for (uint32_t hd : {64u, 128u}) {
+        for (uint64_t bytes : {4096ull, 30720ull, 47104ull, 59392ull}) {
+          const uint32_t chunk = AttnChunkPositions(group, hd, bytes, kv_bytes);
+          if (chunk == 0) {
+            EXPECT_GT(AttnChunkLayout(group, hd, kAttnMinChunk, kv_bytes).bytes, bytes) << group << " " << hd;
+            continue;
+          }
+          const AttnChunkSlot s = AttnChunkLayout(group, hd, chunk, kv_bytes);
+          EXPECT_LE(s.bytes, bytes);
+          EXPECT_GT(AttnChunkLayout(group, hd, chunk + 1, kv_bytes).bytes + 16, bytes);  // (16 bytes kept spare)
+          EXPECT_GE(s.scores, s.q + 4ull * group * hd);
+          EXPECT_GE(s.red, s.scores + 4ull * group * chunk);
+          EXPECT_GE(s.alpha, s.red + 4ull * group * kAttnThreads);
+          EXPECT_GE(s.k, s.alpha + 4ull * group);
+          EXPECT_EQ(s.v - s.k, uint64_t{kv_bytes} * kAttnChunkBuffers * chunk * hd);
+          EXPECT_EQ(s.k % 16, 0u);
+          EXPECT_EQ(s.v % 16, 0u);
         }
-        const AttnChunkSlot s = AttnChunkLayout(group, hd, chunk);
-        EXPECT_LE(s.bytes, bytes);
-        EXPECT_GT(AttnChunkLayout(group, hd, chunk + 1).bytes + 16, bytes);  // (16 bytes kept spare)
-        EXPECT_GE(s.scores, s.q + 4ull * group * hd);
-        EXPECT_GE(s.red, s.scores + 4ull * group * chunk);
-        EXPECT_GE(s.alpha, s.red + 4ull * group * kAttnThreads);
-        EXPECT_GE(s.k, s.alpha + 4ull * group);
-        EXPECT_EQ(s.v - s.k, 4ull * kAttnChunkBuffers * chunk * hd);
-        EXPECT_EQ(s.k % 16, 0u);
-        EXPECT_EQ(s.v % 16, 0u);
       }
     }
   }
-  // Llama-3.2-1B's split at context 4096 (4 heads of 64 a KV head, 256 positions) in the default 46 KB slot.
-  EXPECT_GT(AttnPartialLayout(4, 64, 256, true).bytes, 47104u);
-  EXPECT_GE(AttnChunkPositions(4, 64, 47104), 32u);
+  // Llama-3.2-1B's split at context 4096 (4 heads of 64 a KV head, 256 positions) in the default 46 KB slot: its
+  // rows come in chunks, of bf16 rows twice as many a chunk as of f32 ones, nearly.
+  EXPECT_GT(AttnPartialLayout(4, 64, 256, true, 4).bytes, 47104u);
+  EXPECT_GE(AttnChunkPositions(4, 64, 47104, 4), 32u);
+  EXPECT_GT(AttnChunkPositions(4, 64, 47104, 2), 15 * AttnChunkPositions(4, 64, 47104, 4) / 8);
 }
 
 TEST(IsaReference, AttentionSplitsRecombineToTheFullSoftmax) {

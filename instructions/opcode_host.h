@@ -20,6 +20,19 @@ using graph::BF16;
 using graph::F32;
 using graph::I32;
 
+// Element i of a KV cache (isa::KvBytes), and v stored as element i (rounded to nearest even into a bf16 cache,
+// as the device's __float2bfloat16_rn).
+inline float KvLoad(const MachineView& m, uint32_t cache, uint64_t i) {
+  return m.IsBf16(cache) ? graph::Bf16ToFloat(m.ptr<uint16_t>(cache)[i]) : m.ptr<float>(cache)[i];
+}
+inline void KvStore(const MachineView& m, uint32_t cache, uint64_t i, float v) {
+  if (m.IsBf16(cache)) {
+    m.ptr<uint16_t>(cache)[i] = graph::FloatToBf16(v);
+  } else {
+    m.ptr<float>(cache)[i] = v;
+  }
+}
+
 // Validation helper: collects the first problem with the field that caused it.
 class Checker {
  public:
@@ -41,6 +54,13 @@ class Checker {
                         elements));
     }
   }
+  // A layer's KV caches (`elements` each): both f32 or both bf16 (isa::KvBytes).
+  void KvCaches(uint32_t k, uint32_t v, uint64_t elements) {
+    const graph::DType dtype = KvBf16(k) ? graph::BF16 : graph::F32;
+    Tensor("k_cache", k, dtype, elements);
+    Tensor("v_cache", v, dtype, elements);
+  }
+  bool KvBf16(uint32_t k) const { return k < tensors_.size() && tensors_[k].dtype == graph::BF16; }
   void Require(bool ok, const std::string& why) {
     if (status_.ok() && !ok) Fail(why);
   }

@@ -21,8 +21,9 @@ void Validate(const AttnPartialArgs& a, Checker& c) {
                          " query heads share a KV head; at most ", kAttnMaxGroupHeads, " can"));
   const uint64_t kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.num_heads) * a.head_dim);
-  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
-  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.KvCaches(a.k_cache, a.v_cache, kv * a.max_seq);
+  c.Require(!c.KvBf16(a.k_cache) || a.head_dim % 8 == 0,
+            absl::StrCat("head_dim ", a.head_dim, " of a bf16 KV cache must be a multiple of 8 (16-byte rows)"));
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("partial_o", a.partial_o, F32, U(a.num_splits) * a.num_heads * a.head_dim);
   c.Tensor("partial_ml", a.partial_ml, F32, U(a.num_splits) * a.num_heads * 2);
@@ -98,15 +99,14 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
   uint32_t begin, end;
   SplitRange(length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads;
-  const float* kc = m.ptr<float>(a.k_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
-  const float* vc = m.ptr<float>(a.v_cache) + static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
+  const uint64_t row0 = static_cast<uint64_t>(a.kv_head) * a.max_seq * a.head_dim;
   std::vector<float> scores(end - begin);
   for (uint32_t h = a.kv_head * group; h < (a.kv_head + 1) * group; ++h) {
     const float* q = m.ptr<float>(a.q) + h * a.head_dim;
     float max_score = -INFINITY;
     for (uint32_t p = begin; p < end; ++p) {
       float s = 0.0f;
-      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * kc[p * a.head_dim + d];
+      for (uint32_t d = 0; d < a.head_dim; ++d) s += q[d] * KvLoad(m, a.k_cache, row0 + p * a.head_dim + d);
       scores[p - begin] = s * a.scale;
       max_score = std::max(max_score, scores[p - begin]);
     }
@@ -116,7 +116,7 @@ void Reference(const AttnPartialArgs& a, const MachineView& m) {
     for (uint32_t p = begin; p < end; ++p) {
       const float e = std::exp(scores[p - begin] - max_score);
       l += e;
-      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * vc[p * a.head_dim + d];
+      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] += e * KvLoad(m, a.v_cache, row0 + p * a.head_dim + d);
     }
     float* ml = m.ptr<float>(a.partial_ml) + (static_cast<uint64_t>(a.split) * a.num_heads + h) * 2;
     ml[0] = max_score;

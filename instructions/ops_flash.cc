@@ -22,8 +22,7 @@ void Validate(const FlashAttnArgs& a, Checker& c) {
   c.Require(a.scale > 0, "scale must be positive");
   const uint64_t q_width = U(a.num_heads) * a.head_dim, kv = U(a.num_kv_heads) * a.head_dim;
   c.Tensor("q", a.q, F32, U(a.rows) * q_width);
-  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
-  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.KvCaches(a.k_cache, a.v_cache, kv * a.max_seq);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("out", a.out, BF16, GemmImageBytes(a.rows, static_cast<uint32_t>(q_width)) / 2);
 }
@@ -40,8 +39,7 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
   const uint32_t hd = a.head_dim, kv = a.head / (a.num_heads / a.num_kv_heads);
   const uint32_t q_width = a.num_heads * hd;
   auto bf = [](float x) { return graph::Bf16ToFloat(graph::FloatToBf16(x)); };
-  const float* kc = m.ptr<float>(a.k_cache) + uint64_t{kv} * a.max_seq * hd;
-  const float* vc = m.ptr<float>(a.v_cache) + uint64_t{kv} * a.max_seq * hd;
+  const uint64_t row0 = uint64_t{kv} * a.max_seq * hd;  // (a bf16 cache's values round to themselves)
   uint16_t* image = m.ptr<uint16_t>(a.out);
   // The device's order: 64-key tiles, a running max, exp2 with log2(e) folded into the scale, P rounded to bf16
   // for P·V while the row sum keeps it in f32.
@@ -59,7 +57,7 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
       float tile_max = -INFINITY;
       for (int64_t k = 0; k < keys; ++k) {
         float dot = 0.0f;
-        for (uint32_t d = 0; d < hd; ++d) dot += q[d] * bf(kc[(key0 + k) * hd + d]);
+        for (uint32_t d = 0; d < hd; ++d) dot += q[d] * bf(KvLoad(m, a.k_cache, row0 + (key0 + k) * hd + d));
         s[k] = dot;
         tile_max = std::max(tile_max, dot);
       }
@@ -70,7 +68,7 @@ void Reference(const FlashAttnArgs& a, const MachineView& m) {
       for (int64_t k = 0; k < keys; ++k) {
         const float p = std::exp2((s[k] - m_new) * log2_scale);
         row_sum += p;
-        for (uint32_t d = 0; d < hd; ++d) o[d] += bf(p) * bf(vc[(key0 + k) * hd + d]);
+        for (uint32_t d = 0; d < hd; ++d) o[d] += bf(p) * bf(KvLoad(m, a.v_cache, row0 + (key0 + k) * hd + d));
       }
       row_max = m_new;
     }

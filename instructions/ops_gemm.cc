@@ -40,8 +40,7 @@ void Validate(const GemmArgs& a, Checker& c) {
       c.Require(a.norm_eps > 0, "norm_eps must be positive");
       c.Tensor("qk_norm", a.qk_norm, BF16, 2ull * a.head_dim);
     }
-    c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
-    c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
+    c.KvCaches(a.k_cache, a.v_cache, kv_rows * a.max_seq);
     c.Tensor("step_state", a.step_state, I32, kStepStateWords);
     c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
   } else if (a.epilogue == kGemmSiluMulToImage) {
@@ -271,10 +270,10 @@ void Reference(const GemmArgs& a, const MachineView& m) {
           out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim] = v0;
           out[uint64_t{r} * q_width + q.head * a.head_dim + q.dim + half] = v1;
         } else if (pos < static_cast<int32_t>(a.max_seq)) {
-          float* cache = m.ptr<float>(q.kind == kQkvK ? a.k_cache : a.v_cache) +
-                         (uint64_t{q.head} * a.max_seq + pos) * a.head_dim;
-          cache[q.dim] = v0;
-          cache[q.kind == kQkvK ? q.dim + half : q.dim + 1] = v1;
+          const uint32_t cache = q.kind == kQkvK ? a.k_cache : a.v_cache;
+          const uint64_t dst = (uint64_t{q.head} * a.max_seq + pos) * a.head_dim + q.dim;
+          KvStore(m, cache, dst, v0);
+          KvStore(m, cache, q.kind == kQkvK ? dst + half : dst + 1, v1);
         }
       }
     }

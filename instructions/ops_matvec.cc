@@ -53,8 +53,7 @@ void ValidateMatvec(const Args& a, graph::DType weight_dtype, uint32_t stride, C
       c.Require(a.row_begin % 2 == 0 && a.rows % 2 == 0, "RoPE tiles must hold whole rotation pairs");
       c.Require(end <= (U(a.heads_per_group) + 2) * kv_rows, "tile runs past the q|k|v rows");
       c.Tensor("out", a.out, F32, U(a.heads_per_group) * kv_rows);
-      c.Tensor("k_cache", a.k_cache, F32, kv_rows * a.max_seq);
-      c.Tensor("v_cache", a.v_cache, F32, kv_rows * a.max_seq);
+      c.KvCaches(a.k_cache, a.v_cache, kv_rows * a.max_seq);
       c.Tensor("step_state", a.step_state, I32, kStepStateWords);
       c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
       break;
@@ -107,17 +106,15 @@ void MatvecEpilogue(const Args& a, const MachineView& m, std::vector<float>& y) 
       for (uint32_t r = 0; r < a.rows; r += 2) {
         const QkvRow row = QkvGroupedRow(a.row_begin + r, a.heads_per_group, a.head_dim);
         if (row.kind != kQkvV) RotatePair(&y[r], &y[r + 1], row.dim, pos, table, half);
-        float* dst = row.kind == kQkvQ ? out
-                     : row.kind == kQkvK ? m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim
-                                         : m.ptr<float>(a.v_cache) + (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
-        const uint32_t base = row.kind == kQkvQ ? row.head * a.head_dim : 0;
-        if (row.kind == kQkvV) {  // v rows keep their order: r, r+1 are dims d, d+1
-          dst[row.dim] = y[r];
-          dst[row.dim + 1] = y[r + 1];
-        } else {  // the pair (j, j + half)
-          dst[base + row.dim] = y[r];
-          dst[base + row.dim + half] = y[r + 1];
+        if (row.kind == kQkvQ) {  // the pair (j, j + half)
+          out[row.head * a.head_dim + row.dim] = y[r];
+          out[row.head * a.head_dim + row.dim + half] = y[r + 1];
+          continue;
         }
+        const uint32_t cache = row.kind == kQkvK ? a.k_cache : a.v_cache;
+        const uint64_t dst = (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim + row.dim;
+        KvStore(m, cache, dst, y[r]);  // v rows keep their order (r, r+1 are dims d, d+1); k's pair is (j, j + half)
+        KvStore(m, cache, row.kind == kQkvV ? dst + 1 : dst + half, y[r + 1]);
       }
       break;
     }

@@ -33,8 +33,7 @@ void Validate(const RopeAppendArgs& a, Checker& c) {
   c.Tensor("k_in", a.k_in, F32, kv);
   c.Tensor("v_in", a.v_in, F32, kv);
   c.Tensor("q_out", a.q_out, F32, q);
-  c.Tensor("k_cache", a.k_cache, F32, kv * a.max_seq);
-  c.Tensor("v_cache", a.v_cache, F32, kv * a.max_seq);
+  c.KvCaches(a.k_cache, a.v_cache, kv * a.max_seq);
   c.Tensor("step_state", a.step_state, I32, kStepStateWords);
   c.Tensor("rope_table", a.rope_table, F32, a.head_dim / 2 + 1);
   if (a.q_norm != kNoTensor) c.Tensor("q_norm", a.q_norm, BF16, a.head_dim);
@@ -117,21 +116,22 @@ void Reference(const RopeAppendArgs& a, const MachineView& m) {
   const int32_t pos = m.ptr<int32_t>(a.step_state)[kStatePosition];
   const float* table = m.ptr<float>(a.rope_table);
   const uint32_t half = a.head_dim / 2;
-  // Normalises (optional) then rotates `heads` heads of `in` into `out` (head h at out + h * out_stride).
-  auto rotate = [&](const float* in, uint32_t heads, uint32_t norm, float* out, uint64_t out_stride) {
-    for (uint32_t h = 0; h < heads; ++h) {
-      float* o = out + h * out_stride;
-      for (uint32_t d = 0; d < a.head_dim; ++d) o[d] = in[h * a.head_dim + d];
-      if (norm != kNoTensor) RmsNormInto(o, m.ptr<uint16_t>(norm), a.head_dim, a.norm_eps, o);
-      for (uint32_t j = 0; j < half; ++j) RotatePair(&o[j], &o[j + half], j, pos, table, half);
-    }
+  // Normalises (optional) then rotates head h of `in` into `o`.
+  std::vector<float> o(a.head_dim);
+  auto rotate = [&](const float* in, uint32_t h, uint32_t norm) {
+    for (uint32_t d = 0; d < a.head_dim; ++d) o[d] = in[h * a.head_dim + d];
+    if (norm != kNoTensor) RmsNormInto(o.data(), m.ptr<uint16_t>(norm), a.head_dim, a.norm_eps, o.data());
+    for (uint32_t j = 0; j < half; ++j) RotatePair(&o[j], &o[j + half], j, pos, table, half);
   };
-  rotate(m.ptr<float>(a.q_in), a.num_heads, a.q_norm, m.ptr<float>(a.q_out), a.head_dim);
-  const uint64_t cache_row = static_cast<uint64_t>(a.max_seq) * a.head_dim;
-  rotate(m.ptr<float>(a.k_in), a.num_kv_heads, a.k_norm, m.ptr<float>(a.k_cache) + pos * uint64_t{a.head_dim}, cache_row);
+  for (uint32_t h = 0; h < a.num_heads; ++h) {
+    rotate(m.ptr<float>(a.q_in), h, a.q_norm);
+    std::copy(o.begin(), o.end(), m.ptr<float>(a.q_out) + h * a.head_dim);
+  }
   for (uint32_t g = 0; g < a.num_kv_heads; ++g) {
-    float* v = m.ptr<float>(a.v_cache) + g * cache_row + pos * uint64_t{a.head_dim};
-    for (uint32_t d = 0; d < a.head_dim; ++d) v[d] = m.ptr<float>(a.v_in)[g * a.head_dim + d];
+    const uint64_t row = (uint64_t{g} * a.max_seq + pos) * a.head_dim;
+    rotate(m.ptr<float>(a.k_in), g, a.k_norm);
+    for (uint32_t d = 0; d < a.head_dim; ++d) KvStore(m, a.k_cache, row + d, o[d]);
+    for (uint32_t d = 0; d < a.head_dim; ++d) KvStore(m, a.v_cache, row + d, m.ptr<float>(a.v_in)[g * a.head_dim + d]);
   }
 }
 

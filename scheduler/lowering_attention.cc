@@ -19,7 +19,7 @@ namespace loom::scheduler::lowering_internal {
 // then come through it in chunks, which the cost model does not see (docs/history/performance_log.md;
 // measured in the twenty-sixth).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
-                             const CompileOptions& o) {
+                             const CompileOptions& o, uint32_t kv_bytes) {
   const uint32_t cap = std::clamp<uint32_t>(o.num_sms() / kv, 1, std::max<uint32_t>(1, max_seq / 64));
   const uint32_t context = std::clamp<uint32_t>(std::max(o.cost().context_length(), max_seq / 2), 1, max_seq);
   const uint32_t group = heads / kv, per_reduce = AttnReduceHeadsPriced(head_dim);
@@ -40,7 +40,8 @@ uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uin
     const double ns = CostOf(partial, cost).total_ns() + CostOf(reduce, cost).total_ns();
     uint32_t begin, end;
     isa::SplitRange(context, 0, splits, min_positions, &begin, &end);
-    const bool fits = isa::AttnPartialLayout(group, head_dim, end - begin, true).bytes <= o.smem().activation_bytes();
+    const bool fits =
+        isa::AttnPartialLayout(group, head_dim, end - begin, true, kv_bytes).bytes <= o.smem().activation_bytes();
     if ((fits && !best_fits) || (fits == best_fits && (splits == 1 || ns < best_ns))) {
       best = splits, best_ns = ns, best_fits = fits;
     }
@@ -216,7 +217,8 @@ absl::Status Lowering::LowerAttention(const OpDef& op) {
   min_positions = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({min_positions, max_seq, fits})));
   uint32_t splits = o_.attention_splits();
   if (splits == 0) {
-    splits = AutoAttentionSplits(heads, kv, hd, max_seq, min_positions, o_);
+    const uint32_t kv_bytes = graph_.tensor(op.inputs(3)).dtype() == graph::BF16 ? 2 : 4;
+    splits = AutoAttentionSplits(heads, kv, hd, max_seq, min_positions, o_, kv_bytes);
     if (fits > 0) splits = std::max<uint32_t>(splits, static_cast<uint32_t>((max_seq + fits - 1) / fits));
   }
   const uint32_t po = AddTensor(absl::StrCat(op.name(), ".partial_o"), graph::F32, {splits, heads, hd}, ARENA);

@@ -48,9 +48,10 @@ inline uint32_t AttnReduceHeads(uint32_t head_dim, const CompileOptions& o) {
 // more splits cost on the chain).
 inline uint32_t AttnReduceHeadsPriced(uint32_t head_dim) { return std::max<uint32_t>(1, isa::kAttnThreads / head_dim); }
 
-// Decode attention's split count a KV head when CompileOptions.attention_splits is 0 (lowering_attention.cc).
+// Decode attention's split count a KV head when CompileOptions.attention_splits is 0 (lowering_attention.cc), for
+// a KV cache of kv_bytes an element (isa::KvBytes).
 uint32_t AutoAttentionSplits(uint32_t heads, uint32_t kv, uint32_t head_dim, uint32_t max_seq, uint32_t min_positions,
-                             const CompileOptions& o);
+                             const CompileOptions& o, uint32_t kv_bytes = 4);
 
 // Which barriers make a tensor ready: one, or one per chunk (PER_CHUNK producers).
 struct Producer {

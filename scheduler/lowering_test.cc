@@ -46,8 +46,12 @@ TEST(Lowering, AutoAttentionSplitsWeighsTheSplitAgainstTheReduce) {
   small.mutable_smem()->set_activation_bytes(32768);
   const uint32_t splits = AutoAttentionSplits(32, 4, 64, 2048, 16, small);
   EXPECT_GT(splits, 21u);
-  EXPECT_LE(isa::AttnPartialLayout(8, 64, (1024 + splits - 1) / splits, true).bytes, 32768u);
-  EXPECT_GT(isa::AttnPartialLayout(8, 64, (1024 + splits - 2) / (splits - 1), true).bytes, 32768u);
+  EXPECT_LE(isa::AttnPartialLayout(8, 64, (1024 + splits - 1) / splits, true, 4).bytes, 32768u);
+  EXPECT_GT(isa::AttnPartialLayout(8, 64, (1024 + splits - 2) / (splits - 1), true, 4).bytes, 32768u);
+  // A bf16 cache's rows take half the room: fewer splits fit the same slot.
+  const uint32_t bf16_splits = AutoAttentionSplits(32, 4, 64, 2048, 16, small, 2);
+  EXPECT_LT(bf16_splits, splits);
+  EXPECT_LE(isa::AttnPartialLayout(8, 64, (1024 + bf16_splits - 1) / bf16_splits, true, 2).bytes, 32768u);
   // The reduce is priced at a consumer thread per output element whatever attention_reduce_heads is (priced at its
   // two heads of 64 the rule picked 32 for TinyLlama, 2.3% slower at 1024 than 21).
   for (uint32_t per : {1u, 2u, 4u}) {

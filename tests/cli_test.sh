@@ -74,6 +74,13 @@ for scheme in FP8 W4A16; do
     grep -q "identical to the op-by-op oracle" && pass "quantize $scheme + run --check" ||
     fail "quantize $scheme + run --check"
 done
+# A bf16 KV cache: the run agrees with the oracle over the same bf16 caches; a KV dtype that is neither is refused,
+# and so is bf16 for a model without a KV cache.
+"$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --kv_dtype=bf16 --check 2>/dev/null |
+  grep -q "identical to the op-by-op oracle" && pass "run --kv_dtype=bf16 --check" || fail "run --kv_dtype=bf16 --check"
+expect_error "kv_dtype" "kv_dtype 'f16': f32 or bf16" "" -- "$LOOM" run --model=random:tiny --tokens=2 --kv_dtype=f16
+expect_error "kv_dtype of a conv LM" "a gated-conv model has no KV cache" "" -- \
+  "$LOOM" run --model=random:gated-conv-tiny --tokens=2 --kv_dtype=bf16
 for c in compile inspect run export quantize; do
   "$LOOM" $c --help | grep -q "usage: loom $c" && pass "$c --help" || fail "$c --help"
 done

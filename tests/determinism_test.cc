@@ -77,9 +77,10 @@ uint32_t MostParts(const graph::Model& model, const scheduler::Schedule& s, uint
 
 // Three runs of each prompt length (the third with a launch per decode step) are bitwise equal.
 void ExpectDeterministic(const std::string& spec, runtime::Backend backend, const std::vector<uint32_t>& lengths,
-                         uint32_t split_length) {
+                         uint32_t split_length, graph::DType kv_dtype = graph::F32) {
   graph::ModelOptions mo;
   mo.max_seq = 512;
+  mo.kv_dtype = kv_dtype;
   absl::StatusOr<graph::Model> model = graph::LoadModel(spec, mo);
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, spec, scheduler::CompileOptions());
@@ -128,6 +129,7 @@ TEST(Determinism, GpuPrefillAndDecodeAreBitwiseTheSameEveryRun) {
   if (!runtime::GpuAvailable(&why)) GTEST_SKIP() << why;
   ExpectDeterministic("random:tiny", runtime::Backend::kGpu, {1, 20, 129, 300}, 20);
   ExpectDeterministic(WideConfig(), runtime::Backend::kGpu, {4, 300}, 4);
+  ExpectDeterministic(WideConfig(), runtime::Backend::kGpu, {300}, 4, graph::BF16);  // a bf16 KV cache
 }
 
 }  // namespace

@@ -41,10 +41,14 @@ TEST(GpuOpcodes, MatvecAtEveryPageSize) {
   }
 }
 
+// A bf16 KV cache's values are compared at a bf16 value's tolerance: a sum that differs from the VM's in its last
+// f32 bits may round to the next bf16.
+double KvTolerance(graph::DType kv_dtype) { return kv_dtype == graph::BF16 ? kBf16OutputTolerance : kTolerance; }
+
 // The RoPE epilogue's layout for a matvec test (MatvecArgs, MatvecFp8Args or MatvecW4Args): 2 KV heads of dim 16
-// with 3 query heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions, position 5.
+// with 3 query heads each (160 grouped q|k|v rows from row 0), a KV cache of 8 positions (f32 or bf16), position 5.
 template <typename Args>
-void SetRopeLayout(OpBench& b, Args& a) {
+void SetRopeLayout(OpBench& b, Args& a, graph::DType kv_dtype) {
   a.head_dim = 16;
   a.heads_per_group = 3;
   a.num_kv_heads = 2;
@@ -52,8 +56,8 @@ void SetRopeLayout(OpBench& b, Args& a) {
   a.row_begin = 0;
   a.rows = 160;
   a.out = b.Output(3 * 2 * 16);
-  a.k_cache = b.Output(2 * 8 * 16);
-  a.v_cache = b.Output(2 * 8 * 16);
+  a.k_cache = b.Output(2 * 8 * 16, kv_dtype);
+  a.v_cache = b.Output(2 * 8 * 16, kv_dtype);
   a.step_state = b.Arena(4, graph::I32);
   b.SetState(a.step_state, 5, 1);
   a.rope_table = b.Weight(8 + 1, graph::F32);  // inverse frequencies, then the cos/sin factor
@@ -63,7 +67,8 @@ void SetRopeLayout(OpBench& b, Args& a) {
 // A quantized matvec case's input (k random floats), prologue, epilogue and outputs (MatvecFp8Args or MatvecW4Args):
 // `total` output rows, or the RoPE layout's (then *total is its rows). Returns what to add to the case's name.
 template <typename Args>
-std::string SetMatvecCase(OpBench& b, Args& a, uint32_t k, uint32_t prologue, uint32_t epilogue, uint32_t* total) {
+std::string SetMatvecCase(OpBench& b, Args& a, uint32_t k, uint32_t prologue, uint32_t epilogue, uint32_t* total,
+                          graph::DType kv_dtype) {
   a.input = b.Arena(k);
   b.FillRandom(a.input);
   a.prologue = prologue;
@@ -73,9 +78,9 @@ std::string SetMatvecCase(OpBench& b, Args& a, uint32_t k, uint32_t prologue, ui
   a.epilogue = epilogue;
   a.residual = a.k_cache = a.v_cache = a.step_state = a.rope_table = isa::kNoTensor;
   if (epilogue == isa::kEpilogueRopeKvAppend) {
-    SetRopeLayout(b, a);
+    SetRopeLayout(b, a, kv_dtype);
     *total = a.rows;
-    return " (rope)";
+    return kv_dtype == graph::BF16 ? " (rope, bf16 KV)" : " (rope)";
   }
   if (epilogue == isa::kEpilogueSiluMul) {
     a.out = b.Output(*total / 2 + 1);
@@ -101,6 +106,10 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
       for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
         const uint32_t seed = Seed();
         OpBench b(seed);
+        // The RoPE epilogue appends into a bf16 KV cache after the RMSNorm prologue, into an f32 one without it.
+        const graph::DType kv_dtype = epilogue == isa::kEpilogueRopeKvAppend && prologue == isa::kPrologueRmsNorm
+                                          ? graph::BF16
+                                          : graph::F32;
         isa::MatvecArgs a{};
         a.rows = c.rows + (c.rows % 2);  // pairs for the RoPE and SiLU epilogues
         a.k = c.k;
@@ -122,14 +131,14 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
         std::string what = absl::StrCat("MATVEC rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
         if (epilogue == isa::kEpilogueRopeKvAppend) {
-          SetRopeLayout(b, a);
+          SetRopeLayout(b, a, kv_dtype);
           a.weight = b.Weight(160ull * stride);
           b.FillRandom(a.weight);
           if (biased) {
             a.bias = b.Weight(160);
             b.FillRandom(a.bias);
           }
-          what += " (rope)";
+          what += kv_dtype == graph::BF16 ? " (rope, bf16 KV)" : " (rope)";
         } else if (epilogue == isa::kEpilogueSiluMul) {
           a.out = b.Output(total / 2 + 1);
         } else {
@@ -139,7 +148,7 @@ TEST(GpuOpcodes, MatvecEveryPrologueAndEpilogueAtSeveralSizes) {
           a.partials = b.ArgmaxPartials(4, a.out);
           a.tile_index = 3;
         }
-        b.RunAndCompare({Make(isa::Opcode::MATVEC, a)}, what);
+        b.RunAndCompare({Make(isa::Opcode::MATVEC, a)}, what, KvTolerance(kv_dtype));
       }
     }
   }
@@ -159,6 +168,10 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
       for (uint32_t prologue : {isa::kPrologueNone, isa::kPrologueRmsNorm}) {
         const uint32_t seed = Seed();
         OpBench b(seed);
+        // The RoPE epilogue appends into a bf16 KV cache after the RMSNorm prologue, into an f32 one without it.
+        const graph::DType kv_dtype = epilogue == isa::kEpilogueRopeKvAppend && prologue == isa::kPrologueRmsNorm
+                                          ? graph::BF16
+                                          : graph::F32;
         isa::MatvecFp8Args a{};
         a.rows = c.rows + (c.rows % 2);  // pairs for the RoPE and SiLU epilogues
         a.k = c.k;
@@ -168,14 +181,14 @@ TEST(GpuOpcodes, MatvecFp8EveryFormPrologueAndEpilogue) {
         const bool biased = (epilogue + prologue + c.k / 4) % 2 == 1;  // every epilogue with and without
         std::string what = absl::StrCat("MATVEC_FP8 rows ", a.rows, " k ", c.k, " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
-        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total);
+        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total, kv_dtype);
         a.weight = b.Weight(uint64_t{total} * stride, graph::F8E4M3);
         b.FillRandom(a.weight);
         a.scales = b.Weight(total, graph::F32);
         b.FillRandom(a.scales, 0.001f, 0.1f);
         a.bias = biased ? b.Weight(total) : isa::kNoTensor;
         if (biased) b.FillRandom(a.bias);
-        b.RunAndCompare({Make(isa::Opcode::MATVEC_FP8, a)}, what);
+        b.RunAndCompare({Make(isa::Opcode::MATVEC_FP8, a)}, what, KvTolerance(kv_dtype));
       }
     }
   }
@@ -207,6 +220,10 @@ TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
         if (prologue == isa::kPrologueRmsNorm && isa::MatvecW4Pieces(isa::MatvecW4RowStride(c.k)) > 1) continue;
         const uint32_t seed = Seed();
         OpBench b(seed);
+        // The RoPE epilogue appends into a bf16 KV cache after the RMSNorm prologue, into an f32 one without it.
+        const graph::DType kv_dtype = epilogue == isa::kEpilogueRopeKvAppend && prologue == isa::kPrologueRmsNorm
+                                          ? graph::BF16
+                                          : graph::F32;
         isa::MatvecW4Args a{};
         a.rows = c.rows;
         a.k = c.k;
@@ -218,13 +235,13 @@ TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
         std::string what = absl::StrCat("MATVEC_W4 rows ", a.rows, " k ", c.k, " group ", 1u << c.group_shift,
                                         zero_points ? " zero points" : "", " prologue ", prologue, " epilogue ",
                                         epilogue, biased ? " bias" : "", " seed ", seed);
-        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total);
+        what += SetMatvecCase(b, a, c.k, prologue, epilogue, &total, kv_dtype);
         a.weight = b.Weight(uint64_t{total} * isa::MatvecW4RowStride(c.k) / 2, graph::I4);
         b.FillRandom(a.weight);
         a.meta = b.RandomW4Meta(total, isa::MatvecW4Groups(c.k, c.group_shift), zero_points);
         a.bias = biased ? b.Weight(total) : isa::kNoTensor;
         if (biased) b.FillRandom(a.bias);
-        b.RunAndCompare({Make(isa::Opcode::MATVEC_W4, a)}, what);
+        b.RunAndCompare({Make(isa::Opcode::MATVEC_W4, a)}, what, KvTolerance(kv_dtype));
       }
     }
   }
@@ -232,7 +249,8 @@ TEST(GpuOpcodes, MatvecW4EveryFormPrologueAndEpilogue) {
 
 // Split-KV decode attention, the reduce as ATTN_REDUCE instructions or folded into the last split of each KV head
 // (an arrival counter per KV head, zero again afterwards: compared too), in activation slots of 48, 30 (what twelve
-// 16 KB pages leave) and 18 KB (raised to what the split's scores need where that is more).
+// 16 KB pages leave) and 18 KB (raised to what the split's scores need where that is more), over f32 caches and
+// (1 and 16 splits) bf16 ones, whose rows fit the slot at twice the positions.
 TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
   SKIP_WITHOUT_GPU();
   // Groups of 4 heads of 64 (merged a thread per element), 8 of 64 (two elements a thread), 8 of 128 (four).
@@ -243,13 +261,17 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
       // the smaller slots more splits do (16 at 1000), in smaller chunks, or read K and V from the caches.
       for (uint32_t splits : {1u, 3u, 16u, 40u}) {
         for (uint32_t slot : {kActivationBytes, 30u * 1024, 18u * 1024}) {
-          for (bool fused : {false, true}) {
+          for (int form = 0; form < 4; ++form) {
+            const bool fused = form % 2 == 1;
+            const graph::DType kv_dtype = form >= 2 ? graph::BF16 : graph::F32;
             if (slot != kActivationBytes && fused) continue;  // (the fused reduce: the tensor variant, no chunks)
+            if (kv_dtype == graph::BF16 && splits != 1 && splits != 16) continue;
             const uint32_t seed = Seed();
             OpBench b(seed);
             b.SetActivationBytes(slot);
             const uint32_t kHeads = shape.heads, kKv = shape.kv, kDim = shape.dim, kSeq = 1024;
-            const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim), vc = b.Arena(kKv * kSeq * kDim);
+            const uint32_t q = b.Arena(kHeads * kDim), kc = b.Arena(kKv * kSeq * kDim, kv_dtype),
+                           vc = b.Arena(kKv * kSeq * kDim, kv_dtype);
             b.FillRandom(q);
             b.FillRandom(kc);
             b.FillRandom(vc);
@@ -278,7 +300,7 @@ TEST(GpuOpcodes, AttentionPartialsAndReduceAtSeveralContextLengths) {
             b.RunAndCompare(queue,
                             absl::StrCat("attention ", kHeads, "/", kKv, " heads of ", kDim, " position ", position,
                                          " splits ", splits, fused ? " reduce fused" : "", " slot ", slot,
-                                         " seed ", seed));
+                                         " KV ", graph::DType_Name(kv_dtype), " seed ", seed));
           }
         }
       }
@@ -337,6 +359,32 @@ TEST(GpuOpcodes, VectorOpcodes) {
   }
   queue.push_back(Make(isa::Opcode::ARGMAX_REDUCE, isa::ArgmaxReduceArgs{partials, 3, state, tokens, kSeq}));
   b.RunAndCompare(queue, absl::StrCat("vector opcodes, seed ", seed));
+}
+
+// ROPE_KV_APPEND into bf16 KV caches (10 heads, 2 KV heads, dim 128, per-head norms; and 4 heads of 32 without),
+// compared at a bf16 value's tolerance (KvTolerance).
+TEST(GpuOpcodes, RopeKvAppendIntoBf16Caches) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = Seed();
+  OpBench b(seed);
+  constexpr uint32_t kSeq = 16;
+  const uint32_t state = b.Arena(4, graph::I32);
+  b.SetState(state, 9, 10);
+  std::vector<isa::Instruction> queue;
+  for (const bool normed : {false, true}) {
+    const uint32_t heads = normed ? 10 : 4, hd = normed ? 128 : 32;
+    const uint32_t qi = b.Arena(heads * hd), ki = b.Arena(2 * hd), vi = b.Arena(2 * hd);
+    const uint32_t table = b.Weight(hd / 2 + 1, graph::F32);
+    const uint32_t q_norm = normed ? b.Weight(hd) : isa::kNoTensor, k_norm = normed ? b.Weight(hd) : isa::kNoTensor;
+    for (uint32_t t : {qi, ki, vi}) b.FillRandom(t);
+    if (normed) b.FillRandom(q_norm, 0.5f, 1.5f), b.FillRandom(k_norm, 0.5f, 1.5f);
+    b.FillRandom(table, 0.001f, 1.0f);
+    queue.push_back(Make(isa::Opcode::ROPE_KV_APPEND,
+                         isa::RopeAppendArgs{qi, ki, vi, b.Output(heads * hd), b.Output(2 * kSeq * hd, graph::BF16),
+                                             b.Output(2 * kSeq * hd, graph::BF16), state, table, heads, 2, hd, kSeq,
+                                             q_norm, k_norm, normed ? 1e-6f : 0.0f}));
+  }
+  b.RunAndCompare(queue, absl::StrCat("ROPE_KV_APPEND into bf16 caches, seed ", seed), KvTolerance(graph::BF16));
 }
 
 }  // namespace

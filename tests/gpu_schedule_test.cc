@@ -19,9 +19,10 @@ class GpuSchedules : public testing::Test {
     if (!GpuAvailable(&why)) GTEST_SKIP() << why;
     Load("random:tiny");
   }
-  void Load(const std::string& spec, int max_seq = 64) {
+  void Load(const std::string& spec, int max_seq = 64, graph::DType kv_dtype = graph::F32) {
     graph::ModelOptions mo;
     mo.max_seq = max_seq;
+    mo.kv_dtype = kv_dtype;
     absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::make_unique<graph::Model>(*std::move(m));
@@ -159,6 +160,60 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
         }
       }
     }
+  }
+}
+
+// bf16 KV caches (ModelOptions::kv_dtype), random:tiny and tiny-qwen3 (per-head norms): decode fused and unfused,
+// and a prefill pass of 129 rows (the caches it fills, the logits, the tokens after it), against the VM.
+TEST_F(GpuSchedules, Bf16KvCachesMatchTheVm) {
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {
+    Load(spec, 512, graph::BF16);
+    for (bool fused : {true, false}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(16);
+      if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+      Check(o, 0, absl::StrCat(spec, ", bf16 KV", fused ? ", fused" : ", unfused"));
+    }
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, scheduler::CompileOptions());
+    ASSERT_TRUE(s.ok()) << s.status();
+    std::vector<int32_t> prompt;
+    for (uint32_t i = 0; i < 129; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, 129);
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
+    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE((*d)->Reset(prompt).ok());
+    ASSERT_TRUE((*d)->Prefill(*pass).ok());
+    int caches = 0;
+    for (const scheduler::Tensor& t : pass->tensors()) {
+      if (!absl::StrContains(t.name(), "cache")) continue;
+      ASSERT_EQ(t.dtype(), graph::BF16) << t.name();
+      std::vector<uint16_t> got_bits(t.bytes() / 2);
+      ASSERT_TRUE((*d)->machine().ReadArena(t.offset(), got_bits.data(), t.bytes()).ok());
+      const std::vector<uint8_t> vm_bytes = (*vm)->ReadArena(t.offset(), t.bytes());
+      std::vector<float> got, want;
+      for (size_t i = 0; i < got_bits.size(); ++i) {
+        uint16_t w;
+        std::memcpy(&w, vm_bytes.data() + 2 * i, 2);
+        got.push_back(graph::Bf16ToFloat(got_bits[i]));
+        want.push_back(graph::Bf16ToFloat(w));
+      }
+      EXPECT_LE(RelativeError(got, want), kPrefillTolerance) << spec << ": " << t.name();
+      ++caches;
+    }
+    EXPECT_EQ(caches, 2 * model_->config.num_layers);
+    absl::StatusOr<std::vector<float>> logits = (*d)->logits();
+    ASSERT_TRUE(logits.ok());
+    EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << spec << ": logits after the prefill";
+    ASSERT_TRUE((*vm)->Run(8).ok());
+    ASSERT_TRUE((*d)->Run(8).ok());
+    absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
+    ASSERT_TRUE(tokens.ok());
+    EXPECT_EQ(*tokens, (*vm)->tokens()) << spec << ": decode after the prefill";
   }
 }
 

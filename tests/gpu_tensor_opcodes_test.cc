@@ -466,12 +466,14 @@ TEST(GpuOpcodes, PackRowsThenGemm) {
 
 // The QKV projection of a prefill on the tensor cores: GEMM over the grouped q|k|v rows with the RoPE +
 // KV-append epilogue (token row r at position state + r), with and without q/k/v biases, and with Qwen3's
-// per-head q/k RMSNorm (head_dim 64: two heads per 128-column tile; 128: one).
+// per-head q/k RMSNorm (head_dim 64: two heads per 128-column tile; 128: one), into f32 and bf16 KV caches (bf16:
+// compared at a bf16 value's tolerance, a sum that differs in its last f32 bits may round to the next bf16).
 TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
   SKIP_WITHOUT_GPU();
   for (uint32_t m : {7u, 200u}) {
     for (uint32_t variant = 0; variant < 4; ++variant) {
       const bool biased = variant % 2 == 1, normed = variant >= 2;
+      const graph::DType kv_dtype = (variant / 2 + (m == 200 ? 1 : 0)) % 2 == 1 ? graph::BF16 : graph::F32;
       const uint32_t seed = Seed();
       OpBench b(seed);
       const uint32_t kGroup = 4, kKv = 2, kDim = normed && biased ? 128 : 64, kHidden = 256, kSeq = 256;
@@ -487,8 +489,8 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
       if (biased) b.FillRandom(g.bias);
       g.residual = isa::kNoTensor;
       g.epilogue = isa::kGemmRopeKvAppend;
-      g.k_cache = b.Output(kKv * kSeq * kDim);
-      g.v_cache = b.Output(kKv * kSeq * kDim);
+      g.k_cache = b.Output(kKv * kSeq * kDim, kv_dtype);
+      g.v_cache = b.Output(kKv * kSeq * kDim, kv_dtype);
       g.step_state = b.Arena(4, graph::I32);
       b.SetState(g.step_state, 3, static_cast<int32_t>(m) + 3);
       g.rope_table = b.Weight(kDim / 2 + 1, graph::F32);
@@ -509,8 +511,11 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
           queue.push_back(Make(isa::Opcode::GEMM, g));
         }
       }
-      b.RunAndCompare(queue, absl::StrCat("GEMM RoPE + KV append, ", m, " tokens", biased ? ", biases" : "",
-                                          normed ? ", head norms" : "", ", head_dim ", kDim, " seed ", seed));
+      b.RunAndCompare(queue,
+                      absl::StrCat("GEMM RoPE + KV append, ", m, " tokens", biased ? ", biases" : "",
+                                   normed ? ", head norms" : "", ", head_dim ", kDim, ", KV ",
+                                   graph::DType_Name(kv_dtype), " seed ", seed),
+                      kv_dtype == graph::BF16 ? kBf16OutputTolerance : kTolerance);
     }
   }
 }
@@ -518,7 +523,8 @@ TEST(GpuOpcodes, GemmRopeKvAppendForPromptRows) {
 // FLASH_ATTN: causal prefill attention on the tensor cores against the f32 reference (which rounds q, K and V
 // to bf16 as the tensor cores read them; P is bf16 on the device only, hence the looser tolerance), every
 // (row tile, head) of a prompt of P rows after `start` cached positions, GQA groups 1 / 4 / 8, head_dim 64 and
-// 128. Cache rows past the prompt are NaN: a key tile reaching past the last position must not read them.
+// 128, over f32 and bf16 KV caches (the cases with an odd index in bf16). Cache rows past the prompt are NaN: a key
+// tile reaching past the last position must not read them.
 TEST(GpuOpcodes, FlashAttentionPrefill) {
   SKIP_WITHOUT_GPU();
   struct Case { uint32_t rows, head_dim, group, kv_heads, start; };
@@ -527,7 +533,9 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
                                    {64, 64, 1, 1, 64},  {256, 128, 1, 1, 0},
                                    {129, 128, 1, 3, 40}, {1000, 128, 4, 2, 0}, {300, 64, 8, 1, 700},
                                    {2048, 64, 1, 2, 0},  {2048, 128, 8, 1, 0}};
-  for (const Case& c : cases) {
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const Case& c = cases[index];
+    const graph::DType kv_dtype = index % 2 == 1 ? graph::BF16 : graph::F32;
     const uint32_t seed = Seed();
     OpBench b(seed);
     const uint32_t heads = c.group * c.kv_heads, hd = c.head_dim;
@@ -535,14 +543,17 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
     isa::FlashAttnArgs a{};
     a.q = b.Arena(uint64_t{c.rows} * heads * hd);
     b.FillRandom(a.q, -2.0f, 2.0f);
-    a.k_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
-    a.v_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd);
+    a.k_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd, kv_dtype);
+    a.v_cache = b.Arena(uint64_t{c.kv_heads} * max_seq * hd, kv_dtype);
     b.FillRandom(a.k_cache, -2.0f, 2.0f);
     b.FillRandom(a.v_cache);
     for (uint32_t g = 0; g < c.kv_heads; ++g) {
       for (uint64_t i = (uint64_t{g} * max_seq + c.start + c.rows) * hd; i < uint64_t{g + 1} * max_seq * hd; ++i) {
-        b.Data<float>(a.k_cache)[i] = NAN;
-        b.Data<float>(a.v_cache)[i] = NAN;
+        if (kv_dtype == graph::BF16) {
+          b.Data<uint16_t>(a.k_cache)[i] = b.Data<uint16_t>(a.v_cache)[i] = 0x7fc0;  // a bf16 NaN
+        } else {
+          b.Data<float>(a.k_cache)[i] = b.Data<float>(a.v_cache)[i] = NAN;
+        }
       }
     }
     a.step_state = b.Arena(4, graph::I32);
@@ -563,7 +574,8 @@ TEST(GpuOpcodes, FlashAttentionPrefill) {
       }
     }
     b.RunAndCompare(queue, absl::StrCat("FLASH_ATTN P ", c.rows, " head_dim ", hd, " group ", c.group, " start ",
-                                        c.start, " seed ", seed), kBf16OutputTolerance);
+                                        c.start, " KV ", graph::DType_Name(kv_dtype), " seed ", seed),
+                    kBf16OutputTolerance);
   }
 }
 

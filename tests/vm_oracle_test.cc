@@ -31,6 +31,16 @@ namespace {
 constexpr int kNewTokens = 32;
 constexpr double kLogitTolerance = 1e-5;
 
+// 70 tokens: a prefill pass of two 64-key tiles.
+const std::vector<int32_t>& VmOracleKvPrompt() {
+  static const std::vector<int32_t> prompt = [] {
+    std::vector<int32_t> p;
+    for (int i = 0; i < 70; ++i) p.push_back((i * 7919 + 3) % 1000);
+    return p;
+  }();
+  return prompt;
+}
+
 class VmOracle : public testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -269,6 +279,69 @@ TEST(VmOracleW4, HubInt4CheckpointsDecodeAndPrefillMatchTheOracle) {
   for (const char* fixture : {"w4a16-g32-f16", "awq-g32", "gptq-g32-asym", "gptq-v2-g64-sym"}) {
     CheckQuantizedDecode(absl::StrCat(LOOM_SOURCE_DIR, "/tests/data/quantized/", fixture), "", 0, graph::I4,
                          isa::Opcode::MATVEC_W4, true);
+  }
+}
+
+// A bf16 KV cache (ModelOptions::kv_dtype): K and V rounded to bf16 as the fused QKV matvec's epilogue, ROPE_KV_APPEND
+// (every fusion off) and the prefill pass's QKV GEMM append them, and read widened by ATTN_PARTIAL and FLASH_ATTN;
+// against the oracle over the same bf16 caches (1e-4, identical tokens), the prompt by decode steps and by a prefill
+// pass of 70 rows (two key tiles). The caches take half the arena, and the rounding shows in the logits (the oracle
+// with f32 caches differs).
+TEST(VmOracleKv, Bf16KvCacheDecodeAndPrefillMatchTheOracle) {
+  // A K or V value whose f32 sum differs from the oracle's in its last bits may round to the neighbouring bf16 (2^-8
+  // relative on that value): measured 2.6e-5 (tiny-qwen3), 1.5e-6 (tiny).
+  constexpr double kBf16KvLogitTolerance = 1e-4;
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {
+    SCOPED_TRACE(spec);
+    graph::ModelOptions mo;
+    mo.max_seq = 128;
+    mo.kv_dtype = graph::BF16;
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
+    int bf16_caches = 0;
+    for (const graph::TensorDef* t : m->graph.TensorsOfKind(graph::STATE)) bf16_caches += t->dtype() == graph::BF16;
+    EXPECT_EQ(bf16_caches, 2 * m->config.num_layers);
+    absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, VmOracleKvPrompt(), kNewTokens);
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    mo.kv_dtype = graph::F32;
+    absl::StatusOr<graph::Model> f32 = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(f32.ok()) << f32.status();
+    absl::StatusOr<graph::OracleDecode> f32_oracle = graph::DecodeWithOracle(*f32, VmOracleKvPrompt(), 1);
+    ASSERT_TRUE(f32_oracle.ok()) << f32_oracle.status();
+    EXPECT_GT(RelativeError(f32_oracle->logits.back(), oracle->logits[f32_oracle->logits.size() - 1]), 1e-6);
+
+    for (bool fused : {true, false}) {
+      scheduler::CompileOptions o;
+      o.set_num_sms(6);
+      if (!fused) *o.mutable_fusion() = scheduler::AllFusionsOff();
+      absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (const scheduler::Tensor& t : s->tensors()) {
+        if (!absl::EndsWith(t.name(), "_cache")) continue;
+        EXPECT_EQ(t.dtype(), graph::BF16) << t.name();
+        EXPECT_EQ(t.bytes(), 2ull * m->config.num_kv_heads * mo.max_seq * m->config.head_dim) << t.name();
+      }
+      absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
+      ASSERT_TRUE(vm.ok()) << vm.status();
+      ASSERT_TRUE((*vm)->Reset(VmOracleKvPrompt()).ok());
+      const int steps = static_cast<int>(VmOracleKvPrompt().size()) - 1 + kNewTokens;
+      for (int step = 0; step < steps; ++step) {
+        ASSERT_TRUE((*vm)->Run(1).ok());
+        ASSERT_LE(RelativeError((*vm)->logits(), oracle->logits[step]), kBf16KvLogitTolerance)
+            << (fused ? "fused" : "unfused") << " step " << step;
+      }
+      EXPECT_EQ((*vm)->tokens(), oracle->tokens) << (fused ? "fused" : "unfused");
+      if (!fused) continue;
+      absl::StatusOr<scheduler::Schedule> pass =
+          scheduler::LowerPrefill(m->graph, *s, static_cast<int>(VmOracleKvPrompt().size()));
+      ASSERT_TRUE(pass.ok()) << pass.status();
+      absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> prefilled = runtime::ReferenceVm::Create(*s, m->weights);
+      ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+      ASSERT_TRUE((*prefilled)->Reset(VmOracleKvPrompt()).ok());
+      ASSERT_TRUE((*prefilled)->Prefill(*pass).ok());
+      ASSERT_TRUE((*prefilled)->Run(kNewTokens - 1).ok());
+      EXPECT_EQ((*prefilled)->tokens(), oracle->tokens) << "after a prefill pass";
+    }
   }
 }
 

@@ -135,6 +135,7 @@ def run_loom(args, folder, prompt, tokens, logits_path=None):
     if logits_path:
         cmd.append(f"--logits_out={logits_path}")
     cmd.append(f"--prefill={args.prefill}")
+    cmd.append(f"--kv_dtype={args.kv_dtype}")
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         own = [l for l in out.stderr.splitlines() if l.startswith("loom:")]
@@ -241,6 +242,8 @@ def main():
     ap.add_argument("--scheme", default="", choices=["", "FP8", "W4A16", "W8A16"],
                     help="quantize each entry with loom quantize first (see above)")
     ap.add_argument("--group-size", type=int, default=128, help="--scheme W4A16's columns per scale")
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "bf16"],
+                    help="Loom's KV cache (loom run --kv_dtype); transformers' reference keeps float32")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     entries = ENTRIES
@@ -260,7 +263,7 @@ def main():
         sys.exit(f"no loom binary at {args.loom}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, loom --backend={args.backend}"
-          + (f", weights {args.scheme}" if args.scheme else ""),
+          + (f", weights {args.scheme}" if args.scheme else "") + (f", KV cache {args.kv_dtype}"),
           flush=True)
     header = ("| model | family | params (B) | layers | top-1 agreement | worst rel. error | greedy identical "
               "| Loom ms/token | Loom load s | logits std | mean top-1 p | verdict |\n|" + "---|" * 12)

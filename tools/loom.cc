@@ -82,6 +82,9 @@ ABSL_FLAG(std::string, scheme, "",
           "quantize: FP8 (e4m3, a scale per row), W4A16 (int4, a scale per group) or W8A16; compile / run of "
           "random:<preset>: FP8 generates the projections as FP8 (a power-of-two scale per row), W4A16 as int4 (a "
           "bf16 scale per --group_size columns)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "decoders' KV cache: f32, or bf16 (half its memory and of what decode attention reads; K and V rounded to "
+          "bf16 as they are appended)");
 ABSL_FLAG(bool, widen_quantized, false,
           "widen every quantized weight of a checkpoint to bf16 as it is read, FP8 ones too (they are computed with "
           "as stored otherwise)");
@@ -171,6 +174,11 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
     return absl::InvalidArgumentError("--group_size is a W4A16 setting (--scheme=W4A16)");
   }
   mo.widen_quantized = absl::GetFlag(FLAGS_widen_quantized);
+  {
+    absl::StatusOr<graph::DType> kv = graph::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+    if (!kv.ok()) return kv.status();
+    mo.kv_dtype = *kv;
+  }
   if (!mo.scheme.empty() && !absl::StartsWith(absl::GetFlag(FLAGS_model), "random:")) {
     return absl::InvalidArgumentError(absl::StrCat("--scheme=", mo.scheme, " generates random weights; a folder's ",
                                                    "weights are as its config.json's quantization_config says"));

@@ -40,6 +40,9 @@ ABSL_FLAG(int32_t, max_seq, 2048, "KV-cache capacity");
 ABSL_FLAG(std::string, scheme, "",
           "random models: FP8 generates the projections as FP8 (a scale per row), W4A16 as int4 (a bf16 scale per "
           "--group_size columns)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "decoders' KV cache: f32, or bf16 (half its memory and of what decode attention reads; K and V rounded to "
+          "bf16 as they are appended)");
 ABSL_FLAG(int32_t, group_size, 128, "--scheme=W4A16: columns per scale");
 ABSL_FLAG(std::string, options, "", "CompileOptions file (.pbtxt)");
 ABSL_FLAG(std::string, trace, "",
@@ -190,6 +193,11 @@ absl::StatusOr<SweepRow> BenchModel(const std::string& spec, scheduler::CompileO
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
   mo.group_size = absl::GetFlag(FLAGS_group_size);
+  {
+    absl::StatusOr<graph::DType> kv = graph::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+    if (!kv.ok()) return kv.status();
+    mo.kv_dtype = *kv;
+  }
   std::fprintf(stderr, "loading %s...\n", spec.c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(spec, mo);
   if (!model.ok()) return model.status();

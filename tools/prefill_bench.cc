@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, model, "random:llama-3.2-1b", "model: random:<preset> or 
 ABSL_FLAG(std::string, prompts, "128,512,2048", "comma-separated prompt lengths for time to first token");
 ABSL_FLAG(int32_t, repeats, 5, "timed runs per measurement (median reported)");
 ABSL_FLAG(int32_t, max_seq, 4096, "KV-cache capacity");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "decoders' KV cache: f32, or bf16 (half its memory and of what decode attention reads; K and V rounded to "
+          "bf16 as they are appended)");
 ABSL_FLAG(std::string, scheme, "", "random models: FP8 generates the projections as FP8 (decode reads them so; the pass "
           "widened to bf16)");
 ABSL_FLAG(int32_t, e2e_prompt, 1024, "end to end: prompt tokens (0: skip)");
@@ -90,6 +93,11 @@ int Main() {
   graph::ModelOptions mo;
   mo.max_seq = absl::GetFlag(FLAGS_max_seq);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
+  {
+    absl::StatusOr<graph::DType> kv = graph::ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+    if (!kv.ok()) return Fail(kv.status());
+    mo.kv_dtype = *kv;
+  }
   std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return Fail(model.status());

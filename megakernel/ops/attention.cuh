@@ -7,6 +7,8 @@
 // K and V from the caches.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <type_traits>
 
 #include "megakernel/block_reduce.cuh"
@@ -140,26 +142,46 @@ __device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, cons
   for (uint32_t e = 0; e < kVec; ++e) out[e] = MaybeTag(acc[e] * inv, tag);
 }
 
+// K and V values as the cache holds them (isa::KvBytes): f32, or bf16 (half the bytes a position).
+__device__ __forceinline__ float KvValue(const float* p, uint32_t i) { return p[i]; }
+__device__ __forceinline__ float KvValue(const __nv_bfloat16* p, uint32_t i) { return __bfloat162float(p[i]); }
+
+// q (a float4 of it) times the K values of a 16-byte chunk, into two sums: a chunk is 4 f32 or 8 bf16 values.
+__device__ __forceinline__ void DotChunk(const float* k, const float4* qrow, uint32_t c, float& acc0, float& acc1) {
+  const float4 kv = reinterpret_cast<const float4*>(k)[c], qv = qrow[c];
+  acc0 += qv.x * kv.x + qv.y * kv.y;
+  acc1 += qv.z * kv.z + qv.w * kv.w;
+}
+__device__ __forceinline__ void DotChunk(const __nv_bfloat16* k, const float4* qrow, uint32_t c, float& acc0,
+                                         float& acc1) {
+  const uint4 w = reinterpret_cast<const uint4*>(k)[c];
+  const float4 q0 = qrow[2 * c], q1 = qrow[2 * c + 1];
+  // A word's low half is the earlier dimension; a bf16's bits are the high half of its f32.
+  acc0 += q0.x * __uint_as_float(w.x << 16) + q0.y * __uint_as_float(w.x & 0xffff0000u);
+  acc1 += q0.z * __uint_as_float(w.y << 16) + q0.w * __uint_as_float(w.y & 0xffff0000u);
+  acc0 += q1.x * __uint_as_float(w.z << 16) + q1.y * __uint_as_float(w.z & 0xffff0000u);
+  acc1 += q1.z * __uint_as_float(w.w << 16) + q1.w * __uint_as_float(w.w & 0xffff0000u);
+}
+
 // Scores of `n` positions for the group's heads: a thread per (head, position), the positions of a head on
-// consecutive lanes. A warp's lanes read K rows hd floats apart, which all start in the same bank: each lane walks
-// its row's 16-byte chunks from its own offset (c + p) % (hd / 4), so 8 consecutive lanes hit 8 different bank
-// groups (a float4 load then takes the 4 wavefronts it must, not 32), and the q row alike.
-__device__ __forceinline__ void AttnScores(const float* q, const float* kc, float* scores, uint32_t group, uint32_t n,
+// consecutive lanes. A warp's lanes read K rows hd values apart, which all start in the same bank: each lane walks
+// its row's 16-byte chunks from its own offset (c + p) % chunks, so 8 consecutive lanes hit 8 different bank
+// groups (a 16-byte load then takes the 4 wavefronts it must, not 32), and the q row alike.
+template <typename KvT>
+__device__ __forceinline__ void AttnScores(const float* q, const KvT* kc, float* scores, uint32_t group, uint32_t n,
                                            uint32_t hd, float scale, uint32_t tid) {
-  const uint32_t hd4 = hd / 4;
+  const uint32_t hd4 = hd / 4, chunks = hd * sizeof(KvT) / 16;
   const float4* q4 = reinterpret_cast<const float4*>(q);
   for (uint32_t i = tid; i < group * n; i += kConsumerThreads) {
     const uint32_t h = i / n, p = i - h * n;
-    const float4* krow = reinterpret_cast<const float4*>(kc + p * hd);
+    const KvT* krow = kc + p * hd;
     const float4* qrow = q4 + h * hd4;
     float acc0 = 0.0f, acc1 = 0.0f;
-    uint32_t c = p % hd4;
+    uint32_t c = p % chunks;
 #pragma unroll 4
-    for (uint32_t k = 0; k < hd4; ++k) {
-      const float4 kv = krow[c], qv = qrow[c];
-      acc0 += qv.x * kv.x + qv.y * kv.y;
-      acc1 += qv.z * kv.z + qv.w * kv.w;
-      c = c + 1 == hd4 ? 0 : c + 1;
+    for (uint32_t k = 0; k < chunks; ++k) {
+      DotChunk(krow, qrow, c, acc0, acc1);
+      c = c + 1 == chunks ? 0 : c + 1;
     }
     scores[h * n + p] = (acc0 + acc1) * scale;
   }
@@ -188,13 +210,14 @@ struct AttnAcc {
 };
 // acc.h[h] + the sum over the `n` positions of scores[h][p] * V[p][d] for this thread's (position group pg, dim d):
 // a thread per (position group, dim), every head of the group (each V element read once).
-__device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const float* vc, const float* scores, uint32_t group,
+template <typename KvT>
+__device__ __forceinline__ AttnAcc AttnAccumulate(AttnAcc acc, const KvT* vc, const float* scores, uint32_t group,
                                                   uint32_t n, uint32_t hd, uint32_t groups, uint32_t pg, uint32_t d) {
   for (uint32_t p = pg; p < n; p += 4 * groups) {
     float v[4];
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
-      if (p + u * groups < n) v[u] = vc[(p + u * groups) * hd + d];
+      if (p + u * groups < n) v[u] = KvValue(vc, (p + u * groups) * hd + d);
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
@@ -223,29 +246,31 @@ __device__ __forceinline__ void CountSplitRows(const ConsumerContext& ctx) {
 // maximum. The rows earlier steps wrote of the first chunk are copied before the waits when the slot came early.
 // Leaves the position groups' outputs in the slot's `red` (returned) and warp h's maximum and sum in head_max /
 // head_sum.
+template <typename KvT>
 __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& a, ConsumerContext& ctx,
                                                     uint32_t begin, uint32_t n, float* head_max, float* head_sum) {
   const isa::MachineView& m = ctx.machine;
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, hd4 = hd / 4;
+  const uint32_t row16 = hd * sizeof(KvT) / 16;  // a K / V row's 16-byte pieces
   const uint32_t chunk = ctx.act_flags >> kActivationChunkShift, chunks = (n + chunk - 1) / chunk;
-  const isa::AttnChunkSlot layout = isa::AttnChunkLayout(group, hd, chunk);
+  const isa::AttnChunkSlot layout = isa::AttnChunkLayout(group, hd, chunk, sizeof(KvT));
   uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
   float* q = reinterpret_cast<float*>(slot + layout.q);
   float* scores = reinterpret_cast<float*>(slot + layout.scores);
   float* alpha = reinterpret_cast<float*>(slot + layout.alpha);
   const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
-  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
-  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
-  const uint32_t buffer = 4 * chunk * hd;
+  const uint8_t* k_src = reinterpret_cast<const uint8_t*>(m.ptr<KvT>(a.k_cache) + first_row);
+  const uint8_t* v_src = reinterpret_cast<const uint8_t*>(m.ptr<KvT>(a.v_cache) + first_row);
+  const uint32_t buffer = sizeof(KvT) * chunk * hd;
   constexpr uint32_t kBuffers = isa::kAttnChunkBuffers;
   // Rows [from, to) of the split (inside chunk c) into chunk c's buffers.
   auto copy = [&](uint32_t c, uint32_t from, uint32_t to) {
     uint8_t* kb = slot + layout.k + (c % kBuffers) * buffer;
     uint8_t* vb = slot + layout.v + (c % kBuffers) * buffer;
     const uint32_t r0 = c * chunk;
-    for (uint32_t j = (from - r0) * hd4 + ctx.tid; j < (to - r0) * hd4; j += kConsumerThreads) {
-      CpAsync<16>(kb + 16 * j, k_src + r0 * hd + 4 * j, 16);
-      CpAsync<16>(vb + 16 * j, v_src + r0 * hd + 4 * j, 16);
+    for (uint32_t j = (from - r0) * row16 + ctx.tid; j < (to - r0) * row16; j += kConsumerThreads) {
+      CpAsync<16>(kb + 16 * j, k_src + 16 * (r0 * row16 + j), 16);
+      CpAsync<16>(vb + 16 * j, v_src + 16 * (r0 * row16 + j), 16);
     }
   };
   auto rows_of = [&](uint32_t c) { return c * chunk < n ? min(chunk, n - c * chunk) : 0u; };
@@ -275,8 +300,8 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
     copy(ahead, ahead * chunk, ahead * chunk + rows_of(ahead));
     CpAsyncCommit();
     const uint32_t rows = min(chunk, n - c * chunk);
-    const float* kc = reinterpret_cast<const float*>(slot + layout.k + (c % kBuffers) * buffer);
-    const float* vc = reinterpret_cast<const float*>(slot + layout.v + (c % kBuffers) * buffer);
+    const KvT* kc = reinterpret_cast<const KvT*>(slot + layout.k + (c % kBuffers) * buffer);
+    const KvT* vc = reinterpret_cast<const KvT*>(slot + layout.v + (c % kBuffers) * buffer);
     AttnScores(q, kc, scores, group, rows, hd, a.scale, ctx.tid);
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
     for (uint32_t h = ctx.warp; h < group; h += kConsumerWarps) {
@@ -355,20 +380,21 @@ __device__ __forceinline__ void AttnPartialFinish(const isa::AttnPartialArgs& a,
 }
 
 // kChunks: the chunked form is compiled in (the decode variant's; the activation loader plans it only there).
-// kFused: the fused reduce is (the other variants': AttnPartialFinish).
-template <bool kChunks, bool kFused>
-__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
+// kFused: the fused reduce is (the other variants': AttnPartialFinish). KvT: the caches' element (float or bf16).
+template <typename KvT, bool kChunks, bool kFused>
+__device__ __forceinline__ void RunAttnPartialOf(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
   const isa::MachineView& m = ctx.machine;
   uint32_t begin, end;
   isa::SplitRange(ctx.act_length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads, hd = a.head_dim, n = end - begin, hd4 = hd / 4;
+  const uint32_t row16 = hd * sizeof(KvT) / 16;  // a K / V row's 16-byte pieces
   const uint32_t first_head = a.kv_head * group;
   // Without the fused merge the partials are the output: tagged when the instruction tags (ATTN_REDUCE reads them).
   const uint32_t partial_tag = a.out == isa::kNoTensor ? OutputTag(ctx.flags, ctx.step) : kNoTag;
   static_assert(isa::kAttnMaxGroupHeads <= kConsumerWarps, "a warp per head");
   float head_max = -INFINITY, head_sum = 0.0f;  // warp h < group: head h's, stored after the outputs
   if (kChunks && (ctx.act_flags & kActivationChunked) != 0) {
-    const float* red = AttnPartialChunks(a, ctx, begin, n, &head_max, &head_sum);
+    const float* red = AttnPartialChunks<KvT>(a, ctx, begin, n, &head_max, &head_sum);
     AttnPartialFinish<kFused>(a, ctx, red, head_max, head_sum, partial_tag);
     return;
   }
@@ -376,7 +402,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
   // here: cp.async through L2 (one round trip sooner than the activation loader's proxy fence + bulk copies), what
   // this step wrote after the waits (below), V of this step's row in a commit group the scores do not wait for.
   const bool kv_in_slot = (ctx.act_flags & kActivationKv) != 0;
-  const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot);
+  const isa::AttnPartialSlot layout = isa::AttnPartialLayout(group, hd, n, kv_in_slot, sizeof(KvT));
   uint8_t* slot = reinterpret_cast<uint8_t*>(ctx.act);
   float* q = reinterpret_cast<float*>(slot + layout.q);
   float* scores = reinterpret_cast<float*>(slot + layout.scores);  // [group][n]
@@ -384,28 +410,28 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
 
   // Rows [begin, end) of the split: in the slot, or in the caches (generic loads serve both).
   const uint64_t first_row = (static_cast<uint64_t>(a.kv_head) * a.max_seq + begin) * hd;
-  const float* kc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.k) : m.ptr<float>(a.k_cache) + first_row;
-  const float* vc = kv_in_slot ? reinterpret_cast<const float*>(slot + layout.v) : m.ptr<float>(a.v_cache) + first_row;
+  const KvT* kc = kv_in_slot ? reinterpret_cast<const KvT*>(slot + layout.k) : m.ptr<KvT>(a.k_cache) + first_row;
+  const KvT* vc = kv_in_slot ? reinterpret_cast<const KvT*>(slot + layout.v) : m.ptr<KvT>(a.v_cache) + first_row;
   const float* q_src = m.ptr<float>(a.q) + first_head * hd;
-  const float* k_src = m.ptr<float>(a.k_cache) + first_row;
-  const float* v_src = m.ptr<float>(a.v_cache) + first_row;
+  const uint8_t* k_src = reinterpret_cast<const uint8_t*>(m.ptr<KvT>(a.k_cache) + first_row);
+  const uint8_t* v_src = reinterpret_cast<const uint8_t*>(m.ptr<KvT>(a.v_cache) + first_row);
   // Handed over before the waits (kActivationEarly): the rows earlier steps wrote, [0, old) of the split, are copied
   // now; this step's row (the context's last) and q after the waits.
   const bool early = ctx.act_waited != nullptr && (ctx.act_flags & kActivationEarly) != 0;
   const uint32_t old = early ? min(n, ctx.act_length - 1 > begin ? ctx.act_length - 1 - begin : 0u) : 0;
-  for (uint32_t j = ctx.tid; j < old * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
-    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  for (uint32_t j = ctx.tid; j < old * row16; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 16 * j, 16);
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 16 * j, 16);
   }
   CpAsyncCommit();
   if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
   for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
-  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.k + 16 * j, k_src + 4 * j, 16);
+  for (uint32_t j = old * row16 + ctx.tid; kv_in_slot && j < n * row16; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.k + 16 * j, k_src + 16 * j, 16);
   }
   CpAsyncCommit();
-  for (uint32_t j = old * hd4 + ctx.tid; kv_in_slot && j < n * hd4; j += kConsumerThreads) {
-    CpAsync<16>(slot + layout.v + 16 * j, v_src + 4 * j, 16);
+  for (uint32_t j = old * row16 + ctx.tid; kv_in_slot && j < n * row16; j += kConsumerThreads) {
+    CpAsync<16>(slot + layout.v + 16 * j, v_src + 16 * j, 16);
   }
   CpAsyncCommit();
   CpAsyncWait<1>();
@@ -427,7 +453,7 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     float v[4];
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
-      if (p + u * groups < n) v[u] = vc[(p + u * groups) * hd + d];
+      if (p + u * groups < n) v[u] = KvValue(vc, (p + u * groups) * hd + d);
     }
 #pragma unroll
     for (uint32_t u = 0; u < 4; ++u) {
@@ -443,6 +469,16 @@ __device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, Co
     if (h < group) red[(pg * group + h) * hd + d] = acc[h];
   }
   AttnPartialFinish<kFused>(a, ctx, red, head_max, head_sum, partial_tag);
+}
+
+// ATTN_PARTIAL over an f32 or a bf16 KV cache (the cache tensor's dtype, isa::KvBytes).
+template <bool kChunks, bool kFused>
+__device__ __forceinline__ void RunAttnPartial(const isa::AttnPartialArgs& a, ConsumerContext& ctx) {
+  if (ctx.machine.IsBf16(a.k_cache)) {
+    RunAttnPartialOf<__nv_bfloat16, kChunks, kFused>(a, ctx);
+  } else {
+    RunAttnPartialOf<float, kChunks, kFused>(a, ctx);
+  }
 }
 
 // Whether every float of v carries `parity` (2: no tags, always).

@@ -43,16 +43,17 @@ __device__ __forceinline__ void PlanActivation(const isa::AttnPartialArgs& a, co
   uint32_t begin, end;
   isa::SplitRange(plan.length, a.split, a.num_splits, a.min_positions, &begin, &end);
   const uint32_t group = a.num_heads / a.num_kv_heads;
-  const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true);
-  const uint32_t chunk = kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes), end - begin)
-                                 : 0;
+  const uint32_t kv_bytes = isa::KvBytes(p.machine, a.k_cache);
+  const isa::AttnPartialSlot kv = isa::AttnPartialLayout(group, a.head_dim, end - begin, true, kv_bytes);
+  const uint32_t chunk =
+      kChunks ? min(isa::AttnChunkPositions(group, a.head_dim, p.activation_bytes, kv_bytes), end - begin) : 0;
   if (end == begin) {
     plan.flags = kActivationEmpty;
   } else if (kv.bytes <= p.activation_bytes) {
     plan.bytes = static_cast<uint32_t>(kv.bytes);
     plan.flags = kActivationKv;
   } else if (chunk > 0) {
-    plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk).bytes);
+    plan.bytes = static_cast<uint32_t>(isa::AttnChunkLayout(group, a.head_dim, chunk, kv_bytes).bytes);
     plan.flags = kActivationChunked | chunk << kActivationChunkShift;
   }
 }

@@ -23,7 +23,8 @@
 namespace loom::megakernel {
 
 // The pages a FLASH_ATTN streams, in ring order: for each key tile, its K pages then its V pages
-// (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128), clamped to the cache's max_seq rows.
+// (kFlashPageKeys keys of f32 rows each: 8 KB at head_dim 64, 16 KB at 128; half that from a bf16 cache), clamped to
+// the cache's max_seq rows.
 inline constexpr uint32_t kFlashPageKeys = 32;  // keys per page: 16 KB of f32 rows at head_dim 128
 // A ring page of 32 KB or more holds two of these pages, kFlashPageStride bytes apart (one wait and release).
 inline constexpr uint32_t kFlashPageStride = 16384;
@@ -31,9 +32,9 @@ __device__ __forceinline__ uint32_t FlashPagesPerRingPage(uint32_t page_bytes) {
   return page_bytes >= 2 * kFlashPageStride ? 2 : 1;
 }
 struct FlashPages {
-  const float* k;  // the KV head's first cache row
-  const float* v;
-  uint32_t head_dim, max_seq, count;
+  const uint8_t* k;  // the KV head's first cache row
+  const uint8_t* v;
+  uint32_t head_dim, max_seq, count, kv_bytes;  // kv_bytes: the cache's element (isa::KvBytes)
 
   static constexpr uint32_t PagesPerTensor() { return isa::kFlashKeys / kFlashPageKeys; }
   __device__ __forceinline__ uint32_t FirstKey(uint32_t i) const {
@@ -42,21 +43,22 @@ struct FlashPages {
   }
   __device__ __forceinline__ const void* Source(uint32_t i) const {
     const bool is_v = (i % (2 * PagesPerTensor())) >= PagesPerTensor();
-    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim;
+    return (is_v ? v : k) + static_cast<uint64_t>(FirstKey(i)) * head_dim * kv_bytes;
   }
   __device__ __forceinline__ uint32_t Bytes(uint32_t i) const {
     const uint32_t key = FirstKey(i), keys = kFlashPageKeys;
     const uint32_t n = key >= max_seq ? 0 : (max_seq - key < keys ? max_seq - key : keys);
-    return n * head_dim * 4;
+    return n * head_dim * kv_bytes;
   }
 };
 
 __device__ __forceinline__ FlashPages FlashPagesOf(const isa::FlashAttnArgs& a, const isa::MachineView& m) {
   const uint32_t start = static_cast<uint32_t>(m.ptr<int32_t>(a.step_state)[isa::kStatePosition]);
   const uint32_t kv = a.head / (a.num_heads / a.num_kv_heads);
-  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim;
-  return {m.ptr<float>(a.k_cache) + row, m.ptr<float>(a.v_cache) + row, a.head_dim, a.max_seq,
-          isa::FlashKeyTiles(start, a) * 2 * FlashPages::PagesPerTensor()};
+  const uint32_t kv_bytes = isa::KvBytes(m, a.k_cache);
+  const uint64_t row = static_cast<uint64_t>(kv) * a.max_seq * a.head_dim * kv_bytes;
+  return {m.ptr<uint8_t>(a.k_cache) + row, m.ptr<uint8_t>(a.v_cache) + row, a.head_dim, a.max_seq,
+          isa::FlashKeyTiles(start, a) * 2 * FlashPages::PagesPerTensor(), kv_bytes};
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -120,9 +122,11 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
   }
 
   // Each thread converts the same chunks of every key tile: their page and slab offsets, computed once. A K
-  // chunk is 8 dims of one key (two 16-byte loads, one 16-byte store); a V chunk 8 keys of one dim (eight 4-byte
-  // loads down a column, one 16-byte store into the Vᵀ row). Page p of a tile adds p * 32 rows to a K offset
-  // and flips bit 6 (chunk p * 4 of the 128-byte row) of a Vᵀ offset.
+  // chunk is 8 dims of one key (two 16-byte loads, one from a bf16 cache; one 16-byte store); a V chunk 8 keys of
+  // one dim (eight 4- or 2-byte loads down a column, one 16-byte store into the Vᵀ row). Page p of a tile adds
+  // p * 32 rows to a K offset and flips bit 6 (chunk p * 4 of the 128-byte row) of a Vᵀ offset.
+  const bool bf16 = m.IsBf16(a.k_cache);
+  const uint32_t kv_bytes = bf16 ? 2 : 4;
   constexpr uint32_t kKChunks = kPageKeys * HD / 8 / kConsumerThreads;
   constexpr uint32_t kVChunks = HD * kPageKeys / 8 / kConsumerThreads;
   static_assert(kKChunks * kConsumerThreads * 8 == kPageKeys * HD && kVChunks == kKChunks && kPages == 2,
@@ -131,10 +135,10 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
 #pragma unroll
   for (uint32_t c = 0; c < kKChunks; ++c) {
     const uint32_t ch = ctx.tid + c * kConsumerThreads, key = ch / (HD / 8), d0 = (ch % (HD / 8)) * 8;
-    k_src[c] = (key * HD + d0) * 4;
+    k_src[c] = (key * HD + d0) * kv_bytes;
     k_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(HD, isa::kFlashKeys, key, d0));
     const uint32_t d = ch % HD, k_local = (ch / HD) * 8;
-    v_src[c] = (k_local * HD + d) * 4;
+    v_src[c] = (k_local * HD + d) * kv_bytes;
     v_dst[c] = static_cast<uint32_t>(isa::Swizzled128Offset(isa::kFlashKeys, HD, d, k_local));
   }
 
@@ -155,12 +159,17 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
       else page += kFlashPageStride;
 #pragma unroll
       for (uint32_t c = 0; c < kKChunks; ++c) {
-        float4 x0 = tile::LoadShared128(page + k_src[c]), x1 = tile::LoadShared128(page + k_src[c] + 16);
         const uint32_t key = p * kPageKeys + (ctx.tid + c * kConsumerThreads) / (HD / 8);
-        if (!whole && key0 + key >= valid_keys) x0 = x1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        tile::StoreShared128(kb + k_dst[c] + p * kPageKeys * 128,
-                             make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y),
-                                        PackBf16(x1.z, x1.w)));
+        const bool zero = !whole && key0 + key >= valid_keys;
+        uint4 packed;
+        if (bf16) {
+          packed = zero ? make_uint4(0, 0, 0, 0) : tile::LoadShared128Bits(page + k_src[c]);
+        } else {
+          float4 x0 = tile::LoadShared128(page + k_src[c]), x1 = tile::LoadShared128(page + k_src[c] + 16);
+          if (zero) x0 = x1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          packed = make_uint4(PackBf16(x0.x, x0.y), PackBf16(x0.z, x0.w), PackBf16(x1.x, x1.y), PackBf16(x1.z, x1.w));
+        }
+        tile::StoreShared128(kb + k_dst[c] + p * kPageKeys * 128, packed);
       }
       if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }
@@ -169,16 +178,29 @@ __device__ __forceinline__ void RunFlashAttnTile(const isa::FlashAttnArgs& a, Co
       else page += kFlashPageStride;
 #pragma unroll
       for (uint32_t c = 0; c < kVChunks; ++c) {
-        float v[8];
+        const uint32_t key = p * kPageKeys + ((ctx.tid + c * kConsumerThreads) / HD) * 8;
+        uint32_t w[4];
+        if (bf16) {  // the values' bits as they are, a pair to a word (the earlier key low)
+          uint32_t h[8];
 #pragma unroll
-        for (uint32_t e = 0; e < 8; ++e) v[e] = tile::LoadShared32(page + v_src[c] + e * HD * 4);
-        if (!whole) {
-          const uint32_t key = p * kPageKeys + ((ctx.tid + c * kConsumerThreads) / HD) * 8;
+          for (uint32_t e = 0; e < 8; ++e) {
+            h[e] = tile::LoadShared16(page + v_src[c] + e * HD * 2);
+            if (!whole && key0 + key + e >= valid_keys) h[e] = 0;
+          }
 #pragma unroll
-          for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? v[e] : 0.0f;
+          for (uint32_t e = 0; e < 4; ++e) w[e] = h[2 * e] | h[2 * e + 1] << 16;
+        } else {
+          float v[8];
+#pragma unroll
+          for (uint32_t e = 0; e < 8; ++e) v[e] = tile::LoadShared32(page + v_src[c] + e * HD * 4);
+          if (!whole) {
+#pragma unroll
+            for (uint32_t e = 0; e < 8; ++e) v[e] = key0 + key + e < valid_keys ? v[e] : 0.0f;
+          }
+#pragma unroll
+          for (uint32_t e = 0; e < 4; ++e) w[e] = PackBf16(v[2 * e], v[2 * e + 1]);
         }
-        tile::StoreShared128(vb + (v_dst[c] ^ (p * 64)), make_uint4(PackBf16(v[0], v[1]), PackBf16(v[2], v[3]),
-                                                                  PackBf16(v[4], v[5]), PackBf16(v[6], v[7])));
+        tile::StoreShared128(vb + (v_dst[c] ^ (p * 64)), make_uint4(w[0], w[1], w[2], w[3]));
       }
       if (p % per_ring_page == per_ring_page - 1) ctx.ReleasePage();
     }

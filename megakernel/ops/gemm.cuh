@@ -239,8 +239,9 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
   const float factor = table[half], frequency = q.kind != isa::kQkvV ? table[q.dim] : 0.0f;
   const int32_t pos0 = m.ptr<int32_t>(g.step_state)[isa::kStatePosition];
   float* out = m.ptr<float>(g.out);
-  float* cache = m.ptr<float>(q.kind == isa::kQkvK ? g.k_cache : g.v_cache) + static_cast<uint64_t>(q.head) *
-                                                                                   g.max_seq * g.head_dim;
+  const uint32_t cache_id = q.kind == isa::kQkvK ? g.k_cache : g.v_cache;
+  const bool bf16 = m.IsBf16(cache_id);
+  const uint64_t head_row = static_cast<uint64_t>(q.head) * g.max_seq * g.head_dim;
   for (uint32_t row = t / 64; row < 64 && row0 + row < g.m; row += 2) {
     const float2 v = *reinterpret_cast<const float2*>(stage + row * isa::kGemmStageStride + 2 * pair);
     const uint32_t r = row0 + row;
@@ -252,12 +253,14 @@ __device__ __forceinline__ void GemmRopeKvEpilogue(const isa::GemmArgs& g, const
       dst[q.dim] = v0;
       dst[q.dim + half] = v1;
     } else if (pos < static_cast<int32_t>(g.max_seq)) {
-      float* dst = cache + static_cast<uint64_t>(pos) * g.head_dim;
+      const uint64_t dst = head_row + static_cast<uint64_t>(pos) * g.head_dim + q.dim;
       if (q.kind == isa::kQkvK) {
-        dst[q.dim] = v0;
-        dst[q.dim + half] = v1;
+        StoreKv(m.ptr<float>(cache_id), bf16, dst, v0);
+        StoreKv(m.ptr<float>(cache_id), bf16, dst + half, v1);
+      } else if (bf16) {  // q.dim even: the pair is one aligned word
+        *reinterpret_cast<__nv_bfloat162*>(m.ptr<__nv_bfloat16>(cache_id) + dst) = __floats2bfloat162_rn(v0, v1);
       } else {
-        *reinterpret_cast<float2*>(dst + q.dim) = make_float2(v0, v1);  // q.dim even
+        *reinterpret_cast<float2*>(m.ptr<float>(cache_id) + dst) = make_float2(v0, v1);
       }
     }
   }

@@ -329,6 +329,15 @@ __device__ __forceinline__ void LoadNormWeights(const uint2* w4, uint32_t base, 
   }
 }
 
+// Element i of a KV cache set to v: f32, or bf16 rounded to nearest even (isa::KvBytes; the VM's ref::KvStore).
+__device__ __forceinline__ void StoreKv(void* cache, bool bf16, uint64_t i, float v) {
+  if (bf16) {
+    static_cast<__nv_bfloat16*>(cache)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(cache)[i] = v;
+  }
+}
+
 // What the epilogue reads from global memory for this thread's first row (or row pair), loaded in the prologue's
 // round trip: once the tile streams, this SM's in-flight weight pages are ahead of any load on its way in, and a
 // load issued in the epilogue waited ~2-4 us for them (docs/history/performance_log.md).
@@ -338,8 +347,9 @@ struct MatvecEpilogueInputs {
   float scale0 = 1.0f, scale1 = 1.0f;  // MATVEC_FP8: the scale of the first row (pair)
   float residual = 0.0f;             // kEpilogueResidualAdd: the first row's residual
   // kEpilogueRopeKvAppend, the first pair: where its two values go (q's output row or the K / V cache row at this
-  // step's position), and its rotation (cos and sin already scaled by the table's factor).
-  float* row_out = nullptr;
+  // step's position; row_bf16: a bf16 cache's), and its rotation (cos and sin already scaled by the table's factor).
+  void* row_out = nullptr;
+  bool row_bf16 = false;
   float cos = 1.0f, sin = 0.0f;
 };
 
@@ -382,9 +392,13 @@ __device__ __forceinline__ void LoadRopeInputs(const Args& a, const ConsumerCont
   const int32_t pos = static_cast<int32_t>(ctx.act_length) - 1;  // read once per step by the activation loader
   if (row.kind == isa::kQkvQ) {
     in->row_out = in->out + row.head * a.head_dim;
+    in->row_bf16 = false;
   } else {
-    in->row_out = m.ptr<float>(row.kind == isa::kQkvK ? a.k_cache : a.v_cache) +
-                  (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+    const uint32_t cache = row.kind == isa::kQkvK ? a.k_cache : a.v_cache;
+    const uint64_t first = (static_cast<uint64_t>(row.head) * a.max_seq + pos) * a.head_dim;
+    in->row_bf16 = m.IsBf16(cache);
+    in->row_out = in->row_bf16 ? static_cast<void*>(m.ptr<__nv_bfloat16>(cache) + first)
+                               : static_cast<void*>(m.ptr<float>(cache) + first);
   }
   if (row.kind == isa::kQkvV) return;
   const float* table = m.ptr<float>(a.rope_table);
@@ -494,8 +508,8 @@ __device__ __forceinline__ void FinishMatvec(const Args& a, ConsumerContext& ctx
         if (r != first) LoadRopeInputs(a, ctx, r, &pair);  // tiles of more than 2 rows per thread
         float v0 = row_sum(r), v1 = row_sum(r + 1);
         if (row.kind != isa::kQkvV) ApplyRotation(&v0, &v1, pair.cos, pair.sin);
-        pair.row_out[row.dim] = v0;
-        pair.row_out[row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half] = v1;
+        StoreKv(pair.row_out, pair.row_bf16, row.dim, v0);
+        StoreKv(pair.row_out, pair.row_bf16, row.kind == isa::kQkvV ? row.dim + 1 : row.dim + half, v1);
       }
       break;
     }

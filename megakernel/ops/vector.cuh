@@ -55,8 +55,12 @@ __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, Cons
     const bool is_q = head < a.num_heads;
     const uint32_t h = is_q ? head : head - a.num_heads;
     const float* src = m.ptr<float>(is_q ? a.q_in : a.k_in) + h * a.head_dim;
-    float* dst = is_q ? m.ptr<float>(a.q_out) + h * a.head_dim
-                      : m.ptr<float>(a.k_cache) + (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim;
+    const bool bf16 = !is_q && m.IsBf16(a.k_cache);
+    void* dst = is_q ? static_cast<void*>(m.ptr<float>(a.q_out) + h * a.head_dim)
+                     : bf16 ? static_cast<void*>(m.ptr<__nv_bfloat16>(a.k_cache) +
+                                                 (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim)
+                            : static_cast<void*>(m.ptr<float>(a.k_cache) +
+                                                 (static_cast<uint64_t>(h) * a.max_seq + pos) * a.head_dim);
     const uint32_t norm = is_q ? a.q_norm : a.k_norm;
     float scale = 1.0f;
     if (norm != isa::kNoTensor) {
@@ -72,13 +76,15 @@ __device__ __forceinline__ void RunRopeAppend(const isa::RopeAppendArgs& a, Cons
         v1 = v1 * scale * __bfloat162float(w[j + half]);
       }
       RotatePairDevice(&v0, &v1, j, pos, table, factor);
-      dst[j] = v0;
-      dst[j + half] = v1;
+      StoreKv(dst, bf16, j, v0);
+      StoreKv(dst, bf16, j + half, v1);
     }
   }
+  const bool v_bf16 = m.IsBf16(a.v_cache);
+  void* v_cache = v_bf16 ? static_cast<void*>(m.ptr<__nv_bfloat16>(a.v_cache)) : static_cast<void*>(m.ptr<float>(a.v_cache));
   for (uint32_t i = ctx.tid; i < a.num_kv_heads * a.head_dim; i += kConsumerThreads) {
     const uint32_t head = i / a.head_dim, d = i % a.head_dim;
-    m.ptr<float>(a.v_cache)[(static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim + d] = m.ptr<float>(a.v_in)[i];
+    StoreKv(v_cache, v_bf16, (static_cast<uint64_t>(head) * a.max_seq + pos) * a.head_dim + d, m.ptr<float>(a.v_in)[i]);
   }
 }
 

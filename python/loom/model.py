@@ -92,7 +92,7 @@ class Oracle:
 
 
 def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057, weights: bool = True,
-         progress: bool = True, scheme: str = "", widen_quantized: bool = False) -> Model:
+         progress: bool = True, scheme: str = "", widen_quantized: bool = False, kv_dtype: str = "f32") -> Model:
     """Loads ``random:<preset>`` (``llama-3.2-1b``, ``tiny``, ``tiny-mistral``, ``tiny-qwen2``, ``tiny-qwen3``:
     deterministic random weights) or a Hugging Face folder of a llama, mistral, qwen2 or qwen3 model
     (config.json and one or sharded safetensors; tokenizer.json and the chat template when present).
@@ -103,8 +103,12 @@ def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057,
     power-of-two scale per row), ``scheme="W4A16"`` as symmetric int4 (a bf16 scale per 128 columns); a folder's
     FP8 weights (a scale per row or tensor) and int4 ones (compressed-tensors, bf16 scales per group) are computed
     with as stored unless ``widen_quantized``, which widens every quantized weight to bf16 as it is read.
+    ``kv_dtype="bf16"`` keeps the KV cache in bf16 (half its memory and of what decode attention reads; K and V
+    rounded to bf16 as they are appended); ``"f32"`` is the default.
     """
     spec = os.fspath(spec)
+    if kv_dtype not in ("f32", "bf16"):
+        raise ValueError(f"kv_dtype={kv_dtype!r}: 'f32' or 'bf16'")
     max_seq, seed = check_int(max_seq, "max_seq"), check_int(seed, "seed", high=2**64 - 1)
     if scheme not in ("", "FP8", "W4A16"):
         raise ValueError(f"scheme={scheme!r}: random weights are generated as 'FP8', 'W4A16' or bf16 ('')")
@@ -112,7 +116,7 @@ def load(spec: str | os.PathLike[str], *, max_seq: int = 0, seed: int = 0x10057,
         raise ValueError(f"scheme={scheme!r} generates random weights; a folder's weights are as its "
                          "config.json's quantization_config says")
     with progress_bars(progress):
-        native = _loom.load_model(spec, max_seq, weights, seed, scheme, bool(widen_quantized))
+        native = _loom.load_model(spec, max_seq, weights, seed, scheme, bool(widen_quantized), kv_dtype)
     text = None if spec.startswith("random:") else TextCodec.from_folder(spec)
     return Model(native, native.max_seq, text)
 

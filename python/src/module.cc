@@ -72,9 +72,10 @@ void SetProgress(nb::object callback) {
 }
 
 graph::Model LoadModel(const std::string& spec, int max_seq, bool weights, uint64_t seed, const std::string& scheme,
-                       bool widen_quantized) {
+                       bool widen_quantized, const std::string& kv_dtype) {
   if (max_seq < 0) Invalid("max_seq must be >= 0");
   graph::ModelOptions o;
+  o.kv_dtype = Unwrap(graph::ParseKvDtype(kv_dtype));
   o.max_seq = max_seq;
   o.load_weights = weights;
   o.seed = seed;
@@ -164,7 +165,8 @@ void BindModel(nb::module_& m) {
       nb::arg("spec"), nb::arg("dir"), nb::arg("scheme"), nb::arg("group_size") = 128, nb::arg("seed") = 0x10057u,
       "Quantizes the model `spec` names into `dir`, one weight at a time (loom quantize; see loom.quantize).");
   m.def("load_model", &LoadModel, nb::arg("spec"), nb::arg("max_seq") = 0, nb::arg("weights") = true,
-        nb::arg("seed") = 0x10057u, nb::arg("scheme") = "", nb::arg("widen_quantized") = false, "Loads random:<preset> or a Hugging Face folder (see loom.load).");
+        nb::arg("seed") = 0x10057u, nb::arg("scheme") = "", nb::arg("widen_quantized") = false,
+        nb::arg("kv_dtype") = "f32", "Loads random:<preset> or a Hugging Face folder (see loom.load).");
   m.def("compile", &Compile, nb::arg("model"), nb::arg("options_file") = "", nb::arg("num_sms") = 0,
         nb::arg("policy") = "", nb::arg("granularity") = "", nb::arg("unfuse") = std::vector<std::string>{},
         nb::arg("max_seq") = 0, nb::arg("prefill") = nb::none(), "Compiles a model's decode graph (see loom.compile).");
