@@ -146,16 +146,32 @@ __device__ __forceinline__ void MergeThroughSlot(const isa::MachineView& m, cons
 __device__ __forceinline__ float KvValue(const float* p, uint32_t i) { return p[i]; }
 __device__ __forceinline__ float KvValue(const __nv_bfloat16* p, uint32_t i) { return __bfloat162float(p[i]); }
 
-// q (a float4 of it) times the K values of a 16-byte chunk, into two sums: a chunk is 4 f32 or 8 bf16 values.
-__device__ __forceinline__ void DotChunk(const float* k, const float4* qrow, uint32_t c, float& acc0, float& acc1) {
+// Where float4 j of the group's q rows goes in the slot: in order beside f32 K rows; beside bf16 ones each head's
+// even float4s first, then its odd ones, so that the two a lane's 8-value K chunk c needs sit at c and hd / 8 + c:
+// 8 lanes on 8 consecutive chunks then read 128 contiguous bytes a load (one wavefront), where float4s 2c and 2c + 1
+// (32 bytes apart) took two.
+template <typename KvT>
+__device__ __forceinline__ uint32_t QSlotIndex(uint32_t j, uint32_t hd4) {
+  if constexpr (sizeof(KvT) == 4) {
+    return j;
+  } else {
+    const uint32_t i = j % hd4;
+    return j - i + (i % 2) * (hd4 / 2) + i / 2;
+  }
+}
+
+// q (float4s of it, as QSlotIndex lays them out) times the K values of 16-byte chunk c of a row of `chunks`, into
+// two sums: a chunk is 4 f32 or 8 bf16 values.
+__device__ __forceinline__ void DotChunk(const float* k, const float4* qrow, uint32_t c, uint32_t, float& acc0,
+                                         float& acc1) {
   const float4 kv = reinterpret_cast<const float4*>(k)[c], qv = qrow[c];
   acc0 += qv.x * kv.x + qv.y * kv.y;
   acc1 += qv.z * kv.z + qv.w * kv.w;
 }
-__device__ __forceinline__ void DotChunk(const __nv_bfloat16* k, const float4* qrow, uint32_t c, float& acc0,
-                                         float& acc1) {
+__device__ __forceinline__ void DotChunk(const __nv_bfloat16* k, const float4* qrow, uint32_t c, uint32_t chunks,
+                                         float& acc0, float& acc1) {
   const uint4 w = reinterpret_cast<const uint4*>(k)[c];
-  const float4 q0 = qrow[2 * c], q1 = qrow[2 * c + 1];
+  const float4 q0 = qrow[c], q1 = qrow[chunks + c];
   // A word's low half is the earlier dimension; a bf16's bits are the high half of its f32.
   acc0 += q0.x * __uint_as_float(w.x << 16) + q0.y * __uint_as_float(w.x & 0xffff0000u);
   acc1 += q0.z * __uint_as_float(w.y << 16) + q0.w * __uint_as_float(w.y & 0xffff0000u);
@@ -180,7 +196,7 @@ __device__ __forceinline__ void AttnScores(const float* q, const KvT* kc, float*
     uint32_t c = p % chunks;
 #pragma unroll 4
     for (uint32_t k = 0; k < chunks; ++k) {
-      DotChunk(krow, qrow, c, acc0, acc1);
+      DotChunk(krow, qrow, c, chunks, acc0, acc1);
       c = c + 1 == chunks ? 0 : c + 1;
     }
     scores[h * n + p] = (acc0 + acc1) * scale;
@@ -280,7 +296,9 @@ __device__ __forceinline__ float* AttnPartialChunks(const isa::AttnPartialArgs& 
   CpAsyncCommit();
   if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
   const float* q_src = m.ptr<float>(a.q) + a.kv_head * group * hd;
-  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  for (uint32_t j = ctx.tid; j < group * hd4; j += kConsumerThreads) {
+    CpAsync<16>(q + 4 * QSlotIndex<KvT>(j, hd4), q_src + 4 * j, 16);
+  }
   copy(0, old, rows_of(0));
   CpAsyncCommit();
   for (uint32_t c = 1; c + 1 < kBuffers; ++c) {  // a commit group per chunk, empty past the last
@@ -425,7 +443,9 @@ __device__ __forceinline__ void RunAttnPartialOf(const isa::AttnPartialArgs& a, 
   }
   CpAsyncCommit();
   if (early) MbarrierWait(ctx.act_waited, ctx.act_phase, {ctx.error, ctx.sm, ctx.index, 0, 0, kStuckActivationWait});
-  for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) CpAsync<16>(q + 4 * j, q_src + 4 * j, 16);
+  for (uint32_t j = ctx.tid; n > 0 && j < group * hd4; j += kConsumerThreads) {
+    CpAsync<16>(q + 4 * QSlotIndex<KvT>(j, hd4), q_src + 4 * j, 16);
+  }
   for (uint32_t j = old * row16 + ctx.tid; kv_in_slot && j < n * row16; j += kConsumerThreads) {
     CpAsync<16>(slot + layout.k + 16 * j, k_src + 16 * j, 16);
   }
