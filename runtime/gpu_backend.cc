@@ -78,10 +78,18 @@ absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::vector<uint8_t>> packed = scheduler::PackWeights(schedule, weights);
-  if (!packed.ok()) return packed.status();
-  absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, *packed);
+  // The weights packed and uploaded a window at a time: the host holds one window beside the weights it was given,
+  // not a second copy of them all.
+  absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, schedule.weight_bytes());
   if (!machine.ok()) return machine.status();
+  if (absl::Status s = scheduler::PackWeightsInWindows(
+          schedule, weights, kPackWindowBytes,
+          [&](uint64_t offset, const uint8_t* data, uint64_t bytes) {
+            return (*machine)->WriteWeights(offset, data, bytes);
+          });
+      !s.ok()) {
+    return s;
+  }
   std::unique_ptr<GpuDecoder> d(new GpuDecoder);
   d->schedule_ = schedule;
   d->machine_ = *std::move(machine);

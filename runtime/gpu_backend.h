@@ -15,6 +15,11 @@ namespace loom::runtime {
 
 class GpuMachine;
 
+// The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 1 GiB holds a
+// Llama-3.1-70B layer's int4 projections (~0.45 GB) twice over, enough for the 8 packing threads to share, and is
+// small beside the weights themselves (37 GB for that model).
+inline constexpr uint64_t kPackWindowBytes = uint64_t{1} << 30;
+
 // A decode schedule resident on the GPU: weights uploaded once, then any number
 // of generations. Reset() loads a prompt at position 0; Run() decodes steps.
 class GpuDecoder {

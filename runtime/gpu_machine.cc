@@ -200,6 +200,26 @@ absl::StatusOr<isa::KernelVariant> ProgramVariant(const GpuProgram& p) {
 
 absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram& program,
                                                                const std::vector<uint8_t>& weights) {
+  absl::StatusOr<std::unique_ptr<GpuMachine>> m = Create(program, weights.size());
+  if (!m.ok()) return m;
+  graph::Progress upload("uploading weights to the GPU", weights.size());
+  if (absl::Status s = (*m)->WriteWeights(0, weights.data(), weights.size()); !s.ok()) return s;
+  upload.Add(weights.size());
+  upload.Done();
+  return m;
+}
+
+absl::Status GpuMachine::WriteWeights(uint64_t offset, const void* data, uint64_t bytes) {
+  if (offset > weights_size_ || bytes > weights_size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("weights write [", offset, ", +", bytes, ") outside the region of ",
+                                              weights_size_));
+  }
+  LOOM_CUDA(cudaMemcpy(static_cast<uint8_t*>(weights_) + offset, data, bytes, cudaMemcpyHostToDevice),
+            "uploading weights");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram& program, uint64_t weight_bytes) {
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
     return absl::UnavailableError("no CUDA device");
@@ -232,12 +252,8 @@ absl::StatusOr<std::unique_ptr<GpuMachine>> GpuMachine::Create(const GpuProgram&
   m->variant_ = *variant;
   const std::vector<isa::Instruction> all = Flatten(program, &m->queue_begin_);
 
-  LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weights.size(), 16)), "allocating weights");
-  m->weights_size_ = weights.size();
-  graph::Progress upload("uploading weights to the GPU", weights.size());
-  LOOM_CUDA(cudaMemcpy(m->weights_, weights.data(), weights.size(), cudaMemcpyHostToDevice), "uploading weights");
-  upload.Add(weights.size());
-  upload.Done();
+  LOOM_CUDA(cudaMalloc(&m->weights_, std::max<size_t>(weight_bytes, 16)), "allocating weights");
+  m->weights_size_ = weight_bytes;
   LOOM_CUDA(cudaMalloc(&m->arena_, std::max<uint64_t>(program.arena_bytes, 16)), "allocating the arena");
   LOOM_CUDA(cudaMalloc(&m->tensors_, std::max<size_t>(program.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
   LOOM_CUDA(cudaMemcpy(m->tensors_, program.tensors.data(), program.tensors.size() * sizeof(isa::TensorDesc),

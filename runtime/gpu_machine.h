@@ -56,6 +56,10 @@ class GpuMachine {
   // and uploads it with `weights` (the WEIGHTS region). The arena starts zeroed.
   static absl::StatusOr<std::unique_ptr<GpuMachine>> Create(const GpuProgram& program,
                                                            const std::vector<uint8_t>& weights);
+  // The same with a WEIGHTS region of `weight_bytes` allocated, unwritten: WriteWeights fills it (a window at a time:
+  // scheduler::PackWeightsInWindows).
+  static absl::StatusOr<std::unique_ptr<GpuMachine>> Create(const GpuProgram& program, uint64_t weight_bytes);
+  absl::Status WriteWeights(uint64_t offset, const void* data, uint64_t bytes);
   ~GpuMachine();
 
   absl::Status WriteArena(uint64_t offset, const void* data, uint64_t bytes);

@@ -30,9 +30,10 @@ bool AnyNonFinite(const uint16_t* v, uint64_t n) {
   return most == kBf16Exponent;
 }
 
-// Packs `p` into its tensor `dst` of `region` (each packed tensor its own bytes: packings run in parallel).
+// Packs `p` into its tensor `dst`, whose bytes start at `dst_bytes` (zero-filled; each packed tensor its own bytes:
+// packings run in parallel).
 absl::Status PackOne(const Schedule& s, const PackedWeight& p, const Tensor& dst, const graph::WeightStore& weights,
-                     std::vector<uint8_t>& region) {
+                     uint8_t* dst_bytes) {
   const uint64_t cols = p.cols(), stride = p.row_stride() > 0 ? p.row_stride() : cols;
   if (stride < cols) return absl::InvalidArgumentError(absl::StrCat("packing '", p.tensor(), "': row_stride < cols"));
   const bool f32 = p.dtype() == graph::F32;
@@ -139,7 +140,7 @@ absl::Status PackOne(const Schedule& s, const PackedWeight& p, const Tensor& dst
   // Row-major rows go straight to the region (zero-filled: the padding stays zero); an image's rows are
   // ordered first, then swizzled.
   std::vector<uint8_t> ordered(image ? rows * cols * 2 : 0);
-  uint8_t* out = image ? ordered.data() : region.data() + dst.offset();
+  uint8_t* out = image ? ordered.data() : dst_bytes;
   // Every weight is checked for NaN and infinities on its way into the region (a broken checkpoint is refused
   // naming the weight, instead of decoding argmax-of-NaN tokens): the first source that holds one. A general
   // graph's constants may hold infinities (an ONNX attention mask's -inf), never NaN.
@@ -284,53 +285,41 @@ absl::Status PackOne(const Schedule& s, const PackedWeight& p, const Tensor& dst
     const std::vector<uint16_t> swizzled =
         isa::PackSwizzled(reinterpret_cast<const uint16_t*>(ordered.data()), static_cast<uint32_t>(rows),
                           static_cast<uint32_t>(cols), isa::kGemmTileM, isa::Swizzle::k128B);
-    std::memcpy(region.data() + dst.offset(), swizzled.data(), dst.bytes());
+    std::memcpy(dst_bytes, swizzled.data(), dst.bytes());
   }
   return absl::OkStatus();
 }
 
-}  // namespace
+// What a window of the region holds: packings (index into Schedule.packing) and constants (into constants), each
+// with its destination tensor.
+struct WindowItem {
+  const Tensor* dst;
+  int packing = -1, constant = -1;
+};
 
-absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph::WeightStore& weights) {
-  if (absl::Status st = graph::CheckHostMemory(s.weight_bytes(), absl::StrCat("packing the weights of ", s.model()),
-                                               "the WEIGHTS region");
-      !st.ok()) {
-    return st;
+// Packs the window [begin, begin + buffer.size()) of the region into `buffer` (zero-filled): its packings on up to 8
+// threads, each taking the next one; the first failure in packing order is returned (as one thread would). Operand
+// images (a full-size ordered copy and a swizzled one each) pack one at a time, so the host holds at most one
+// image's temporaries. Progress is reported on the calling thread (a Python hook takes the GIL there).
+absl::Status PackWindow(const Schedule& s, const graph::WeightStore& weights, const std::vector<WindowItem>& items,
+                        uint64_t begin, std::vector<uint8_t>& buffer, graph::Progress& progress) {
+  std::vector<const WindowItem*> packings;
+  for (const WindowItem& item : items) {
+    if (item.packing >= 0) packings.push_back(&item);
   }
-  std::vector<uint8_t> region(s.weight_bytes(), 0);
-  absl::flat_hash_map<std::string, const Tensor*> by_name;
-  for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
-
-  std::vector<const Tensor*> dsts;
-  for (const PackedWeight& p : s.packing()) {
-    auto it = by_name.find(p.tensor());
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("packing: no tensor '", p.tensor(), "'"));
-    dsts.push_back(it->second);
-  }
-  // Each packing writes its own tensor (they run in parallel below).
-  absl::flat_hash_set<const Tensor*> written;
-  for (size_t i = 0; i < dsts.size(); ++i) {
-    if (!written.insert(dsts[i]).second) {
-      return absl::InvalidArgumentError(absl::StrCat("packing names '", dsts[i]->name(), "' twice"));
-    }
-  }
-  // The packings on up to 8 threads, each taking the next one; the first failure in packing order is returned (as
-  // one thread would). Operand images (a full-size ordered copy and a swizzled one each) pack one at a time, so the
-  // host holds at most one image's temporaries. Progress is reported on the calling thread (a Python hook takes
-  // the GIL there).
-  graph::Progress progress("packing weights", s.weight_bytes());
-  std::vector<absl::Status> status(s.packing_size());
-  std::atomic<int> next{0};
+  std::vector<absl::Status> status(packings.size());
+  std::atomic<size_t> next{0};
   std::atomic<uint64_t> packed{0};
   std::mutex image_lock;
   uint64_t reported = 0;
   auto work = [&](bool report) {
-    for (int i; (i = next.fetch_add(1)) < s.packing_size();) {
-      const PackedWeight& p = s.packing(i);
+    for (size_t i; (i = next.fetch_add(1)) < packings.size();) {
+      const PackedWeight& p = s.packing(packings[i]->packing);
+      const Tensor& dst = *packings[i]->dst;
       std::unique_lock<std::mutex> image(image_lock, std::defer_lock);
       if (p.tile_rows() > 0) image.lock();
-      status[i] = PackOne(s, p, *dsts[i], weights, region);
-      packed += dsts[i]->bytes();
+      status[i] = PackOne(s, p, dst, weights, buffer.data() + (dst.offset() - begin));
+      packed += dst.bytes();
       if (report) {
         const uint64_t now = packed;
         progress.Add(now - reported);
@@ -340,28 +329,111 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph:
   };
   std::vector<std::thread> workers;
   const int threads = std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
-  for (int w = 1; w < std::min(threads, s.packing_size()); ++w) workers.emplace_back(work, false);
+  for (int w = 1; w < std::min<int>(threads, static_cast<int>(packings.size())); ++w) workers.emplace_back(work, false);
   work(true);
   for (std::thread& worker : workers) worker.join();
   progress.Add(packed - reported);
   for (const absl::Status& st : status) {
     if (!st.ok()) return st;
   }
-  progress.Done();
-  for (const Constant& c : s.constants()) {
+  for (const WindowItem& item : items) {
+    if (item.constant < 0) continue;
+    const Constant& c = s.constants(item.constant);
+    uint8_t* out = buffer.data() + (item.dst->offset() - begin);
+    if (item.dst->dtype() == graph::I32) {  // integral values (the verifier checks), as int32
+      for (int k = 0; k < c.values_size(); ++k) {
+        const int32_t v = static_cast<int32_t>(c.values(k));
+        std::memcpy(out + 4 * k, &v, 4);
+      }
+    } else {
+      std::memcpy(out, c.values().data(), item.dst->bytes());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PackWeightsInWindows(const Schedule& s, const graph::WeightStore& weights, uint64_t window_bytes,
+                                  const WeightWindowSink& sink, std::vector<uint8_t>* whole) {
+  absl::flat_hash_map<std::string, const Tensor*> by_name;
+  for (const Tensor& t : s.tensors()) by_name[t.name()] = &t;
+  std::vector<WindowItem> items;
+  absl::flat_hash_set<const Tensor*> written;  // each packing writes its own tensor (they run in parallel)
+  for (int i = 0; i < s.packing_size(); ++i) {
+    const PackedWeight& p = s.packing(i);
+    auto it = by_name.find(p.tensor());
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("packing: no tensor '", p.tensor(), "'"));
+    if (!written.insert(it->second).second) {
+      return absl::InvalidArgumentError(absl::StrCat("packing names '", p.tensor(), "' twice"));
+    }
+    items.push_back({it->second, i, -1});
+  }
+  for (int i = 0; i < s.constants_size(); ++i) {
+    const Constant& c = s.constants(i);
     auto it = by_name.find(c.tensor());
     if (it == by_name.end() || it->second->bytes() != 4u * c.values_size()) {
       return absl::InvalidArgumentError(absl::StrCat("constant '", c.tensor(), "' has no matching tensor"));
     }
-    if (it->second->dtype() == graph::I32) {  // integral values (the verifier checks), as int32
-      for (int k = 0; k < c.values_size(); ++k) {
-        const int32_t v = static_cast<int32_t>(c.values(k));
-        std::memcpy(region.data() + it->second->offset() + 4 * k, &v, 4);
-      }
-    } else {
-      std::memcpy(region.data() + it->second->offset(), c.values().data(), it->second->bytes());
+    items.push_back({it->second, -1, i});
+  }
+  for (const WindowItem& item : items) {
+    if (item.dst->region() != WEIGHTS || item.dst->offset() + item.dst->bytes() > s.weight_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("packing: '", item.dst->name(), "' is not inside the WEIGHTS region"));
     }
   }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WindowItem& a, const WindowItem& b) { return a.dst->offset() < b.dst->offset(); });
+  // Windows of consecutive tensors, each as large as window_bytes allows and at least one tensor; the last one runs
+  // to the region's end (bytes no tensor holds are zero).
+  struct Window {
+    size_t first, last;
+    uint64_t begin, end;
+  };
+  std::vector<Window> windows;
+  uint64_t largest = 0;
+  for (size_t first = 0, begin = 0; begin < s.weight_bytes() || first < items.size();) {
+    Window w{first, first, begin, begin};
+    while (w.last < items.size()) {
+      const Tensor& t = *items[w.last].dst;
+      if (t.offset() < w.end) {
+        return absl::InvalidArgumentError(absl::StrCat("packing: '", t.name(), "' overlaps the tensor before it"));
+      }
+      if (w.last > w.first && t.offset() + t.bytes() - w.begin > window_bytes) break;
+      w.end = t.offset() + t.bytes();
+      ++w.last;
+    }
+    if (w.last == items.size()) w.end = s.weight_bytes();
+    windows.push_back(w);
+    largest = std::max(largest, w.end - w.begin);
+    begin = w.end;
+    first = w.last;
+  }
+  if (absl::Status st = graph::CheckHostMemory(largest, absl::StrCat("packing the weights of ", s.model()),
+                                               windows.size() == 1 ? "the WEIGHTS region"
+                                                                   : "a window of the WEIGHTS region");
+      !st.ok()) {
+    return st;
+  }
+  graph::Progress progress("packing weights", s.weight_bytes());
+  std::vector<uint8_t> local;
+  std::vector<uint8_t>& buffer = whole != nullptr ? *whole : local;
+  for (const Window& w : windows) {
+    buffer.assign(w.end - w.begin, 0);
+    const std::vector<WindowItem> in_window(items.begin() + w.first, items.begin() + w.last);
+    if (absl::Status st = PackWindow(s, weights, in_window, w.begin, buffer, progress); !st.ok()) return st;
+    if (sink) {
+      if (absl::Status st = sink(w.begin, buffer.data(), buffer.size()); !st.ok()) return st;
+    }
+  }
+  progress.Done();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& s, const graph::WeightStore& weights) {
+  std::vector<uint8_t> region;
+  if (absl::Status st = PackWeightsInWindows(s, weights, s.weight_bytes(), nullptr, &region); !st.ok()) return st;
   return region;
 }
 

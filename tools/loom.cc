@@ -183,9 +183,11 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
     return absl::InvalidArgumentError(absl::StrCat("--scheme=", mo.scheme, " generates random weights; a folder's ",
                                                    "weights are as its config.json's quantization_config says"));
   }
-  // Loaded to run: the host must also hold the packed weights (the prefill pass's images too, unless prefill is
-  // off) and the KV cache.
-  mo.packed_copies = weights ? (!options.has_prefill() || options.prefill() ? 2 : 1) : 0;
+  // Loaded to run on the CPU VM, the host must also hold the packed weights (the prefill pass's images too, unless
+  // prefill is off) and the KV cache; on the GPU both live there (the weights are packed and uploaded a window at a
+  // time: GpuDecoder::Create).
+  const bool on_host = absl::GetFlag(FLAGS_backend) == "cpu";
+  mo.packed_copies = weights && on_host ? (!options.has_prefill() || options.prefill() ? 2 : 1) : 0;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
   if (!model.ok()) return model;
