@@ -15,10 +15,11 @@ namespace loom::runtime {
 
 class GpuMachine;
 
-// The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 1 GiB holds a
-// Llama-3.1-70B layer's int4 projections (~0.45 GB) twice over, enough for the 8 packing threads to share, and is
-// small beside the weights themselves (37 GB for that model).
-inline constexpr uint64_t kPackWindowBytes = uint64_t{1} << 30;
+// The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 4 GiB holds about
+// nine of a Llama-3.1-70B's int4 layers (~0.45 GB, four or five packed tensors each), enough packings for 8 threads
+// to share (windows of 1 GiB, two layers, packed at 0.40 GB/s where the whole region packed at 1.10: a window's
+// threads wait for its largest tensor), and is small beside the weights themselves (37 GB for that model).
+inline constexpr uint64_t kPackWindowBytes = uint64_t{4} << 30;
 
 // A decode schedule resident on the GPU: weights uploaded once, then any number
 // of generations. Reset() loads a prompt at position 0; Run() decodes steps.

@@ -298,7 +298,8 @@ struct WindowItem {
 };
 
 // Packs the window [begin, begin + buffer.size()) of the region into `buffer` (zero-filled): its packings on up to 8
-// threads, each taking the next one; the first failure in packing order is returned (as one thread would). Operand
+// threads, each taking the next one, the largest first (a window's last packing to start is a small one, so the
+// threads finish together); the first failure in offset order is returned (as one thread would). Operand
 // images (a full-size ordered copy and a swizzled one each) pack one at a time, so the host holds at most one
 // image's temporaries. Progress is reported on the calling thread (a Python hook takes the GIL there).
 absl::Status PackWindow(const Schedule& s, const graph::WeightStore& weights, const std::vector<WindowItem>& items,
@@ -308,12 +309,17 @@ absl::Status PackWindow(const Schedule& s, const graph::WeightStore& weights, co
     if (item.packing >= 0) packings.push_back(&item);
   }
   std::vector<absl::Status> status(packings.size());
+  std::vector<size_t> order(packings.size());  // indices into packings, largest first
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return packings[a]->dst->bytes() > packings[b]->dst->bytes(); });
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> packed{0};
   std::mutex image_lock;
   uint64_t reported = 0;
   auto work = [&](bool report) {
-    for (size_t i; (i = next.fetch_add(1)) < packings.size();) {
+    for (size_t n; (n = next.fetch_add(1)) < packings.size();) {
+      const size_t i = order[n];
       const PackedWeight& p = s.packing(packings[i]->packing);
       const Tensor& dst = *packings[i]->dst;
       std::unique_lock<std::mutex> image(image_lock, std::defer_lock);
