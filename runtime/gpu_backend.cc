@@ -145,14 +145,14 @@ struct GpuDecoder::CachedPass {
 };
 constexpr size_t kCachedPasses = 8;
 
-absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace) {
+absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace, uint32_t prompt_rows) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
     return absl::InvalidArgumentError("not a prefill pass of this schedule");
   }
   absl::StatusOr<int32_t> start = position();
   if (!start.ok()) return start.status();
-  const uint32_t rows = pass.prefill().rows();
+  const uint32_t rows = pass.prefill().rows();  // its K / V rows reach this far, padding included
   if (*start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", *start, " + ", rows,
                                               " prompt rows exceeds the KV cache of ", schedule_.max_seq()));
@@ -172,10 +172,26 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
     passes_.push_back(std::make_unique<CachedPass>(CachedPass{rows, instructions, pass.arena_bytes(), *std::move(up)}));
     cached = passes_.back().get();
   }
+  // A bucket's pass run for fewer rows reads its last row where they end (its table's entry for it written each run:
+  // the cached pass serves every row count of its bucket).
+  uint32_t used = rows;
+  if (absl::StatusOr<scheduler::PrefillLastRow> last =
+          scheduler::PrefillLastRowFor(pass, prompt_rows != 0 ? prompt_rows : rows);
+      last.ok()) {
+    const scheduler::Tensor& t = pass.tensors(last->tensor);
+    const isa::TensorDesc desc{last->offset, t.bytes(), uint32_t{isa::kArenaRegion}, static_cast<uint32_t>(t.dtype())};
+    if (cudaMemcpy(static_cast<uint8_t*>(cached->program->buffers[2]) + uint64_t{last->tensor} * sizeof(desc), &desc,
+                   sizeof(desc), cudaMemcpyHostToDevice) != cudaSuccess) {
+      return absl::InternalError("writing the pass's last-row entry");
+    }
+    used = prompt_rows != 0 ? prompt_rows : rows;
+  } else if (prompt_rows != 0 && prompt_rows != rows) {
+    return last.status();
+  }
   if (absl::Status s = machine_->ReserveArena(pass.arena_bytes()); !s.ok()) return s;
   const uint64_t pass_state = pass.tensors(pass.prefill().state()).offset();
   int32_t state[isa::kStepStateWords] = {};
-  state[isa::kStatePosition] = *start + static_cast<int32_t>(rows) - 1;
+  state[isa::kStatePosition] = *start + static_cast<int32_t>(used) - 1;
   state[isa::kStatePromptLength] = prompt_length_;
   if (absl::Status s = machine_->WriteArena(pass_state, state, sizeof(state)); !s.ok()) return s;
   absl::StatusOr<float> ms = machine_->RunOnce(*cached->program, trace);

@@ -33,8 +33,9 @@ class GpuDecoder {
   absl::Status SetPosition(int32_t position);
   // Runs a prefill pass of this schedule (scheduler::LowerPrefill) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
-  // moves past them. Returns the kernel time in ms.
-  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false);
+  // moves past them. Returns the kernel time in ms. `rows` (0: the pass's): the prompt's rows of a bucket's pass
+  // (scheduler::PrefillLastRowFor), the rest padding.
+  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false, uint32_t rows = 0);
   // Decodes `steps` steps in one launch; returns the kernel time in ms.
   absl::StatusOr<float> Run(int steps, bool trace = false);
   absl::StatusOr<int32_t> position() const;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "instructions/isa.h"
 #include "scheduler/packing.h"
+#include "scheduler/prefill.h"
 
 namespace loom::runtime {
 
@@ -99,13 +100,13 @@ void ReferenceVm::RunQueues(const scheduler::DecodedSchedule& d, const std::vect
   for (std::thread& t : sms) t.join();
 }
 
-absl::Status ReferenceVm::Prefill(const scheduler::Schedule& pass) {
+absl::Status ReferenceVm::Prefill(const scheduler::Schedule& pass, uint32_t prompt_rows) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes()) {
     return absl::InvalidArgumentError("not a prefill pass of this schedule");
   }
   const int32_t start = position();
-  const uint32_t rows = pass.prefill().rows();
+  const uint32_t rows = pass.prefill().rows();  // its K / V rows reach this far, padding included
   if (start + static_cast<int64_t>(rows) >= schedule_.max_seq()) {
     return absl::OutOfRangeError(absl::StrCat("position ", start, " + ", rows, " prompt rows exceeds the KV cache of ",
                                               schedule_.max_seq()));
@@ -119,9 +120,16 @@ absl::Status ReferenceVm::Prefill(const scheduler::Schedule& pass) {
                      t.region() == scheduler::WEIGHTS ? uint32_t{isa::kWeightRegion} : uint32_t{isa::kArenaRegion},
                      static_cast<uint32_t>(t.dtype())});
   }
+  uint32_t used = rows;
+  if (prompt_rows != 0 && prompt_rows != rows) {
+    absl::StatusOr<scheduler::PrefillLastRow> last = scheduler::PrefillLastRowFor(pass, prompt_rows);
+    if (!last.ok()) return last.status();
+    table[last->tensor].offset = last->offset;
+    used = prompt_rows;
+  }
   int32_t* state = Arena<int32_t>(schedule_.io().step_state());
   int32_t* pass_state = reinterpret_cast<int32_t*>(arena_bytes() + pass.tensors(pass.prefill().state()).offset());
-  pass_state[isa::kStatePosition] = start + static_cast<int32_t>(rows) - 1;
+  pass_state[isa::kStatePosition] = start + static_cast<int32_t>(used) - 1;
   pass_state[isa::kStatePromptLength] = state[isa::kStatePromptLength];
   pass_state[isa::kStateOverflow] = 0;
   std::unique_ptr<std::atomic<uint32_t>[]> counters(new std::atomic<uint32_t>[pass.barriers_size()]);

@@ -31,8 +31,9 @@ class ReferenceVm {
 
   // Runs a prefill pass (scheduler::LowerPrefill of this schedule) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
-  // moves past them, as that many decode steps would.
-  absl::Status Prefill(const scheduler::Schedule& pass);
+  // moves past them, as that many decode steps would. `rows` (0: the pass's): the prompt's rows of a bucket's pass
+  // (scheduler::PrefillLastRowFor), the rest padding.
+  absl::Status Prefill(const scheduler::Schedule& pass, uint32_t rows = 0);
 
   // A general graph's pass (Schedule.graph): writes arena bytes (its inputs), then runs its queues once (fresh
   // barrier targets each time, as a decode step's).

@@ -154,8 +154,13 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
     const absl::Status why = scheduler::PrefillSupported(graph_);
     prefill_note_ = why.ok() ? "compiled without the prefill weights" : std::string(why.message());
   } else {
-    absl::StatusOr<const scheduler::Schedule*> p =
-        PassFor(static_cast<uint32_t>(prompt.size()), options.keep_logits, options.verify);
+    // A decoder's prompt runs in its bucket's pass (scheduler::PrefillBucketRows: one lowering for every length that
+    // ends in the same 128-row tile); every row's logits take a pass of the prompt's own length.
+    const uint32_t rows = static_cast<uint32_t>(prompt.size());
+    const uint32_t lowered = !options.keep_logits && scheduler::PrefillInBuckets(graph_)
+                                 ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1)
+                                 : rows;
+    absl::StatusOr<const scheduler::Schedule*> p = PassFor(lowered, options.keep_logits, options.verify);
     if (p.ok())
       pass = *p;
     else
@@ -166,10 +171,10 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
     for (const scheduler::SmQueue& q : pass->queues()) pass_instructions_ += q.instructions_size();
     if (vm_) {
       const auto start = std::chrono::steady_clock::now();
-      if (absl::Status s = vm_->Prefill(*pass); !s.ok()) return s;
+      if (absl::Status s = vm_->Prefill(*pass, static_cast<uint32_t>(prompt.size())); !s.ok()) return s;
       prompt_ms_ = MsSince(start);
     } else {
-      absl::StatusOr<float> ms = gpu_->Prefill(*pass);
+      absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, static_cast<uint32_t>(prompt.size()));
       if (!ms.ok()) return ms.status();
       prompt_ms_ = *ms;
     }

@@ -128,5 +128,42 @@ TEST(Session, KeptLogitsHoldEveryStepsRow) {
   EXPECT_LT(worst, 2e-2f * scale);  // bf16 operand images in the pass against the steps' f32 activations
 }
 
+// Prompts whose rows end in the same 128-row tile share one lowered pass (scheduler::PrefillBucketRows): the second
+// start lowers nothing; a prompt in the next tile lowers its own; every row's logits take a pass of their own length.
+TEST(Session, PromptsOfOneTileShareAPass) {
+  graph::ModelOptions mo;
+  mo.max_seq = 300;
+  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  scheduler::CompileOptions options;
+  options.set_num_sms(4);
+  absl::StatusOr<scheduler::Schedule> schedule = scheduler::Compile(m->graph, "random:tiny", options);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(m->graph, *schedule, m->weights, Backend::kCpu);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto prompt = [](int n) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back((i * 7919 + 3) % 1000);
+    return p;
+  };
+  int instructions = 0;
+  for (const int n : {100, 120, 20, 129}) {
+    ASSERT_TRUE((*s)->Start(prompt(n)).ok()) << n;
+    EXPECT_TRUE((*s)->used_prefill()) << n;
+    EXPECT_EQ(*(*s)->position(), n) << n;
+    if (n == 100) instructions = (*s)->pass_instructions();
+    if (n == 120 || n == 20) {
+      EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << n << " rows: the pass of 128 is lowered already";
+      EXPECT_EQ((*s)->pass_instructions(), instructions) << n;
+    }
+    if (n == 129) EXPECT_GT((*s)->pass_instructions(), instructions) << "the pass of 256";
+  }
+  StartOptions all;
+  all.keep_logits = true;
+  ASSERT_TRUE((*s)->Start(prompt(120), all).ok());
+  EXPECT_GT((*s)->pass_lower_ms(), 0.0) << "every row's logits: a pass of 120 rows";
+  EXPECT_EQ((*s)->kept_logits().size(), 120u * (*s)->vocab_size());
+}
+
 }  // namespace
 }  // namespace loom::runtime

@@ -299,4 +299,33 @@ absl::Status LowerPrefillInto(const graph::Graph& graph, const Schedule& decode,
   return absl::OkStatus();
 }
 
+bool PrefillInBuckets(const graph::Graph& graph) { return HasAttention(graph); }
+
+uint32_t PrefillBucketRows(uint32_t rows, uint32_t room) {
+  const uint32_t tile = isa::kGemmTileM;
+  const uint64_t bucket = (uint64_t{rows} + tile - 1) / tile * tile;
+  return static_cast<uint32_t>(std::max<uint64_t>(rows, std::min<uint64_t>(bucket, room)));
+}
+
+absl::StatusOr<PrefillLastRow> PrefillLastRowFor(const Schedule& pass, uint32_t rows) {
+  const uint32_t lowered = pass.prefill().rows();
+  if (rows == 0 || rows > lowered || (rows - 1) / isa::kGemmTileM != (lowered - 1) / isa::kGemmTileM) {
+    return absl::InvalidArgumentError(absl::StrCat("a pass of ", lowered, " rows runs prompts of ",
+                                                   lowered - (lowered - 1) % isa::kGemmTileM, " to ", lowered,
+                                                   " rows, not ", rows));
+  }
+  int last = -1, x = -1;
+  for (int i = 0; i < pass.tensors_size(); ++i) {
+    const std::string& name = pass.tensors(i).name();
+    if (name == "prefill.last_row") last = i;
+    if (name == "prefill.x") x = i;
+    if (name == "prefill.logits" && rows != lowered) {
+      return absl::InvalidArgumentError("a pass that keeps every row's logits runs its own row count only");
+    }
+  }
+  if (last < 0 || x < 0) return absl::InvalidArgumentError("the pass has no prefill.last_row view of prefill.x");
+  const uint64_t row_bytes = pass.tensors(last).bytes();
+  return PrefillLastRow{static_cast<uint32_t>(last), pass.tensors(x).offset() + uint64_t{rows - 1} * row_bytes};
+}
+
 }  // namespace loom::scheduler

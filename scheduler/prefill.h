@@ -96,4 +96,23 @@ absl::StatusOr<Schedule> LowerPrefill(const graph::Graph& graph, const Schedule&
 absl::Status LowerPrefillInto(const graph::Graph& graph, const Schedule& decode, uint32_t rows,
                               const PrefillOptions& options, Schedule* out);
 
+// Prompts are lowered in buckets: a pass of PrefillBucketRows(rows, room) rows serves every prompt whose rows end in
+// its last 128-row tile (the rows past the prompt are padding, computed and never read: each row's projections and
+// attention are its own, and the GEMM and FLASH_ATTN tiles are 128 rows anyway), so prompts of 100 and 128 tokens
+// share one lowering. `room`: the rows the KV cache holds from the pass's start (the padding rows' K and V go there
+// too, overwritten by the decode steps that reach them).
+uint32_t PrefillBucketRows(uint32_t rows, uint32_t room);
+// Whether `graph`'s passes come in buckets: a decoder with attention (DecoderPrefill's passes). Not the gated-conv
+// LM's, whose conv states would carry the padding rows on to the next token.
+bool PrefillInBuckets(const graph::Graph& graph);
+// A pass run for `rows` of its rows (a bucket's, PrefillBucketRows): the tensor-table entry its LM head reads the last
+// row through ("prefill.last_row") moved to row rows - 1 of "prefill.x", for a runtime to write into the pass's
+// table before it runs (and the pass state's position, start + rows - 1). Refused where the rows do not end in the
+// pass's last row tile (the LM head waits for that tile only) and for a pass that keeps every row's logits.
+struct PrefillLastRow {
+  uint32_t tensor = 0;  // index into the pass's tensor table
+  uint64_t offset = 0;  // its offset for `rows` rows
+};
+absl::StatusOr<PrefillLastRow> PrefillLastRowFor(const Schedule& pass, uint32_t rows);
+
 }  // namespace loom::scheduler

@@ -163,6 +163,39 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
   }
 }
 
+// A bucket's pass (scheduler::PrefillBucketRows) uploaded once and run for prompts of 20 and then 100 rows (its
+// last-row entry rewritten in the uploaded table each run), and of 129 rows in the pass of 256, against the same
+// runs on the VM: the logits and the tokens decoded after.
+TEST_F(GpuSchedules, ABucketsPassRunsEveryLengthOfItsLastTile) {
+  Load("random:tiny", 512);
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, scheduler::CompileOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (uint32_t rows : {20u, 100u, 129u}) {
+    const uint32_t bucket = scheduler::PrefillBucketRows(rows, s->max_seq() - 1);
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, bucket);
+    ASSERT_TRUE(pass.ok()) << pass.status();
+    std::vector<int32_t> prompt;
+    for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
+    ASSERT_TRUE(vm.ok());
+    ASSERT_TRUE((*vm)->Reset(prompt).ok());
+    ASSERT_TRUE((*vm)->Prefill(*pass, rows).ok());
+    ASSERT_TRUE((*d)->Reset(prompt).ok());
+    ASSERT_TRUE((*d)->Prefill(*pass, false, rows).ok());
+    const std::string what = absl::StrCat(rows, " rows in the pass of ", bucket);
+    absl::StatusOr<std::vector<float>> logits = (*d)->logits();
+    ASSERT_TRUE(logits.ok());
+    EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << what;
+    ASSERT_TRUE((*vm)->Run(8).ok());
+    ASSERT_TRUE((*d)->Run(8).ok());
+    absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
+    ASSERT_TRUE(tokens.ok());
+    EXPECT_EQ(*tokens, (*vm)->tokens()) << what;
+  }
+}
+
 // bf16 KV caches (ModelOptions::kv_dtype), random:tiny and tiny-qwen3 (per-head norms): decode fused and unfused,
 // and a prefill pass of 129 rows (the caches it fills, the logits, the tokens after it), against the VM.
 TEST_F(GpuSchedules, Bf16KvCachesMatchTheVm) {

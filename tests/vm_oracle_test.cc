@@ -489,6 +489,71 @@ TEST(VmPrefill, LayersOfOtherShapesAreLoweredOpByOp) {
   }
 }
 
+// A bucket's pass (scheduler::PrefillBucketRows: rounded up to the 128-row tile) run for a prompt of fewer rows: the
+// KV rows and logits of the pass of the prompt's own length within the prefill tolerance (a pass plans its K splits
+// for its rows: the sums' order, and so their bf16 operands, may differ), and the oracle's tokens after it. The
+// padding rows are never read. Rows that do not end in the pass's last tile, and every row's logits, are refused.
+TEST(VmPrefill, ABucketsPassRunsEveryLengthOfItsLastTile) {
+  constexpr double kPrefillLogitTolerance = 2e-2;  // as PrefillThenDecodeMatchesTheOracle's
+  for (const char* spec : {"random:tiny", "random:tiny-qwen3"}) {
+    graph::ModelOptions mo;
+    mo.max_seq = 300;
+    absl::StatusOr<graph::Model> m = graph::LoadModel(spec, mo);
+    ASSERT_TRUE(m.ok()) << m.status();
+    scheduler::CompileOptions o;
+    o.set_num_sms(8);
+    absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE(scheduler::PrefillInBuckets(m->graph));
+    for (uint32_t rows : {2u, 70u, 128u, 129u, 200u}) {
+      const uint32_t bucket = scheduler::PrefillBucketRows(rows, s->max_seq() - 1);
+      EXPECT_EQ(bucket, rows <= 128 ? 128u : 256u);
+      const std::string what = absl::StrCat(spec, ": ", rows, " rows in the pass of ", bucket);
+      std::vector<int32_t> prompt;
+      for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 3) % 1000));
+      absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 8);
+      ASSERT_TRUE(oracle.ok()) << oracle.status();
+      absl::StatusOr<scheduler::Schedule> exact = scheduler::LowerPrefill(m->graph, *s, rows);
+      absl::StatusOr<scheduler::Schedule> padded = scheduler::LowerPrefill(m->graph, *s, bucket);
+      ASSERT_TRUE(exact.ok() && padded.ok()) << what;
+      std::vector<std::unique_ptr<runtime::ReferenceVm>> vms;
+      for (const scheduler::Schedule* pass : {&*exact, &*padded}) {
+        absl::StatusOr<std::unique_ptr<runtime::ReferenceVm>> vm = runtime::ReferenceVm::Create(*s, m->weights);
+        ASSERT_TRUE(vm.ok()) << vm.status();
+        ASSERT_TRUE((*vm)->Reset(prompt).ok());
+        ASSERT_TRUE((*vm)->Prefill(*pass, rows).ok()) << what;
+        EXPECT_EQ((*vm)->position(), static_cast<int32_t>(rows)) << what;
+        vms.push_back(*std::move(vm));
+      }
+      EXPECT_LE(RelativeError(vms[1]->logits(), vms[0]->logits()), kPrefillLogitTolerance) << what << ": logits";
+      EXPECT_LE(RelativeError(vms[1]->logits(), oracle->logits[rows - 1]), kPrefillLogitTolerance) << what;
+      for (const scheduler::Tensor& t : s->tensors()) {
+        if (!absl::EndsWith(t.name(), "_cache")) continue;  // positions [0, rows) of each KV head (padding after)
+        const uint64_t head_bytes = t.bytes() / t.shape(0), position_bytes = head_bytes / s->max_seq();
+        for (int64_t h = 0; h < t.shape(0); ++h) {
+          std::vector<float> got(rows * position_bytes / 4), want(got.size());
+          std::memcpy(got.data(), vms[1]->ReadArena(t.offset() + h * head_bytes, rows * position_bytes).data(),
+                      rows * position_bytes);
+          std::memcpy(want.data(), vms[0]->ReadArena(t.offset() + h * head_bytes, rows * position_bytes).data(),
+                      rows * position_bytes);
+          EXPECT_LE(RelativeError(got, want), kPrefillLogitTolerance) << what << ": " << t.name() << " head " << h;
+        }
+      }
+      ASSERT_TRUE(vms[1]->Run(7).ok());
+      EXPECT_EQ(vms[1]->tokens(), oracle->tokens) << what << ": decode after the pass";
+    }
+    absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(m->graph, *s, 256);
+    ASSERT_TRUE(pass.ok());
+    EXPECT_FALSE(scheduler::PrefillLastRowFor(*pass, 128).ok()) << "rows ending in the tile before the last";
+    EXPECT_FALSE(scheduler::PrefillLastRowFor(*pass, 257).ok());
+    scheduler::PrefillOptions all;
+    all.all_logits = true;
+    pass = scheduler::LowerPrefill(m->graph, *s, 256, all);
+    ASSERT_TRUE(pass.ok());
+    EXPECT_FALSE(scheduler::PrefillLastRowFor(*pass, 200).ok()) << "every row's logits";
+  }
+}
+
 // The pass's page size: 32 KB where four such pages fit beside the activation ring (head_dim 64), else 16 KB
 // (head_dim 128: FLASH_ATTN's 97 KB slot), and 48 KB for long prompts where three fit; explicit sizes are kept,
 // others refused.
