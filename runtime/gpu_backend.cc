@@ -142,6 +142,7 @@ struct GpuDecoder::CachedPass {
   int instructions;
   uint64_t arena_bytes;
   std::unique_ptr<GpuMachine::OnceProgram> program;
+  uint32_t used_rows;  // the rows its uploaded table's last-row entry is for (scheduler::PrefillLastRowFor)
 };
 constexpr size_t kCachedPasses = 8;
 
@@ -169,24 +170,23 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
     absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*program);
     if (!up.ok()) return up.status();
     if (passes_.size() >= kCachedPasses) passes_.erase(passes_.begin());
-    passes_.push_back(std::make_unique<CachedPass>(CachedPass{rows, instructions, pass.arena_bytes(), *std::move(up)}));
+    passes_.push_back(
+        std::make_unique<CachedPass>(CachedPass{rows, instructions, pass.arena_bytes(), *std::move(up), rows}));
     cached = passes_.back().get();
   }
-  // A bucket's pass run for fewer rows reads its last row where they end (its table's entry for it written each run:
-  // the cached pass serves every row count of its bucket).
-  uint32_t used = rows;
-  if (absl::StatusOr<scheduler::PrefillLastRow> last =
-          scheduler::PrefillLastRowFor(pass, prompt_rows != 0 ? prompt_rows : rows);
-      last.ok()) {
+  // A bucket's pass run for fewer rows reads its last row where they end: its uploaded table's entry for that row
+  // written when the cached pass last ran for another count (it serves every row count of its bucket).
+  const uint32_t used = prompt_rows != 0 ? prompt_rows : rows;
+  if (used != cached->used_rows) {
+    absl::StatusOr<scheduler::PrefillLastRow> last = scheduler::PrefillLastRowFor(pass, used);
+    if (!last.ok()) return last.status();
     const scheduler::Tensor& t = pass.tensors(last->tensor);
     const isa::TensorDesc desc{last->offset, t.bytes(), uint32_t{isa::kArenaRegion}, static_cast<uint32_t>(t.dtype())};
     if (cudaMemcpy(static_cast<uint8_t*>(cached->program->buffers[2]) + uint64_t{last->tensor} * sizeof(desc), &desc,
                    sizeof(desc), cudaMemcpyHostToDevice) != cudaSuccess) {
       return absl::InternalError("writing the pass's last-row entry");
     }
-    used = prompt_rows != 0 ? prompt_rows : rows;
-  } else if (prompt_rows != 0 && prompt_rows != rows) {
-    return last.status();
+    cached->used_rows = used;
   }
   if (absl::Status s = machine_->ReserveArena(pass.arena_bytes()); !s.ok()) return s;
   const uint64_t pass_state = pass.tensors(pass.prefill().state()).offset();

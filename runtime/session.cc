@@ -154,10 +154,10 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
     const absl::Status why = scheduler::PrefillSupported(graph_);
     prefill_note_ = why.ok() ? "compiled without the prefill weights" : std::string(why.message());
   } else {
-    // A decoder's prompt runs in its bucket's pass (scheduler::PrefillBucketRows: one lowering for every length that
-    // ends in the same 128-row tile); every row's logits take a pass of the prompt's own length.
+    // With buckets, a decoder's prompt runs in its bucket's pass (scheduler::PrefillBucketRows: one lowering for every
+    // length that ends in the same 128-row tile); every row's logits take a pass of the prompt's own length.
     const uint32_t rows = static_cast<uint32_t>(prompt.size());
-    const uint32_t lowered = !options.keep_logits && scheduler::PrefillInBuckets(graph_)
+    const uint32_t lowered = options.buckets && !options.keep_logits && scheduler::PrefillInBuckets(graph_)
                                  ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1)
                                  : rows;
     absl::StatusOr<const scheduler::Schedule*> p = PassFor(lowered, options.keep_logits, options.verify);

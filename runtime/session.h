@@ -34,6 +34,10 @@ struct StartOptions {
   bool keep_logits = false;
   // Verify the prefill pass's schedule before running it (scheduler::VerifySchedule; `loom run --check`).
   bool verify = false;
+  // A decoder's prompt in its bucket's pass (scheduler::PrefillBucketRows): one lowering for every length ending in
+  // the same 128-row tile. Off by default until measured on the GPU: its kernel time against the prompt's own
+  // pass, and the GPU test of a bucket's pass (GpuSchedules.ABucketsPassRunsEveryLengthOfItsLastTile), are not yet.
+  bool buckets = false;
 };
 
 class Session {

@@ -128,8 +128,9 @@ TEST(Session, KeptLogitsHoldEveryStepsRow) {
   EXPECT_LT(worst, 2e-2f * scale);  // bf16 operand images in the pass against the steps' f32 activations
 }
 
-// Prompts whose rows end in the same 128-row tile share one lowered pass (scheduler::PrefillBucketRows): the second
-// start lowers nothing; a prompt in the next tile lowers its own; every row's logits take a pass of their own length.
+// With StartOptions::buckets, prompts whose rows end in the same 128-row tile share one lowered pass
+// (scheduler::PrefillBucketRows): the second start lowers nothing; a prompt in the next tile lowers its own; every
+// row's logits take a pass of their own length, and so does a prompt started without buckets.
 TEST(Session, PromptsOfOneTileShareAPass) {
   graph::ModelOptions mo;
   mo.max_seq = 300;
@@ -146,9 +147,11 @@ TEST(Session, PromptsOfOneTileShareAPass) {
     for (int i = 0; i < n; ++i) p.push_back((i * 7919 + 3) % 1000);
     return p;
   };
+  StartOptions buckets;
+  buckets.buckets = true;
   int instructions = 0;
   for (const int n : {100, 120, 20, 129}) {
-    ASSERT_TRUE((*s)->Start(prompt(n)).ok()) << n;
+    ASSERT_TRUE((*s)->Start(prompt(n), buckets).ok()) << n;
     EXPECT_TRUE((*s)->used_prefill()) << n;
     EXPECT_EQ(*(*s)->position(), n) << n;
     if (n == 100) instructions = (*s)->pass_instructions();
@@ -158,11 +161,13 @@ TEST(Session, PromptsOfOneTileShareAPass) {
     }
     if (n == 129) EXPECT_GT((*s)->pass_instructions(), instructions) << "the pass of 256";
   }
-  StartOptions all;
+  StartOptions all = buckets;
   all.keep_logits = true;
   ASSERT_TRUE((*s)->Start(prompt(120), all).ok());
   EXPECT_GT((*s)->pass_lower_ms(), 0.0) << "every row's logits: a pass of 120 rows";
   EXPECT_EQ((*s)->kept_logits().size(), 120u * (*s)->vocab_size());
+  ASSERT_TRUE((*s)->Start(prompt(110)).ok());  // without buckets: a pass of its own length
+  EXPECT_GT((*s)->pass_lower_ms(), 0.0);
 }
 
 }  // namespace

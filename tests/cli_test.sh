@@ -81,6 +81,11 @@ done
 expect_error "kv_dtype" "kv_dtype 'f16': f32 or bf16" "" -- "$LOOM" run --model=random:tiny --tokens=2 --kv_dtype=f16
 expect_error "kv_dtype of a conv LM" "a gated-conv model has no KV cache" "" -- \
   "$LOOM" run --model=random:gated-conv-tiny --tokens=2 --kv_dtype=bf16
+expect_error "kv_dtype of export" "--kv_dtype is not a flag of loom export" "$WORK/kv_export" -- \
+  "$LOOM" export --model=random:tiny --out="$WORK/kv_export" --kv_dtype=bf16
+# A prompt in its 128-row tile's pass (--prefill_buckets): the oracle's tokens.
+"$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --prefill_buckets --check 2>/dev/null |
+  grep -q "identical to the op-by-op oracle" && pass "run --prefill_buckets --check" || fail "run --prefill_buckets --check"
 for c in compile inspect run export quantize; do
   "$LOOM" $c --help | grep -q "usage: loom $c" && pass "$c --help" || fail "$c --help"
 done
