@@ -69,7 +69,7 @@ absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool 
   auto arena = std::make_unique<google::protobuf::Arena>();
   scheduler::Schedule* pass = google::protobuf::Arena::Create<scheduler::Schedule>(arena.get());
   if (absl::Status s = scheduler::LowerPrefillInto(graph_, schedule_, rows, options, pass); !s.ok()) return s;
-  pass_lower_ms_ = MsSince(start);
+  pass_lower_ms_ += MsSince(start);  // (zeroed by each Start: a chunked prompt's lowerings add up)
   constexpr size_t kKeptPasses = 8;
   if (passes_.size() >= kKeptPasses) passes_.erase(passes_.begin());
   passes_.push_back({rows, all_logits, std::move(arena), pass});
@@ -142,7 +142,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
   kept_logits_.clear();
   pass_instructions_ = 0;
   pass_lower_ms_ = 0;
-  const scheduler::Schedule* pass = nullptr;
+  bool prefill = false;
   if (!options.prefill) {
     prefill_note_ = "prefill off";
   } else if (prompt.size() == 1) {
@@ -154,33 +154,47 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
     const absl::Status why = scheduler::PrefillSupported(graph_);
     prefill_note_ = why.ok() ? "compiled without the prefill weights" : std::string(why.message());
   } else {
-    // With buckets, a decoder's prompt runs in its bucket's pass (scheduler::PrefillBucketRows: one lowering for every
-    // length that ends in the same 128-row tile); every row's logits take a pass of the prompt's own length.
-    const uint32_t rows = static_cast<uint32_t>(prompt.size());
-    const uint32_t lowered = options.buckets && !options.keep_logits && scheduler::PrefillInBuckets(graph_)
-                                 ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1)
-                                 : rows;
-    absl::StatusOr<const scheduler::Schedule*> p = PassFor(lowered, options.keep_logits, options.verify);
-    if (p.ok())
-      pass = *p;
-    else
-      prefill_note_ = std::string(p.status().message());
+    prefill = true;
   }
-  if (pass != nullptr) {
+  if (prefill) {
+    // A decoder's prompt longer than options.chunk_rows runs as passes of chunk_rows rows at successive positions
+    // (one lowering for them all), its rest in a last pass; with buckets, a pass of fewer rows is its bucket's
+    // (scheduler::PrefillBucketRows: one lowering for every length that ends in the same 128-row tile). Every row's
+    // logits take passes of the rows' own count.
+    const uint32_t total = static_cast<uint32_t>(prompt.size());
+    const bool decoder = scheduler::PrefillInBuckets(graph_);
+    const uint32_t chunk = decoder && options.chunk_rows > 0 ? options.chunk_rows : total;
+    prompt_ms_ = 0;
+    for (uint32_t begin = 0; begin < total && prefill;) {
+      const uint32_t rows = std::min(chunk, total - begin);
+      const uint32_t lowered = options.buckets && !options.keep_logits && decoder
+                                   ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1 - begin)
+                                   : rows;
+      absl::StatusOr<const scheduler::Schedule*> pass = PassFor(lowered, options.keep_logits, options.verify);
+      if (!pass.ok()) {
+        if (begin > 0) return pass.status();  // (the first chunk's pass lowered: a later one's is the same shape)
+        prefill_note_ = std::string(pass.status().message());
+        prefill = false;
+        break;
+      }
+      for (const scheduler::SmQueue& q : (*pass)->queues()) pass_instructions_ += q.instructions_size();
+      if (vm_) {
+        const auto start = std::chrono::steady_clock::now();
+        if (absl::Status s = vm_->Prefill(**pass, rows); !s.ok()) return s;
+        prompt_ms_ += MsSince(start);
+      } else {
+        absl::StatusOr<float> ms = gpu_->Prefill(**pass, false, rows);
+        if (!ms.ok()) return ms.status();
+        prompt_ms_ += *ms;
+      }
+      if (keep_logits_) {
+        if (absl::Status s = KeepPassLogits(**pass); !s.ok()) return s;
+      }
+      begin += rows;
+    }
+  }
+  if (prefill) {
     used_prefill_ = true;
-    for (const scheduler::SmQueue& q : pass->queues()) pass_instructions_ += q.instructions_size();
-    if (vm_) {
-      const auto start = std::chrono::steady_clock::now();
-      if (absl::Status s = vm_->Prefill(*pass, static_cast<uint32_t>(prompt.size())); !s.ok()) return s;
-      prompt_ms_ = MsSince(start);
-    } else {
-      absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, static_cast<uint32_t>(prompt.size()));
-      if (!ms.ok()) return ms.status();
-      prompt_ms_ = *ms;
-    }
-    if (keep_logits_) {
-      if (absl::Status s = KeepPassLogits(*pass); !s.ok()) return s;
-    }
     started_ = true;
     return CheckLastLogits();
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "graph/decode_oracle.h"
 #include "graph/model.h"
 #include "gtest/gtest.h"
 #include "scheduler/compiler.h"
@@ -168,6 +169,67 @@ TEST(Session, PromptsOfOneTileShareAPass) {
   EXPECT_EQ((*s)->kept_logits().size(), 120u * (*s)->vocab_size());
   ASSERT_TRUE((*s)->Start(prompt(110)).ok());  // without buckets: a pass of its own length
   EXPECT_GT((*s)->pass_lower_ms(), 0.0);
+}
+
+// A prompt of 300 rows in passes of 128 (StartOptions::chunk_rows: 128, 128, then 44 at positions 0, 128, 256, each
+// attending to the rows before it in the KV cache) gives the oracle's tokens, and the one pass's logits within the
+// prefill tolerance; the passes of 128 rows are lowered once (with buckets, the last one's too). Its every-row
+// logits come chunk by chunk, 300 rows of them.
+TEST(Session, ALongPromptRunsInChunks) {
+  graph::ModelOptions mo;
+  mo.max_seq = 400;
+  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
+  ASSERT_TRUE(m.ok()) << m.status();
+  scheduler::CompileOptions options;
+  options.set_num_sms(4);
+  absl::StatusOr<scheduler::Schedule> schedule = scheduler::Compile(m->graph, "random:tiny", options);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 3) % 1000);
+  absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 6);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  std::vector<std::vector<float>> logits;
+  for (const bool chunked : {false, true}) {
+    for (const bool buckets : {false, true}) {
+      absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(m->graph, *schedule, m->weights, Backend::kCpu);
+      ASSERT_TRUE(s.ok()) << s.status();
+      StartOptions start;
+      start.chunk_rows = chunked ? 128 : 0;
+      start.buckets = buckets;
+      ASSERT_TRUE((*s)->Start(prompt, start).ok());
+      EXPECT_TRUE((*s)->used_prefill());
+      EXPECT_EQ(*(*s)->position(), 300);
+      ASSERT_TRUE((*s)->Step(5).ok());
+      EXPECT_EQ(*(*s)->tokens(), oracle->tokens) << (chunked ? "chunked" : "one pass") << (buckets ? ", buckets" : "");
+      if (!chunked && !buckets) {
+        ASSERT_TRUE((*s)->Start(prompt, start).ok());
+        logits.push_back(*(*s)->logits());
+        continue;
+      }
+      if (chunked) {
+        // Again: every pass is lowered already.
+        ASSERT_TRUE((*s)->Start(prompt, start).ok());
+        EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << (buckets ? "buckets" : "exact");
+        logits.push_back(*(*s)->logits());
+      }
+    }
+  }
+  ASSERT_EQ(logits.size(), 3u);
+  for (size_t i = 1; i < logits.size(); ++i) {
+    float worst = 0, scale = 0;
+    for (size_t j = 0; j < logits[0].size(); ++j) {
+      worst = std::max(worst, std::abs(logits[i][j] - logits[0][j]));
+      scale = std::max(scale, std::abs(logits[0][j]));
+    }
+    EXPECT_LT(worst, 2e-2f * scale) << i;
+  }
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(m->graph, *schedule, m->weights, Backend::kCpu);
+  ASSERT_TRUE(s.ok());
+  StartOptions keep;
+  keep.chunk_rows = 128;
+  keep.keep_logits = true;
+  ASSERT_TRUE((*s)->Start(prompt, keep).ok());
+  EXPECT_EQ((*s)->kept_logits().size(), 300u * (*s)->vocab_size());
 }
 
 }  // namespace

@@ -83,6 +83,11 @@ expect_error "kv_dtype of a conv LM" "a gated-conv model has no KV cache" "" -- 
   "$LOOM" run --model=random:gated-conv-tiny --tokens=2 --kv_dtype=bf16
 expect_error "kv_dtype of export" "--kv_dtype is not a flag of loom export" "$WORK/kv_export" -- \
   "$LOOM" export --model=random:tiny --out="$WORK/kv_export" --kv_dtype=bf16
+# A prompt in passes of 4 rows (--prefill_chunk), and with buckets: the oracle's tokens.
+"$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --prefill_chunk=4 --prefill_buckets \
+  --check 2>/dev/null | grep -q "identical to the op-by-op oracle" && pass "run --prefill_chunk=4 --check" ||
+  fail "run --prefill_chunk=4 --check"
+expect_error "prefill_chunk" "--prefill_chunk must be >= 0" "" -- "$LOOM" run --model=random:tiny --prefill_chunk=-1
 # A prompt in its 128-row tile's pass (--prefill_buckets): the oracle's tokens.
 "$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --prefill_buckets --check 2>/dev/null |
   grep -q "identical to the op-by-op oracle" && pass "run --prefill_buckets --check" || fail "run --prefill_buckets --check"

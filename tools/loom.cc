@@ -95,6 +95,9 @@ ABSL_FLAG(bool, prefill, true,
 ABSL_FLAG(bool, prefill_buckets, false,
           "run: lower the prompt's pass for its 128-row tile (one lowering serves every length ending there; the rows "
           "past the prompt are padding); not yet measured on the GPU, so off by default");
+ABSL_FLAG(int32_t, prefill_chunk, 0,
+          "run: a prompt of more rows than this in passes of this many rows, one after another (0: one pass); not yet "
+          "measured on the GPU, so off by default");
 ABSL_FLAG(std::string, logits_out, "",
           "run: write every position's logits here (float32, (prompt + tokens - 1) x vocab, little-endian): the "
           "prefill pass computes every prompt row's, then one decode step per launch");
@@ -120,7 +123,7 @@ const std::vector<Command>& Commands() {
       {"run", "loom run --model=... --tokens=N [--prompt=1,2,3] [--backend=cpu|gpu]",
        {"model", "tokens", "prompt", "backend", "prefill", "check", "trace", "steps_per_launch", "logits_out", "options", "num_sms",
         "policy", "granularity", "unfuse", "max_seq", "seed", "input", "out", "repeat", "scheme", "group_size",
-        "widen_quantized", "kv_dtype", "prefill_buckets"}},
+        "widen_quantized", "kv_dtype", "prefill_buckets", "prefill_chunk"}},
       {"export", "loom export --model=<random:PRESET|HF-FOLDER> --out=DIR", {"model", "out", "seed", "widen_quantized"}},
       {"quantize", "loom quantize --model=<random:PRESET|HF-FOLDER> --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]",
        {"model", "out", "scheme", "group_size", "seed"}},
@@ -355,6 +358,7 @@ absl::Status CheckRunFlagsApply(bool general_graph, const std::string& backend) 
       {"prompt", !general_graph, "a general graph (ONNX) reads --input, not a prompt"},
       {"prefill", !general_graph, "a general graph (ONNX) has no prompt to prefill"},
       {"prefill_buckets", !general_graph, "a general graph (ONNX) has no prompt to prefill"},
+      {"prefill_chunk", !general_graph, "a general graph (ONNX) has no prompt to prefill"},
       {"logits_out", !general_graph, "a general graph (ONNX) writes its outputs to --out"},
   };
   for (const Rule& r : rules) {
@@ -421,6 +425,10 @@ int RunCommand() {
   start.keep_logits = !logits_out.empty();  // the pass then computes every prompt row's logits (the LM head per row)
   start.verify = absl::GetFlag(FLAGS_check);
   start.buckets = absl::GetFlag(FLAGS_prefill_buckets);
+  if (absl::GetFlag(FLAGS_prefill_chunk) < 0) {
+    return Fail(absl::InvalidArgumentError("--prefill_chunk must be >= 0 (0: the prompt in one pass)"));
+  }
+  start.chunk_rows = static_cast<uint32_t>(absl::GetFlag(FLAGS_prefill_chunk));
   if (absl::Status s = run.Start(*prompt, start); !s.ok()) return Fail(s);
   if (run.used_prefill()) {
     std::fprintf(stderr, "prefill pass of %zu tokens: %d instructions, lowered in %.1f ms\n", prompt->size(),
