@@ -4,6 +4,7 @@
 //      the host: loading the prompt, uploading the pass, the kernel, reading the token back; the pass for P rows
 //      lowered beforehand (its lowering time is printed beside: add it for a length seen the first time). Median
 //      of --repeats after a warm-up, fresh random prompts; the kernel's own time (CUDA events) beside it.
+//      --buckets / --chunk_rows=N: the same prompt in its bucket's pass and in chunks, a line each.
 //   2. --e2e_prompt tokens then --e2e_tokens generated: prefill pass + decode in one launch, against the prompt
 //      consumed by decode steps (one launch for prompt and generation). Wall clock, median of --repeats.
 #include <algorithm>
@@ -49,6 +50,11 @@ ABSL_FLAG(int32_t, page_kb, 0,
           "ring page size of the pass in KB: 48 (128 x 256 GEMM tiles), 32, 16, or 0 (auto: 48 from 1024 rows where 3 "
           "pages fit, else 32 where 4 fit, else 16)");
 ABSL_FLAG(std::string, trace, "", "write a Chrome trace of the last prompt length's pass here, and print its summary");
+ABSL_FLAG(bool, buckets, false,
+          "also time each prompt in its bucket's pass (scheduler::PrefillBucketRows: up to its 128-row tile), as "
+          "loom run --prefill_buckets runs it");
+ABSL_FLAG(int32_t, chunk_rows, 0,
+          "also time each prompt longer than this in passes of this many rows (loom run --prefill_chunk; 0: no)");
 
 namespace loom {
 namespace {
@@ -127,38 +133,72 @@ int Main() {
     if (!absl::SimpleAtoi(text, &p) || p < 1 || p >= absl::GetFlag(FLAGS_max_seq)) {
       return Fail(absl::InvalidArgumentError("--prompts: each length must be in [1, max_seq)"));
     }
-    // The pass depends on P only: lowered once per length (timed on its own), as a server keeps one per length.
-    std::vector<double> ttft, kernel, lower;
-    int instructions = 0;
-    std::optional<scheduler::Schedule> pass;
-    for (int r = 0; r < repeats + 1; ++r) {
-      const auto t0 = Clock::now();
-      absl::StatusOr<scheduler::Schedule> lowered = scheduler::LowerPrefill(model->graph, *s, p, NoVerify());
-      if (!lowered.ok()) return Fail(lowered.status());
-      if (r > 0) lower.push_back(Ms(t0, Clock::now()));
-      pass = *std::move(lowered);
+    // A form of the prompt: passes (each lowered once, timed on its own, as a server keeps them) run one after
+    // another for their rows: the pass of P rows; with --buckets, its bucket's; with --chunk_rows, chunks.
+    struct Form {
+      std::string name;
+      std::vector<std::pair<uint32_t, uint32_t>> runs;  // (rows lowered, rows run)
+    };
+    std::vector<Form> forms = {{"", {{static_cast<uint32_t>(p), static_cast<uint32_t>(p)}}}};
+    const uint32_t room = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_seq)) - 1;
+    if (absl::GetFlag(FLAGS_buckets)) {
+      const uint32_t b = scheduler::PrefillBucketRows(p, room);
+      if (b != static_cast<uint32_t>(p)) forms.push_back({absl::StrCat(" (in ", b, ")"), {{b, static_cast<uint32_t>(p)}}});
     }
-    for (const scheduler::SmQueue& q : pass->queues()) instructions += q.instructions_size();
-    for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
-      const std::vector<int32_t> prompt = random_prompt(p);
-      const auto t1 = Clock::now();
-      if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
-      absl::StatusOr<float> ms = d.Prefill(*pass);
-      if (!ms.ok()) return Fail(ms.status());
-      absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
-      if (!tokens.ok()) return Fail(tokens.status());
-      const auto t2 = Clock::now();
-      if (static_cast<int>(tokens->size()) != p + 1) return Fail(absl::InternalError("no first token"));
-      if (r == 0) continue;
-      ttft.push_back(Ms(t1, t2));
-      kernel.push_back(*ms);
+    if (const uint32_t chunk = static_cast<uint32_t>(absl::GetFlag(FLAGS_chunk_rows));
+        chunk > 0 && chunk < static_cast<uint32_t>(p)) {
+      Form f{absl::StrCat(" (chunks of ", chunk, ")"), {}};
+      for (uint32_t begin = 0; begin < static_cast<uint32_t>(p); begin += chunk) {
+        const uint32_t rows = std::min<uint32_t>(chunk, p - begin);
+        f.runs.push_back({absl::GetFlag(FLAGS_buckets) ? scheduler::PrefillBucketRows(rows, room - begin) : rows, rows});
+      }
+      forms.push_back(f);
     }
-    // 2 flops per parameter per row (embeddings aside) + causal attention: 2 * 2 * P^2 / 2 * hd * heads per layer.
-    const graph::DecoderConfig& c = model->config;
-    const double linear = 2.0 * (c.Parameters() - double(c.vocab_size) * c.hidden_size) * p;
-    const double attention = 2.0 * double(p) * p * c.head_dim * c.num_heads * c.num_layers;
-    std::printf("%8d %12.3f %12.3f %12.3f %14d %16.1f\n", p, Median(ttft), Median(kernel), Median(lower),
-                instructions, (linear + attention) / (Median(kernel) * 1e-3) / 1e12);
+    for (const Form& form : forms) {
+      std::map<uint32_t, scheduler::Schedule> passes;  // by rows lowered
+      std::vector<double> ttft, kernel, lower;
+      int instructions = 0;
+      for (const auto& [lowered_rows, rows] : form.runs) {
+        if (passes.count(lowered_rows)) continue;
+        std::vector<double> times;
+        for (int r = 0; r < repeats + 1; ++r) {
+          const auto t0 = Clock::now();
+          absl::StatusOr<scheduler::Schedule> lowered =
+              scheduler::LowerPrefill(model->graph, *s, lowered_rows, NoVerify());
+          if (!lowered.ok()) return Fail(lowered.status());
+          if (r > 0) times.push_back(Ms(t0, Clock::now()));
+          passes[lowered_rows] = *std::move(lowered);
+        }
+        lower.push_back(Median(times));
+        for (const scheduler::SmQueue& q : passes[lowered_rows].queues()) instructions += q.instructions_size();
+      }
+      for (int r = 0; r < repeats + 1; ++r) {  // the first is a warm-up
+        const std::vector<int32_t> prompt = random_prompt(p);
+        const auto t1 = Clock::now();
+        if (absl::Status st = d.Reset(prompt); !st.ok()) return Fail(st);
+        double ms_sum = 0;
+        for (const auto& [lowered_rows, rows] : form.runs) {
+          absl::StatusOr<float> ms = d.Prefill(passes[lowered_rows], false, rows);
+          if (!ms.ok()) return Fail(ms.status());
+          ms_sum += *ms;
+        }
+        absl::StatusOr<std::vector<int32_t>> tokens = d.tokens();
+        if (!tokens.ok()) return Fail(tokens.status());
+        const auto t2 = Clock::now();
+        if (static_cast<int>(tokens->size()) != p + 1) return Fail(absl::InternalError("no first token"));
+        if (r == 0) continue;
+        ttft.push_back(Ms(t1, t2));
+        kernel.push_back(ms_sum);
+      }
+      double lower_ms = 0;
+      for (double l : lower) lower_ms += l;
+      // 2 flops per parameter per row (embeddings aside) + causal attention: 2 * 2 * P^2 / 2 * hd * heads per layer.
+      const graph::DecoderConfig& c = model->config;
+      const double linear = 2.0 * (c.Parameters() - double(c.vocab_size) * c.hidden_size) * p;
+      const double attention = 2.0 * double(p) * p * c.head_dim * c.num_heads * c.num_layers;
+      std::printf("%8d %12.3f %12.3f %12.3f %14d %16.1f%s\n", p, Median(ttft), Median(kernel), lower_ms, instructions,
+                  (linear + attention) / (Median(kernel) * 1e-3) / 1e12, form.name.c_str());
+    }
     last_pass = p;
   }
   if (!absl::GetFlag(FLAGS_trace).empty()) {
