@@ -19,9 +19,9 @@ struct Tiny {
   scheduler::Schedule schedule;
 };
 
-Tiny LoadTiny() {
+Tiny LoadTiny(int max_seq = 32) {
   graph::ModelOptions mo;
-  mo.max_seq = 32;
+  mo.max_seq = max_seq;
   absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
   EXPECT_TRUE(m.ok()) << m.status();
   scheduler::CompileOptions options;
@@ -29,6 +29,13 @@ Tiny LoadTiny() {
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, "random:tiny", options);
   EXPECT_TRUE(s.ok()) << s.status();
   return {*std::move(m), *std::move(s)};
+}
+
+// A prompt of n tokens.
+std::vector<int32_t> Prompt(int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 7919 + 3) % 1000);
+  return p;
 }
 
 void Fill(graph::HostTensor& t, float v) {
@@ -133,21 +140,11 @@ TEST(Session, KeptLogitsHoldEveryStepsRow) {
 // (scheduler::PrefillBucketRows): the second start lowers nothing; a prompt in the next tile lowers its own; every
 // row's logits take a pass of their own length, and so does a prompt started without buckets.
 TEST(Session, PromptsOfOneTileShareAPass) {
-  graph::ModelOptions mo;
-  mo.max_seq = 300;
-  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
-  ASSERT_TRUE(m.ok()) << m.status();
-  scheduler::CompileOptions options;
-  options.set_num_sms(4);
-  absl::StatusOr<scheduler::Schedule> schedule = scheduler::Compile(m->graph, "random:tiny", options);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(m->graph, *schedule, m->weights, Backend::kCpu);
+  Tiny tiny = LoadTiny(300);
+  absl::StatusOr<std::unique_ptr<Session>> s =
+      Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
   ASSERT_TRUE(s.ok()) << s.status();
-  auto prompt = [](int n) {
-    std::vector<int32_t> p;
-    for (int i = 0; i < n; ++i) p.push_back((i * 7919 + 3) % 1000);
-    return p;
-  };
+  auto prompt = Prompt;
   StartOptions buckets;
   buckets.buckets = true;
   int instructions = 0;
@@ -176,16 +173,10 @@ TEST(Session, PromptsOfOneTileShareAPass) {
 // prefill tolerance; the passes of 128 rows are lowered once (with buckets, the last one's too). Its every-row
 // logits come chunk by chunk, 300 rows of them.
 TEST(Session, ALongPromptRunsInChunks) {
-  graph::ModelOptions mo;
-  mo.max_seq = 400;
-  absl::StatusOr<graph::Model> m = graph::LoadModel("random:tiny", mo);
-  ASSERT_TRUE(m.ok()) << m.status();
-  scheduler::CompileOptions options;
-  options.set_num_sms(4);
-  absl::StatusOr<scheduler::Schedule> schedule = scheduler::Compile(m->graph, "random:tiny", options);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 3) % 1000);
+  Tiny tiny = LoadTiny(400);
+  const graph::Model* m = &tiny.model;
+  const scheduler::Schedule* schedule = &tiny.schedule;
+  const std::vector<int32_t> prompt = Prompt(300);
   absl::StatusOr<graph::OracleDecode> oracle = graph::DecodeWithOracle(*m, prompt, 6);
   ASSERT_TRUE(oracle.ok()) << oracle.status();
   std::vector<std::vector<float>> logits;

@@ -52,6 +52,22 @@ class GpuSchedules : public testing::Test {
     EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kTolerance) << what << ": last step's logits";
   }
 
+  // The VM and a GPU decoder of `s`, each with `prompt` loaded and `pass` run over it.
+  void PrefillBoth(const scheduler::Schedule& s, const scheduler::Schedule& pass, const std::vector<int32_t>& prompt,
+                   std::unique_ptr<ReferenceVm>* vm, std::unique_ptr<GpuDecoder>* d, const std::string& what) {
+    absl::StatusOr<std::unique_ptr<ReferenceVm>> v = ReferenceVm::Create(s, model_->weights);
+    ASSERT_TRUE(v.ok()) << what << ": " << v.status();
+    ASSERT_TRUE((*v)->Reset(prompt).ok());
+    ASSERT_TRUE((*v)->Prefill(pass).ok()) << what;
+    absl::StatusOr<std::unique_ptr<GpuDecoder>> g = GpuDecoder::Create(s, model_->weights);
+    ASSERT_TRUE(g.ok()) << what << ": " << g.status();
+    ASSERT_TRUE((*g)->Reset(prompt).ok());
+    absl::StatusOr<float> ms = (*g)->Prefill(pass);
+    ASSERT_TRUE(ms.ok()) << what << ": " << ms.status();
+    *vm = *std::move(v);
+    *d = *std::move(g);
+  }
+
   std::unique_ptr<graph::Model> model_;
 };
 
@@ -126,15 +142,12 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
           po.page_bytes = sms == 8 ? 16384 : wide ? isa::kGemmWideStepBytes : 32768;
           absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, rows, po);
           ASSERT_TRUE(pass.ok()) << pass.status();
-          absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
-          ASSERT_TRUE(vm.ok());
-          ASSERT_TRUE((*vm)->Reset(prompt).ok());
-          ASSERT_TRUE((*vm)->Prefill(*pass).ok());
-          absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
-          ASSERT_TRUE(d.ok()) << d.status();
-          ASSERT_TRUE((*d)->Reset(prompt).ok());
-          absl::StatusOr<float> ms = (*d)->Prefill(*pass);
-          ASSERT_TRUE(ms.ok()) << what << ": " << ms.status();
+          std::unique_ptr<ReferenceVm> vm_owned;
+          std::unique_ptr<GpuDecoder> d_owned;
+          PrefillBoth(*s, *pass, prompt, &vm_owned, &d_owned, what);
+          if (HasFatalFailure()) return;
+          std::unique_ptr<ReferenceVm>* vm = &vm_owned;
+          std::unique_ptr<GpuDecoder>* d = &d_owned;
           for (const scheduler::Tensor& t : pass->tensors()) {
             if (t.dtype() != graph::F32 || t.region() != scheduler::ARENA ||
                 !(absl::StrContains(t.name(), "cache") || t.name() == "prefill.x")) {
@@ -213,14 +226,12 @@ TEST_F(GpuSchedules, Bf16KvCachesMatchTheVm) {
     for (uint32_t i = 0; i < 129; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
     absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, 129);
     ASSERT_TRUE(pass.ok()) << pass.status();
-    absl::StatusOr<std::unique_ptr<ReferenceVm>> vm = ReferenceVm::Create(*s, model_->weights);
-    ASSERT_TRUE(vm.ok());
-    ASSERT_TRUE((*vm)->Reset(prompt).ok());
-    ASSERT_TRUE((*vm)->Prefill(*pass).ok());
-    absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
-    ASSERT_TRUE(d.ok()) << d.status();
-    ASSERT_TRUE((*d)->Reset(prompt).ok());
-    ASSERT_TRUE((*d)->Prefill(*pass).ok());
+    std::unique_ptr<ReferenceVm> vm_owned;
+    std::unique_ptr<GpuDecoder> d_owned;
+    PrefillBoth(*s, *pass, prompt, &vm_owned, &d_owned, spec);
+    if (HasFatalFailure()) return;
+    std::unique_ptr<ReferenceVm>* vm = &vm_owned;
+    std::unique_ptr<GpuDecoder>* d = &d_owned;
     int caches = 0;
     for (const scheduler::Tensor& t : pass->tensors()) {
       if (!absl::StrContains(t.name(), "cache")) continue;
