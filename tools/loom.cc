@@ -6,6 +6,7 @@
 //   loom quantize --model=... --out=DIR --scheme=FP8|W4A16|W8A16 [--group_size=128]
 // Every error is one line on stderr naming the file and the reason, exit code 1.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -483,6 +484,22 @@ int RunCommand() {
     if (!oracle.ok()) return Fail(oracle.status());
     if (oracle->tokens != tokens) {
       std::printf("oracle: %s\nMISMATCH against the op-by-op oracle\n", Join(oracle->tokens, prompt->size()).c_str());
+      // Where the tokens part, how far apart the oracle's own logits put the two (random weights give near ties that
+      // a last-bit difference in the pass's bf16 operands or a bf16 KV cache tips).
+      size_t i = 0;
+      while (i < tokens.size() && i < oracle->tokens.size() && tokens[i] == oracle->tokens[i]) ++i;
+      if (i > 0 && i < tokens.size() && i < oracle->tokens.size() && i - 1 < oracle->logits.size()) {
+        const std::vector<float>& l = oracle->logits[i - 1];
+        const int32_t want = oracle->tokens[i], got = tokens[i];
+        if (want >= 0 && got >= 0 && static_cast<size_t>(std::max(want, got)) < l.size()) {
+          float scale = 0;
+          for (float v : l) scale = std::max(scale, std::fabs(v));
+          const float margin = l[want] - l[got];
+          std::printf("first difference at position %zu: token %d (oracle) against %d, which the oracle's logits put "
+                      "behind by %.3g (%.2g of the largest logit)\n",
+                      i, want, got, margin, scale > 0 ? margin / scale : 0.0f);
+        }
+      }
       return 1;
     }
     std::printf("identical to the op-by-op oracle\n");
