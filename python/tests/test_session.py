@@ -251,6 +251,18 @@ def test_quantized_projections_generate_as_the_cli():
         loom.load("random:tiny", scheme="INT3")
 
 
+def test_a_bf16_kv_cache_generates_as_the_cli():
+    # kv_dtype="bf16": the caches are bf16 in the graph, and the Session and `loom run --kv_dtype=bf16` agree, with and
+    # without the prefill pass; anything but f32 / bf16 is refused by name.
+    model = loom.load("random:tiny", max_seq=64, kv_dtype="bf16")
+    for prefill in (True, False):
+        out = loom.Session(model, backend="cpu").generate([5, 17, 42, 7], max_new_tokens=6, prefill=prefill)
+        assert out.new_ids == cli_tokens("--prompt=5,17,42,7", "--tokens=6", "--kv_dtype=bf16",
+                                         f"--prefill={str(prefill).lower()}")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        loom.load("random:tiny", kv_dtype="f16")
+
+
 @pytest.mark.parametrize("fixture", ["awq-g32", "gptq-g32-asym", "w4a16-g32-f16"])
 def test_hub_int4_checkpoints_generate_as_the_checked_cli(fixture):
     # AutoAWQ's, GPTQModel's and compressed-tensors' (float16 scales) int4 packings, read as int4 (MATVEC_W4): the
