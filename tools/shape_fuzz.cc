@@ -6,6 +6,7 @@
 // prefill tolerance. A GPU error, a lowering that fails after compiling, or a disagreement is a failure; the tool
 // exits non-zero on any. Reproduce one case with --seed and --first=N --cases=1.
 //   shape_fuzz --cases=300 [--seed=1] [--first=0] [--seconds=0] [--report=FILE] [--compile_only]
+//              [--scheme=FP8|W4A16] [--kv_dtype=f32|bf16|mixed] [--buckets]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -36,6 +37,11 @@ ABSL_FLAG(std::string, dir, "/tmp", "where each case's config.json is written");
 ABSL_FLAG(std::string, scheme, "",
           "FP8: every case's projections FP8 (MATVEC_FP8 in decode), W4A16: int4 in the largest group of 128 / 64 / 32 "
           "that divides them (MATVEC_W4); the cases are the same");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "every case's KV cache: f32, bf16, or mixed (the odd-numbered cases bf16); the cases are the same");
+ABSL_FLAG(bool, buckets, false,
+          "run each prefill pass (not every row's logits) as its bucket's (scheduler::PrefillBucketRows), the prompt's "
+          "rows of it; the cases are the same");
 ABSL_FLAG(bool, compile_only, false, "compile each case and lower its pass, no GPU or VM (the case mix, the refusals)");
 
 namespace loom {
@@ -47,6 +53,7 @@ namespace {
 constexpr double kTolerance = 2e-2;
 
 struct Case {
+  int index = 0;
   std::string family;
   uint32_t hidden, heads, kv_heads, head_dim, intermediate, vocab, layers, max_seq;
   bool bias, tied, window;
@@ -71,6 +78,7 @@ T Pick(std::mt19937_64& rng, const std::vector<T>& v) {
 Case Generate(uint64_t seed, int index) {
   std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(index));
   Case c;
+  c.index = index;
   c.family = Pick<std::string>(rng, {"llama", "llama", "mistral", "qwen2", "qwen3"});
   // Mostly shapes Loom runs, some it must refuse (head_dim 96 / 256, widths not a multiple of 4 or 64).
   c.head_dim = Pick<uint32_t>(rng, {64, 64, 64, 128, 128, 128, 32, 256, 96});
@@ -166,6 +174,8 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
   graph::ModelOptions mo;
   mo.max_seq = static_cast<int>(c.max_seq);
   mo.scheme = absl::GetFlag(FLAGS_scheme);
+  const std::string kv = absl::GetFlag(FLAGS_kv_dtype);
+  mo.kv_dtype = kv == "bf16" || (kv == "mixed" && c.index % 2 == 1) ? graph::BF16 : graph::F32;
   // W4A16: the largest group of 128, 64 and 32 that divides every projection's columns (the case's shapes are
   // checkpoints'; a group none divides is refused by LoadModel, naming the weight).
   for (uint32_t group : {128u, 64u, 32u}) {
@@ -192,7 +202,10 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
     scheduler::PrefillOptions po;
     po.all_logits = c.all_logits;
     po.verify = true;
-    absl::StatusOr<scheduler::Schedule> p = scheduler::LowerPrefill(model->graph, *s, c.prompt, po);
+    const uint32_t rows = absl::GetFlag(FLAGS_buckets) && !c.all_logits
+                              ? scheduler::PrefillBucketRows(c.prompt, static_cast<uint32_t>(s->max_seq()) - 1)
+                              : c.prompt;
+    absl::StatusOr<scheduler::Schedule> p = scheduler::LowerPrefill(model->graph, *s, rows, po);
     if (!p.ok()) {  // refused at compile time too (the prompt, not the model): named, before any launch
       *detail = absl::StrCat("prefill: ", p.status().message());
       return Outcome::kRefused;
@@ -215,9 +228,9 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
   if (st.ok()) st = (*gpu)->Reset(prompt);
   std::vector<float> vm_pass_logits, gpu_pass_logits;
   if (st.ok() && pass) {
-    st = (*vm)->Prefill(*pass);
+    st = (*vm)->Prefill(*pass, c.prompt);
     if (st.ok()) vm_pass_logits = (*vm)->logits();
-    absl::StatusOr<float> ms = (*gpu)->Prefill(*pass);
+    absl::StatusOr<float> ms = (*gpu)->Prefill(*pass, false, c.prompt);
     if (!ms.ok()) st = ms.status();
     if (st.ok()) {
       absl::StatusOr<std::vector<float>> l = (*gpu)->logits();
@@ -260,6 +273,10 @@ Outcome RunCase(const Case& c, const std::string& dir, std::string* detail) {
 }
 
 int Main() {
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); kv != "f32" && kv != "bf16" && kv != "mixed") {
+    std::fprintf(stderr, "shape_fuzz: --kv_dtype '%s': f32, bf16 or mixed\n", kv.c_str());
+    return 2;
+  }
   std::string why;
   if (!absl::GetFlag(FLAGS_compile_only) && !runtime::GpuAvailable(&why)) {
     std::fprintf(stderr, "shape_fuzz: %s\n", why.c_str());
