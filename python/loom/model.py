@@ -30,6 +30,11 @@ class Model(NativeWrapper):
         return self._native.spec
 
     @property
+    def kv_dtype(self) -> str:
+        """The KV caches' element: "f32" or "bf16" (load's kv_dtype); "" for a graph without a KV cache."""
+        return self._native.kv_dtype
+
+    @property
     def notes(self) -> list[str]:
         """What loading noticed: config fields transformers ignores for this family, weights rounded to bf16."""
         return list(self._native.notes)
@@ -41,7 +46,7 @@ class Model(NativeWrapper):
         size = f"{n.parameters / 1e9:.2f}B" if n.parameters >= 1e9 else f"{n.parameters / 1e6:.1f}M"
         return (f"loom.Model({self.spec!r}: {n.family}, {size} parameters, {n.num_layers} layers, "
                 f"hidden {n.hidden_size}, {n.num_heads}/{n.num_kv_heads} heads of {n.head_dim}, "
-                f"KV cache {self.max_seq})")
+                f"KV cache {self.max_seq}{' bf16' if self.kv_dtype == 'bf16' else ''})")
 
     def export(self, folder: str | os.PathLike[str]) -> None:
         """Writes config.json and model.safetensors (random:<preset> models): a folder transformers loads."""

@@ -135,6 +135,15 @@ void BindModel(nb::module_& m) {
             return int64_t{0};
           },
           "KV-cache capacity in tokens (0: the graph has no KV cache).")
+      .def_prop_ro(
+          "kv_dtype",
+          [](const graph::Model& x) -> std::string {
+            for (const graph::TensorDef* t : x.graph.TensorsOfKind(graph::STATE)) {
+              if (t->shape_size() == 3) return t->dtype() == graph::BF16 ? "bf16" : "f32";
+            }
+            return "";
+          },
+          "The KV caches' element: \"f32\" or \"bf16\" (\"\": the graph has no KV cache).")
       .def(
           "graph", [](const graph::Model& x) { return x.graph; }, "The model's graph.")
       .def(

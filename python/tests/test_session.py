@@ -255,6 +255,8 @@ def test_a_bf16_kv_cache_generates_as_the_cli():
     # kv_dtype="bf16": the caches are bf16 in the graph, and the Session and `loom run --kv_dtype=bf16` agree, with and
     # without the prefill pass; anything but f32 / bf16 is refused by name.
     model = loom.load("random:tiny", max_seq=64, kv_dtype="bf16")
+    assert model.kv_dtype == "bf16" and "KV cache 64 bf16" in repr(model)
+    assert loom.load("random:tiny", max_seq=64, weights=False).kv_dtype == "f32"
     for prefill in (True, False):
         out = loom.Session(model, backend="cpu").generate([5, 17, 42, 7], max_new_tokens=6, prefill=prefill)
         assert out.new_ids == cli_tokens("--prompt=5,17,42,7", "--tokens=6", "--kv_dtype=bf16",
