@@ -1,5 +1,5 @@
 // The decode attention family's arguments (split-KV partials and their reduce), included by instruction.h (same
-// rules). Host side: ops_attention.cc; device: megakernel/ops/attention.cuh.
+// rules). Host side: ops_attention.cc; device: megakernel/ops/attention.cuh (the merge: attention_merge.cuh).
 #pragma once
 
 namespace loom::isa {

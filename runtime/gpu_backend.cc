@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<GpuDecoder>> GpuDecoder::Create(const scheduler::
       !s.ok()) {
     return s;
   }
-  // The weights packed and uploaded a window at a time: the host holds one window beside the weights it was given,
-  // not a second copy of them all.
+  // The weights packed and uploaded a window at a time (the next one packing while one uploads): the host holds two
+  // windows beside the weights it was given, not a second copy of them all.
   absl::StatusOr<std::unique_ptr<GpuMachine>> machine = GpuMachine::Create(*program, schedule.weight_bytes());
   if (!machine.ok()) return machine.status();
   if (absl::Status s = scheduler::PackWeightsInWindows(

@@ -18,7 +18,8 @@ class GpuMachine;
 // The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 4 GiB holds about
 // nine of a Llama-3.1-70B's int4 layers (~0.45 GB, four or five packed tensors each), enough packings for 8 threads
 // to share (windows of 1 GiB, two layers, packed at 0.40 GB/s where the whole region packed at 1.10: a window's
-// threads wait for its largest tensor), and is small beside the weights themselves (37 GB for that model).
+// threads wait for its largest tensor); two of them (one packing, one uploading) are small beside the weights
+// themselves (37 GB for that model).
 inline constexpr uint64_t kPackWindowBytes = uint64_t{4} << 30;
 
 // A decode schedule resident on the GPU: weights uploaded once, then any number

@@ -416,23 +416,41 @@ absl::Status PackWeightsInWindows(const Schedule& s, const graph::WeightStore& w
     begin = w.end;
     first = w.last;
   }
-  if (absl::Status st = graph::CheckHostMemory(largest, absl::StrCat("packing the weights of ", s.model()),
+  // Two windows' buffers when there are several: window k packs into one while the sink takes window k - 1 from
+  // the other on a thread of its own (an upload overlaps the next window's packing; the sink's calls stay in order,
+  // one at a time).
+  const bool overlap = sink && whole == nullptr && windows.size() > 1;
+  if (absl::Status st = graph::CheckHostMemory((overlap ? 2 : 1) * largest,
+                                               absl::StrCat("packing the weights of ", s.model()),
                                                windows.size() == 1 ? "the WEIGHTS region"
-                                                                   : "a window of the WEIGHTS region");
+                                                                   : "two windows of the WEIGHTS region");
       !st.ok()) {
     return st;
   }
   graph::Progress progress("packing weights", s.weight_bytes());
-  std::vector<uint8_t> local;
-  std::vector<uint8_t>& buffer = whole != nullptr ? *whole : local;
-  for (const Window& w : windows) {
-    buffer.assign(w.end - w.begin, 0);
+  std::vector<uint8_t> local[2];
+  std::thread sending;
+  absl::Status sent;
+  auto wait_sent = [&] {
+    if (sending.joinable()) sending.join();
+    return sent;
+  };
+  for (size_t k = 0; k < windows.size(); ++k) {
+    const Window& w = windows[k];
+    std::vector<uint8_t>& buffer = whole != nullptr ? *whole : local[overlap ? k % 2 : 0];
+    buffer.assign(w.end - w.begin, 0);  // (its last window, k - 2, was sent before window k - 1's send began)
     const std::vector<WindowItem> in_window(items.begin() + w.first, items.begin() + w.last);
-    if (absl::Status st = PackWindow(s, weights, in_window, w.begin, buffer, progress); !st.ok()) return st;
-    if (sink) {
-      if (absl::Status st = sink(w.begin, buffer.data(), buffer.size()); !st.ok()) return st;
+    absl::Status st = PackWindow(s, weights, in_window, w.begin, buffer, progress);
+    if (absl::Status prior = wait_sent(); !prior.ok()) return prior;
+    if (!st.ok()) return st;
+    if (!sink) continue;
+    if (!overlap) {
+      if (absl::Status sunk = sink(w.begin, buffer.data(), buffer.size()); !sunk.ok()) return sunk;
+      continue;
     }
+    sending = std::thread([&sink, &sent, &buffer, begin = w.begin] { sent = sink(begin, buffer.data(), buffer.size()); });
   }
+  if (absl::Status last = wait_sent(); !last.ok()) return last;
   progress.Done();
   return absl::OkStatus();
 }

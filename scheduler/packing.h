@@ -20,9 +20,10 @@ absl::StatusOr<std::vector<uint8_t>> PackWeights(const Schedule& schedule, const
 using WeightWindowSink = std::function<absl::Status(uint64_t offset, const uint8_t* data, uint64_t bytes)>;
 // The region packed a window at a time, in offset order: each window of consecutive tensors as large as
 // `window_bytes` allows (at least one tensor; the last runs to the region's end, bytes no tensor holds zero) is
-// handed to `sink` and its buffer reused, so the host holds one window instead of the region (a Llama-3.1-70B's
-// int4 weights pack to 40 GB, beside the 37 GB they are read as). `whole`: the buffer to pack into (PackWeights:
-// one window, the region).
+// handed to `sink`, so the host holds two windows instead of the region (a Llama-3.1-70B's int4 weights pack to
+// 40 GB, beside the 37 GB they are read as): the sink takes window k on a thread of its own while window k + 1
+// packs (its calls in order, one at a time; its first error is returned). `whole`: the buffer to pack into
+// (PackWeights: one window, the region).
 absl::Status PackWeightsInWindows(const Schedule& schedule, const graph::WeightStore& weights, uint64_t window_bytes,
                                   const WeightWindowSink& sink, std::vector<uint8_t>* whole = nullptr);
 
