@@ -168,7 +168,8 @@ absl::StatusOr<scheduler::CompileOptions> OptionsFromFlags() {
   return scheduler::OptionsFromSettings(settings, "--");
 }
 
-absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options, int request = 0) {
+absl::StatusOr<graph::ModelOptions> ModelOptionsFromFlags(bool weights, const scheduler::CompileOptions& options,
+                                                          int request) {
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("--model is required");
   graph::ModelOptions mo;
   mo.load_weights = weights;
@@ -195,8 +196,14 @@ absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::Compi
   // time: GpuDecoder::Create).
   const bool on_host = absl::GetFlag(FLAGS_backend) == "cpu";
   mo.packed_copies = weights && on_host ? (!options.has_prefill() || options.prefill() ? 2 : 1) : 0;
+  return mo;
+}
+
+absl::StatusOr<graph::Model> ModelFromFlags(bool weights, const scheduler::CompileOptions& options, int request = 0) {
+  absl::StatusOr<graph::ModelOptions> mo = ModelOptionsFromFlags(weights, options, request);
+  if (!mo.ok()) return mo.status();
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), mo);
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), *mo);
   if (!model.ok()) return model;
   for (const std::string& note : model->notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   const graph::DecoderConfig& c = model->config;
@@ -370,6 +377,30 @@ absl::Status CheckRunFlagsApply(bool general_graph, const std::string& backend) 
   return absl::OkStatus();
 }
 
+// On the GPU, unless --prefill is given: a decoder whose prefill pass's operand images (bf16 whatever its weights'
+// scheme: 141 GB for a Llama-3.1-70B) do not fit the GPU beside its decode weights, where those alone do, runs its
+// prompt token by token (a note says so) instead of stopping at GpuDecoder::Create after minutes of loading. Decided
+// from the config and a compile, before any weight is read; what still does not fit is refused there, by name.
+void FitPrefillToGpu(scheduler::CompileOptions* options, int request) {
+  if (Given("prefill") || (options->has_prefill() && !options->prefill())) return;
+  absl::StatusOr<graph::ModelOptions> mo = ModelOptionsFromFlags(false, *options, request);
+  if (!mo.ok()) return;  // (the load that follows says why)
+  absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), *mo);
+  if (!model.ok()) return;
+  absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
+  if (!s.ok() || s->has_graph()) return;
+  const uint64_t prefill = scheduler::PrefillWeightBytes(*s);
+  if (prefill == 0 || runtime::CheckDeviceMemory(s->weight_bytes(), s->arena_bytes(), prefill).ok() ||
+      !runtime::CheckDeviceMemory(s->weight_bytes() - prefill, s->arena_bytes(), 0).ok()) {
+    return;
+  }
+  options->set_prefill(false);
+  std::fprintf(stderr,
+               "note: the prefill pass's weights (%.1f GB of bf16 operand images) do not fit the GPU beside the "
+               "decode weights (%.1f GB): the prompt runs token by token (--prefill=true insists)\n",
+               prefill / 1e9, (s->weight_bytes() - prefill) / 1e9);
+}
+
 int RunCommand() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cpu" && backend != "gpu") {
@@ -387,10 +418,14 @@ int RunCommand() {
   if (!prompt.ok()) return Fail(prompt.status());
   const int new_tokens = absl::GetFlag(FLAGS_tokens);
   if (new_tokens < 1) return Fail(absl::InvalidArgumentError("--tokens must be >= 1"));
-  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
+  if (absl::GetFlag(FLAGS_prefill_chunk) < 0) {
+    return Fail(absl::InvalidArgumentError("--prefill_chunk must be >= 0 (0: the prompt in one pass)"));
+  }
   // Without --max_seq the KV cache holds the request: the prompt, the new tokens and the slot past them.
-  absl::StatusOr<graph::Model> model =
-      ModelFromFlags(true, *options, static_cast<int>(std::min<size_t>(prompt->size() + new_tokens + 1, 1 << 30)));
+  const int request = static_cast<int>(std::min<size_t>(prompt->size() + new_tokens + 1, 1 << 30));
+  if (backend == "gpu" && !IsGeneralGraph(absl::GetFlag(FLAGS_model))) FitPrefillToGpu(&*options, request);
+  std::fprintf(stderr, "loading %s...\n", absl::GetFlag(FLAGS_model).c_str());
+  absl::StatusOr<graph::Model> model = ModelFromFlags(true, *options, request);
   if (!model.ok()) return Fail(model.status());
   absl::StatusOr<scheduler::Schedule> schedule =
       scheduler::Compile(model->graph, absl::GetFlag(FLAGS_model), *options);
@@ -415,7 +450,8 @@ int RunCommand() {
                                                      model->config.max_position_embeddings, ")"))));
   }
   // A decoder runs through runtime::Session, as Python's loom.Session does: the prompt (one prefill pass, lowered
-  // for its exact length, or token by token), then the other new tokens as decode steps.
+  // for its exact length unless --prefill_buckets / --prefill_chunk say otherwise, or token by token), then the
+  // other new tokens as decode steps.
   absl::StatusOr<std::unique_ptr<runtime::Session>> session = runtime::Session::Create(
       model->graph, *schedule, model->weights, backend == "gpu" ? runtime::Backend::kGpu : runtime::Backend::kCpu);
   if (!session.ok()) return Fail(session.status());
@@ -426,9 +462,6 @@ int RunCommand() {
   start.keep_logits = !logits_out.empty();  // the pass then computes every prompt row's logits (the LM head per row)
   start.verify = absl::GetFlag(FLAGS_check);
   start.buckets = absl::GetFlag(FLAGS_prefill_buckets);
-  if (absl::GetFlag(FLAGS_prefill_chunk) < 0) {
-    return Fail(absl::InvalidArgumentError("--prefill_chunk must be >= 0 (0: the prompt in one pass)"));
-  }
   start.chunk_rows = static_cast<uint32_t>(absl::GetFlag(FLAGS_prefill_chunk));
   if (absl::Status s = run.Start(*prompt, start); !s.ok()) return Fail(s);
   if (run.used_prefill()) {
