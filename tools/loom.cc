@@ -377,12 +377,12 @@ absl::Status CheckRunFlagsApply(bool general_graph, const std::string& backend) 
   return absl::OkStatus();
 }
 
-// On the GPU, unless --prefill is given: a decoder whose prefill pass's operand images (bf16 whatever its weights'
+// On the GPU, unless --prefill (or the options file's `prefill`) is given: a decoder whose prefill pass's operand images (bf16 whatever its weights'
 // scheme: 141 GB for a Llama-3.1-70B) do not fit the GPU beside its decode weights, where those alone do, runs its
 // prompt token by token (a note says so) instead of stopping at GpuDecoder::Create after minutes of loading. Decided
 // from the config and a compile, before any weight is read; what still does not fit is refused there, by name.
 void FitPrefillToGpu(scheduler::CompileOptions* options, int request) {
-  if (Given("prefill") || (options->has_prefill() && !options->prefill())) return;
+  if (Given("prefill") || options->has_prefill()) return;  // (an options file's `prefill:` is as explicit)
   absl::StatusOr<graph::ModelOptions> mo = ModelOptionsFromFlags(false, *options, request);
   if (!mo.ok()) return;  // (the load that follows says why)
   absl::StatusOr<graph::Model> model = graph::LoadModel(absl::GetFlag(FLAGS_model), *mo);
