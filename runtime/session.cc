@@ -165,7 +165,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
     const bool decoder = scheduler::PrefillInBuckets(graph_);
     const uint32_t chunk = decoder && options.chunk_rows > 0 ? options.chunk_rows : total;
     prompt_ms_ = 0;
-    for (uint32_t begin = 0; begin < total && prefill;) {
+    for (uint32_t begin = 0; begin < total;) {
       const uint32_t rows = std::min(chunk, total - begin);
       const uint32_t lowered = options.buckets && !options.keep_logits && decoder
                                    ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1 - begin)
