@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "google/protobuf/arena.h"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/gpu_backend.h"
@@ -31,6 +36,64 @@ absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t positio
       "): the model overflowed or its weights are broken; the generated tokens are meaningless"));
 }
 
+// The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
+// shared_ptr: evicting it from the list leaves a Start that runs it its copy.
+struct Session::Passes {
+  struct Lowered {
+    uint32_t rows;
+    bool all_logits;
+    std::shared_ptr<const scheduler::Schedule> pass;
+  };
+  // The most passes kept: LowerAhead's (20 for chunks of 2048 rows: 16, 32, 64, then every 128) and a few more.
+  static constexpr size_t kKept = 32;
+
+  std::mutex mu;
+  std::condition_variable changed;  // a pass landed, or the thread ended
+  std::vector<Lowered> lowered;
+  std::vector<uint32_t> pending;    // LowerAhead's rows still to lower (every-row logits off), smallest first
+  uint32_t lowering = 0;            // the rows LowerAhead's thread is lowering now (0: none)
+  bool stop = false;
+  int lowered_ahead = 0;
+  std::thread thread;
+
+  ~Passes() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    if (thread.joinable()) thread.join();
+  }
+  std::shared_ptr<const scheduler::Schedule> Find(uint32_t rows, bool all_logits) const {
+    for (const Lowered& p : lowered) {
+      if (p.rows == rows && p.all_logits == all_logits) return p.pass;
+    }
+    return nullptr;
+  }
+  void Add(uint32_t rows, bool all_logits, std::shared_ptr<const scheduler::Schedule> pass) {
+    if (Find(rows, all_logits) != nullptr) return;
+    if (lowered.size() >= kKept) lowered.erase(lowered.begin());
+    lowered.push_back({rows, all_logits, std::move(pass)});
+  }
+};
+
+namespace {
+
+// A prefill pass of `rows` rows of `decode`, on an arena of its own (its messages cost no allocation each: the
+// allocator took about half of the lowering's time) that lives as long as the pass.
+absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> LowerPass(const graph::Graph& graph,
+                                                                     const scheduler::Schedule& decode, uint32_t rows,
+                                                                     bool all_logits, bool verify) {
+  scheduler::PrefillOptions options;
+  options.all_logits = all_logits;
+  options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
+  auto arena = std::make_shared<google::protobuf::Arena>();
+  scheduler::Schedule* pass = google::protobuf::Arena::Create<scheduler::Schedule>(arena.get());
+  if (absl::Status s = scheduler::LowerPrefillInto(graph, decode, rows, options, pass); !s.ok()) return s;
+  return std::shared_ptr<const scheduler::Schedule>(std::move(arena), pass);  // (aliasing: owns the arena)
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& graph, const scheduler::Schedule& schedule,
                                                          const graph::WeightStore& weights, Backend backend) {
   if (schedule.has_graph()) {
@@ -41,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& gra
   s->backend_ = backend;
   s->graph_ = graph;
   s->schedule_ = schedule;
+  s->passes_ = std::make_unique<Passes>();
   if (backend == Backend::kGpu) {
     absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(schedule, weights);
     if (!d.ok()) return d.status();
@@ -53,26 +117,80 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const graph::Graph& gra
   return s;
 }
 
-Session::~Session() = default;
+Session::~Session() { passes_.reset(); }  // (LowerAhead's thread reads graph_ and schedule_: stopped first)
 
 uint32_t Session::vocab_size() const { return schedule_.vocab_size(); }
 uint32_t Session::max_seq() const { return schedule_.max_seq(); }
 
-absl::StatusOr<const scheduler::Schedule*> Session::PassFor(uint32_t rows, bool all_logits, bool verify) {
-  for (const LoweredPass& p : passes_) {
-    if (p.rows == rows && p.all_logits == all_logits) return p.pass;
+absl::Status Session::LowerAhead(const StartOptions& options) {
+  if (!options.prefill || !options.buckets || !scheduler::HasPrefillWeights(schedule_) ||
+      !scheduler::PrefillInBuckets(graph_)) {
+    return absl::OkStatus();
+  }
+  Passes& p = *passes_;
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.thread.joinable()) return absl::FailedPreconditionError("LowerAhead is already under way or done");
+  const uint32_t most = options.chunk_rows > 0 ? options.chunk_rows : scheduler::kDefaultPrefillChunkRows;
+  p.pending = scheduler::PrefillBuckets(most, schedule_.max_seq() - 1);
+  const bool verify = options.verify;
+  // (The thread holds its Passes, not passes_: ~Session resets passes_, nulling it before ~Passes joins the thread.)
+  p.thread = std::thread([this, &p, verify] {
+    for (;;) {
+      uint32_t rows = 0;
+      {
+        std::lock_guard<std::mutex> lock(p.mu);
+        while (rows == 0 && !p.stop && !p.pending.empty()) {
+          if (p.Find(p.pending.front(), false) == nullptr) rows = p.pending.front();
+          p.pending.erase(p.pending.begin());
+        }
+        if (rows == 0) {
+          p.pending.clear();
+          p.changed.notify_all();
+          return;
+        }
+        p.lowering = rows;
+      }
+      // graph_ and schedule_ are only read, here and by every other lowering.
+      absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
+          LowerPass(graph_, schedule_, rows, false, verify);
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.lowering = 0;
+      if (pass.ok()) {  // (a failure: the Start that needs the pass lowers it again and says why)
+        p.Add(rows, false, *std::move(pass));
+        ++p.lowered_ahead;
+      }
+      p.changed.notify_all();
+    }
+  });
+  return absl::OkStatus();
+}
+
+int Session::WaitLoweredAhead() {
+  Passes& p = *passes_;
+  std::unique_lock<std::mutex> lock(p.mu);
+  p.changed.wait(lock, [&] { return p.pending.empty() && p.lowering == 0; });
+  return p.lowered_ahead;
+}
+
+absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> Session::PassFor(uint32_t rows, bool all_logits,
+                                                                            bool verify) {
+  Passes& p = *passes_;
+  {
+    std::unique_lock<std::mutex> lock(p.mu);
+    for (;;) {
+      if (std::shared_ptr<const scheduler::Schedule> pass = p.Find(rows, all_logits)) return pass;
+      if (all_logits || p.lowering != rows) break;
+      p.changed.wait(lock);  // LowerAhead's thread is lowering this one
+    }
+    if (!all_logits) p.pending.erase(std::remove(p.pending.begin(), p.pending.end(), rows), p.pending.end());
   }
   const auto start = std::chrono::steady_clock::now();
-  scheduler::PrefillOptions options;
-  options.all_logits = all_logits;
-  options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
-  auto arena = std::make_unique<google::protobuf::Arena>();
-  scheduler::Schedule* pass = google::protobuf::Arena::Create<scheduler::Schedule>(arena.get());
-  if (absl::Status s = scheduler::LowerPrefillInto(graph_, schedule_, rows, options, pass); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
+      LowerPass(graph_, schedule_, rows, all_logits, verify);
+  if (!pass.ok()) return pass.status();
   pass_lower_ms_ += MsSince(start);  // (zeroed by each Start: a chunked prompt's lowerings add up)
-  constexpr size_t kKeptPasses = 8;
-  if (passes_.size() >= kKeptPasses) passes_.erase(passes_.begin());
-  passes_.push_back({rows, all_logits, std::move(arena), pass});
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.Add(rows, all_logits, *pass);
   return pass;
 }
 
@@ -170,7 +288,8 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
       const uint32_t lowered = options.buckets && !options.keep_logits && decoder
                                    ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1 - begin)
                                    : rows;
-      absl::StatusOr<const scheduler::Schedule*> pass = PassFor(lowered, options.keep_logits, options.verify);
+      absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
+          PassFor(lowered, options.keep_logits, options.verify);
       if (!pass.ok()) {
         if (begin > 0) return pass.status();  // (the first chunk's pass lowered: a later one's is the same shape)
         prefill_note_ = std::string(pass.status().message());

@@ -10,6 +10,7 @@
 #include "graph/model.h"
 #include "gtest/gtest.h"
 #include "scheduler/compiler.h"
+#include "scheduler/prefill.h"
 
 namespace loom::runtime {
 namespace {
@@ -136,27 +137,27 @@ TEST(Session, KeptLogitsHoldEveryStepsRow) {
   EXPECT_LT(worst, 2e-2f * scale);  // bf16 operand images in the pass against the steps' f32 activations
 }
 
-// With StartOptions::buckets, prompts whose rows end in the same 128-row tile share one lowered pass
-// (scheduler::PrefillBucketRows): the second start lowers nothing; a prompt in the next tile lowers its own; every
-// row's logits take a pass of their own length, and so does a prompt started without buckets.
-TEST(Session, PromptsOfOneTileShareAPass) {
+// With StartOptions::buckets (the default), prompts whose rows end in the same bucket share one lowered pass
+// (scheduler::PrefillBucketRows: 16, 32, 64, 128, then every 128 rows): the second start lowers nothing; a prompt in
+// the next bucket lowers its own; every row's logits take a pass of their own length, and so does a prompt started
+// without buckets.
+TEST(Session, PromptsOfOneBucketShareAPass) {
   Tiny tiny = LoadTiny(300);
   absl::StatusOr<std::unique_ptr<Session>> s =
       Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
   ASSERT_TRUE(s.ok()) << s.status();
   auto prompt = Prompt;
-  StartOptions buckets;
-  buckets.buckets = true;
+  const StartOptions buckets;
+  EXPECT_TRUE(buckets.buckets) << "the default";
   int instructions = 0;
-  for (const int n : {100, 120, 20, 129}) {
+  for (const int n : {100, 120, 20, 30, 129}) {
     ASSERT_TRUE((*s)->Start(prompt(n), buckets).ok()) << n;
     EXPECT_TRUE((*s)->used_prefill()) << n;
     EXPECT_EQ(*(*s)->position(), n) << n;
     if (n == 100) instructions = (*s)->pass_instructions();
-    if (n == 120 || n == 20) {
-      EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << n << " rows: the pass of 128 is lowered already";
-      EXPECT_EQ((*s)->pass_instructions(), instructions) << n;
-    }
+    if (n == 120 || n == 30) EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << n << " rows: their bucket's pass is lowered";
+    if (n == 120) EXPECT_EQ((*s)->pass_instructions(), instructions) << n;
+    if (n == 20) EXPECT_GT((*s)->pass_lower_ms(), 0.0) << "the pass of 32";
     if (n == 129) EXPECT_GT((*s)->pass_instructions(), instructions) << "the pass of 256";
   }
   StartOptions all = buckets;
@@ -164,8 +165,57 @@ TEST(Session, PromptsOfOneTileShareAPass) {
   ASSERT_TRUE((*s)->Start(prompt(120), all).ok());
   EXPECT_GT((*s)->pass_lower_ms(), 0.0) << "every row's logits: a pass of 120 rows";
   EXPECT_EQ((*s)->kept_logits().size(), 120u * (*s)->vocab_size());
-  ASSERT_TRUE((*s)->Start(prompt(110)).ok());  // without buckets: a pass of its own length
+  StartOptions exact;
+  exact.buckets = false;
+  ASSERT_TRUE((*s)->Start(prompt(110), exact).ok());  // a pass of its own length
   EXPECT_GT((*s)->pass_lower_ms(), 0.0);
+}
+
+// The buckets a prompt of up to 300 rows meets, smallest first.
+TEST(Session, BucketsAreThePowersOfTwoBelowATileThenTiles) {
+  EXPECT_EQ(scheduler::PrefillBuckets(300, 1000), (std::vector<uint32_t>{16, 32, 64, 128, 256, 384}));
+  EXPECT_EQ(scheduler::PrefillBuckets(2048, 1000).back(), 1000u) << "the last one as long as the cache's room";
+  EXPECT_EQ(scheduler::PrefillBucketRows(17, 20), 20u);
+  EXPECT_EQ(scheduler::PrefillBucketRows(2, 1000), 16u);
+}
+
+// LowerAhead lowers every bucket's pass (chunks of 128 rows: 16, 32, 64 and 128) in the background; Starts racing it
+// and after it lower nothing and give the tokens a session without it gives. A second LowerAhead is refused; a
+// session destroyed while its thread lowers stops it.
+TEST(Session, LowerAheadLowersEveryBucketsPass) {
+  Tiny tiny = LoadTiny(300);
+  StartOptions start;
+  start.chunk_rows = 128;
+  std::vector<std::vector<int32_t>> want;
+  {
+    absl::StatusOr<std::unique_ptr<Session>> s =
+        Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (const int n : {5, 60, 200}) {
+      ASSERT_TRUE((*s)->Start(Prompt(n), start).ok());
+      want.push_back(*(*s)->tokens());
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Session>> s =
+      Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->LowerAhead(start).ok());
+  EXPECT_EQ((*s)->LowerAhead(start).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*s)->Start(Prompt(5), start).ok());  // (racing the thread: lowered here, or waited for, or found)
+  EXPECT_EQ(*(*s)->tokens(), want[0]);
+  const int ahead = (*s)->WaitLoweredAhead();
+  EXPECT_GE(ahead, 3);
+  EXPECT_LE(ahead, 4);
+  for (const int i : {1, 2}) {
+    ASSERT_TRUE((*s)->Start(Prompt(i == 1 ? 60 : 200), start).ok());
+    EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << i;
+    EXPECT_EQ(*(*s)->tokens(), want[i]) << i;
+  }
+  absl::StatusOr<std::unique_ptr<Session>> stopped =
+      Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
+  ASSERT_TRUE(stopped.ok());
+  ASSERT_TRUE((*stopped)->LowerAhead(StartOptions{}).ok());
+  stopped->reset();
 }
 
 // A prompt of 300 rows in passes of 128 (StartOptions::chunk_rows: 128, 128, then 44 at positions 0, 128, 256, each

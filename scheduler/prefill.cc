@@ -303,8 +303,22 @@ bool PrefillInBuckets(const graph::Graph& graph) { return HasAttention(graph); }
 
 uint32_t PrefillBucketRows(uint32_t rows, uint32_t room) {
   const uint32_t tile = isa::kGemmTileM;
-  const uint64_t bucket = (uint64_t{rows} + tile - 1) / tile * tile;
+  uint64_t bucket = (uint64_t{rows} + tile - 1) / tile * tile;
+  if (rows < tile) {  // a power of two from kPrefillMinBucketRows
+    bucket = kPrefillMinBucketRows;
+    while (bucket < rows) bucket *= 2;
+  }
   return static_cast<uint32_t>(std::max<uint64_t>(rows, std::min<uint64_t>(bucket, room)));
+}
+
+std::vector<uint32_t> PrefillBuckets(uint32_t max_rows, uint32_t room) {
+  std::vector<uint32_t> buckets;
+  for (uint32_t rows = 2; rows <= std::min(max_rows, room);) {
+    const uint32_t b = PrefillBucketRows(rows, room);
+    buckets.push_back(b);
+    rows = b + 1;
+  }
+  return buckets;
 }
 
 absl::StatusOr<PrefillLastRow> PrefillLastRowFor(const Schedule& pass, uint32_t rows) {

@@ -88,9 +88,12 @@ expect_error "kv_dtype of export" "--kv_dtype is not a flag of loom export" "$WO
   --check 2>/dev/null | grep -q "identical to the op-by-op oracle" && pass "run --prefill_chunk=4 --check" ||
   fail "run --prefill_chunk=4 --check"
 expect_error "prefill_chunk" "--prefill_chunk must be >= 0" "" -- "$LOOM" run --model=random:tiny --prefill_chunk=-1
-# A prompt in its 128-row tile's pass (--prefill_buckets): the oracle's tokens.
+# A prompt in its bucket's pass (--prefill_buckets, the default) and in its own (=false): the oracle's tokens.
 "$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --prefill_buckets --check 2>/dev/null |
   grep -q "identical to the op-by-op oracle" && pass "run --prefill_buckets --check" || fail "run --prefill_buckets --check"
+"$LOOM" run --model="$WORK/tiny_hf" --prompt=1,2,3,4,5,6,7,8,9,10 --tokens=8 --prefill_buckets=false --check \
+  2>/dev/null | grep -q "identical to the op-by-op oracle" && pass "run --prefill_buckets=false --check" ||
+  fail "run --prefill_buckets=false --check"
 for c in compile inspect run export quantize; do
   "$LOOM" $c --help | grep -q "usage: loom $c" && pass "$c --help" || fail "$c --help"
 done

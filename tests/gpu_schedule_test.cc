@@ -176,16 +176,16 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
   }
 }
 
-// A bucket's pass (scheduler::PrefillBucketRows) uploaded once and run for prompts of 20 and then 100 rows (its
-// last-row entry rewritten in the uploaded table each run), and of 129 rows in the pass of 256, against the same
-// runs on the VM: the logits and the tokens decoded after.
+// A bucket's pass (scheduler::PrefillBucketRows) uploaded once and run for prompts of 20 and then 30 rows in the
+// pass of 32, 100 and 120 in the pass of 128 (its last-row entry rewritten in the uploaded table each run), and of
+// 129 rows in the pass of 256, against the same runs on the VM: the logits and the tokens decoded after.
 TEST_F(GpuSchedules, ABucketsPassRunsEveryLengthOfItsLastTile) {
   Load("random:tiny", 512);
   absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(model_->graph, model_->spec, scheduler::CompileOptions());
   ASSERT_TRUE(s.ok()) << s.status();
   absl::StatusOr<std::unique_ptr<GpuDecoder>> d = GpuDecoder::Create(*s, model_->weights);
   ASSERT_TRUE(d.ok()) << d.status();
-  for (uint32_t rows : {20u, 100u, 129u}) {
+  for (uint32_t rows : {20u, 30u, 100u, 120u, 129u}) {
     const uint32_t bucket = scheduler::PrefillBucketRows(rows, s->max_seq() - 1);
     absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, bucket);
     ASSERT_TRUE(pass.ok()) << pass.status();

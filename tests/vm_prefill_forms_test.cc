@@ -93,7 +93,7 @@ TEST(VmOracleKv, Bf16KvCacheDecodeAndPrefillMatchTheOracle) {
   }
 }
 
-// A bucket's pass (scheduler::PrefillBucketRows: rounded up to the 128-row tile) run for a prompt of fewer rows: the
+// A bucket's pass (scheduler::PrefillBucketRows: 16, 32, 64, 128, then every 128 rows) run for a prompt of fewer rows: the
 // KV rows and logits of the pass of the prompt's own length within the prefill tolerance (a pass plans its K splits
 // for its rows: the sums' order, and so their bf16 operands, may differ), and the oracle's tokens after it. The
 // padding rows are never read. Rows that do not end in the pass's last tile, and every row's logits, are refused.
@@ -109,9 +109,10 @@ TEST(VmPrefill, ABucketsPassRunsEveryLengthOfItsLastTile) {
     absl::StatusOr<scheduler::Schedule> s = scheduler::Compile(m->graph, m->spec, o);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_TRUE(scheduler::PrefillInBuckets(m->graph));
-    for (uint32_t rows : {2u, 70u, 128u, 129u, 200u}) {
+    for (const auto& [rows, want] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {2, 16}, {20, 32}, {70, 128}, {128, 128}, {129, 256}, {200, 256}}) {
       const uint32_t bucket = scheduler::PrefillBucketRows(rows, s->max_seq() - 1);
-      EXPECT_EQ(bucket, rows <= 128 ? 128u : 256u);
+      EXPECT_EQ(bucket, want) << rows;
       const std::string what = absl::StrCat(spec, ": ", rows, " rows in the pass of ", bucket);
       std::vector<int32_t> prompt;
       for (uint32_t i = 0; i < rows; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 3) % 1000));

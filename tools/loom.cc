@@ -93,12 +93,11 @@ ABSL_FLAG(int32_t, group_size, 128, "--scheme=W4A16 (quantize, or random weights
 ABSL_FLAG(bool, prefill, true,
           "run: consume the prompt in one tensor-core prefill pass (false: token by token, one decode step per "
           "prompt token, without packing the prefill weights)");
-ABSL_FLAG(bool, prefill_buckets, false,
-          "run: lower the prompt's pass for its 128-row tile (one lowering serves every length ending there; the rows "
-          "past the prompt are padding); not yet measured on the GPU, so off by default");
-ABSL_FLAG(int32_t, prefill_chunk, 0,
-          "run: a prompt of more rows than this in passes of this many rows, one after another (0: one pass); not yet "
-          "measured on the GPU, so off by default");
+ABSL_FLAG(bool, prefill_buckets, true,
+          "run: lower the prompt's pass for its bucket (16, 32, 64, 128, then every 128 rows: one lowering serves "
+          "every length in it; the rows past the prompt are padding); false: for its exact length");
+ABSL_FLAG(int32_t, prefill_chunk, static_cast<int32_t>(loom::scheduler::kDefaultPrefillChunkRows),
+          "run: a prompt of more rows than this in passes of this many rows, one after another (0: one pass)");
 ABSL_FLAG(std::string, logits_out, "",
           "run: write every position's logits here (float32, (prompt + tokens - 1) x vocab, little-endian): the "
           "prefill pass computes every prompt row's, then one decode step per launch");
@@ -450,7 +449,7 @@ int RunCommand() {
                                                      model->config.max_position_embeddings, ")"))));
   }
   // A decoder runs through runtime::Session, as Python's loom.Session does: the prompt (one prefill pass, lowered
-  // for its exact length unless --prefill_buckets / --prefill_chunk say otherwise, or token by token), then the
+  // for its bucket and in chunks unless --prefill_buckets / --prefill_chunk say otherwise, or token by token), then the
   // other new tokens as decode steps.
   absl::StatusOr<std::unique_ptr<runtime::Session>> session = runtime::Session::Create(
       model->graph, *schedule, model->weights, backend == "gpu" ? runtime::Backend::kGpu : runtime::Backend::kCpu);

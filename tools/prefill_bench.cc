@@ -7,11 +7,16 @@
 //      --buckets / --chunk_rows=N: the same prompt in its bucket's pass and in chunks, a line each.
 //   2. --e2e_prompt tokens then --e2e_tokens generated: prefill pass + decode in one launch, against the prompt
 //      consumed by decode steps (one launch for prompt and generation). Wall clock, median of --repeats.
+//   3. --session: TTFT as a runtime::Session's caller feels it (Session::ttft_ms, its default StartOptions: buckets,
+//      chunks), each length's first Start ("cold": its pass lowered ahead with --lower_ahead, else lowered then, and
+//      uploaded then) and the median of --repeats later ones ("warm").
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <vector>
@@ -23,6 +28,7 @@
 #include "graph/model.h"
 #include "runtime/gpu_backend.h"
 #include "runtime/gpu_machine.h"
+#include "runtime/session.h"
 #include "runtime/trace.h"
 #include "scheduler/compiler.h"
 #include "scheduler/prefill.h"
@@ -53,6 +59,8 @@ ABSL_FLAG(std::string, trace, "", "write a Chrome trace of the last prompt lengt
 ABSL_FLAG(bool, buckets, false,
           "also time each prompt in its bucket's pass (scheduler::PrefillBucketRows: up to its 128-row tile), as "
           "loom run --prefill_buckets runs it");
+ABSL_FLAG(bool, session, true, "also time each prompt length through a runtime::Session, cold and warm");
+ABSL_FLAG(bool, lower_ahead, true, "--session: Session::LowerAhead before the first prompt (timed)");
 ABSL_FLAG(int32_t, chunk_rows, 0,
           "also time each prompt longer than this in passes of this many rows (loom run --prefill_chunk; 0: no)");
 
@@ -84,6 +92,42 @@ double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::durati
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Section 3: each --prompts length's first Start on a Session and the median of `repeats` more.
+int SessionTtft(const graph::Model& model, const scheduler::Schedule& s, int repeats,
+                const std::function<std::vector<int32_t>(int)>& random_prompt) {
+  absl::StatusOr<std::unique_ptr<runtime::Session>> session =
+      runtime::Session::Create(model.graph, s, model.weights, runtime::Backend::kGpu);
+  if (!session.ok()) return Fail(session.status());
+  runtime::Session& run = **session;
+  const runtime::StartOptions start;  // the defaults: buckets, chunks
+  std::printf("\nend to end through a Session (buckets, chunks of %u rows", start.chunk_rows);
+  if (absl::GetFlag(FLAGS_lower_ahead)) {
+    const auto t0 = Clock::now();
+    if (absl::Status st = run.LowerAhead(start); !st.ok()) return Fail(st);
+    const int passes = run.WaitLoweredAhead();
+    std::printf("; %d passes lowered ahead in %.1f ms", passes, Ms(t0, Clock::now()));
+  }
+  std::printf("):\n%8s %14s %14s %14s %12s\n", "prompt", "cold TTFT ms", "(lowering ms)", "warm TTFT ms", "kernel ms");
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_prompts), ',', absl::SkipEmpty())) {
+    int p = 0;
+    if (!absl::SimpleAtoi(text, &p)) return Fail(absl::InvalidArgumentError("--prompts"));
+    std::vector<double> warm, kernel;
+    double cold = 0, lower = 0;
+    for (int r = 0; r < repeats + 1; ++r) {
+      if (absl::Status st = run.Start(random_prompt(p)); !st.ok()) return Fail(st);
+      if (r == 0) {
+        cold = run.ttft_ms(), lower = run.pass_lower_ms();
+        continue;
+      }
+      warm.push_back(run.ttft_ms());
+      kernel.push_back(run.prompt_ms());
+    }
+    std::printf("%8d %14.3f %14.3f %14.3f %12.3f%s\n", p, cold, lower, Median(warm), Median(kernel),
+                run.used_prefill() ? "" : " (token by token)");
+  }
+  return 0;
 }
 
 int Main() {
@@ -280,6 +324,10 @@ int Main() {
     std::printf("  token-by-token prefill:       %10.2f ms  (%.1fx)\n", Median(token_by_token),
                 Median(token_by_token) / Median(with_prefill));
     std::printf("  generated tokens identical in both (last run): %d/%d\n", same, e2e_tokens);
+  }
+  if (absl::GetFlag(FLAGS_session)) {
+    decoder->reset();  // (the Session uploads the weights again)
+    return SessionTtft(*model, *s, repeats, random_prompt);
   }
   return 0;
 }

@@ -52,10 +52,12 @@ class Session:
     compiles with default options first; a schedule read from a file needs ``model=`` with its weights. Close
     it (or use it as a context manager) to free its memory at once; a closed session raises on every call.
     Threads may share a session: generations run one at a time (a ``stream`` holds the session until it ends).
+    ``lower_ahead`` (default: on the GPU) lowers every prompt bucket's prefill pass in a background thread from
+    the start, so that a prompt length's first generation waits for no lowering (``Generation.lower_ms`` 0).
     """
 
     def __init__(self, schedule: Schedule | Model, backend: str = "auto", *, model: Model | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, lower_ahead: bool | None = None) -> None:
         if isinstance(schedule, Model):
             model, schedule = schedule, _compile(schedule)
         if not isinstance(schedule, Schedule):
@@ -66,6 +68,8 @@ class Session:
         self._lock = threading.RLock()  # one generation at a time: start, steps and reading the tokens together
         with progress_bars(progress):
             self._native = _loom.Session(model._native, schedule._native, backend)
+        if lower_ahead if lower_ahead is not None else self._native.backend == "gpu":
+            self._native.lower_ahead()
 
     # -- state ---------------------------------------------------------------------------------------------------
     @property
@@ -81,6 +85,11 @@ class Session:
     def prefill_note(self) -> str:
         """Why the last prompt was consumed token by token ("" when one prefill pass took it)."""
         return self._native.prefill_note
+
+    def wait_lowered_ahead(self) -> int:
+        """Blocks until the passes ``lower_ahead`` started lowering are all lowered; returns how many it lowered
+        (0 without ``lower_ahead``, on a schedule without prefill weights, or for a model that takes no buckets)."""
+        return int(self._native.wait_lowered_ahead())
 
     def close(self) -> None:
         """Frees the session's memory now; a generation in another thread ends first, a later call raises."""

@@ -75,6 +75,13 @@ void BindSession(nb::module_& m) {
           "Loads the prompt at position 0 and consumes it; tokens() then ends with the first new token. keep_logits: "
           "kept_logits() gets every step's logits from the prompt's first position on.")
       .def(
+          "lower_ahead", [](PySession& s) { Locked(s, [](runtime::Session& x) { Check(x.LowerAhead({})); }); },
+          "Lowers every prompt bucket's prefill pass in a background thread (Session::LowerAhead); returns at once.")
+      .def(
+          "wait_lowered_ahead",
+          [](PySession& s) { return Locked(s, [](runtime::Session& x) { return x.WaitLoweredAhead(); }); },
+          "Waits until lower_ahead's passes are all lowered; returns how many it lowered.")
+      .def(
           "step", [](PySession& s, int n) { Locked(s, [&](runtime::Session& x) { Check(x.Step(n)); }); },
           nb::arg("n") = 1, "Generates n more tokens (one kernel launch on the GPU).")
       .def(

@@ -86,6 +86,17 @@ def test_generation_reports_time_to_first_token(tiny_schedule):
     assert token_by_token.lower_ms == 0 and token_by_token.ttft_ms >= token_by_token.prompt_ms > 0
 
 
+def test_passes_lowered_ahead_make_a_first_length_warm(tiny_schedule):
+    ahead = loom.Session(tiny_schedule, backend="cpu", lower_ahead=True)
+    assert ahead.wait_lowered_ahead() >= 3  # buckets of 16, 32 and the rest of the cache
+    first = ahead.generate([5, 6, 7, 8, 9, 10, 11], max_new_tokens=3)
+    assert first.used_prefill and first.lower_ms == 0
+    plain = loom.Session(tiny_schedule, backend="cpu")  # on the CPU: nothing lowered ahead by default
+    assert plain.wait_lowered_ahead() == 0
+    again = plain.generate([5, 6, 7, 8, 9, 10, 11], max_new_tokens=3)
+    assert again.lower_ms > 0 and again.new_ids == first.new_ids
+
+
 def test_start_and_step(tiny_schedule):
     session = loom.Session(tiny_schedule, backend="cpu")
     want = session.generate([2, 4, 6], max_new_tokens=5).new_ids
