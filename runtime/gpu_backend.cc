@@ -1,6 +1,8 @@
 // GpuDecoder: a compiled decode schedule on the megakernel.
 #include "runtime/gpu_backend.h"
 
+#include <optional>
+
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
@@ -144,9 +146,12 @@ struct GpuDecoder::CachedPass {
   std::unique_ptr<GpuMachine::OnceProgram> program;
   uint32_t used_rows;  // the rows its uploaded table's last-row entry is for (scheduler::PrefillLastRowFor)
 };
-constexpr size_t kCachedPasses = 8;
+// Session::LowerAhead's 20 buckets (chunks of 2048 rows) and a few more: a pass's upload is its instructions and
+// tables (5 MB at 2048 rows of Llama-3.2-1B), the arena is shared.
+constexpr size_t kCachedPasses = 32;
 
-absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace, uint32_t prompt_rows) {
+absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace, uint32_t prompt_rows,
+                                          const GpuProgram* decoded) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
     return absl::InvalidArgumentError("not a prefill pass of this schedule");
@@ -165,9 +170,14 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
     if (c->rows == rows && c->instructions == instructions && c->arena_bytes == pass.arena_bytes()) cached = c.get();
   }
   if (cached == nullptr) {
-    absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
-    if (!program.ok()) return program.status();
-    absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*program);
+    std::optional<GpuProgram> own;
+    if (decoded == nullptr) {
+      absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
+      if (!program.ok()) return program.status();
+      own = *std::move(program);
+      decoded = &*own;
+    }
+    absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*decoded);
     if (!up.ok()) return up.status();
     if (passes_.size() >= kCachedPasses) passes_.erase(passes_.begin());
     passes_.push_back(

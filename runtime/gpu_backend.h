@@ -14,6 +14,7 @@
 namespace loom::runtime {
 
 class GpuMachine;
+struct GpuProgram;
 
 // The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 4 GiB holds about
 // nine of a Llama-3.1-70B's int4 layers (~0.45 GB, four or five packed tensors each), enough packings for 8 threads
@@ -35,8 +36,10 @@ class GpuDecoder {
   // Runs a prefill pass of this schedule (scheduler::LowerPrefill) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them. Returns the kernel time in ms. `rows` (0: the pass's): the prompt's rows of a bucket's pass
-  // (scheduler::PrefillLastRowFor), the rest padding.
-  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false, uint32_t rows = 0);
+  // (scheduler::PrefillLastRowFor), the rest padding. `program`: the pass's ProgramFromSchedule, where the caller
+  // decoded it beforehand (else decoded here, the first time the pass runs).
+  absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false, uint32_t rows = 0,
+                                const GpuProgram* program = nullptr);
   // Decodes `steps` steps in one launch; returns the kernel time in ms.
   absl::StatusOr<float> Run(int steps, bool trace = false);
   absl::StatusOr<int32_t> position() const;

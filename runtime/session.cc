@@ -38,18 +38,22 @@ absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t positio
 
 // The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
 // shared_ptr: evicting it from the list leaves a Start that runs it its copy.
+struct Session::LoweredPass {
+  uint32_t rows;
+  bool all_logits;
+  std::shared_ptr<const scheduler::Schedule> pass;
+  std::shared_ptr<const GpuProgram> program;  // GPU, lowered ahead: decoded there (else GpuDecoder decodes it)
+};
+
+// The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
+// shared_ptr: evicting it from the list leaves a Start that runs it its copy.
 struct Session::Passes {
-  struct Lowered {
-    uint32_t rows;
-    bool all_logits;
-    std::shared_ptr<const scheduler::Schedule> pass;
-  };
   // The most passes kept: LowerAhead's (20 for chunks of 2048 rows: 16, 32, 64, then every 128) and a few more.
   static constexpr size_t kKept = 32;
 
   std::mutex mu;
   std::condition_variable changed;  // a pass landed, or the thread ended
-  std::vector<Lowered> lowered;
+  std::vector<std::shared_ptr<const LoweredPass>> lowered;
   std::vector<uint32_t> pending;    // LowerAhead's rows still to lower (every-row logits off), smallest first
   uint32_t lowering = 0;            // the rows LowerAhead's thread is lowering now (0: none)
   bool stop = false;
@@ -63,33 +67,41 @@ struct Session::Passes {
     }
     if (thread.joinable()) thread.join();
   }
-  std::shared_ptr<const scheduler::Schedule> Find(uint32_t rows, bool all_logits) const {
-    for (const Lowered& p : lowered) {
-      if (p.rows == rows && p.all_logits == all_logits) return p.pass;
+  std::shared_ptr<const LoweredPass> Find(uint32_t rows, bool all_logits) const {
+    for (const auto& p : lowered) {
+      if (p->rows == rows && p->all_logits == all_logits) return p;
     }
     return nullptr;
   }
-  void Add(uint32_t rows, bool all_logits, std::shared_ptr<const scheduler::Schedule> pass) {
-    if (Find(rows, all_logits) != nullptr) return;
+  void Add(std::shared_ptr<const LoweredPass> pass) {
+    if (Find(pass->rows, pass->all_logits) != nullptr) return;
     if (lowered.size() >= kKept) lowered.erase(lowered.begin());
-    lowered.push_back({rows, all_logits, std::move(pass)});
+    lowered.push_back(std::move(pass));
   }
 };
 
 namespace {
 
 // A prefill pass of `rows` rows of `decode`, on an arena of its own (its messages cost no allocation each: the
-// allocator took about half of the lowering's time) that lives as long as the pass.
-absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> LowerPass(const graph::Graph& graph,
-                                                                     const scheduler::Schedule& decode, uint32_t rows,
-                                                                     bool all_logits, bool verify) {
+// allocator took about half of the lowering's time) that lives as long as the pass; with `program`, its GPU program.
+absl::StatusOr<std::shared_ptr<const Session::LoweredPass>> LowerPass(const graph::Graph& graph,
+                                                                      const scheduler::Schedule& decode, uint32_t rows,
+                                                                      bool all_logits, bool verify, bool program) {
   scheduler::PrefillOptions options;
   options.all_logits = all_logits;
   options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
   auto arena = std::make_shared<google::protobuf::Arena>();
   scheduler::Schedule* pass = google::protobuf::Arena::Create<scheduler::Schedule>(arena.get());
   if (absl::Status s = scheduler::LowerPrefillInto(graph, decode, rows, options, pass); !s.ok()) return s;
-  return std::shared_ptr<const scheduler::Schedule>(std::move(arena), pass);  // (aliasing: owns the arena)
+  auto lowered = std::make_shared<Session::LoweredPass>();
+  lowered->rows = rows, lowered->all_logits = all_logits;
+  lowered->pass = std::shared_ptr<const scheduler::Schedule>(std::move(arena), pass);  // (aliasing: owns the arena)
+  if (program) {
+    absl::StatusOr<GpuProgram> p = ProgramFromSchedule(*pass);
+    if (!p.ok()) return p.status();
+    lowered->program = std::make_shared<const GpuProgram>(*std::move(p));
+  }
+  return lowered;
 }
 
 }  // namespace
@@ -128,13 +140,32 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
     return absl::OkStatus();
   }
   Passes& p = *passes_;
-  std::lock_guard<std::mutex> lock(p.mu);
-  if (p.thread.joinable()) return absl::FailedPreconditionError("LowerAhead is already under way or done");
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.thread.joinable() || p.lowered_ahead > 0) {
+      return absl::FailedPreconditionError("LowerAhead is already under way or done");
+    }
+  }
   const uint32_t most = options.chunk_rows > 0 ? options.chunk_rows : scheduler::kDefaultPrefillChunkRows;
-  p.pending = scheduler::PrefillBuckets(most, schedule_.max_seq() - 1);
-  const bool verify = options.verify;
+  std::vector<uint32_t> buckets = scheduler::PrefillBuckets(most, schedule_.max_seq() - 1);
+  const bool verify = options.verify, program = gpu_ != nullptr;
+  if (gpu_ != nullptr && !buckets.empty()) {
+    // The largest pass here, its arena reserved (a later pass's arena is no larger: activations grow with rows).
+    absl::StatusOr<std::shared_ptr<const LoweredPass>> largest =
+        LowerPass(graph_, schedule_, buckets.back(), false, verify, program);
+    if (!largest.ok()) return largest.status();
+    // (Where that arena does not fit the GPU, the Starts that need it say so; shorter prompts still run.)
+    if (gpu_->machine().ReserveArena((*largest)->pass->arena_bytes()).ok()) {
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.Add(*std::move(largest));
+      ++p.lowered_ahead;
+      buckets.pop_back();
+    }
+  }
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.pending = std::move(buckets);
   // (The thread holds its Passes, not passes_: ~Session resets passes_, nulling it before ~Passes joins the thread.)
-  p.thread = std::thread([this, &p, verify] {
+  p.thread = std::thread([this, &p, verify, program] {
     for (;;) {
       uint32_t rows = 0;
       {
@@ -151,12 +182,12 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
         p.lowering = rows;
       }
       // graph_ and schedule_ are only read, here and by every other lowering.
-      absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
-          LowerPass(graph_, schedule_, rows, false, verify);
+      absl::StatusOr<std::shared_ptr<const LoweredPass>> pass =
+          LowerPass(graph_, schedule_, rows, false, verify, program);
       std::lock_guard<std::mutex> lock(p.mu);
       p.lowering = 0;
       if (pass.ok()) {  // (a failure: the Start that needs the pass lowers it again and says why)
-        p.Add(rows, false, *std::move(pass));
+        p.Add(*std::move(pass));
         ++p.lowered_ahead;
       }
       p.changed.notify_all();
@@ -172,25 +203,25 @@ int Session::WaitLoweredAhead() {
   return p.lowered_ahead;
 }
 
-absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> Session::PassFor(uint32_t rows, bool all_logits,
-                                                                            bool verify) {
+absl::StatusOr<std::shared_ptr<const Session::LoweredPass>> Session::PassFor(uint32_t rows, bool all_logits,
+                                                                             bool verify) {
   Passes& p = *passes_;
   {
     std::unique_lock<std::mutex> lock(p.mu);
     for (;;) {
-      if (std::shared_ptr<const scheduler::Schedule> pass = p.Find(rows, all_logits)) return pass;
+      if (std::shared_ptr<const LoweredPass> pass = p.Find(rows, all_logits)) return pass;
       if (all_logits || p.lowering != rows) break;
       p.changed.wait(lock);  // LowerAhead's thread is lowering this one
     }
     if (!all_logits) p.pending.erase(std::remove(p.pending.begin(), p.pending.end(), rows), p.pending.end());
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
-      LowerPass(graph_, schedule_, rows, all_logits, verify);
+  // (Its GPU program: GpuDecoder decodes it, on this thread either way.)
+  absl::StatusOr<std::shared_ptr<const LoweredPass>> pass = LowerPass(graph_, schedule_, rows, all_logits, verify, false);
   if (!pass.ok()) return pass.status();
   pass_lower_ms_ += MsSince(start);  // (zeroed by each Start: a chunked prompt's lowerings add up)
   std::lock_guard<std::mutex> lock(p.mu);
-  p.Add(rows, all_logits, *pass);
+  p.Add(*pass);
   return pass;
 }
 
@@ -277,7 +308,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
   if (prefill) {
     // A decoder's prompt longer than options.chunk_rows runs as passes of chunk_rows rows at successive positions
     // (one lowering for them all), its rest in a last pass; with buckets, a pass of fewer rows is its bucket's
-    // (scheduler::PrefillBucketRows: one lowering for every length that ends in the same 128-row tile). Every row's
+    // (scheduler::PrefillBucketRows: one lowering for every length in the same bucket). Every row's
     // logits take passes of the rows' own count.
     const uint32_t total = static_cast<uint32_t>(prompt.size());
     const bool decoder = scheduler::PrefillInBuckets(graph_);
@@ -288,26 +319,27 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
       const uint32_t lowered = options.buckets && !options.keep_logits && decoder
                                    ? scheduler::PrefillBucketRows(rows, schedule_.max_seq() - 1 - begin)
                                    : rows;
-      absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> pass =
+      absl::StatusOr<std::shared_ptr<const LoweredPass>> lowered_pass =
           PassFor(lowered, options.keep_logits, options.verify);
-      if (!pass.ok()) {
-        if (begin > 0) return pass.status();  // (the first chunk's pass lowered: a later one's is the same shape)
-        prefill_note_ = std::string(pass.status().message());
+      if (!lowered_pass.ok()) {
+        if (begin > 0) return lowered_pass.status();  // (the first chunk's pass lowered: a later one's is the same shape)
+        prefill_note_ = std::string(lowered_pass.status().message());
         prefill = false;
         break;
       }
-      for (const scheduler::SmQueue& q : (*pass)->queues()) pass_instructions_ += q.instructions_size();
+      const scheduler::Schedule* pass = (*lowered_pass)->pass.get();
+      for (const scheduler::SmQueue& q : pass->queues()) pass_instructions_ += q.instructions_size();
       if (vm_) {
         const auto start = std::chrono::steady_clock::now();
-        if (absl::Status s = vm_->Prefill(**pass, rows); !s.ok()) return s;
+        if (absl::Status s = vm_->Prefill(*pass, rows); !s.ok()) return s;
         prompt_ms_ += MsSince(start);
       } else {
-        absl::StatusOr<float> ms = gpu_->Prefill(**pass, false, rows);
+        absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, rows, (*lowered_pass)->program.get());
         if (!ms.ok()) return ms.status();
         prompt_ms_ += *ms;
       }
       if (keep_logits_) {
-        if (absl::Status s = KeepPassLogits(**pass); !s.ok()) return s;
+        if (absl::Status s = KeepPassLogits(*pass); !s.ok()) return s;
       }
       begin += rows;
     }

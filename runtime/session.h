@@ -62,9 +62,12 @@ class Session {
   }
   // Lowers in the background every prefill pass a Start with `options` meets (each bucket up to its chunk_rows, or up
   // to scheduler::kDefaultPrefillChunkRows rows without chunks), smallest first, so that a prompt length's first Start
-  // waits for no lowering (Llama-3.2-1B: 8-40 ms a pass against a 1.5-10 ms kernel). A Start whose pass is not
-  // lowered yet lowers it itself (or waits for the one being lowered). Nothing to do without prefill weights or
-  // buckets; Start with other options still lowers its own passes. Returns at once; the Session's destructor stops it.
+  // waits for no lowering (Llama-3.2-1B: 8-40 ms a pass against a 1.5-10 ms kernel). On the GPU it also decodes each
+  // pass into its device program there, and first lowers the largest pass here to grow the device arena to its size
+  // (growing it copies the arena, KV cache included: 3-4 ms of a first Start for the 1B at a cache of 8448).
+  // A Start whose pass is not lowered yet lowers it itself (or waits for the one being lowered). Nothing to do without
+  // prefill weights or buckets; Start with other options still lowers its own passes. The Session's destructor stops
+  // the thread.
   absl::Status LowerAhead(const StartOptions& options);
   // Waits until LowerAhead's passes are all lowered; returns how many it lowered.
   int WaitLoweredAhead();
@@ -111,9 +114,12 @@ class Session {
   // launch, the kernel, reading the token back; token by token, every step).
   double ttft_ms() const { return ttft_ms_; }
 
+ // A lowered prefill pass, and on the GPU its program when lowered ahead (session.cc).
+  struct LoweredPass;
+
  private:
   Session() = default;
-  absl::StatusOr<std::shared_ptr<const scheduler::Schedule>> PassFor(uint32_t rows, bool all_logits, bool verify);
+  absl::StatusOr<std::shared_ptr<const LoweredPass>> PassFor(uint32_t rows, bool all_logits, bool verify);
   // Start without its timing.
   absl::Status StartPrompt(const std::vector<int32_t>& prompt, const StartOptions& options);
   // Runs n decode steps, one launch (or one a step when keeping logits); adds their kernel (GPU) or wall (CPU) ms.
