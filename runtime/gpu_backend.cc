@@ -1,6 +1,7 @@
 // GpuDecoder: a compiled decode schedule on the megakernel.
 #include "runtime/gpu_backend.h"
 
+#include <chrono>
 #include <optional>
 
 #include <cuda_runtime.h>
@@ -169,7 +170,9 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
   for (const auto& c : passes_) {
     if (c->rows == rows && c->instructions == instructions && c->arena_bytes == pass.arena_bytes()) cached = c.get();
   }
+  upload_ms_ = 0;
   if (cached == nullptr) {
+    const auto start = std::chrono::steady_clock::now();
     std::optional<GpuProgram> own;
     if (decoded == nullptr) {
       absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
@@ -183,6 +186,7 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
     passes_.push_back(
         std::make_unique<CachedPass>(CachedPass{rows, instructions, pass.arena_bytes(), *std::move(up), rows}));
     cached = passes_.back().get();
+    upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
   // A bucket's pass run for fewer rows reads its last row where they end: its uploaded table's entry for that row
   // written when the cached pass last ran for another count (it serves every row count of its bucket).

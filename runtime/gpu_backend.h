@@ -40,6 +40,8 @@ class GpuDecoder {
   // decoded it beforehand (else decoded here, the first time the pass runs).
   absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false, uint32_t rows = 0,
                                 const GpuProgram* program = nullptr);
+  // Wall time the last Prefill spent decoding and uploading its pass (0 when the pass was uploaded before), in ms.
+  double upload_ms() const { return upload_ms_; }
   // Decodes `steps` steps in one launch; returns the kernel time in ms.
   absl::StatusOr<float> Run(int steps, bool trace = false);
   absl::StatusOr<int32_t> position() const;
@@ -54,6 +56,7 @@ class GpuDecoder {
   // Prefill passes already uploaded, by (rows, instructions, arena bytes): a pass depends on its row count only.
   struct CachedPass;
   std::vector<std::unique_ptr<CachedPass>> passes_;
+  double upload_ms_ = 0;
   int32_t prompt_length_ = 0;
 };
 

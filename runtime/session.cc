@@ -291,6 +291,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
   kept_logits_.clear();
   pass_instructions_ = 0;
   pass_lower_ms_ = 0;
+  pass_upload_ms_ = 0;
   bool prefill = false;
   if (!options.prefill) {
     prefill_note_ = "prefill off";
@@ -337,6 +338,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
         absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, rows, (*lowered_pass)->program.get());
         if (!ms.ok()) return ms.status();
         prompt_ms_ += *ms;
+        pass_upload_ms_ += gpu_->upload_ms();
       }
       if (keep_logits_) {
         if (absl::Status s = KeepPassLogits(*pass); !s.ok()) return s;

@@ -102,6 +102,8 @@ class Session {
   // The last Start's pass: its instructions and the time to lower it, in ms (0 when it was lowered before).
   int pass_instructions() const { return pass_instructions_; }
   double pass_lower_ms() const { return pass_lower_ms_; }
+  // GPU: the time the last Start spent decoding and uploading passes that had not run before, in ms.
+  double pass_upload_ms() const { return pass_upload_ms_; }
   // Every step's logits since the last Start with keep_logits, one vocab_size() row per step: the prompt's positions,
   // then each Step's (empty when the Start did not keep them).
   const std::vector<float>& kept_logits() const { return kept_logits_; }
@@ -146,7 +148,7 @@ class Session {
   bool keep_logits_ = false;
   std::vector<float> kept_logits_;
   int pass_instructions_ = 0;
-  double pass_lower_ms_ = 0;
+  double pass_lower_ms_ = 0, pass_upload_ms_ = 0;
   bool started_ = false;  // a Start succeeded: the state holds a prompt and logits
   bool used_prefill_ = false;
   std::string prefill_note_;

@@ -109,22 +109,23 @@ int SessionTtft(const graph::Model& model, const scheduler::Schedule& s, int rep
     const int passes = run.WaitLoweredAhead();
     std::printf("; %d passes lowered ahead in %.1f ms", passes, Ms(t0, Clock::now()));
   }
-  std::printf("):\n%8s %14s %14s %14s %12s\n", "prompt", "cold TTFT ms", "(lowering ms)", "warm TTFT ms", "kernel ms");
+  std::printf("):\n%8s %14s %14s %14s %14s %12s\n", "prompt", "cold TTFT ms", "(lowering ms)", "(upload ms)",
+              "warm TTFT ms", "kernel ms");
   for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_prompts), ',', absl::SkipEmpty())) {
     int p = 0;
     if (!absl::SimpleAtoi(text, &p)) return Fail(absl::InvalidArgumentError("--prompts"));
     std::vector<double> warm, kernel;
-    double cold = 0, lower = 0;
+    double cold = 0, lower = 0, upload = 0;
     for (int r = 0; r < repeats + 1; ++r) {
       if (absl::Status st = run.Start(random_prompt(p)); !st.ok()) return Fail(st);
       if (r == 0) {
-        cold = run.ttft_ms(), lower = run.pass_lower_ms();
+        cold = run.ttft_ms(), lower = run.pass_lower_ms(), upload = run.pass_upload_ms();
         continue;
       }
       warm.push_back(run.ttft_ms());
       kernel.push_back(run.prompt_ms());
     }
-    std::printf("%8d %14.3f %14.3f %14.3f %12.3f%s\n", p, cold, lower, Median(warm), Median(kernel),
+    std::printf("%8d %14.3f %14.3f %14.3f %14.3f %12.3f%s\n", p, cold, lower, upload, Median(warm), Median(kernel),
                 run.used_prefill() ? "" : " (token by token)");
   }
   return 0;
