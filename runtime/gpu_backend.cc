@@ -2,7 +2,6 @@
 #include "runtime/gpu_backend.h"
 
 #include <chrono>
-#include <optional>
 
 #include <cuda_runtime.h>
 
@@ -152,7 +151,7 @@ struct GpuDecoder::CachedPass {
 constexpr size_t kCachedPasses = 32;
 
 absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool trace, uint32_t prompt_rows,
-                                          const GpuProgram* decoded) {
+                                          std::shared_ptr<const PreparedProgram> prepared) {
   if (!pass.has_prefill() || pass.tensors_size() < schedule_.tensors_size() ||
       pass.weight_bytes() != schedule_.weight_bytes() || pass.num_sms() != schedule_.num_sms()) {
     return absl::InvalidArgumentError("not a prefill pass of this schedule");
@@ -173,14 +172,15 @@ absl::StatusOr<float> GpuDecoder::Prefill(const scheduler::Schedule& pass, bool 
   upload_ms_ = 0;
   if (cached == nullptr) {
     const auto start = std::chrono::steady_clock::now();
-    std::optional<GpuProgram> own;
-    if (decoded == nullptr) {
+    if (prepared == nullptr) {
       absl::StatusOr<GpuProgram> program = ProgramFromSchedule(pass);
       if (!program.ok()) return program.status();
-      own = *std::move(program);
-      decoded = &*own;
+      absl::StatusOr<std::shared_ptr<const PreparedProgram>> p =
+          machine_->Prepare(std::make_shared<const GpuProgram>(*std::move(program)));
+      if (!p.ok()) return p.status();
+      prepared = *std::move(p);
     }
-    absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(*decoded);
+    absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> up = machine_->Upload(std::move(prepared));
     if (!up.ok()) return up.status();
     if (passes_.size() >= kCachedPasses) passes_.erase(passes_.begin());
     passes_.push_back(

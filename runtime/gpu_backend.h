@@ -15,6 +15,7 @@ namespace loom::runtime {
 
 class GpuMachine;
 struct GpuProgram;
+struct PreparedProgram;
 
 // The window GpuDecoder::Create packs and uploads the weights in (scheduler::PackWeightsInWindows): 4 GiB holds about
 // nine of a Llama-3.1-70B's int4 layers (~0.45 GB, four or five packed tensors each), enough packings for 8 threads
@@ -36,10 +37,11 @@ class GpuDecoder {
   // Runs a prefill pass of this schedule (scheduler::LowerPrefill) once: its rows, at positions
   // [position, +rows), fill the KV cache, the token after them is written (when past the prompt) and the position
   // moves past them. Returns the kernel time in ms. `rows` (0: the pass's): the prompt's rows of a bucket's pass
-  // (scheduler::PrefillLastRowFor), the rest padding. `program`: the pass's ProgramFromSchedule, where the caller
-  // decoded it beforehand (else decoded here, the first time the pass runs).
+  // (scheduler::PrefillLastRowFor), the rest padding. `prepared`: the pass's program, decoded (ProgramFromSchedule)
+  // and prepared (GpuMachine::Prepare) beforehand, maybe on another thread (else both here, the first time the pass
+  // runs).
   absl::StatusOr<float> Prefill(const scheduler::Schedule& pass, bool trace = false, uint32_t rows = 0,
-                                const GpuProgram* program = nullptr);
+                                std::shared_ptr<const PreparedProgram> prepared = nullptr);
   // Wall time the last Prefill spent decoding and uploading its pass (0 when the pass was uploaded before), in ms.
   double upload_ms() const { return upload_ms_; }
   // Decodes `steps` steps in one launch; returns the kernel time in ms.

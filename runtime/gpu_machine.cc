@@ -543,13 +543,15 @@ GpuMachine::OnceProgram::~OnceProgram() {
   for (void* b : buffers) cudaFree(b);
 }
 
-absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(const GpuProgram& other) const {
+absl::StatusOr<std::shared_ptr<const PreparedProgram>> GpuMachine::Prepare(
+    std::shared_ptr<const GpuProgram> program) const {
+  const GpuProgram& other = *program;
   if (other.queues.size() != program_.queues.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a program for ", other.queues.size(), " SMs on a machine of ",
                                                    program_.queues.size()));
   }
   if (absl::Status s = CheckProgramForDevice(other); !s.ok()) return s;
-  auto up = std::make_unique<OnceProgram>();
+  auto up = std::make_shared<PreparedProgram>();
   up->smem = SmemBytes(other.page_bytes, other.num_pages, other.activation_bytes);
   if (up->smem > smem_limit_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -571,20 +573,36 @@ absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(cons
   absl::StatusOr<isa::KernelVariant> variant = ProgramVariant(other);
   if (!variant.ok()) return variant.status();
   up->variant = *variant;
-  const std::vector<isa::Instruction> all = Flatten(other, &up->queue_begin);
-  up->queues = other.queues;
-  void** buf = up->buffers;
-  LOOM_CUDA(cudaMalloc(&buf[0], std::max<size_t>(all.size(), 1) * sizeof(isa::Instruction)), "queues");
-  LOOM_CUDA(cudaMemcpy(buf[0], all.data(), all.size() * sizeof(isa::Instruction), cudaMemcpyHostToDevice), "queues");
-  LOOM_CUDA(cudaMalloc(&buf[1], up->queue_begin.size() * 4), "queue offsets");
-  LOOM_CUDA(cudaMemcpy(buf[1], up->queue_begin.data(), up->queue_begin.size() * 4, cudaMemcpyHostToDevice),
-            "queue offsets");
-  LOOM_CUDA(cudaMalloc(&buf[2], std::max<size_t>(other.tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
-  LOOM_CUDA(cudaMemcpy(buf[2], other.tensors.data(), other.tensors.size() * sizeof(isa::TensorDesc),
-                       cudaMemcpyHostToDevice),
-            "tensors");
-  LOOM_CUDA(cudaMalloc(&buf[3], up->num_barriers * 4), "barrier counters");
+  up->instructions = Flatten(other, &up->queue_begin);
+  up->source = std::move(program);
   return up;
+}
+
+absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(
+    std::shared_ptr<const PreparedProgram> prepared) const {
+  const PreparedProgram& p = *prepared;
+  const std::vector<isa::TensorDesc>& tensors = p.source->tensors;
+  auto up = std::make_unique<OnceProgram>();
+  void** buf = up->buffers;
+  LOOM_CUDA(cudaMalloc(&buf[0], std::max<size_t>(p.instructions.size(), 1) * sizeof(isa::Instruction)), "queues");
+  LOOM_CUDA(cudaMemcpy(buf[0], p.instructions.data(), p.instructions.size() * sizeof(isa::Instruction),
+                       cudaMemcpyHostToDevice),
+            "queues");
+  LOOM_CUDA(cudaMalloc(&buf[1], p.queue_begin.size() * 4), "queue offsets");
+  LOOM_CUDA(cudaMemcpy(buf[1], p.queue_begin.data(), p.queue_begin.size() * 4, cudaMemcpyHostToDevice),
+            "queue offsets");
+  LOOM_CUDA(cudaMalloc(&buf[2], std::max<size_t>(tensors.size(), 1) * sizeof(isa::TensorDesc)), "tensors");
+  LOOM_CUDA(cudaMemcpy(buf[2], tensors.data(), tensors.size() * sizeof(isa::TensorDesc), cudaMemcpyHostToDevice),
+            "tensors");
+  LOOM_CUDA(cudaMalloc(&buf[3], p.num_barriers * 4), "barrier counters");
+  up->prepared = std::move(prepared);
+  return up;
+}
+
+absl::StatusOr<std::unique_ptr<GpuMachine::OnceProgram>> GpuMachine::Upload(const GpuProgram& other) const {
+  absl::StatusOr<std::shared_ptr<const PreparedProgram>> prepared = Prepare(std::make_shared<const GpuProgram>(other));
+  if (!prepared.ok()) return prepared.status();
+  return Upload(*std::move(prepared));
 }
 
 absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
@@ -593,17 +611,18 @@ absl::StatusOr<float> GpuMachine::RunOnce(const GpuProgram& other, bool trace) {
   return RunOnce(**up, trace);
 }
 
-absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
+absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& once, bool trace) {
+  const PreparedProgram& up = *once.prepared;
   tags_current_ = false;
   if (absl::Status s = ReserveArena(up.arena_bytes); !s.ok()) return s;
-  LOOM_CUDA(cudaMemset(up.buffers[3], 0, up.num_barriers * 4), "barrier counters");
+  LOOM_CUDA(cudaMemset(once.buffers[3], 0, up.num_barriers * 4), "barrier counters");
   const uint64_t total = up.queue_begin.back();
   const uint32_t smem = up.smem;
   KernelParams params{};
-  params.instructions = static_cast<isa::Instruction*>(up.buffers[0]);
-  params.queue_begin = static_cast<uint32_t*>(up.buffers[1]);
-  params.machine = {{weights_, arena_}, static_cast<isa::TensorDesc*>(up.buffers[2]), up.num_tensors};
-  params.counters = static_cast<uint32_t*>(up.buffers[3]);
+  params.instructions = static_cast<isa::Instruction*>(once.buffers[0]);
+  params.queue_begin = static_cast<uint32_t*>(once.buffers[1]);
+  params.machine = {{weights_, arena_}, static_cast<isa::TensorDesc*>(once.buffers[2]), up.num_tensors};
+  params.counters = static_cast<uint32_t*>(once.buffers[3]);
   params.first_step = 0;
   params.num_steps = 1;
   params.page_bytes = up.page_bytes;
@@ -612,7 +631,8 @@ absl::StatusOr<float> GpuMachine::RunOnce(const OnceProgram& up, bool trace) {
   params.activation_slots = up.activation_slots;
   params.matvec_pages_in_flight = up.matvec_pages_in_flight;
   params.kernel_variant = up.variant;
-  absl::StatusOr<float> ms = LaunchTimed(params, smem, trace ? total : 0, "prefill pass", up.num_barriers, up.queues);
+  absl::StatusOr<float> ms =
+      LaunchTimed(params, smem, trace ? total : 0, "prefill pass", up.num_barriers, up.source->queues);
   if (ms.ok() && trace) queue_begin_other_ = up.queue_begin;
   return ms;
 }

@@ -50,6 +50,19 @@ absl::Status FitsDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint6
 // that can never be met does.
 inline constexpr double kWatchdogSeconds = 2.0;
 
+// A program for GpuMachine::RunOnce checked against the device and laid out for a launch on the host (Prepare): no
+// CUDA call, so any thread may prepare one while the machine runs (runtime::Session::LowerAhead's does: at 2048 rows
+// of Llama-3.2-1B the checks and the layout are milliseconds of a first prompt's TTFT).
+struct PreparedProgram {
+  std::shared_ptr<const GpuProgram> source;   // its tensors, and its queues for the watchdog's diagnosis
+  std::vector<isa::Instruction> instructions;  // every queue's, concatenated
+  std::vector<uint32_t> queue_begin;
+  uint64_t arena_bytes = 0;
+  uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
+           activation_slots = 1, matvec_pages_in_flight = 0;
+  isa::KernelVariant variant = isa::kDecodeKernel;
+};
+
 class GpuMachine {
  public:
   // Checks the program against the device (SMs, shared memory, opcode limits)
@@ -76,18 +89,15 @@ class GpuMachine {
   // grows, keeping its contents). Checked against the device like Create's. Returns the kernel's time in ms.
   // With `trace`, trace() and queue_begin_other() then describe this run of `other`.
   absl::StatusOr<float> RunOnce(const GpuProgram& other, bool trace = false);
+  absl::StatusOr<std::shared_ptr<const PreparedProgram>> Prepare(std::shared_ptr<const GpuProgram> program) const;
   // A program uploaded for RunOnce, to run many times (a prefill pass per prompt length).
   struct OnceProgram {
     ~OnceProgram();
     void* buffers[4] = {nullptr, nullptr, nullptr, nullptr};  // instructions, queue offsets, tensors, counters
-    std::vector<uint32_t> queue_begin;
-    uint64_t arena_bytes = 0;
-    uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
-             activation_slots = 1, matvec_pages_in_flight = 0;
-    isa::KernelVariant variant = isa::kDecodeKernel;
-    std::vector<std::vector<isa::Instruction>> queues;  // (the watchdog's diagnosis)
+    std::shared_ptr<const PreparedProgram> prepared;
   };
-  absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;
+  absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(std::shared_ptr<const PreparedProgram> prepared) const;
+  absl::StatusOr<std::unique_ptr<OnceProgram>> Upload(const GpuProgram& other) const;  // (Prepare on a copy of it)
   absl::StatusOr<float> RunOnce(const OnceProgram& program, bool trace = false);
   // Grows the arena to `bytes` (new bytes zero), keeping its contents.
   absl::Status ReserveArena(uint64_t bytes);

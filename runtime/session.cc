@@ -42,7 +42,8 @@ struct Session::LoweredPass {
   uint32_t rows;
   bool all_logits;
   std::shared_ptr<const scheduler::Schedule> pass;
-  std::shared_ptr<const GpuProgram> program;  // GPU, lowered ahead: decoded there (else GpuDecoder decodes it)
+  // GPU, lowered ahead: its program decoded and prepared there (else GpuDecoder does both at its first run).
+  std::shared_ptr<const PreparedProgram> prepared;
 };
 
 // The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
@@ -83,10 +84,12 @@ struct Session::Passes {
 namespace {
 
 // A prefill pass of `rows` rows of `decode`, on an arena of its own (its messages cost no allocation each: the
-// allocator took about half of the lowering's time) that lives as long as the pass; with `program`, its GPU program.
+// allocator took about half of the lowering's time) that lives as long as the pass; with `machine`, its program
+// prepared for it (GpuMachine::Prepare: no CUDA call, any thread).
 absl::StatusOr<std::shared_ptr<const Session::LoweredPass>> LowerPass(const graph::Graph& graph,
                                                                       const scheduler::Schedule& decode, uint32_t rows,
-                                                                      bool all_logits, bool verify, bool program) {
+                                                                      bool all_logits, bool verify,
+                                                                      const GpuMachine* machine) {
   scheduler::PrefillOptions options;
   options.all_logits = all_logits;
   options.verify = verify;  // off by default, as `loom run` lowers passes (the tests verify every shape they run)
@@ -96,10 +99,13 @@ absl::StatusOr<std::shared_ptr<const Session::LoweredPass>> LowerPass(const grap
   auto lowered = std::make_shared<Session::LoweredPass>();
   lowered->rows = rows, lowered->all_logits = all_logits;
   lowered->pass = std::shared_ptr<const scheduler::Schedule>(std::move(arena), pass);  // (aliasing: owns the arena)
-  if (program) {
+  if (machine != nullptr) {
     absl::StatusOr<GpuProgram> p = ProgramFromSchedule(*pass);
     if (!p.ok()) return p.status();
-    lowered->program = std::make_shared<const GpuProgram>(*std::move(p));
+    absl::StatusOr<std::shared_ptr<const PreparedProgram>> prepared =
+        machine->Prepare(std::make_shared<const GpuProgram>(*std::move(p)));
+    if (!prepared.ok()) return prepared.status();
+    lowered->prepared = *std::move(prepared);
   }
   return lowered;
 }
@@ -148,11 +154,12 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
   }
   const uint32_t most = options.chunk_rows > 0 ? options.chunk_rows : scheduler::kDefaultPrefillChunkRows;
   std::vector<uint32_t> buckets = scheduler::PrefillBuckets(most, schedule_.max_seq() - 1);
-  const bool verify = options.verify, program = gpu_ != nullptr;
+  const bool verify = options.verify;
+  const GpuMachine* machine = gpu_ != nullptr ? &gpu_->machine() : nullptr;
   if (gpu_ != nullptr && !buckets.empty()) {
     // The largest pass here, its arena reserved (a later pass's arena is no larger: activations grow with rows).
     absl::StatusOr<std::shared_ptr<const LoweredPass>> largest =
-        LowerPass(graph_, schedule_, buckets.back(), false, verify, program);
+        LowerPass(graph_, schedule_, buckets.back(), false, verify, machine);
     if (!largest.ok()) return largest.status();
     // (Where that arena does not fit the GPU, the Starts that need it say so; shorter prompts still run.)
     if (gpu_->machine().ReserveArena((*largest)->pass->arena_bytes()).ok()) {
@@ -165,7 +172,7 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
   std::lock_guard<std::mutex> lock(p.mu);
   p.pending = std::move(buckets);
   // (The thread holds its Passes, not passes_: ~Session resets passes_, nulling it before ~Passes joins the thread.)
-  p.thread = std::thread([this, &p, verify, program] {
+  p.thread = std::thread([this, &p, verify, machine] {
     for (;;) {
       uint32_t rows = 0;
       {
@@ -181,9 +188,9 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
         }
         p.lowering = rows;
       }
-      // graph_ and schedule_ are only read, here and by every other lowering.
+      // graph_, schedule_ and the machine's shape are only read, here and by every other lowering.
       absl::StatusOr<std::shared_ptr<const LoweredPass>> pass =
-          LowerPass(graph_, schedule_, rows, false, verify, program);
+          LowerPass(graph_, schedule_, rows, false, verify, machine);
       std::lock_guard<std::mutex> lock(p.mu);
       p.lowering = 0;
       if (pass.ok()) {  // (a failure: the Start that needs the pass lowers it again and says why)
@@ -217,7 +224,8 @@ absl::StatusOr<std::shared_ptr<const Session::LoweredPass>> Session::PassFor(uin
   }
   const auto start = std::chrono::steady_clock::now();
   // (Its GPU program: GpuDecoder decodes it, on this thread either way.)
-  absl::StatusOr<std::shared_ptr<const LoweredPass>> pass = LowerPass(graph_, schedule_, rows, all_logits, verify, false);
+  absl::StatusOr<std::shared_ptr<const LoweredPass>> pass =
+      LowerPass(graph_, schedule_, rows, all_logits, verify, nullptr);
   if (!pass.ok()) return pass.status();
   pass_lower_ms_ += MsSince(start);  // (zeroed by each Start: a chunked prompt's lowerings add up)
   std::lock_guard<std::mutex> lock(p.mu);
@@ -335,7 +343,7 @@ absl::Status Session::StartPrompt(const std::vector<int32_t>& prompt, const Star
         if (absl::Status s = vm_->Prefill(*pass, rows); !s.ok()) return s;
         prompt_ms_ += MsSince(start);
       } else {
-        absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, rows, (*lowered_pass)->program.get());
+        absl::StatusOr<float> ms = gpu_->Prefill(*pass, false, rows, (*lowered_pass)->prepared);
         if (!ms.ok()) return ms.status();
         prompt_ms_ += *ms;
         pass_upload_ms_ += gpu_->upload_ms();
