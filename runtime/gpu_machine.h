@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "instructions/instruction.h"
 #include "megakernel/kernel_params.h"
+#include "runtime/gpu_program.h"
 
 namespace loom::runtime {
 
@@ -21,21 +22,6 @@ namespace loom::runtime {
 using megakernel::DeviceError;
 using megakernel::KernelParams;
 using megakernel::TraceEvent;
-
-struct GpuProgram {
-  std::vector<std::vector<isa::Instruction>> queues;  // one per SM
-  std::vector<isa::TensorDesc> tensors;
-  uint64_t arena_bytes = 0;
-  uint32_t num_barriers = 0;
-  uint32_t page_bytes = 16384;
-  uint32_t num_pages = 11;
-  uint32_t activation_bytes = 47104;  // the activation ring
-  uint32_t activation_slots = 1;
-  uint32_t matvec_pages_in_flight = 0;  // 0: the whole ring
-  // The kernel variant, for a test of what the device does with an opcode its variant lacks: the program is then
-  // not checked against it. Unset: the one the program needs (isa::KernelVariantOf), every instruction checked.
-  std::optional<isa::KernelVariant> kernel_variant;
-};
 
 // Whether `weight_bytes` of weights and `arena_bytes` of arena (KV cache and activations) fit the free memory of
 // device 0; the error says how much is needed and how much is free, and where `prefill_bytes` of the weights are the
@@ -49,19 +35,6 @@ absl::Status FitsDeviceMemory(uint64_t weight_bytes, uint64_t arena_bytes, uint6
 // longest measured, an LM-head tile or a 2048-row GEMM tile, take microseconds to a millisecond), so only a wait
 // that can never be met does.
 inline constexpr double kWatchdogSeconds = 2.0;
-
-// A program for GpuMachine::RunOnce checked against the device and laid out for a launch on the host (Prepare): no
-// CUDA call, so any thread may prepare one while the machine runs (runtime::Session::LowerAhead's does: at 2048 rows
-// of Llama-3.2-1B the checks and the layout are milliseconds of a first prompt's TTFT).
-struct PreparedProgram {
-  std::shared_ptr<const GpuProgram> source;   // its tensors, and its queues for the watchdog's diagnosis
-  std::vector<isa::Instruction> instructions;  // every queue's, concatenated
-  std::vector<uint32_t> queue_begin;
-  uint64_t arena_bytes = 0;
-  uint32_t smem = 0, num_tensors = 0, num_barriers = 1, page_bytes = 0, num_pages = 0, activation_bytes = 0,
-           activation_slots = 1, matvec_pages_in_flight = 0;
-  isa::KernelVariant variant = isa::kDecodeKernel;
-};
 
 class GpuMachine {
  public:
@@ -177,8 +150,5 @@ class GpuMachine {
 // Whether a launch of this process was left running by the watchdog: the GPU then runs nothing more, and nothing
 // waits for it (device memory is not freed: a free would wait for the kernel).
 bool GpuHung();
-
-// Why a program cannot run on the megakernel as built (k not a multiple of 256, ...), or OK.
-absl::Status CheckProgramForDevice(const GpuProgram& program);
 
 }  // namespace loom::runtime
