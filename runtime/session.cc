@@ -158,11 +158,12 @@ absl::Status Session::LowerAhead(const StartOptions& options) {
   const GpuMachine* machine = gpu_ != nullptr ? &gpu_->machine() : nullptr;
   if (gpu_ != nullptr && !buckets.empty()) {
     // The largest pass here, its arena reserved (a later pass's arena is no larger: activations grow with rows).
+    // (Where it cannot be lowered, or its arena does not fit the GPU, the Starts that need it say so; shorter prompts
+    // still run.)
     absl::StatusOr<std::shared_ptr<const LoweredPass>> largest =
         LowerPass(graph_, schedule_, buckets.back(), false, verify, machine);
-    if (!largest.ok()) return largest.status();
-    // (Where that arena does not fit the GPU, the Starts that need it say so; shorter prompts still run.)
-    if (gpu_->machine().ReserveArena((*largest)->pass->arena_bytes()).ok()) {
+    if (largest.ok()) {
+      gpu_->machine().ReserveArena((*largest)->pass->arena_bytes()).IgnoreError();
       std::lock_guard<std::mutex> lock(p.mu);
       p.Add(*std::move(largest));
       ++p.lowered_ahead;
