@@ -211,6 +211,23 @@ TEST(Session, LowerAheadLowersEveryBucketsPass) {
     EXPECT_EQ((*s)->pass_lower_ms(), 0.0) << i;
     EXPECT_EQ(*(*s)->tokens(), want[i]) << i;
   }
+  // Nothing to lower ahead for a model whose passes take no buckets (the gated-conv LM), or without prefill.
+  graph::ModelOptions mo;
+  mo.max_seq = 64;
+  absl::StatusOr<graph::Model> conv = graph::LoadModel("random:gated-conv-tiny", mo);
+  ASSERT_TRUE(conv.ok()) << conv.status();
+  scheduler::CompileOptions o;
+  o.set_num_sms(4);
+  absl::StatusOr<scheduler::Schedule> conv_schedule = scheduler::Compile(conv->graph, conv->spec, o);
+  ASSERT_TRUE(conv_schedule.ok()) << conv_schedule.status();
+  absl::StatusOr<std::unique_ptr<Session>> none =
+      Session::Create(conv->graph, *conv_schedule, conv->weights, Backend::kCpu);
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_TRUE((*none)->LowerAhead(start).ok());
+  EXPECT_EQ((*none)->WaitLoweredAhead(), 0);
+  StartOptions off = start;
+  off.prefill = false;
+  ASSERT_TRUE((*s)->LowerAhead(off).ok()) << "prefill off: nothing to lower, not a second LowerAhead";
   absl::StatusOr<std::unique_ptr<Session>> stopped =
       Session::Create(tiny.model.graph, tiny.schedule, tiny.model.weights, Backend::kCpu);
   ASSERT_TRUE(stopped.ok());
