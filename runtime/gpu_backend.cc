@@ -146,7 +146,7 @@ struct GpuDecoder::CachedPass {
   std::unique_ptr<GpuMachine::OnceProgram> program;
   uint32_t used_rows;  // the rows its uploaded table's last-row entry is for (scheduler::PrefillLastRowFor)
 };
-// Session::LowerAhead's 20 buckets (chunks of 2048 rows) and a few more: a pass's upload is its instructions and
+// Session::LowerAhead's 19 buckets (chunks of 2048 rows) and a few more: a pass's upload is its instructions and
 // tables (5 MB at 2048 rows of Llama-3.2-1B), the arena is shared.
 constexpr size_t kCachedPasses = 32;
 

@@ -36,8 +36,7 @@ absl::Status CheckLogitsFinite(const std::vector<float>& logits, int64_t positio
       "): the model overflowed or its weights are broken; the generated tokens are meaningless"));
 }
 
-// The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
-// shared_ptr: evicting it from the list leaves a Start that runs it its copy.
+// A prefill pass lowered for `rows` rows (and every row's logits or the last's).
 struct Session::LoweredPass {
   uint32_t rows;
   bool all_logits;
@@ -49,7 +48,7 @@ struct Session::LoweredPass {
 // The passes a Session has lowered, shared with LowerAhead's thread (under `mu`). A pass is handed out as a
 // shared_ptr: evicting it from the list leaves a Start that runs it its copy.
 struct Session::Passes {
-  // The most passes kept: LowerAhead's (20 for chunks of 2048 rows: 16, 32, 64, then every 128) and a few more.
+  // The most passes kept: LowerAhead's (19 for chunks of 2048 rows: 16, 32, 64, then every 128) and a few more.
   static constexpr size_t kKept = 32;
 
   std::mutex mu;
