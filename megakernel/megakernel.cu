@@ -300,17 +300,35 @@ __global__ void __launch_bounds__(kBlockThreads, 1) Megakernel(const __grid_cons
 
 }  // namespace
 
+namespace {
+
+constexpr bool HasVariant(uint32_t variant) {
+#ifdef LOOM_DEBUG_DECODE_VARIANT_ONLY
+  return variant == isa::kDecodeKernel;
+#else
+  return variant < isa::kNumKernelVariants;
+#endif
+}
+
+template <uint32_t kVariant>
+void* KernelOf() {
+  if constexpr (HasVariant(kVariant)) return reinterpret_cast<void*>(Megakernel<kVariant>);
+  return nullptr;
+}
+
+}  // namespace
+
+bool MegakernelHasVariant(uint32_t variant) { return HasVariant(variant); }
+
 cudaError_t LaunchMegakernel(const KernelParams& params, uint32_t num_sms, uint32_t smem_bytes, cudaStream_t stream) {
   static uint32_t configured_smem[isa::kNumKernelVariants] = {};
   const uint32_t variant = params.kernel_variant;
   if (variant >= isa::kNumKernelVariants) return cudaErrorInvalidValue;
-  void* const kernels[isa::kNumKernelVariants] = {reinterpret_cast<void*>(Megakernel<isa::kDecodeKernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kTensorKernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kGraphKernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kWideKernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeFp8Kernel>),
-                                                  reinterpret_cast<void*>(Megakernel<isa::kDecodeW4Kernel>)};
+  void* const kernels[isa::kNumKernelVariants] = {KernelOf<isa::kDecodeKernel>(),     KernelOf<isa::kTensorKernel>(),
+                                                  KernelOf<isa::kGraphKernel>(),      KernelOf<isa::kWideKernel>(),
+                                                  KernelOf<isa::kDecodeFp8Kernel>(), KernelOf<isa::kDecodeW4Kernel>()};
   void* kernel = kernels[variant];
+  if (kernel == nullptr) return cudaErrorInvalidDeviceFunction;  // (GpuMachine refuses such a program by name first)
   if (configured_smem[variant] < smem_bytes) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return e;

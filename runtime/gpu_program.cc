@@ -130,11 +130,17 @@ std::vector<isa::Instruction> Flatten(const GpuProgram& p, std::vector<uint32_t>
 }
 
 absl::StatusOr<isa::KernelVariant> ProgramVariant(const GpuProgram& p) {
-  if (p.kernel_variant) return *p.kernel_variant;
   isa::KernelVariant v = isa::KernelVariantOfPages(p.page_bytes);
   for (const auto& q : p.queues) {
     for (const isa::Instruction& inst : q) v = std::max(v, isa::KernelVariantOf(inst));
   }
+  if (p.kernel_variant) v = *p.kernel_variant;
+  if (!megakernel::MegakernelHasVariant(v)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the program runs in the ", VariantName(v), " kernel variant, which this build of the megakernel lacks (the "
+        "debug library has the decode variant only: configure with -DLOOM_DEVICE_DEBUG=ON for every variant)"));
+  }
+  if (p.kernel_variant) return v;  // (a test's: not checked against it)
   for (size_t sm = 0; sm < p.queues.size(); ++sm) {
     for (size_t i = 0; i < p.queues[sm].size(); ++i) {
       const isa::Instruction& inst = p.queues[sm][i];
