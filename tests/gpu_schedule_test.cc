@@ -142,34 +142,32 @@ TEST_F(GpuSchedules, PrefillMatchesTheVm) {
           po.page_bytes = sms == 8 ? 16384 : wide ? isa::kGemmWideStepBytes : 32768;
           absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, rows, po);
           ASSERT_TRUE(pass.ok()) << pass.status();
-          std::unique_ptr<ReferenceVm> vm_owned;
-          std::unique_ptr<GpuDecoder> d_owned;
-          PrefillBoth(*s, *pass, prompt, &vm_owned, &d_owned, what);
+          std::unique_ptr<ReferenceVm> vm;
+          std::unique_ptr<GpuDecoder> d;
+          PrefillBoth(*s, *pass, prompt, &vm, &d, what);
           if (HasFatalFailure()) return;
-          std::unique_ptr<ReferenceVm>* vm = &vm_owned;
-          std::unique_ptr<GpuDecoder>* d = &d_owned;
           for (const scheduler::Tensor& t : pass->tensors()) {
             if (t.dtype() != graph::F32 || t.region() != scheduler::ARENA ||
                 !(absl::StrContains(t.name(), "cache") || t.name() == "prefill.x")) {
               continue;
             }
             std::vector<float> got(t.bytes() / 4), want(t.bytes() / 4);
-            ASSERT_TRUE((*d)->machine().ReadArena(t.offset(), got.data(), t.bytes()).ok());
-            const std::vector<uint8_t> vm_bytes = (*vm)->ReadArena(t.offset(), t.bytes());
+            ASSERT_TRUE(d->machine().ReadArena(t.offset(), got.data(), t.bytes()).ok());
+            const std::vector<uint8_t> vm_bytes = vm->ReadArena(t.offset(), t.bytes());
             std::memcpy(want.data(), vm_bytes.data(), t.bytes());
             EXPECT_LE(RelativeError(got, want), kPrefillTolerance) << what << ": " << t.name();
           }
-          absl::StatusOr<std::vector<float>> logits = (*d)->logits();
+          absl::StatusOr<std::vector<float>> logits = d->logits();
           ASSERT_TRUE(logits.ok());
-          EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << what << ": logits";
-          absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
+          EXPECT_LE(RelativeError(*logits, vm->logits()), kPrefillTolerance) << what << ": logits";
+          absl::StatusOr<std::vector<int32_t>> tokens = d->tokens();
           ASSERT_TRUE(tokens.ok());
-          EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": the first new token";
-          ASSERT_TRUE((*vm)->Run(8).ok());
-          ASSERT_TRUE((*d)->Run(8).ok());
-          tokens = (*d)->tokens();
+          EXPECT_EQ(*tokens, vm->tokens()) << what << ": the first new token";
+          ASSERT_TRUE(vm->Run(8).ok());
+          ASSERT_TRUE(d->Run(8).ok());
+          tokens = d->tokens();
           ASSERT_TRUE(tokens.ok());
-          EXPECT_EQ(*tokens, (*vm)->tokens()) << what << ": decode after the prefill";
+          EXPECT_EQ(*tokens, vm->tokens()) << what << ": decode after the prefill";
         }
       }
     }
@@ -226,19 +224,17 @@ TEST_F(GpuSchedules, Bf16KvCachesMatchTheVm) {
     for (uint32_t i = 0; i < 129; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % 1000));
     absl::StatusOr<scheduler::Schedule> pass = scheduler::LowerPrefill(model_->graph, *s, 129);
     ASSERT_TRUE(pass.ok()) << pass.status();
-    std::unique_ptr<ReferenceVm> vm_owned;
-    std::unique_ptr<GpuDecoder> d_owned;
-    PrefillBoth(*s, *pass, prompt, &vm_owned, &d_owned, spec);
+    std::unique_ptr<ReferenceVm> vm;
+    std::unique_ptr<GpuDecoder> d;
+    PrefillBoth(*s, *pass, prompt, &vm, &d, spec);
     if (HasFatalFailure()) return;
-    std::unique_ptr<ReferenceVm>* vm = &vm_owned;
-    std::unique_ptr<GpuDecoder>* d = &d_owned;
     int caches = 0;
     for (const scheduler::Tensor& t : pass->tensors()) {
       if (!absl::StrContains(t.name(), "cache")) continue;
       ASSERT_EQ(t.dtype(), graph::BF16) << t.name();
       std::vector<uint16_t> got_bits(t.bytes() / 2);
-      ASSERT_TRUE((*d)->machine().ReadArena(t.offset(), got_bits.data(), t.bytes()).ok());
-      const std::vector<uint8_t> vm_bytes = (*vm)->ReadArena(t.offset(), t.bytes());
+      ASSERT_TRUE(d->machine().ReadArena(t.offset(), got_bits.data(), t.bytes()).ok());
+      const std::vector<uint8_t> vm_bytes = vm->ReadArena(t.offset(), t.bytes());
       std::vector<float> got, want;
       for (size_t i = 0; i < got_bits.size(); ++i) {
         uint16_t w;
@@ -250,14 +246,14 @@ TEST_F(GpuSchedules, Bf16KvCachesMatchTheVm) {
       ++caches;
     }
     EXPECT_EQ(caches, 2 * model_->config.num_layers);
-    absl::StatusOr<std::vector<float>> logits = (*d)->logits();
+    absl::StatusOr<std::vector<float>> logits = d->logits();
     ASSERT_TRUE(logits.ok());
-    EXPECT_LE(RelativeError(*logits, (*vm)->logits()), kPrefillTolerance) << spec << ": logits after the prefill";
-    ASSERT_TRUE((*vm)->Run(8).ok());
-    ASSERT_TRUE((*d)->Run(8).ok());
-    absl::StatusOr<std::vector<int32_t>> tokens = (*d)->tokens();
+    EXPECT_LE(RelativeError(*logits, vm->logits()), kPrefillTolerance) << spec << ": logits after the prefill";
+    ASSERT_TRUE(vm->Run(8).ok());
+    ASSERT_TRUE(d->Run(8).ok());
+    absl::StatusOr<std::vector<int32_t>> tokens = d->tokens();
     ASSERT_TRUE(tokens.ok());
-    EXPECT_EQ(*tokens, (*vm)->tokens()) << spec << ": decode after the prefill";
+    EXPECT_EQ(*tokens, vm->tokens()) << spec << ": decode after the prefill";
   }
 }
 
